@@ -1,0 +1,109 @@
+"""Benchmarks: name -> rows ``{"id", "prompt", "gold"}``.
+
+Local JSONL files (``<data_dir>/<name>/test.jsonl``) are read with the field conventions seen in
+the wild: the problem in ``problem`` or ``question``; the gold answer in ``answer`` (a string or a
+number such as AMC's ``27.0``), in ``final_answer`` (OlympiadBench's list), after GSM8K's ``####``,
+or only inside the solution's last ``\\boxed{}`` (MATH-style files without an answer field).
+The generated ``arithmetic`` set needs no files.
+"""
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+BENCHMARKS = ("math500", "aime24", "aime25", "amc23", "minerva_math", "olympiadbench", "gsm8k", "arithmetic")
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` or ``\\fbox{...}`` in ``text`` (nested braces kept), or None."""
+    starts = [i for tag in ("\\boxed", "\\fbox") for i in [text.rfind(tag)] if i >= 0]
+    if not starts:
+        return None
+    i = max(starts)
+    j = text.find("{", i)
+    if j < 0:
+        return None
+    depth = 0
+    for pos in range(j, len(text)):
+        if text[pos] == "{":
+            depth += 1
+        elif text[pos] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[j + 1:pos]
+    return None
+
+
+def _number_text(x) -> str:
+    if isinstance(x, float) and x.is_integer():
+        return str(int(x))
+    return str(x)
+
+
+def gold_from_row(row: dict, where: str = "") -> str:
+    """The gold answer of one benchmark row, as a string.
+
+    Raises:
+        ValueError: naming ``where`` (file and line) when no answer can be found.
+    """
+    fa = row.get("final_answer")
+    if fa not in (None, "", [], "None"):
+        if isinstance(fa, str) and fa.startswith("["):
+            try:
+                fa = ast.literal_eval(fa)
+            except (ValueError, SyntaxError):
+                pass
+        if isinstance(fa, list):
+            fa = ", ".join(str(a).strip().strip("$") for a in fa)
+        return str(fa).strip().strip("$")
+    ans = row.get("answer")
+    if ans not in (None, ""):
+        if isinstance(ans, str) and "####" in ans:  # GSM8K: reasoning, then '#### 18'
+            return ans.rsplit("####", 1)[1].strip().replace(",", "")
+        if isinstance(ans, (int, float)):
+            return _number_text(ans)
+        s = ans.strip()
+        try:
+            return _number_text(float(s)) if s.replace(".", "", 1).lstrip("-").isdigit() else s
+        except ValueError:
+            return s
+    sol = row.get("solution")
+    if isinstance(sol, str):
+        boxed = last_boxed(sol)
+        if boxed is not None:
+            return boxed.strip()
+    raise ValueError(f"{where}: no gold answer (looked for final_answer, answer, '####', \\boxed{{}} in solution)")
+
+
+def load_local_benchmark(name: str, data_dir, limit: int | None = None) -> list[dict]:
+    """Rows of ``<data_dir>/<name>/test.jsonl``.
+
+    Args:
+        name: benchmark folder name; data_dir: directory holding the benchmark folders;
+        limit: keep the first ``limit`` rows (None: all).
+    Raises:
+        FileNotFoundError: the file is missing (names the path).
+        ValueError: a row without a problem or a gold answer (names file and line).
+    """
+    path = Path(data_dir) / name / "test.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"benchmark {name!r}: {path} does not exist")
+    rows = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not valid JSON ({e})") from None
+            problem = row.get("problem") or row.get("question")
+            if not isinstance(problem, str) or not problem.strip():
+                raise ValueError(f"{where}: no 'problem' or 'question' field")
+            rid = row.get("id", row.get("unique_id", row.get("idx", lineno - 1)))
+            rows.append({"id": str(rid), "prompt": problem, "gold": gold_from_row(row, where)})
+            if limit is not None and len(rows) >= limit:
+                break
+    return rows

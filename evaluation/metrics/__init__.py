@@ -1,0 +1,1 @@
+"""Evaluation metrics: pure functions of the samples table."""

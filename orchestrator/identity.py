@@ -1,0 +1,26 @@
+"""Run identity: a hash of the effective config, so identical sweep points are trained once."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+from omegaconf import DictConfig, OmegaConf
+
+
+def effective_config(cfg: DictConfig) -> dict:
+    """The resolved config minus the keys listed in ``cfg.identity_exclude`` (and Hydra's own).
+
+    Top-level knobs such as ``delta`` are excluded because their effect is already captured where
+    an algorithm interpolates them (``algo.advantage.delta`` for QUATRO): GSPO at delta=0.01 and at
+    delta=0.1 is the same run.
+    """
+    container = OmegaConf.to_container(cfg, resolve=True)
+    for key in list(cfg.get("identity_exclude", [])) + ["hydra"]:
+        container.pop(key, None)
+    return container
+
+
+def config_hash(cfg: DictConfig) -> str:
+    """16-hex-digit SHA-256 of :func:`effective_config` (keys sorted)."""
+    blob = json.dumps(effective_config(cfg), sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -1,0 +1,104 @@
+"""Validate a composed run config before any model is loaded.
+
+Every check raises :class:`ConfigError` with one line naming the key and the bad value.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+
+from omegaconf import DictConfig, OmegaConf
+
+from training.algorithms import LOSS_AGG_MODES, get_advantage_fn, get_policy_loss_fn
+
+from .errors import ConfigError
+
+
+def _num(cfg, key: str):
+    try:
+        value = OmegaConf.select(cfg, key, throw_on_missing=True)
+    except Exception as e:  # missing or interpolation error
+        raise ConfigError(f"{key}: {e}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
+        raise ConfigError(f"{key}={value!r}: expected a finite number")
+    return value
+
+
+def _require(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+def _check_params(kind: str, fn, params: dict) -> None:
+    sig = inspect.signature(fn)
+    names = [p for p in sig.parameters][(3 if kind == "policy_loss" else 1):]
+    unknown = [k for k in params if k not in names]
+    _require(not unknown, f"algo.{kind}: unknown parameter(s) {unknown} for {fn.__name__}; accepted: {names}")
+    missing = [p.name for p in list(sig.parameters.values())[(3 if kind == "policy_loss" else 1):]
+               if p.default is inspect.Parameter.empty and p.name not in params]
+    _require(not missing, f"algo.{kind}: missing parameter(s) {missing} for {fn.__name__}")
+
+
+def validate_config(cfg: DictConfig) -> None:
+    """Check a composed run config; raise :class:`ConfigError` (one line) on the first problem.
+
+    Checks: the algorithm's advantage estimator and policy loss exist and accept the configured
+    parameters; delta > 0; clip bounds >= 0; loss aggregation mode known; kl_beta >= 0; training
+    sizes positive; evaluation ks within [1, eval.n]; sampling parameters in range.
+    """
+    # -- algorithm
+    algo = cfg.algo
+    for kind, getter in (("advantage", get_advantage_fn), ("policy_loss", get_policy_loss_fn)):
+        node = algo.get(kind)
+        _require(node is not None and node.get("name"), f"algo.{kind}.name is missing (algo={algo.get('name')!r})")
+        try:
+            fn = getter(node.name)
+        except KeyError as e:
+            raise ConfigError(f"algo.{kind}.name={node.name!r}: {e.args[0]}") from None
+        params = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k != "name"}
+        _check_params(kind, fn, params)
+    delta = _num(cfg, "delta")
+    _require(delta > 0, f"delta={delta!r}: the trust-region radius must be > 0")
+    for path in ("algo.advantage.delta",):
+        if OmegaConf.select(cfg, path) is not None:
+            v = _num(cfg, path)
+            _require(v > 0, f"{path}={v!r}: the trust-region radius must be > 0")
+    if OmegaConf.select(cfg, "algo.advantage.lambda_min") is not None:
+        v = _num(cfg, "algo.advantage.lambda_min")
+        _require(v > 0, f"algo.advantage.lambda_min={v!r}: must be > 0")
+    for key in ("clip_ratio_low", "clip_ratio_high"):
+        if algo.policy_loss.get(key) is not None:
+            v = _num(cfg, f"algo.policy_loss.{key}")
+            _require(v >= 0, f"algo.policy_loss.{key}={v!r}: clip bounds must be >= 0")
+    mode = algo.policy_loss.get("loss_agg_mode")
+    _require(mode is None or mode in LOSS_AGG_MODES, f"algo.policy_loss.loss_agg_mode={mode!r}: expected one of {list(LOSS_AGG_MODES)}")
+    beta = _num(cfg, "algo.kl_beta") if algo.get("kl_beta") is not None else 0.0
+    _require(beta >= 0, f"algo.kl_beta={beta!r}: must be >= 0")
+
+    # -- training
+    for key in ("train.steps", "train.prompts_per_step", "train.group_size", "train.ppo_epochs", "train.max_new_tokens"):
+        v = _num(cfg, key)
+        _require(int(v) == v and v >= 1, f"{key}={v!r}: expected an integer >= 1")
+    mb = cfg.train.get("minibatch_size")
+    if mb is not None:
+        v = _num(cfg, "train.minibatch_size")
+        _require(int(v) == v and v >= 1, f"train.minibatch_size={v!r}: expected an integer >= 1 or null")
+    for key in ("train.lr", "train.temperature", "train.max_grad_norm"):
+        v = _num(cfg, key)
+        _require(v > 0, f"{key}={v!r}: must be > 0")
+    top_p = _num(cfg, "train.top_p")
+    _require(0 < top_p <= 1, f"train.top_p={top_p!r}: must be in (0, 1]")
+
+    # -- evaluation
+    n = _num(cfg, "eval.n")
+    _require(int(n) == n and n >= 1, f"eval.n={n!r}: expected an integer >= 1")
+    ks = list(cfg.eval.ks)
+    bad = [k for k in ks if not isinstance(k, int) or k < 1 or k > n]
+    _require(not bad, f"eval.ks={ks}: every k must be an integer in [1, eval.n={int(n)}] (pass@k is undefined for k > n); bad: {bad}")
+    _require(_num(cfg, "eval.temperature") > 0, f"eval.temperature={cfg.eval.temperature!r}: must be > 0")
+    _require(0 < _num(cfg, "eval.top_p") <= 1, f"eval.top_p={cfg.eval.top_p!r}: must be in (0, 1]")
+    benches = list(cfg.eval.benchmarks)
+    _require(len(benches) > 0, "eval.benchmarks is empty")
+    if any(b != "arithmetic" for b in benches):
+        _require(bool(cfg.eval.get("data_dir")), f"eval.benchmarks={benches} needs eval.data_dir (a folder of <name>/test.jsonl files)")
+    _require(cfg.engine.name in ("local",), f"engine={cfg.engine.name!r}: available engines: ['local']")

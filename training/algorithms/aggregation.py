@@ -1,0 +1,66 @@
+"""Loss aggregation shared by every policy loss, with verl's mode names.
+
+A policy loss computes a per-token loss matrix (B, L); exactly one function turns it into a
+scalar, so that two algorithms never differ by an accidental normalisation.
+"""
+from __future__ import annotations
+
+import torch
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+
+
+def check_loss_agg_mode(mode: str) -> None:
+    """Raise ``ValueError`` naming ``mode`` when it is not one of :data:`LOSS_AGG_MODES`."""
+    if mode not in LOSS_AGG_MODES:
+        raise ValueError(f"unknown loss_agg_mode {mode!r}; expected one of {list(LOSS_AGG_MODES)}")
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
+    """Mean of ``values`` over positions where ``mask`` is 1.
+
+    Args:
+        values: any shape; mask: same shape, 0/1 (bool or float).
+        dim: reduce over this dim (or all dims when None).
+    Returns:
+        The masked mean; 0 where the mask is empty (never NaN).
+    """
+    mask = mask.to(values.dtype)
+    total = (values * mask).sum() if dim is None else (values * mask).sum(dim)
+    count = mask.sum() if dim is None else mask.sum(dim)
+    return total / count.clamp(min=1.0)
+
+
+def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, norm_constant: float | None = None) -> torch.Tensor:
+    """Aggregate a per-token loss matrix into a scalar.
+
+    Args:
+        loss_mat: (B, L) per-token loss.
+        mask: (B, L) response mask, 1 on generated tokens.
+        mode: one of verl's names:
+            ``token-mean``: sum over all tokens / number of tokens in the batch (DAPO);
+            ``seq-mean-token-mean``: mean over tokens per sequence, then mean over sequences (GRPO, GSPO);
+            ``seq-mean-token-sum``: sum over tokens per sequence, then mean over sequences;
+            ``seq-mean-token-sum-norm``: sum over all tokens / (B * norm_constant) (Dr. GRPO;
+            ``norm_constant`` defaults to L, the padded response length).
+        norm_constant: the constant of ``seq-mean-token-sum-norm`` (e.g. the max response length).
+    Returns:
+        Scalar tensor.
+    Raises:
+        ValueError: unknown mode.
+    Source: verl ``core_algos.agg_loss``; Dr. GRPO (Liu et al., 2025) for the constant normaliser.
+    """
+    check_loss_agg_mode(mode)
+    mask = mask.to(loss_mat.dtype)
+    if mode == "token-mean":
+        return masked_mean(loss_mat, mask)
+    seq_sum = (loss_mat * mask).sum(-1)
+    if mode == "seq-mean-token-mean":
+        seq_len = mask.sum(-1)
+        valid = seq_len > 0
+        per_seq = seq_sum / seq_len.clamp(min=1.0)
+        return per_seq[valid].mean() if valid.any() else loss_mat.sum() * 0.0
+    if mode == "seq-mean-token-sum":
+        return seq_sum.mean()
+    constant = float(norm_constant if norm_constant is not None else loss_mat.shape[-1])
+    return seq_sum.sum() / (loss_mat.shape[0] * constant)

@@ -1,0 +1,63 @@
+"""Token-level clipped surrogate (PPO, GRPO, DAPO's clip-higher)."""
+from __future__ import annotations
+
+import torch
+
+from training.batch import RolloutBatch
+
+from .aggregation import agg_loss, masked_mean
+from .registry import register_policy_loss
+
+
+def ratio_stats(log_ratio: torch.Tensor, mask: torch.Tensor, prefix: str = "ratio") -> dict:
+    """Mean/min/max of exp(log_ratio) over masked entries, as floats (for logging)."""
+    with torch.no_grad():
+        sel = torch.exp(log_ratio[mask.bool()])
+        if sel.numel() == 0:
+            return {}
+        return {f"{prefix}_mean": float(sel.mean()), f"{prefix}_min": float(sel.min()), f"{prefix}_max": float(sel.max())}
+
+
+@register_policy_loss("grpo")
+def clipped_surrogate_loss(
+    logprobs: torch.Tensor,
+    batch: RolloutBatch,
+    advantages: torch.Tensor,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    loss_agg_mode: str = "seq-mean-token-mean",
+    norm_constant: float | None = None,
+):
+    """PPO's clipped surrogate on token ratios, as used by GRPO.
+
+    Per token: loss_t = max(-A r_t, -A clip(r_t, 1 - eps_low, 1 + eps_high)), r_t = pi_theta/pi_old
+    (Schulman et al. 2017, eq. 7; GRPO, Shao et al. 2024, eq. 3; clip-higher: DAPO, Yu et al. 2025, eq. 10).
+
+    Args:
+        logprobs: (B, L) log pi_theta of the sampled tokens, with gradient.
+        batch: supplies ``old_logprobs`` (B, L) and ``response_mask`` (B, L).
+        advantages: (B,) or (B, L).
+        clip_ratio_low, clip_ratio_high: eps_low, eps_high (>= 0).
+        loss_agg_mode: see ``aggregation.agg_loss``.
+    Returns:
+        (scalar loss, metrics): ``clip_fraction`` = share of tokens whose ratio left
+        [1 - eps_low, 1 + eps_high]; ``clip_fraction_active`` = share where the clipped branch is
+        the one taken (gradient zero); ratio mean/min/max; ``ppo_kl`` = mean(old - new) log-prob.
+    """
+    mask = batch.response_mask
+    adv = advantages if advantages.dim() == 2 else advantages.unsqueeze(-1)
+    log_ratio = (logprobs - batch.old_logprobs).clamp(-20.0, 20.0)
+    ratio = torch.exp(log_ratio)
+    loss1 = -adv * ratio
+    loss2 = -adv * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    loss_mat = torch.maximum(loss1, loss2)
+    loss = agg_loss(loss_mat, mask, loss_agg_mode, norm_constant)
+    with torch.no_grad():
+        outside = ((ratio < 1.0 - clip_ratio_low) | (ratio > 1.0 + clip_ratio_high)).float()
+        metrics = {
+            "clip_fraction": float(masked_mean(outside, mask)),
+            "clip_fraction_active": float(masked_mean((loss2 > loss1).float(), mask)),
+            "ppo_kl": float(masked_mean(-log_ratio, mask)),
+            **ratio_stats(log_ratio, mask),
+        }
+    return loss, metrics

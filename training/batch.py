@@ -1,0 +1,104 @@
+"""The rollout batch: plain tensors passed from rollout to advantage estimator to policy loss."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Optional
+
+import torch
+
+
+@dataclass
+class RolloutBatch:
+    """B responses to a set of prompts, G responses per prompt (one *group* per prompt).
+
+    Attributes:
+        prompt_ids: (B, P) left-padded prompt token ids.
+        prompt_mask: (B, P) 1 on real prompt tokens.
+        response_ids: (B, L) right-padded response token ids.
+        response_mask: (B, L) 1 on generated tokens (including the EOS token when emitted).
+        old_logprobs: (B, L) log pi_old(y_t) of the sampled tokens under the rollout policy.
+        rewards: (B,) scalar verifiable rewards.
+        group_index: (B,) long, which prompt (group) each response belongs to.
+        response_lengths: (B,) long, number of generated tokens.
+        ref_logprobs: optional (B, L) log pi_ref(y_t) (only when a KL term is used).
+        correct: optional (B,) bool, verifier outcome (rewards may be shaped).
+        extras: free-form per-response tensors for estimators that need them.
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    old_logprobs: torch.Tensor
+    rewards: torch.Tensor
+    group_index: torch.Tensor
+    response_lengths: torch.Tensor
+    ref_logprobs: Optional[torch.Tensor] = None
+    correct: Optional[torch.Tensor] = None
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.response_ids.shape[0])
+
+    def to(self, device) -> "RolloutBatch":
+        """The same batch with every tensor on ``device``."""
+
+        def mv(t):
+            return None if t is None else t.to(device)
+
+        return replace(
+            self, **{f: mv(getattr(self, f)) for f in (
+                "prompt_ids", "prompt_mask", "response_ids", "response_mask", "old_logprobs", "rewards",
+                "group_index", "response_lengths", "ref_logprobs", "correct")},
+            extras={k: v.to(device) for k, v in self.extras.items()},
+        )
+
+    def select(self, index: torch.Tensor) -> "RolloutBatch":
+        """The sub-batch of rows ``index`` (a minibatch), every per-response tensor sliced alike."""
+
+        def take(t):
+            return None if t is None else t[index]
+
+        return replace(
+            self,
+            prompt_ids=self.prompt_ids[index],
+            prompt_mask=self.prompt_mask[index],
+            response_ids=self.response_ids[index],
+            response_mask=self.response_mask[index],
+            old_logprobs=self.old_logprobs[index],
+            rewards=self.rewards[index],
+            group_index=self.group_index[index],
+            response_lengths=self.response_lengths[index],
+            ref_logprobs=take(self.ref_logprobs),
+            correct=take(self.correct),
+            extras={k: v[index] for k, v in self.extras.items()},
+        )
+
+
+def to_groups(values: torch.Tensor, group_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Arrange per-response values as a (num_groups, G) matrix.
+
+    Args:
+        values: (B,) per-response values.
+        group_index: (B,) group id of each response; every group must have the same size G.
+    Returns:
+        (matrix (num_groups, G), order (B,)) where ``matrix.flatten() == values[order]``;
+        use :func:`from_groups` to scatter a matrix back to response order.
+    Raises:
+        ValueError: if the groups have different sizes.
+    """
+    order = torch.argsort(group_index, stable=True)
+    _, counts = torch.unique(group_index, return_counts=True)
+    if counts.numel() == 0:
+        return values.new_zeros((0, 0)), order
+    if not bool((counts == counts[0]).all()):
+        raise ValueError(f"groups must have equal sizes, got sizes {counts.tolist()}")
+    return values[order].reshape(counts.numel(), int(counts[0])), order
+
+
+def from_groups(matrix: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`to_groups`: (num_groups, G) matrix -> (B,) values in response order."""
+    out = torch.empty(order.numel(), dtype=matrix.dtype, device=matrix.device)
+    out[order] = matrix.reshape(-1)
+    return out

@@ -1,0 +1,21 @@
+"""Training prompt sets. Each loader returns rows ``{"id", "prompt", "gold"}``."""
+from __future__ import annotations
+
+from .arithmetic import arithmetic_splits, make_arithmetic  # noqa: F401
+
+
+def load_prompts(cfg, split: str) -> list[dict]:
+    """Rows of the prompt set named by ``cfg.name`` for ``split`` ('train' or 'eval').
+
+    Raises:
+        ValueError: unknown data set name or split.
+    """
+    if split not in ("train", "eval"):
+        raise ValueError(f"split={split!r}: expected 'train' or 'eval'")
+    if cfg.name == "arithmetic":
+        train, held_out = arithmetic_splits(
+            difficulty=int(cfg.difficulty), operations=list(cfg.operations), seed=int(cfg.seed),
+            n_eval=int(cfg.n_eval), template=str(cfg.template),
+        )
+        return train if split == "train" else held_out
+    raise ValueError(f"unknown data set {cfg.name!r}; available: ['arithmetic']")

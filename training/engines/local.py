@@ -1,0 +1,159 @@
+"""Local training engine: one process, CPU or one GPU, transformers + plain torch.
+
+The whole loop is in :func:`train`, top to bottom: setup, then per step rollout -> reward ->
+advantage -> ``ppo_epochs`` inner epochs of minibatch policy-loss updates -> metrics; finally a
+Hugging Face checkpoint. Algorithms enter only through the registry (``cfg.algo.advantage.name``,
+``cfg.algo.policy_loss.name``); this file never branches on an algorithm's name.
+
+Simplified here, and why: rollouts use transformers ``generate`` (no vLLM) and the old-policy
+log-probabilities are recomputed by a forward pass after sampling (exact, one extra forward).
+"""
+from __future__ import annotations
+
+import copy
+import math
+import random
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+from tqdm.auto import trange
+
+from training.algorithms import agg_loss, get_advantage_fn, get_policy_loss_fn, kl_k3, masked_mean
+from training.data import load_prompts
+from training.models import load_policy
+from training.rollout import collect_rollouts, compute_logprobs
+
+
+def _params(node) -> dict:
+    """A config node's parameters without its ``name`` key, as a plain dict."""
+    d = OmegaConf.to_container(node, resolve=True) if not isinstance(node, dict) else dict(node)
+    d.pop("name", None)
+    return d
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def _mean_metrics(items: list[dict]) -> dict:
+    keys = {k for m in items for k in m}
+    return {k: float(np.mean([m[k] for m in items if k in m])) for k in keys}
+
+
+def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: None) -> Path:
+    """Train a policy with ``cfg.algo`` on ``cfg.data`` and save a Hugging Face checkpoint.
+
+    Args:
+        cfg: the composed run config (``model``, ``data``, ``algo``, ``train``, ``seed``).
+        run_dir: directory for this run's files; the checkpoint goes to ``run_dir/checkpoint``.
+        log_metrics: ``fn(metrics: dict[str, float], step: int)``, called once per step.
+    Returns:
+        Path of the checkpoint directory.
+    """
+    t_cfg, algo = cfg.train, cfg.algo
+    run_dir = Path(run_dir)
+    seed = int(cfg.seed)
+    seed_everything(seed)
+    device = torch.device("cuda" if torch.cuda.is_available() and t_cfg.get("device", "auto") != "cpu" else "cpu")
+
+    # ---- setup: policy, optional frozen reference, optimiser, prompts, algorithm functions
+    model, tokenizer = load_policy(cfg.model)
+    model.to(device).train()
+    beta = float(algo.get("kl_beta", 0.0))
+    ref_model = None
+    if beta > 0:  # no reference copy at all when the KL term is off
+        ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=float(t_cfg.lr), betas=tuple(t_cfg.betas),
+                                  weight_decay=float(t_cfg.weight_decay))
+    warmup = int(t_cfg.get("warmup_steps", 0))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+    prompts = load_prompts(cfg.data, "train")
+    order_rng = random.Random(seed)
+    order: list[int] = []
+    adv_fn, adv_params = get_advantage_fn(algo.advantage.name), _params(algo.advantage)
+    loss_fn, loss_params = get_policy_loss_fn(algo.policy_loss.name), _params(algo.policy_loss)
+    agg_mode = loss_params.get("loss_agg_mode", "token-mean")
+    G, n_prompts = int(t_cfg.group_size), int(t_cfg.prompts_per_step)
+    temperature, bf16 = float(t_cfg.temperature), bool(t_cfg.get("bf16_autocast", False))
+    chat = bool(cfg.model.get("chat_template", True))
+
+    for step in trange(int(t_cfg.steps), desc=f"train {algo.name}", unit="step", disable=None):
+        t_step = time.perf_counter()
+        # ---- rollout: G responses per prompt from the current (old) policy, with old log-probs
+        rows = []
+        for _ in range(n_prompts):
+            if not order:
+                order = list(range(len(prompts)))
+                order_rng.shuffle(order)
+            rows.append(prompts[order.pop()])
+        batch, info = collect_rollouts(
+            model, tokenizer, rows, G, temperature, float(t_cfg.top_p), int(t_cfg.max_new_tokens),
+            seed=seed * 1_000_003 + step, chat_template=chat, ref_model=ref_model, bf16=bf16,
+        )
+        batch = batch.to(device)
+        t_rollout = time.perf_counter() - t_step
+
+        # ---- advantage (registered estimator; rewards come from the verifier in collect_rollouts)
+        advantages, adv_metrics = adv_fn(batch, **adv_params)
+        advantages = advantages.to(device)
+
+        # ---- K inner epochs of minibatch updates
+        t_update = time.perf_counter()
+        B = batch.batch_size
+        mb_size = int(t_cfg.get("minibatch_size") or B)
+        gen = torch.Generator().manual_seed(seed * 7919 + step)
+        update_metrics = []
+        for _epoch in range(int(t_cfg.ppo_epochs)):
+            perm = torch.randperm(B, generator=gen)
+            for start in range(0, B, mb_size):
+                idx = perm[start:start + mb_size].to(device)
+                mb = batch.select(idx)
+                logprobs, _ = compute_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
+                                               temperature, bf16=bf16)
+                pg_loss, m = loss_fn(logprobs, mb, advantages[idx], **loss_params)
+                loss = pg_loss
+                if ref_model is not None:
+                    kl = agg_loss(kl_k3(logprobs, mb.ref_logprobs), mb.response_mask, agg_mode)
+                    loss = loss + beta * kl
+                    m["kl_ref"] = float(kl.detach())
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float(t_cfg.max_grad_norm))
+                optimizer.step()
+                m.update(policy_loss=float(pg_loss.detach()), loss=float(loss.detach()), grad_norm=float(grad_norm))
+                update_metrics.append(m)
+        scheduler.step()
+        t_update = time.perf_counter() - t_update
+
+        # ---- metrics
+        step_time = time.perf_counter() - t_step
+        n_tokens = int(batch.response_mask.sum()) + int(batch.prompt_mask.sum())
+        metrics = {
+            "reward_mean": float(batch.rewards.mean()),
+            "accuracy": float(batch.correct.float().mean()),
+            "entropy": float(masked_mean(info["entropy"], batch.response_mask)),
+            "response_length_mean": float(batch.response_lengths.float().mean()),
+            "response_length_max": float(batch.response_lengths.max()),
+            "truncated_share": float((~info["finished"]).float().mean()),
+            "advantage_mean": float(advantages.mean()),
+            "advantage_abs_mean": float(advantages.abs().mean()),
+            "lr": float(scheduler.get_last_lr()[0]),
+            "step_time_s": step_time,
+            "rollout_time_s": t_rollout,
+            "update_time_s": t_update,
+            "tokens_per_s": n_tokens * (1 + int(t_cfg.ppo_epochs)) / max(step_time, 1e-9),
+            **{k: float(v) for k, v in adv_metrics.items()},
+            **_mean_metrics(update_metrics),
+        }
+        log_metrics({f"train/{k}": v for k, v in metrics.items() if v is not None and math.isfinite(v)}, step)
+
+    ckpt = run_dir / "checkpoint"
+    model.save_pretrained(ckpt)
+    tokenizer.save_pretrained(ckpt)
+    return ckpt
