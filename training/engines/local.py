@@ -46,6 +46,46 @@ def _mean_metrics(items: list[dict]) -> dict:
     return {k: float(np.mean([m[k] for m in items if k in m])) for k in keys}
 
 
+def update_policy(model, optimizer, batch, advantages, loss_fn, loss_params: dict, ppo_epochs: int = 1,
+                  minibatch_size=None, max_grad_norm: float = 1.0, beta: float = 0.0, temperature: float = 1.0,
+                  bf16: bool = False, generator=None) -> list[dict]:
+    """``ppo_epochs`` passes over ``batch`` in shuffled minibatches, one AdamW step per minibatch.
+
+    loss = policy_loss(logprobs, minibatch, advantages) + beta * agg(k3 KL to the reference), with the
+    policy loss's own aggregation mode for the KL term; gradients clipped to ``max_grad_norm``.
+
+    Args:
+        batch: RolloutBatch of B responses (with ``ref_logprobs`` when beta > 0);
+        advantages: (B,) or (B, L) on the model's device.
+    Returns:
+        One metrics dict per optimiser step (loss terms, grad norm, the loss function's metrics).
+    """
+    B = batch.batch_size
+    mb_size = int(minibatch_size or B)
+    agg_mode = loss_params.get("loss_agg_mode", "token-mean")
+    out = []
+    for _epoch in range(ppo_epochs):
+        perm = torch.randperm(B, generator=generator).to(advantages.device)
+        for start in range(0, B, mb_size):
+            idx = perm[start:start + mb_size]
+            mb = batch.select(idx)
+            logprobs, _ = compute_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
+                                           temperature, bf16=bf16)
+            pg_loss, m = loss_fn(logprobs, mb, advantages[idx], **loss_params)
+            loss = pg_loss
+            if beta > 0:
+                kl = agg_loss(kl_k3(logprobs, mb.ref_logprobs), mb.response_mask, agg_mode)
+                loss = loss + beta * kl
+                m["kl_ref"] = float(kl.detach())
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            optimizer.step()
+            m.update(policy_loss=float(pg_loss.detach()), loss=float(loss.detach()), grad_norm=float(grad_norm))
+            out.append(m)
+    return out
+
+
 def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: None) -> Path:
     """Train a policy with ``cfg.algo`` on ``cfg.data`` and save a Hugging Face checkpoint.
 
@@ -78,7 +118,6 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
     order: list[int] = []
     adv_fn, adv_params = get_advantage_fn(algo.advantage.name), _params(algo.advantage)
     loss_fn, loss_params = get_policy_loss_fn(algo.policy_loss.name), _params(algo.policy_loss)
-    agg_mode = loss_params.get("loss_agg_mode", "token-mean")
     G, n_prompts = int(t_cfg.group_size), int(t_cfg.prompts_per_step)
     temperature, bf16 = float(t_cfg.temperature), bool(t_cfg.get("bf16_autocast", False))
     chat = bool(cfg.model.get("chat_template", True))
@@ -105,29 +144,12 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
 
         # ---- K inner epochs of minibatch updates
         t_update = time.perf_counter()
-        B = batch.batch_size
-        mb_size = int(t_cfg.get("minibatch_size") or B)
         gen = torch.Generator().manual_seed(seed * 7919 + step)
-        update_metrics = []
-        for _epoch in range(int(t_cfg.ppo_epochs)):
-            perm = torch.randperm(B, generator=gen)
-            for start in range(0, B, mb_size):
-                idx = perm[start:start + mb_size].to(device)
-                mb = batch.select(idx)
-                logprobs, _ = compute_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
-                                               temperature, bf16=bf16)
-                pg_loss, m = loss_fn(logprobs, mb, advantages[idx], **loss_params)
-                loss = pg_loss
-                if ref_model is not None:
-                    kl = agg_loss(kl_k3(logprobs, mb.ref_logprobs), mb.response_mask, agg_mode)
-                    loss = loss + beta * kl
-                    m["kl_ref"] = float(kl.detach())
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float(t_cfg.max_grad_norm))
-                optimizer.step()
-                m.update(policy_loss=float(pg_loss.detach()), loss=float(loss.detach()), grad_norm=float(grad_norm))
-                update_metrics.append(m)
+        update_metrics = update_policy(
+            model, optimizer, batch, advantages, loss_fn, loss_params, ppo_epochs=int(t_cfg.ppo_epochs),
+            minibatch_size=t_cfg.get("minibatch_size"), max_grad_norm=float(t_cfg.max_grad_norm), beta=beta,
+            temperature=temperature, bf16=bf16, generator=gen,
+        )
         scheduler.step()
         t_update = time.perf_counter() - t_update
 

@@ -1,0 +1,59 @@
+"""Answer checking and benchmark loading on the real benchmark files."""
+import pytest
+
+from evaluation.benchmarks import last_boxed, load_local_benchmark
+from evaluation.verify import check_answer, is_correct
+
+
+@pytest.mark.parametrize("response,gold,expected", [
+    ("\\boxed{\\frac{1}{2}}", "1/2", True),
+    ("So 3 + 4 = 7.", "7", True),
+    ("The answer is 11.", "7", False),
+    ("1728", "1331 and 1728", False),
+    ("", "7", False),
+    ("\\boxed{27}", "27.0", True),
+])
+def test_is_correct(response, gold, expected):
+    assert is_correct(response, gold) is expected
+
+
+def test_bad_output_scores_zero_without_raising():
+    assert is_correct(None, "7") is False
+    assert is_correct("}" * 1000 + "\\boxed{" * 500, "7") is False
+    ok, extracted = check_answer("x = \\boxed{42}", "42")
+    assert ok and extracted == "42"
+
+
+def test_last_boxed_keeps_nested_braces():
+    assert last_boxed("a \\boxed{1} then \\boxed{\\frac{a}{b}}") == "\\frac{a}{b}"
+    assert last_boxed("no box") is None
+
+
+@pytest.mark.parametrize("name,count,first_gold", [
+    ("math500", 500, "\\left( 3, \\frac{\\pi}{2} \\right)"),
+    ("aime24", 30, "204"),
+    ("aime25", 30, "70"),
+    ("amc23", 40, "27"),          # stored as the number 27.0
+    ("gsm8k", 1319, "18"),        # 'Janet sells 16 - 3 - 4 = ... #### 18'
+    ("olympiadbench", 675, "2"),  # final_answer list ['2']
+])
+def test_local_benchmarks_load_with_right_counts_and_gold(benchmark_dir, name, count, first_gold):
+    rows = load_local_benchmark(name, benchmark_dir)
+    assert len(rows) == count
+    assert rows[0]["gold"] == first_gold
+    assert all(r["prompt"] and r["gold"] for r in rows)
+    assert is_correct(f"The answer is \\boxed{{{rows[0]['gold']}}}.", rows[0]["gold"])
+
+
+def test_minerva_gold_comes_from_the_solution_box(benchmark_dir):
+    rows = load_local_benchmark("minerva_math", benchmark_dir)
+    assert len(rows) == 272 and all(r["gold"] for r in rows)
+
+
+def test_unreadable_row_fails_clearly(tmp_path):
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "test.jsonl").write_text('{"problem": "1+1?", "answer": "2"}\n{"problem": "no answer"}\n')
+    with pytest.raises(ValueError, match="test.jsonl:2"):
+        load_local_benchmark("bad", tmp_path)
+    with pytest.raises(FileNotFoundError, match="missing"):
+        load_local_benchmark("missing", tmp_path)
