@@ -12,27 +12,9 @@ import ast
 import json
 from pathlib import Path
 
+from .verify import last_boxed
+
 BENCHMARKS = ("math500", "aime24", "aime25", "amc23", "minerva_math", "olympiadbench", "gsm8k", "arithmetic")
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` or ``\\fbox{...}`` in ``text`` (nested braces kept), or None."""
-    starts = [i for tag in ("\\boxed", "\\fbox") for i in [text.rfind(tag)] if i >= 0]
-    if not starts:
-        return None
-    i = max(starts)
-    j = text.find("{", i)
-    if j < 0:
-        return None
-    depth = 0
-    for pos in range(j, len(text)):
-        if text[pos] == "{":
-            depth += 1
-        elif text[pos] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[j + 1:pos]
-    return None
 
 
 def _number_text(x) -> str:

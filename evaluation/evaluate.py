@@ -12,19 +12,14 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from .benchmarks import load_local_benchmark
-from .metrics.passk import passk_table
 from .sampling import HFSampler
-from .verify import check_answer
+from .tables import compute_tables, metric_key  # noqa: F401  (metric_key re-exported)
+from .verify import default_verifier
 
 SAMPLE_COLUMNS = [
     "benchmark", "prompt_id", "sample_idx", "prompt", "gold", "response", "n_tokens", "finish_reason",
     "extracted_answer", "correct", "mean_token_entropy", "seed",
 ]
-
-
-def metric_key(name: str) -> str:
-    """MLflow-safe metric name: ``pass@8`` -> ``pass_at_8`` (MLflow rejects '@')."""
-    return name.replace("@", "_at_")
 
 
 def benchmark_rows(eval_cfg, heldout_rows=None) -> dict[str, list[dict]]:
@@ -68,8 +63,8 @@ def sample_benchmarks(sampler, rows_by_bench: dict, n: int, seed: int, samples_p
             outs = sampler.sample([r["prompt"] for _, r in chunk], n=n, seed=batch_seed)
             records = []
             for (bench, row), samples in zip(chunk, outs):
-                for j, s in enumerate(samples):
-                    correct, extracted = check_answer(s["response"], row["gold"])
+                checks = default_verifier().check_many([s["response"] for s in samples], [row["gold"]] * len(samples))
+                for j, (s, (correct, extracted)) in enumerate(zip(samples, checks)):
                     records.append({
                         "benchmark": bench, "prompt_id": row["id"], "sample_idx": j, "prompt": row["prompt"],
                         "gold": row["gold"], "response": s["response"], "n_tokens": s["n_tokens"],
@@ -86,18 +81,24 @@ def sample_benchmarks(sampler, rows_by_bench: dict, n: int, seed: int, samples_p
     return table
 
 
-def evaluate(model, tokenizer, eval_cfg, out_dir, heldout_rows=None, chat_template: bool = True) -> tuple[dict, dict]:
-    """Evaluate ``model`` on ``eval_cfg.benchmarks`` and write ``samples.parquet`` and ``passk.csv``.
+def evaluate(model, tokenizer, eval_cfg, out_dir, heldout_rows=None, chat_template: bool = True,
+             base_samples: pd.DataFrame | None = None, sampler=None) -> tuple[dict, dict]:
+    """Evaluate ``model``: sample, verify, and write ``samples.parquet`` plus one CSV per table.
 
     Args:
-        model, tokenizer: a causal LM and its tokenizer (e.g. from a training checkpoint).
+        model, tokenizer: a causal LM and its tokenizer (e.g. from a training checkpoint); ignored
+            when ``sampler`` is given.
         eval_cfg: ``n``, ``ks``, ``temperature``, ``top_p``, ``max_new_tokens``, ``seed``, ``benchmarks``,
-            optional ``data_dir``, ``max_prompts``, ``prompt_template``, ``batch_prompts``.
-        out_dir: where the files go.
+            optional ``data_dir``, ``max_prompts``, ``prompt_template``, ``batch_prompts``, ``ucc_ks``,
+            ``ucc_threshold``, ``similarity_metric``, ``entropy`` (score each sample's token entropy).
+        out_dir: where the files go (an existing samples.parquet there is resumed).
         heldout_rows: rows of the held-out training split (for the ``arithmetic`` benchmark).
+        base_samples: the base model's samples on the same prompts, for flip rates.
+        sampler: a :class:`evaluation.sampling.Sampler` (default: transformers on ``model``).
     Returns:
-        (metrics, files): metrics keyed ``eval/<benchmark>/pass_at_<k>``, ``eval/<benchmark>/avg_at_<n>``
-        and ``eval/mean/...``; files {name: path}.
+        (metrics, files): metrics keyed ``eval/<benchmark>/<metric>`` and ``eval/mean/<metric>``
+        (``pass_at_<k>``, ``avg_at_<n>``, ``ucc_at_<k>``, ``ucr``, ``rouge_l_mean``..., ``entropy``,
+        ``effective_yield``...); files {name: path}.
     Raises:
         ValueError: a k in ``eval_cfg.ks`` larger than ``eval_cfg.n`` (checked before sampling).
     """
@@ -108,10 +109,17 @@ def evaluate(model, tokenizer, eval_cfg, out_dir, heldout_rows=None, chat_templa
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = benchmark_rows(eval_cfg, heldout_rows)
-    sampler = HFSampler(model, tokenizer, float(eval_cfg.temperature), float(eval_cfg.top_p), int(eval_cfg.max_new_tokens), chat_template)
+    if sampler is None:
+        sampler = HFSampler(model, tokenizer, float(eval_cfg.temperature), float(eval_cfg.top_p),
+                            int(eval_cfg.max_new_tokens), chat_template, with_entropy=bool(eval_cfg.get("entropy", True)))
     samples = sample_benchmarks(sampler, rows, n, int(eval_cfg.seed), out_dir / "samples.parquet", int(eval_cfg.get("batch_prompts", 4)))
-    table = passk_table(samples, ks).rename(columns={"avg@n": f"avg@{n}"})
-    table.index.name = "benchmark"
-    table.to_csv(out_dir / "passk.csv")
-    metrics = {f"eval/{bench}/{metric_key(col)}": float(v) for bench, row in table.iterrows() for col, v in row.items()}
-    return metrics, {"samples.parquet": out_dir / "samples.parquet", "passk.csv": out_dir / "passk.csv"}
+    tables, metrics = compute_tables(
+        samples, ks, ucc_ks=eval_cfg.get("ucc_ks"), similarity_metric=eval_cfg.get("similarity_metric", "rouge_l"),
+        ucc_threshold=float(eval_cfg.get("ucc_threshold", 0.7)), base_samples=base_samples,
+    )
+    files = {"samples.parquet": out_dir / "samples.parquet"}
+    for name, table in tables.items():
+        if len(table):
+            table.to_csv(out_dir / f"{name}.csv")
+            files[f"{name}.csv"] = out_dir / f"{name}.csv"
+    return metrics, files

@@ -104,14 +104,31 @@ class Sampler(Protocol):
 class HFSampler:
     """transformers sampler (CPU or one GPU) behind the :class:`Sampler` protocol."""
 
-    def __init__(self, model, tokenizer, temperature=1.0, top_p=1.0, max_new_tokens=64, chat_template=True, batch_prompts=4):
+    def __init__(self, model, tokenizer, temperature=1.0, top_p=1.0, max_new_tokens=64, chat_template=True,
+                 with_entropy: bool = True, score_rows: int = 16):
         self.model, self.tokenizer = model, tokenizer
         self.temperature, self.top_p, self.max_new_tokens = temperature, top_p, max_new_tokens
-        self.chat_template, self.batch_prompts = chat_template, batch_prompts
+        self.chat_template, self.with_entropy, self.score_rows = chat_template, with_entropy, score_rows
+
+    @torch.no_grad()
+    def _mean_entropies(self, gen: "Generation") -> list[float]:
+        """Exact mean next-token entropy (nats) of each response: a teacher-forced scoring pass with
+        the full distribution at the sampling temperature, in chunks of ``score_rows`` rows."""
+        from .scoring import compute_logprobs
+
+        out = []
+        for a in range(0, gen.response_ids.shape[0], self.score_rows):
+            sl = slice(a, a + self.score_rows)
+            _, ent = compute_logprobs(self.model, gen.prompt_ids[sl], gen.prompt_mask[sl], gen.response_ids[sl],
+                                      gen.response_mask[sl], self.temperature, with_entropy=True)
+            m = gen.response_mask[sl].to(ent.dtype)
+            out += ((ent * m).sum(-1) / m.sum(-1).clamp(min=1)).tolist()
+        return out
 
     def sample(self, prompts: Sequence[str], n: int, seed: int) -> list[list[dict]]:
         texts = prompt_texts(self.tokenizer, prompts, self.chat_template)
         gen = generate_responses(self.model, self.tokenizer, texts, n, self.temperature, self.top_p, self.max_new_tokens, seed)
+        entropies = self._mean_entropies(gen) if self.with_entropy else [None] * len(gen.texts)
         out = []
         for i in range(len(prompts)):
             rows = []
@@ -119,6 +136,46 @@ class HFSampler:
                 rows.append({
                     "response": gen.texts[j], "n_tokens": int(gen.response_lengths[j]),
                     "finish_reason": "stop" if bool(gen.finished[j]) else "length",
+                    "mean_token_entropy": entropies[j],
                 })
             out.append(rows)
+        return out
+
+
+class VLLMSampler:
+    """vLLM sampler (GPU) behind the :class:`Sampler` protocol: one ``generate`` call per batch of
+    prompts with ``SamplingParams(n=n, seed=seed, temperature, top_p, max_tokens)``, so the n samples
+    of a prompt are distinct draws of one seeded request.
+
+    Token entropies are not computed here (vLLM returns top log-probs only); score samples with
+    :class:`HFSampler` or leave ``mean_token_entropy`` empty.
+
+    Args:
+        model_path: a Hugging Face model directory or hub id; other arguments as :class:`HFSampler`.
+        llm_kwargs: passed to ``vllm.LLM`` (e.g. ``gpu_memory_utilization``, ``enforce_eager``).
+    Raises:
+        ImportError: vLLM is not installed (``pip install -e .[gpu]``).
+    """
+
+    def __init__(self, model_path, temperature=1.0, top_p=1.0, max_new_tokens=64, chat_template=True, **llm_kwargs):
+        try:
+            from vllm import LLM
+        except ImportError as e:
+            raise ImportError("VLLMSampler needs vLLM: pip install -e '.[gpu]' (or use HFSampler on the CPU)") from e
+        self.llm = LLM(model=str(model_path), **llm_kwargs)
+        self.tokenizer = self.llm.get_tokenizer()
+        self.temperature, self.top_p, self.max_new_tokens, self.chat_template = temperature, top_p, max_new_tokens, chat_template
+
+    def sample(self, prompts: Sequence[str], n: int, seed: int) -> list[list[dict]]:
+        from vllm import SamplingParams
+
+        texts = prompt_texts(self.tokenizer, prompts, self.chat_template)
+        params = SamplingParams(n=int(n), seed=int(seed), temperature=float(self.temperature), top_p=float(self.top_p),
+                                max_tokens=int(self.max_new_tokens))
+        results = self.llm.generate(texts, params, use_tqdm=False)
+        out = []
+        for res in results:
+            out.append([{"response": c.text, "n_tokens": len(c.token_ids),
+                         "finish_reason": "stop" if c.finish_reason == "stop" else "length",
+                         "mean_token_entropy": None} for c in res.outputs])
         return out

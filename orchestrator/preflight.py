@@ -78,7 +78,8 @@ def check_command_line(argv: list[str]) -> None:
         points = sweep_points(overrides)
         for point, cfg in points:
             try:
-                validate_config(cfg)
+                for w in validate_config(cfg):
+                    print(f"WARNING ({' '.join(point) or 'defaults'}): {w}", file=sys.stderr)
             except ConfigError as e:
                 where = f" (sweep point {' '.join(point)})" if len(points) > 1 else ""
                 raise ConfigError(f"{e}{where}") from None

@@ -55,7 +55,9 @@ def run(cfg: DictConfig) -> dict:
         Exception: whatever training or evaluation raised; the MLflow run is then marked FAILED
         with the traceback saved as ``traceback.txt``.
     """
-    validate_config(cfg)
+    warnings = validate_config(cfg)
+    for w in warnings:
+        log.warning(w)
     chash = config_hash(cfg)
     run_dir = _run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -66,6 +68,8 @@ def run(cfg: DictConfig) -> dict:
     name = _point_name(cfg)
     tags = {tracking.TAG_HASH: chash, "rlvr.algo": str(cfg.algo.name), "rlvr.host": socket.gethostname(),
             "rlvr.git_commit": _git_commit(), "rlvr.run_dir": str(run_dir)}
+    if warnings:
+        tags["rlvr.warnings"] = " | ".join(warnings)[:5000]
 
     prior = None if cfg.get("force", False) else tracking.find_finished_run(exp_id, chash)
     if prior is not None:

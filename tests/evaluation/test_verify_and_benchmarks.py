@@ -1,8 +1,8 @@
 """Answer checking and benchmark loading on the real benchmark files."""
 import pytest
 
-from evaluation.benchmarks import last_boxed, load_local_benchmark
-from evaluation.verify import check_answer, is_correct
+from evaluation.benchmarks import load_local_benchmark
+from evaluation.verify import check_answer, is_correct, last_boxed
 
 
 @pytest.mark.parametrize("response,gold,expected", [
@@ -15,6 +15,27 @@ from evaluation.verify import check_answer, is_correct
 ])
 def test_is_correct(response, gold, expected):
     assert is_correct(response, gold) is expected
+
+
+def test_exact_numbers_compare_exactly():
+    # math-verify's float tolerance alone accepts this pair (both are ~0)
+    assert is_correct("\\boxed{\\frac{1}{2004!}}", "\\frac{1}{2006!}") is False
+    assert is_correct("\\boxed{\\frac{1}{2006!}}", "\\frac{1}{2006!}") is True
+    assert is_correct("\\boxed{0.5}", "\\frac{1}{2}") is True  # a float answer keeps the tolerance
+
+
+@pytest.mark.timeout(120)
+def test_adversarial_outputs_are_bounded_and_incorrect():
+    from evaluation.verify import Verifier
+
+    v = Verifier(item_timeout_s=5.0)
+    adversarial = ["x" * 1_000_000 + " \\boxed{8}", "\\boxed{9^{9^{9^{9}}}}", "{" * 10_000 + "7" + "}" * 10_000,
+                   "\\boxed{" + "{" * 10_000 + "7" + "}" * 10_000 + "}"]
+    assert [ok for ok, _ in v.check_many(adversarial, ["7"] * 4)] == [False] * 4
+    # the pool still works afterwards, and repeated answers are verified once (cache)
+    assert v.check_many(["\\boxed{7}"] * 256, ["7"] * 256) == [(True, "7")] * 256
+    assert sum(1 for key in v.cache if key[0] == "7") == 1
+    v.close()
 
 
 def test_bad_output_scores_zero_without_raising():

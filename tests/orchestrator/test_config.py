@@ -34,6 +34,18 @@ def test_identity_ignores_delta_where_the_algorithm_does_not_use_it():
     (["train.group_size=0"], "train.group_size=0"),
     (["train.top_p=1.5"], "train.top_p=1.5"),
     (["eval.benchmarks=[math500]"], "eval.data_dir"),
+    (["algo=quatro", "algo.advantage.lambda_min=0"], "lambda_min=0"),
+    (["algo=quatro", "algo.policy_loss.ratio_level=word"], "ratio_level='word'"),
+    (["algo=grpo", "algo.policy_loss.clip_ratio_low=1.5"], "clip_ratio_low=1.5"),
+    (["algo=tr_grpo", "algo.policy_loss.weighting=inverse"], "weighting='inverse'"),
+    (["algo=tr_grpo", "algo.policy_loss.tau=0"], "tau=0"),
+    (["algo=exppo", "algo.advantage.lam=1.2"], "lam=1.2"),
+    (["algo=grpo_ur", "algo.advantage.beta=-0.1"], "beta=-0.1"),
+    (["algo=f_grpo", "algo.advantage.gamma=-1"], "gamma=-1"),
+    (["algo=gmpo", "algo.policy_loss.loss_agg_mode=token-mean"], "loss_agg_mode='token-mean'"),
+    (["algo=dapo", "algo.dynamic_sampling.max_num_gen_batches=0"], "max_num_gen_batches=0"),
+    (["algo=dapo", "algo.overlong_buffer.length=100"], "overlong_buffer.length=100"),
+    (["algo=grpo_h", "algo.entropy_coef=-0.001"], "entropy_coef=-0.001"),
 ])
 def test_bad_values_are_named(overrides, fragment):
     with pytest.raises(ConfigError) as e:
@@ -42,6 +54,22 @@ def test_bad_values_are_named(overrides, fragment):
     assert fragment in msg and "\n" not in msg
 
 
+ALGOS = ["grpo", "dr_grpo", "dapo", "gspo", "cispo", "gpg", "gmpo", "quatro", "tr_grpo", "tr_grpo_invtemp", "exppo",
+         "grpo_h", "grpo_ur", "f_grpo"]
+
+
 def test_defaults_and_every_algorithm_validate():
-    for algo in ("quatro", "gspo", "grpo"):
-        validate_config(_cfg(f"algo={algo}"))
+    for algo in ALGOS:
+        warnings = validate_config(_cfg(f"algo={algo}"))
+        assert (len(warnings) == 1) == (algo == "tr_grpo"), (algo, warnings)
+
+
+def test_presets_carry_the_papers_defaults():
+    assert _cfg("algo=dapo").algo.policy_loss.clip_ratio_high == 0.28
+    assert _cfg("algo=dapo").algo.policy_loss.loss_agg_mode == "token-mean"
+    assert _cfg("algo=gspo").algo.policy_loss.clip_ratio_low == 3e-4
+    assert _cfg("algo=dr_grpo").algo.advantage.norm_by_std is False
+    assert _cfg("algo=dr_grpo", "train.max_new_tokens=64").algo.policy_loss.norm_constant == 64
+    assert _cfg("algo=gmpo").algo.policy_loss.clip_ratio_low == 0.4
+    assert _cfg("algo=tr_grpo_invtemp").algo.policy_loss.tau == pytest.approx(1 / 9)
+    assert _cfg("algo=exppo").algo.advantage.lam == 0.2

@@ -11,7 +11,7 @@ ROWS = [{"id": "a", "prompt": "Compute 3 + 4.", "gold": "7"},
 def test_left_padded_logprobs_equal_unpadded_per_sequence(tiny_policy):
     """Second method: score each response alone (no padding at all) and compare."""
     model, tok = tiny_policy
-    batch, info = collect_rollouts(model, tok, ROWS, 3, 1.0, 1.0, 6, seed=0)
+    batch, _ = collect_rollouts(model, tok, ROWS, 3, 1.0, 1.0, 6, seed=0)
     assert batch.response_ids.shape[0] == 6 and batch.prompt_mask[0].sum() < batch.prompt_mask.shape[1]
     for i in range(6):
         p = batch.prompt_ids[i][batch.prompt_mask[i].bool()].unsqueeze(0)
@@ -23,15 +23,15 @@ def test_left_padded_logprobs_equal_unpadded_per_sequence(tiny_policy):
         assert torch.allclose(batch.old_logprobs[i, :L], ref, atol=1e-4)
         # entropy from the same distribution, by its definition
         lp = torch.log_softmax(logits.float(), -1)
-        assert torch.allclose(info["entropy"][i, :L], -(lp.exp() * lp).sum(-1), atol=1e-4)
+        assert torch.allclose(batch.extras["entropy"][i, :L], -(lp.exp() * lp).sum(-1), atol=1e-4)
 
 
 def test_group_samples_differ_and_rollouts_are_reproducible(tiny_policy):
     model, tok = tiny_policy
-    b1, i1 = collect_rollouts(model, tok, ROWS[:1], 4, 1.0, 1.0, 8, seed=7)
+    b1, texts = collect_rollouts(model, tok, ROWS[:1], 4, 1.0, 1.0, 8, seed=7)
     b2, _ = collect_rollouts(model, tok, ROWS[:1], 4, 1.0, 1.0, 8, seed=7)
     assert torch.equal(b1.response_ids, b2.response_ids)
-    assert len(set(i1["texts"])) > 1
+    assert len(set(texts)) > 1
     assert b1.group_index.tolist() == [0, 0, 0, 0]
 
 

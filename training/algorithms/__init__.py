@@ -3,7 +3,7 @@
 Importing this package registers every algorithm; look them up with :func:`get_advantage_fn`
 and :func:`get_policy_loss_fn`.
 """
-from . import advantages, clipped, quatro, sequence  # noqa: F401  (registration side effects)
+from . import advantages, clipped, exppo, quatro, sequence, shaping, tr_grpo, vanilla  # noqa: F401  (registration)
 from .aggregation import LOSS_AGG_MODES, agg_loss, masked_mean
 from .kl import kl_k3
 from .registry import (
@@ -13,10 +13,11 @@ from .registry import (
     register_policy_loss,
     registered_advantages,
     registered_policy_losses,
+    validate_params,
 )
 
 __all__ = [
     "LOSS_AGG_MODES", "agg_loss", "masked_mean", "kl_k3",
     "get_advantage_fn", "get_policy_loss_fn", "register_advantage", "register_policy_loss",
-    "registered_advantages", "registered_policy_losses",
+    "registered_advantages", "registered_policy_losses", "validate_params",
 ]

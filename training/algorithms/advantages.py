@@ -5,7 +5,8 @@ import torch
 
 from training.batch import RolloutBatch, from_groups, to_groups
 
-from .registry import register_advantage
+from .common import check_number
+from .registry import register_advantage, register_validator
 
 
 def group_normalized_advantages(rewards: torch.Tensor, norm_by_std: bool = True, epsilon: float = 1e-6) -> torch.Tensor:
@@ -51,3 +52,11 @@ def grpo_advantage(batch: RolloutBatch, norm_by_std: bool = True, epsilon: float
     matrix, order = to_groups(batch.rewards.double(), batch.group_index)
     adv = group_normalized_advantages(matrix, norm_by_std=norm_by_std, epsilon=epsilon)
     return from_groups(adv, order).float(), {"zero_variance_share": zero_variance_share(matrix)}
+
+
+@register_validator("advantage", "grpo")
+def _check_grpo(norm_by_std=True, epsilon=1e-6, **_):
+    if not isinstance(norm_by_std, bool):
+        raise ValueError(f"norm_by_std={norm_by_std!r}: expected true or false")
+    check_number("epsilon", epsilon, 0)
+    return []

@@ -13,7 +13,7 @@ LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "se
 def check_loss_agg_mode(mode: str) -> None:
     """Raise ``ValueError`` naming ``mode`` when it is not one of :data:`LOSS_AGG_MODES`."""
     if mode not in LOSS_AGG_MODES:
-        raise ValueError(f"unknown loss_agg_mode {mode!r}; expected one of {list(LOSS_AGG_MODES)}")
+        raise ValueError(f"loss_agg_mode={mode!r}: unknown; expected one of {list(LOSS_AGG_MODES)}")
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:

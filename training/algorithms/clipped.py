@@ -6,7 +6,8 @@ import torch
 from training.batch import RolloutBatch
 
 from .aggregation import agg_loss, masked_mean
-from .registry import register_policy_loss
+from .common import check_clip_loss
+from .registry import register_policy_loss, register_validator
 
 
 def ratio_stats(log_ratio: torch.Tensor, mask: torch.Tensor, prefix: str = "ratio") -> dict:
@@ -61,3 +62,46 @@ def clipped_surrogate_loss(
             **ratio_stats(log_ratio, mask),
         }
     return loss, metrics
+
+
+register_validator("policy_loss", "grpo")(check_clip_loss)
+
+
+@register_policy_loss("cispo")
+def cispo_loss(
+    logprobs: torch.Tensor,
+    batch: RolloutBatch,
+    advantages: torch.Tensor,
+    clip_ratio_low: float | None = None,
+    clip_ratio_high: float = 0.2,
+    loss_agg_mode: str = "token-mean",
+    norm_constant: float | None = None,
+):
+    """CISPO: clipped importance-sampling weights, REINFORCE-style, no token loses its gradient.
+
+    Per token: loss_t = -sg[clip(r_t, 1 - eps_low, 1 + eps_high)] A log pi_theta(y_t)
+    (MiniMax-M1, 2025, eq. 4-5). The clipped weight is detached, so the gradient w.r.t. the token's
+    log-prob is -clip(r_t) A: never zero, unlike PPO's clipped branch.
+
+    Args:
+        logprobs: (B, L) with gradient; batch: ``old_logprobs``, ``response_mask``; advantages (B,) or (B, L).
+        clip_ratio_low: eps_low, or None for no lower bound (the paper's choice: effectively none).
+        clip_ratio_high: eps_high (0.2 here; the paper suggests larger values, e.g. 5.0 in TRL's docs).
+    Returns:
+        (scalar loss, metrics) with ``clip_fraction`` (tokens whose weight was clipped) and ratio stats.
+    """
+    mask = batch.response_mask
+    adv = advantages if advantages.dim() == 2 else advantages.unsqueeze(-1)
+    log_ratio = (logprobs - batch.old_logprobs).clamp(-20.0, 20.0)
+    ratio = torch.exp(log_ratio.detach())
+    low = 0.0 if clip_ratio_low is None else 1.0 - clip_ratio_low
+    weight = ratio.clamp(min=low, max=1.0 + clip_ratio_high)
+    loss = agg_loss(-weight * adv * logprobs, mask, loss_agg_mode, norm_constant)
+    with torch.no_grad():
+        clipped = (weight != ratio).float()
+        metrics = {"clip_fraction": float(masked_mean(clipped, mask)), "ppo_kl": float(masked_mean(-log_ratio, mask)),
+                   **ratio_stats(log_ratio, mask)}
+    return loss, metrics
+
+
+register_validator("policy_loss", "cispo")(check_clip_loss)

@@ -29,7 +29,8 @@ import torch
 from training.batch import RolloutBatch, from_groups, to_groups
 
 from .aggregation import agg_loss, masked_mean
-from .registry import register_advantage, register_policy_loss
+from .common import check_clip_loss, check_number
+from .registry import register_advantage, register_policy_loss, register_validator
 from .sequence import sequence_log_ratio, token_form_sequence_ratio
 
 _BISECTION_STEPS = 200
@@ -224,3 +225,19 @@ def quatro_loss(
             "ppo_kl": float(masked_mean(batch.old_logprobs - logprobs, mask)),
         }
     return loss, metrics
+
+
+@register_validator("advantage", "quatro")
+def _check_quatro_advantage(delta=None, lambda_min=1e-3, **_):
+    _check_delta(delta)
+    check_number("lambda_min", lambda_min, 0, low_open=True)
+    return []
+
+
+@register_validator("policy_loss", "quatro")
+def _check_quatro_loss(log_ratio_penalty=True, ratio_level="sequence", **agg):
+    if ratio_level not in ("sequence", "token"):
+        raise ValueError(f"ratio_level={ratio_level!r}: expected 'sequence' or 'token'")
+    if not isinstance(log_ratio_penalty, bool):
+        raise ValueError(f"log_ratio_penalty={log_ratio_penalty!r}: expected true or false")
+    return check_clip_loss(**agg)

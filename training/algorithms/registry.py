@@ -9,6 +9,29 @@ from typing import Callable, Dict
 
 _ADVANTAGES: Dict[str, Callable] = {}
 _POLICY_LOSSES: Dict[str, Callable] = {}
+_VALIDATORS: Dict[tuple, Callable] = {}
+
+
+def register_validator(kind: str, name: str) -> Callable[[Callable], Callable]:
+    """Decorator registering ``fn(**params) -> list[str]`` that checks the parameters of the
+    ``kind`` ('advantage' or 'policy_loss') function ``name`` before any work starts: it raises
+    ``ValueError`` naming a bad value and returns warnings (strings) for legal but suspicious ones."""
+
+    def deco(fn: Callable) -> Callable:
+        _VALIDATORS[(kind, name)] = fn
+        return fn
+
+    return deco
+
+
+def validate_params(kind: str, name: str, params: dict) -> list[str]:
+    """Run the validator registered for (kind, name) on ``params``; [] when none is registered.
+
+    Raises:
+        ValueError: from the validator, naming the bad parameter.
+    """
+    fn = _VALIDATORS.get((kind, name))
+    return list(fn(**params) or []) if fn else []
 
 
 def register_advantage(name: str) -> Callable[[Callable], Callable]:

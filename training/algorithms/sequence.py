@@ -6,7 +6,8 @@ import torch
 from training.batch import RolloutBatch
 
 from .aggregation import agg_loss, masked_mean
-from .registry import register_policy_loss
+from .common import check_clip_loss, check_number
+from .registry import register_policy_loss, register_validator
 
 
 def sequence_log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -70,3 +71,59 @@ def gspo_loss(
             "ppo_kl": float(masked_mean(batch.old_logprobs - logprobs, mask)),
         }
     return loss, metrics
+
+
+register_validator("policy_loss", "gspo")(check_clip_loss)
+
+
+@register_policy_loss("gmpo")
+def gmpo_loss(
+    logprobs: torch.Tensor,
+    batch: RolloutBatch,
+    advantages: torch.Tensor,
+    clip_ratio_low: float = 0.4,
+    clip_ratio_high: float = 0.4,
+    loss_agg_mode: str = "seq-mean-token-mean",
+    norm_constant: float | None = None,
+):
+    """GMPO: geometric mean of token ratios, clipped in log space.
+
+    d_t = log pi_theta - log pi_old; on the side that matters for the sign of A it is clipped to
+    [-eps_low, eps_high]: d'_t = sgn(A) min(sgn(A) d_t, sgn(A) clip(d_t)). Then
+    ratio_i = exp(mean_t d'_t) (the geometric mean of the clipped token ratios) and
+    loss_i = -A_i ratio_i, averaged over sequences (Zhao et al. 2025, "Geometric-Mean Policy
+    Optimization", eq. 4; eps = 0.4; verl ``compute_policy_loss_geo_mean``).
+
+    Args:
+        logprobs: (B, L) with gradient; advantages: (B,) sequence advantages.
+        loss_agg_mode: accepted for a uniform interface; GMPO's sequence mean is fixed by the
+            geometric mean, so only ``seq-mean-token-mean`` is allowed.
+    Returns:
+        (scalar loss, metrics) with ``clip_fraction`` (tokens whose log-ratio was clipped).
+    """
+    if loss_agg_mode != "seq-mean-token-mean":
+        raise ValueError(f"loss_agg_mode={loss_agg_mode!r}: GMPO is defined with seq-mean-token-mean only")
+    mask = batch.response_mask
+    adv = advantages.reshape(-1) if advantages.dim() == 1 else masked_mean(advantages, mask, dim=-1)
+    d = logprobs - batch.old_logprobs
+    sgn = torch.sign(adv).unsqueeze(-1)
+    d_clip = d.clamp(-clip_ratio_low, clip_ratio_high)
+    d_min = sgn * torch.minimum(sgn * d, sgn * d_clip)
+    ratio = torch.exp(masked_mean(d_min, mask, dim=-1).clamp(max=20.0))
+    loss = (-adv * ratio).mean()
+    with torch.no_grad():
+        metrics = {
+            "clip_fraction": float(masked_mean((d_min != d).float(), mask)),
+            "seq_ratio_mean": float(ratio.mean()), "seq_ratio_min": float(ratio.min()), "seq_ratio_max": float(ratio.max()),
+            "ppo_kl": float(masked_mean(-d, mask)),
+        }
+    return loss, metrics
+
+
+@register_validator("policy_loss", "gmpo")
+def _check_gmpo(clip_ratio_low=0.4, clip_ratio_high=0.4, loss_agg_mode="seq-mean-token-mean", **_):
+    check_number("clip_ratio_low", clip_ratio_low, 0)
+    check_number("clip_ratio_high", clip_ratio_high, 0)
+    if loss_agg_mode != "seq-mean-token-mean":
+        raise ValueError(f"loss_agg_mode={loss_agg_mode!r}: GMPO is defined with seq-mean-token-mean only")
+    return []

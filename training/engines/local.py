@@ -23,8 +23,10 @@ from omegaconf import OmegaConf
 from tqdm.auto import trange
 
 from training.algorithms import agg_loss, get_advantage_fn, get_policy_loss_fn, kl_k3, masked_mean
+from training.batch import concat_batches, to_groups
 from training.data import load_prompts
 from training.models import load_policy
+from training.rewards import overlong_penalty
 from training.rollout import collect_rollouts, compute_logprobs
 
 
@@ -48,11 +50,12 @@ def _mean_metrics(items: list[dict]) -> dict:
 
 def update_policy(model, optimizer, batch, advantages, loss_fn, loss_params: dict, ppo_epochs: int = 1,
                   minibatch_size=None, max_grad_norm: float = 1.0, beta: float = 0.0, temperature: float = 1.0,
-                  bf16: bool = False, generator=None) -> list[dict]:
+                  bf16: bool = False, generator=None, entropy_coef: float = 0.0) -> list[dict]:
     """``ppo_epochs`` passes over ``batch`` in shuffled minibatches, one AdamW step per minibatch.
 
-    loss = policy_loss(logprobs, minibatch, advantages) + beta * agg(k3 KL to the reference), with the
-    policy loss's own aggregation mode for the KL term; gradients clipped to ``max_grad_norm``.
+    loss = policy_loss(logprobs, minibatch, advantages) + beta * agg(k3 KL to the reference)
+           - entropy_coef * agg(entropy)   (GRPO-H's entropy bonus when entropy_coef > 0),
+    with the policy loss's own aggregation mode for both extra terms; gradients clipped to ``max_grad_norm``.
 
     Args:
         batch: RolloutBatch of B responses (with ``ref_logprobs`` when beta > 0);
@@ -69,10 +72,14 @@ def update_policy(model, optimizer, batch, advantages, loss_fn, loss_params: dic
         for start in range(0, B, mb_size):
             idx = perm[start:start + mb_size]
             mb = batch.select(idx)
-            logprobs, _ = compute_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
-                                           temperature, bf16=bf16)
+            logprobs, entropy = compute_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
+                                                 temperature, with_entropy=entropy_coef > 0, bf16=bf16)
             pg_loss, m = loss_fn(logprobs, mb, advantages[idx], **loss_params)
             loss = pg_loss
+            if entropy_coef > 0:
+                ent = agg_loss(entropy, mb.response_mask, agg_mode)
+                loss = loss - entropy_coef * ent
+                m["entropy_bonus"] = float(ent.detach())
             if beta > 0:
                 kl = agg_loss(kl_k3(logprobs, mb.ref_logprobs), mb.response_mask, agg_mode)
                 loss = loss + beta * kl
@@ -106,8 +113,9 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
     model, tokenizer = load_policy(cfg.model)
     model.to(device).train()
     beta = float(algo.get("kl_beta", 0.0))
+    entropy_coef = float(algo.get("entropy_coef", 0.0))
     ref_model = None
-    if beta > 0:  # no reference copy at all when the KL term is off
+    if beta > 0 or float(algo.policy_loss.get("kl_beta", 0.0)) > 0:  # no reference copy when no KL term is used
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=float(t_cfg.lr), betas=tuple(t_cfg.betas),
                                   weight_decay=float(t_cfg.weight_decay))
@@ -122,25 +130,59 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
     temperature, bf16 = float(t_cfg.temperature), bool(t_cfg.get("bf16_autocast", False))
     chat = bool(cfg.model.get("chat_template", True))
 
-    for step in trange(int(t_cfg.steps), desc=f"train {algo.name}", unit="step", disable=None):
-        t_step = time.perf_counter()
-        # ---- rollout: G responses per prompt from the current (old) policy, with old log-probs
+    dyn = algo.get("dynamic_sampling") or {}
+    overlong = algo.get("overlong_buffer") or {}
+
+    def next_rows():
         rows = []
         for _ in range(n_prompts):
             if not order:
-                order = list(range(len(prompts)))
+                order.extend(range(len(prompts)))
                 order_rng.shuffle(order)
             rows.append(prompts[order.pop()])
-        batch, info = collect_rollouts(
-            model, tokenizer, rows, G, temperature, float(t_cfg.top_p), int(t_cfg.max_new_tokens),
-            seed=seed * 1_000_003 + step, chat_template=chat, ref_model=ref_model, bf16=bf16,
-        )
+        return rows
+
+    for step in trange(int(t_cfg.steps), desc=f"train {algo.name}", unit="step", disable=None):
+        t_step = time.perf_counter()
+        # ---- rollout: G responses per prompt from the current (old) policy, with old log-probs;
+        # rewards from the verifier (+ DAPO's overlong shaping); with dynamic sampling, groups whose
+        # rewards are all equal are dropped and new prompts sampled, for at most max_num_gen_batches rounds
+        kept, sampled, n_kept, rounds = [], [], 0, 0
+        while True:
+            batch, _texts = collect_rollouts(
+                model, tokenizer, next_rows(), G, temperature, float(t_cfg.top_p), int(t_cfg.max_new_tokens),
+                seed=seed * 1_000_003 + step * 1_009 + rounds, chat_template=chat, ref_model=ref_model, bf16=bf16,
+            )
+            rounds += 1
+            if overlong.get("enabled", False):
+                batch.rewards = batch.rewards + overlong_penalty(batch.response_lengths, int(t_cfg.max_new_tokens),
+                                                                 int(overlong.length), float(overlong.get("penalty_factor", 1.0)))
+            sampled.append(batch)
+            if not dyn.get("enabled", False):
+                kept = [batch]
+                break
+            rewards, order_g = to_groups(batch.rewards, batch.group_index)
+            informative = rewards.max(-1).values > rewards.min(-1).values
+            keep_rows = torch.isin(batch.group_index, torch.unique(batch.group_index)[informative])
+            if keep_rows.any():
+                kept.append(batch.select(torch.nonzero(keep_rows).squeeze(-1)))
+                n_kept += int(informative.sum())
+            if n_kept >= n_prompts or rounds >= int(dyn.get("max_num_gen_batches", 1)):
+                break
+        if not kept:  # dynamic sampling found no informative group: nothing to learn from this step
+            kept = [batch.select(torch.arange(0))]
+        batch = concat_batches(kept, tokenizer.pad_token_id)
+        if dyn.get("enabled", False) and batch.batch_size > n_prompts * G:
+            batch = batch.select(torch.arange(n_prompts * G))
         batch = batch.to(device)
         t_rollout = time.perf_counter() - t_step
 
         # ---- advantage (registered estimator; rewards come from the verifier in collect_rollouts)
-        advantages, adv_metrics = adv_fn(batch, **adv_params)
-        advantages = advantages.to(device)
+        if batch.batch_size == 0:
+            advantages, adv_metrics = torch.zeros(0, device=device), {}
+        else:
+            advantages, adv_metrics = adv_fn(batch, **adv_params)
+            advantages = advantages.to(device)
 
         # ---- K inner epochs of minibatch updates
         t_update = time.perf_counter()
@@ -148,28 +190,33 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
         update_metrics = update_policy(
             model, optimizer, batch, advantages, loss_fn, loss_params, ppo_epochs=int(t_cfg.ppo_epochs),
             minibatch_size=t_cfg.get("minibatch_size"), max_grad_norm=float(t_cfg.max_grad_norm), beta=beta,
-            temperature=temperature, bf16=bf16, generator=gen,
-        )
+            temperature=temperature, bf16=bf16, generator=gen, entropy_coef=entropy_coef,
+        ) if batch.batch_size else []
         scheduler.step()
         t_update = time.perf_counter() - t_update
 
         # ---- metrics
         step_time = time.perf_counter() - t_step
-        n_tokens = int(batch.response_mask.sum()) + int(batch.prompt_mask.sum())
+        # what the policy did: every sampled response (with dynamic sampling, also the dropped groups)
+        seen = concat_batches(sampled, tokenizer.pad_token_id)
+        n_tokens = int(seen.response_mask.sum()) + int(seen.prompt_mask.sum())
         metrics = {
-            "reward_mean": float(batch.rewards.mean()),
-            "accuracy": float(batch.correct.float().mean()),
-            "entropy": float(masked_mean(info["entropy"], batch.response_mask)),
-            "response_length_mean": float(batch.response_lengths.float().mean()),
-            "response_length_max": float(batch.response_lengths.max()),
-            "truncated_share": float((~info["finished"]).float().mean()),
-            "advantage_mean": float(advantages.mean()),
-            "advantage_abs_mean": float(advantages.abs().mean()),
+            "reward_mean": float(seen.rewards.mean()),
+            "accuracy": float(seen.correct.float().mean()),
+            "entropy": float(masked_mean(seen.extras["entropy"], seen.response_mask)),
+            "response_length_mean": float(seen.response_lengths.float().mean()),
+            "response_length_max": float(seen.response_lengths.max()),
+            "truncated_share": float((~seen.extras["finished"]).float().mean()),
+            "advantage_mean": float(advantages.mean()) if batch.batch_size else None,
+            "advantage_abs_mean": float(advantages.abs().mean()) if batch.batch_size else None,
+            "batch_responses": batch.batch_size,
+            **({"dynamic_sampling_rounds": rounds, "dynamic_sampling_sampled": seen.batch_size}
+               if dyn.get("enabled", False) else {}),
             "lr": float(scheduler.get_last_lr()[0]),
             "step_time_s": step_time,
             "rollout_time_s": t_rollout,
             "update_time_s": t_update,
-            "tokens_per_s": n_tokens * (1 + int(t_cfg.ppo_epochs)) / max(step_time, 1e-9),
+            "tokens_per_s": n_tokens / max(step_time, 1e-9),
             **{k: float(v) for k, v in adv_metrics.items()},
             **_mean_metrics(update_metrics),
         }

@@ -1,0 +1,1 @@
+"""Performance benchmarks (`python -m benchmarks.<name>`): side-by-side ratios, never test assertions."""

@@ -1,0 +1,85 @@
+"""Evaluate any checkpoint without training and log it to MLflow.
+
+    python -m evaluation --checkpoint PATH_OR_HUB_ID [--eval quick|smoke|paper] [overrides ...]
+        [--base-samples base/samples.parquet] [--out DIR] [--experiment NAME] [--tracking-uri URI]
+
+Overrides are Hydra-style keys of the eval group, e.g. ``n=16 'benchmarks=[math500,aime24]'
+data_dir=../shared/data/benchmarks max_prompts=20``. ``--sampler vllm`` samples with vLLM on a GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m evaluation", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", required=True, help="Hugging Face model directory or hub id")
+    ap.add_argument("--eval", default="quick", help="eval preset in sweeps/eval/ (default: quick)")
+    ap.add_argument("--base-samples", help="the base model's samples.parquet, for flip rates")
+    ap.add_argument("--out", default=None, help="output directory (default: eval_out/<checkpoint name>)")
+    ap.add_argument("--experiment", default="rlvr-eval")
+    ap.add_argument("--tracking-uri", default="sqlite:///mlflow.db")
+    ap.add_argument("--sampler", choices=["hf", "vllm"], default="hf")
+    ap.add_argument("--run-name", default=None)
+    ap.add_argument("overrides", nargs="*", help="eval overrides key=value")
+    args = ap.parse_args(argv)
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from orchestrator.preflight import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[f"eval={args.eval}"] + [f"eval.{o}" for o in args.overrides])
+    eval_cfg = cfg.eval
+    n, ks = int(eval_cfg.n), list(eval_cfg.ks)
+    if any(k > n or k < 1 for k in ks):
+        print(f"error: eval.ks={ks}: every k must be in [1, eval.n={n}]", file=sys.stderr)
+        return 2
+    if any(b == "arithmetic" for b in eval_cfg.benchmarks):
+        from training.data import load_prompts
+
+        heldout = load_prompts(cfg.data, "eval")
+    else:
+        heldout = None
+    base = None
+    if args.base_samples:
+        import pandas as pd
+
+        base = pd.read_parquet(args.base_samples)
+    out = Path(args.out or Path("eval_out") / Path(str(args.checkpoint)).name)
+
+    import mlflow
+
+    from orchestrator import tracking
+
+    from .evaluate import evaluate
+
+    exp_id = tracking.setup_experiment(args.tracking_uri, args.experiment, "mlartifacts")
+    with mlflow.start_run(experiment_id=exp_id, run_name=args.run_name or Path(str(args.checkpoint)).name,
+                          tags={"rlvr.kind": "evaluation", "rlvr.checkpoint": str(args.checkpoint)}):
+        mlflow.log_params({f"eval.{k}": str(v)[:6000] for k, v in tracking.flatten(OmegaConf.to_container(eval_cfg, resolve=True)).items()})
+        if args.sampler == "vllm":
+            from .sampling import VLLMSampler
+
+            sampler, model, tok = VLLMSampler(args.checkpoint, float(eval_cfg.temperature), float(eval_cfg.top_p),
+                                              int(eval_cfg.max_new_tokens)), None, None
+        else:
+            from training.models import load_checkpoint
+
+            sampler = None
+            model, tok = load_checkpoint(args.checkpoint)
+        metrics, files = evaluate(model, tok, eval_cfg, out, heldout_rows=heldout, base_samples=base, sampler=sampler)
+        mlflow.log_metrics(metrics)
+        for path in files.values():
+            mlflow.log_artifact(str(path))
+    for k in sorted(metrics):
+        if k.startswith("eval/mean/"):
+            print(f"{k:40s} {metrics[k]:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

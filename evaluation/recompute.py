@@ -1,0 +1,47 @@
+"""Recompute every evaluation table from saved samples, without sampling again.
+
+    python -m evaluation.recompute SAMPLES.parquet [--ks 1 2 4 8] [--base-samples BASE.parquet] [--out DIR]
+
+Writes one CSV per table next to the samples (or to --out) and prints them.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from .tables import compute_tables
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m evaluation.recompute", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("samples")
+    ap.add_argument("--ks", type=int, nargs="+", default=None, help="pass@k values (default: powers of two up to n)")
+    ap.add_argument("--base-samples", default=None)
+    ap.add_argument("--similarity-metric", default="rouge_l")
+    ap.add_argument("--ucc-threshold", type=float, default=0.7)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    samples = pd.read_parquet(args.samples)
+    n = int(samples.groupby(["benchmark", "prompt_id"]).size().min())
+    ks = args.ks or [2 ** i for i in range(n.bit_length()) if 2 ** i <= n]
+    if max(ks) > n:
+        print(f"error: --ks {ks}: k={max(ks)} exceeds the n={n} samples per prompt", file=sys.stderr)
+        return 2
+    base = pd.read_parquet(args.base_samples) if args.base_samples else None
+    tables, _ = compute_tables(samples, ks, similarity_metric=args.similarity_metric, ucc_threshold=args.ucc_threshold,
+                               base_samples=base)
+    out = Path(args.out) if args.out else Path(args.samples).parent
+    out.mkdir(parents=True, exist_ok=True)
+    for name, table in tables.items():
+        if len(table):
+            table.to_csv(out / f"{name}.csv")
+            print(f"== {name}\n{table.round(4).to_string()}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""All evaluation tables as pure functions of ``samples.parquet`` (plus a base model's samples).
+
+``compute_tables(samples, ks, ...)`` returns pandas tables as the papers show them and the flat
+MLflow metrics (``eval/<benchmark>/<metric>``, ``eval/mean/<metric>`` = unweighted mean over
+benchmarks). ``python -m evaluation.recompute`` calls it on saved samples.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .metrics.difficulty import flip_rates
+from .metrics.diversity import METRICS, mean_pairwise_similarity, ucc_at_k
+from .metrics.modes import prompt_mode_stats
+from .metrics.passk import pass_at_k, passk_table
+
+
+def metric_key(name: str) -> str:
+    """MLflow-safe metric name: ``pass@8`` -> ``pass_at_8`` (MLflow rejects '@')."""
+    return name.replace("@", "_at_")
+
+
+def _with_mean(table: pd.DataFrame) -> pd.DataFrame:
+    if len(table):
+        table = table.copy()
+        table.loc["mean"] = table.mean(axis=0, numeric_only=True)
+    table.index.name = "benchmark"
+    return table
+
+
+def _prompts(samples: pd.DataFrame):
+    for (bench, pid), grp in samples.sort_values("sample_idx").groupby(["benchmark", "prompt_id"], sort=True):
+        yield bench, pid, grp
+
+
+def ucc_table(samples: pd.DataFrame, ks, metric="rouge_l", threshold=0.7) -> pd.DataFrame:
+    """Mean UCC@k per benchmark (k <= every prompt's n) and UCR = distinct correct / n."""
+    rows = {}
+    for bench, _pid, grp in _prompts(samples):
+        texts, correct = grp["response"].tolist(), grp["correct"].tolist()
+        n = len(texts)
+        r = rows.setdefault(bench, {f"ucc@{k}": [] for k in ks} | {"ucr": []})
+        for k in ks:
+            r[f"ucc@{k}"].append(ucc_at_k(texts, correct, k, metric, threshold))
+        r["ucr"].append(ucc_at_k(texts, correct, n, metric, threshold) / n)
+    return _with_mean(pd.DataFrame({b: {m: float(np.mean(v)) for m, v in r.items()} for b, r in rows.items()}).T)
+
+
+def similarity_table(samples: pd.DataFrame, metrics=METRICS) -> pd.DataFrame:
+    """Mean pairwise similarity among each prompt's correct responses (prompts with >= 2), per benchmark."""
+    rows = {}
+    for bench, _pid, grp in _prompts(samples):
+        texts = grp.loc[grp["correct"], "response"].tolist()
+        r = rows.setdefault(bench, {m: [] for m in metrics})
+        if len(texts) >= 2:
+            for m in metrics:
+                r[m].append(mean_pairwise_similarity(texts, m))
+    table = pd.DataFrame({b: {f"{m}_mean": (float(np.mean(v)) if v else np.nan) for m, v in r.items()} for b, r in rows.items()}).T
+    return _with_mean(table)
+
+
+def entropy_table(samples: pd.DataFrame) -> pd.DataFrame:
+    """Mean token entropy (nats) per benchmark: over all samples, correct ones and wrong ones."""
+    df = samples.dropna(subset=["mean_token_entropy"])
+    if df.empty:
+        return pd.DataFrame()
+    rows = {}
+    for bench, grp in df.groupby("benchmark"):
+        rows[bench] = {"entropy": grp["mean_token_entropy"].mean(),
+                       "entropy_correct": grp.loc[grp["correct"], "mean_token_entropy"].mean(),
+                       "entropy_wrong": grp.loc[~grp["correct"], "mean_token_entropy"].mean()}
+    return _with_mean(pd.DataFrame(rows).T)
+
+
+def modes_table(samples: pd.DataFrame, ks) -> pd.DataFrame:
+    """ExPPO's metrics per benchmark: coverage@k (= pass@k), response accuracy, observed and
+    effective yield, correct-pair disagreement D (prompts with >= 2 correct)."""
+    rows = {}
+    for bench, _pid, grp in _prompts(samples):
+        r = rows.setdefault(bench, {"accuracy": [], "observed_yield": [], "effective_yield": [], "disagreement": [],
+                                    **{f"coverage@{k}": [] for k in ks}})
+        n, c = len(grp), int(grp["correct"].sum())
+        st = prompt_mode_stats(grp.loc[grp["correct"], "extracted_answer"].tolist())
+        r["accuracy"].append(c / n)
+        r["observed_yield"].append(st["observed_yield"])
+        r["effective_yield"].append(st["effective_yield"])
+        if st["disagreement"] is not None:
+            r["disagreement"].append(st["disagreement"])
+        for k in ks:
+            r[f"coverage@{k}"].append(pass_at_k(n, c, k))
+    table = pd.DataFrame({b: {m: (float(np.mean(v)) if v else np.nan) for m, v in r.items()} for b, r in rows.items()}).T
+    return _with_mean(table)
+
+
+def per_prompt_values(samples: pd.DataFrame, metric: str = "accuracy") -> pd.Series:
+    """Per-prompt accuracy (or ``pass@k``) indexed by (benchmark, prompt_id), for paired bootstraps."""
+    per = samples.groupby(["benchmark", "prompt_id"])["correct"].agg(n="size", c="sum")
+    if metric == "accuracy":
+        return per["c"] / per["n"]
+    if metric.startswith("pass@"):
+        k = int(metric.split("@")[1])
+        return pd.Series(pass_at_k(per["n"].to_numpy(), per["c"].to_numpy(), k), index=per.index)
+    raise ValueError(f"metric={metric!r}: expected 'accuracy' or 'pass@<k>'")
+
+
+def compute_tables(samples: pd.DataFrame, ks, ucc_ks=None, similarity_metric: str = "rouge_l", ucc_threshold: float = 0.7,
+                   base_samples: pd.DataFrame | None = None) -> tuple[dict, dict]:
+    """Every evaluation table and its flat MLflow metrics.
+
+    Args:
+        samples: the samples table (see evaluation.evaluate.SAMPLE_COLUMNS).
+        ks: pass@k values (each <= the smallest n per prompt).
+        ucc_ks: UCC@k values (default: the ks >= 8, or the largest k).
+        base_samples: the base model's samples on the same prompts, for flip rates.
+    Returns:
+        (tables {name: DataFrame}, metrics {"eval/<benchmark>/<metric>": float}).
+    """
+    ks = [int(k) for k in ks]
+    ucc_ks = [int(k) for k in (ucc_ks or [k for k in ks if k >= 8] or [max(ks)])]
+    n = int(samples.groupby(["benchmark", "prompt_id"]).size().min())
+    tables = {
+        "passk": passk_table(samples, ks).rename(columns={"avg@n": f"avg@{n}"}),
+        "ucc": ucc_table(samples, [k for k in ucc_ks if k <= n], similarity_metric, ucc_threshold),
+        "similarity": similarity_table(samples),
+        "entropy": entropy_table(samples),
+        "modes": modes_table(samples, ks),
+    }
+    tables["passk"].index.name = "benchmark"
+    if base_samples is not None:
+        tables["flip_rates"] = flip_rates(base_samples, samples)
+    metrics = {}
+    for name, table in tables.items():
+        if name == "flip_rates":
+            for bucket, row in table.iterrows():
+                for col, v in row.items():
+                    if col != "n_prompts" and pd.notna(v):
+                        metrics[f"eval/flip/{bucket}/{col}"] = float(v)
+            continue
+        for bench, row in table.iterrows():
+            for col, v in row.items():
+                if pd.notna(v):
+                    metrics[f"eval/{bench}/{metric_key(col)}"] = float(v)
+    return tables, metrics

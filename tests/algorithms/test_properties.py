@@ -1,0 +1,211 @@
+"""Properties of every algorithm, checked against hand computations."""
+import math
+
+import pytest
+import torch
+
+from training.algorithms import get_advantage_fn, get_policy_loss_fn, registered_advantages, validate_params
+from training.algorithms.exppo import exppo_advantages
+from training.algorithms.tr_grpo import token_weights, weight_range
+from training.batch import RolloutBatch, concat_batches
+from training.rewards import overlong_penalty
+
+
+def _batch(old, mask, rewards=None, group_index=None, correct=None):
+    B = old.shape[0]
+    return RolloutBatch(prompt_ids=torch.zeros(B, 1, dtype=torch.long), prompt_mask=torch.ones(B, 1, dtype=torch.long),
+                        response_ids=torch.zeros(old.shape, dtype=torch.long), response_mask=mask, old_logprobs=old,
+                        rewards=torch.zeros(B) if rewards is None else rewards,
+                        group_index=torch.zeros(B, dtype=torch.long) if group_index is None else group_index,
+                        response_lengths=mask.sum(-1).long(), correct=correct)
+
+
+# ---------- zero-variance groups give zero advantage, for every estimator
+
+@pytest.mark.parametrize("name", ["grpo", "gpg", "quatro", "exppo", "grpo_ur", "f_grpo"])
+def test_zero_variance_groups_get_zero_advantage(name):
+    torch.manual_seed(0)
+    old = -torch.rand(8, 5)
+    b = _batch(old, torch.ones(8, 5), rewards=torch.tensor([1.0] * 4 + [0.0] * 4),
+               group_index=torch.tensor([0] * 4 + [1] * 4))
+    b.correct = b.rewards > 0
+    params = {"delta": 0.1} if name == "quatro" else {}
+    adv, _ = get_advantage_fn(name)(b, **params)
+    assert torch.equal(adv[4:], torch.zeros(4))  # the all-wrong group
+    if name == "grpo_ur":
+        # GRPO-UR shapes rewards *before* normalising: an all-correct group's rewards become
+        # 1 - beta rank / G, which differ, so the least likely correct response gets A > 0 by design
+        seq_lp = old.mean(-1)[:4]
+        assert int(adv[:4].argmax()) == int(seq_lp.argmin())
+    else:
+        assert torch.equal(adv[:4], torch.zeros(4))  # the all-correct group
+
+
+def test_every_registered_estimator_is_covered():
+    assert set(registered_advantages()) == {"grpo", "gpg", "quatro", "exppo", "grpo_ur", "f_grpo"}
+
+
+# ---------- CISPO / GMPO / GPG
+
+def test_cispo_keeps_gradient_on_clipped_tokens():
+    old = torch.log(torch.tensor([[0.2, 0.2]]))
+    new = torch.log(torch.tensor([[0.4, 0.2]])).requires_grad_(True)  # ratio 2.0 (clipped at 1.2), 1.0
+    loss, m = get_policy_loss_fn("cispo")(new, _batch(old, torch.ones(1, 2)), torch.tensor([1.5]),
+                                          clip_ratio_low=None, clip_ratio_high=0.2)
+    loss.backward()
+    # d loss / d logp_t = -sg[clip(r_t)] A / 2 tokens
+    assert torch.allclose(new.grad, torch.tensor([[-1.2 * 1.5 / 2, -1.0 * 1.5 / 2]]))
+    assert m["clip_fraction"] == 0.5
+    # PPO's clipped surrogate gives that token no gradient at all
+    new2 = new.detach().clone().requires_grad_(True)
+    get_policy_loss_fn("grpo")(new2, _batch(old, torch.ones(1, 2)), torch.tensor([1.5]), loss_agg_mode="token-mean")[0].backward()
+    assert new2.grad[0, 0] == 0.0
+
+
+def test_gmpo_ratio_is_the_geometric_mean_of_token_ratios():
+    old = torch.log(torch.tensor([[0.5, 0.5, 0.5]]))
+    token_ratios = torch.tensor([1.2, 0.9, 1.1])  # all inside exp(+-0.4)
+    new = (old + token_ratios.log()).requires_grad_(True)
+    loss, m = get_policy_loss_fn("gmpo")(new, _batch(old, torch.ones(1, 3)), torch.tensor([2.0]))
+    geo = float(token_ratios.prod() ** (1 / 3))
+    assert m["seq_ratio_mean"] == pytest.approx(geo, rel=1e-6)
+    assert float(loss) == pytest.approx(-2.0 * geo, rel=1e-6)
+    loss.backward()
+    assert torch.allclose(new.grad, torch.full((1, 3), -2.0 * geo / 3), atol=1e-6)
+    # a token ratio of exp(0.6) is clipped to exp(0.4) for A > 0 (no gradient) but not for A < 0
+    new = (old + torch.tensor([[0.6, 0.0, 0.0]])).requires_grad_(True)
+    loss, m = get_policy_loss_fn("gmpo")(new, _batch(old, torch.ones(1, 3)), torch.tensor([1.0]))
+    assert float(loss) == pytest.approx(-math.exp(0.4 / 3), rel=1e-6) and m["clip_fraction"] == pytest.approx(1 / 3)
+    loss.backward()
+    assert new.grad[0, 0] == 0.0 and new.grad[0, 1] != 0.0
+
+
+def test_gpg_loss_is_minus_advantage_times_logprob():
+    old = torch.zeros(2, 2)
+    new = torch.tensor([[-1.0, -2.0], [-0.5, -9.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    loss, _ = get_policy_loss_fn("gpg")(new, _batch(old, mask), torch.tensor([0.5, -1.0]))
+    assert float(loss) == pytest.approx((0.5 * 1 + 0.5 * 2 - 1.0 * 0.5) / 3)
+    loss.backward()
+    assert torch.allclose(new.grad, torch.tensor([[-0.5 / 3, -0.5 / 3], [1.0 / 3, 0.0]]))
+
+
+def test_gpg_advantage_rescales_by_batch_over_nonzero():
+    b = _batch(torch.zeros(8, 1), torch.ones(8, 1), rewards=torch.tensor([1.0, 0, 0, 0, 1, 1, 1, 1]),
+               group_index=torch.tensor([0] * 4 + [1] * 4))
+    adv, m = get_advantage_fn("gpg")(b)
+    assert m["gpg_alpha"] == 2.0  # 8 responses, 4 with non-zero advantage
+    assert torch.allclose(adv, torch.tensor([1.5, -0.5, -0.5, -0.5, 0, 0, 0, 0]))
+
+
+# ---------- GRPO-UR / F-GRPO
+
+def test_grpo_ur_scales_only_correct_responses_by_unlikeliness_rank():
+    # one group of 4: length-normalised old log-probs -3 (least likely), -1, -2, -0.5
+    old = torch.tensor([[-3.0], [-1.0], [-2.0], [-0.5]])
+    rewards = torch.tensor([1.0, 1.0, 0.0, 0.0])
+    b = _batch(old, torch.ones(4, 1), rewards=rewards)
+    adv, _ = get_advantage_fn("grpo_ur")(b, beta=0.25)
+    # ranks 0, 2, 1, 3 -> shaped rewards 1, 1 - 0.25*2/4 = 0.875, 0, 0
+    shaped = torch.tensor([1.0, 0.875, 0.0, 0.0])
+    expect = (shaped - shaped.mean()) / (shaped.std() + 1e-6)
+    assert torch.allclose(adv, expect, atol=1e-6)
+    # the same group with only wrong responses rescaled: nothing changes (zero stays zero)
+    b.rewards = torch.tensor([0.0, 0.0, 1.0, 1.0])
+    ranks_wrong_first, _ = get_advantage_fn("grpo_ur")(b, beta=0.25)
+    shaped = torch.tensor([0.0, 0.0, 1 - 0.25 * 1 / 4, 1 - 0.25 * 3 / 4])
+    assert torch.allclose(ranks_wrong_first, (shaped - shaped.mean()) / (shaped.std() + 1e-6), atol=1e-6)
+
+
+def test_f_grpo_scales_by_one_minus_pass_rate_power_gamma():
+    b = _batch(torch.zeros(4, 1), torch.ones(4, 1), rewards=torch.tensor([1.0, 1, 1, 0]))
+    grpo, _ = get_advantage_fn("grpo")(b)
+    adv, m = get_advantage_fn("f_grpo")(b, gamma=2.0)
+    assert torch.allclose(adv, grpo * 0.25 ** 2)
+    assert m["pass_rate_mean"] == 0.75
+
+
+# ---------- ExPPO
+
+def test_exppo_keeps_signs_and_group_mass_and_orders_the_four_classes():
+    torch.manual_seed(0)
+    rewards = (torch.rand(50, 8) < 0.5).double()
+    surprisal = torch.rand(50, 8) * 2
+    base = (rewards - rewards.mean(-1, keepdim=True)) / (rewards.std(-1, keepdim=True) + 1e-6)
+    a_hat, audit = exppo_advantages(rewards, surprisal, lam=0.2)
+    assert torch.equal(torch.sign(a_hat), torch.sign(base))
+    assert torch.allclose(a_hat.abs().sum(-1), base.abs().sum(-1), atol=1e-9)
+    assert set(audit) >= {"audit_correct_rare", "audit_correct_common", "audit_wrong_rare", "audit_wrong_common"}
+    total = sum(audit[k] for k in audit if k.startswith("audit_"))
+    assert total == pytest.approx(float((a_hat - base).sum()), abs=1e-9)
+
+
+def test_exppo_by_hand_on_one_group():
+    rewards = torch.tensor([[1.0, 1.0, 0.0, 0.0]])
+    surprisal = torch.tensor([[2.0, 1.0, 2.0, 1.0]])  # u = +0.5, -0.5, +0.5, -0.5; rho = 0.5
+    a = (rewards - 0.5) / (rewards.std() + 1e-6)
+    t = math.tanh(0.5)
+    m = torch.tensor([[1 + 0.2 * 0.5 * t, 1 - 0.2 * 0.5 * t, 1 - 0.2 * 0.5 * t, 1 + 0.2 * 0.5 * t]])
+    expect = m * a * a.abs().sum() / (m * a).abs().sum()
+    got, audit = exppo_advantages(rewards, surprisal, lam=0.2)
+    assert torch.allclose(got, expect.double(), atol=1e-9)
+    assert got[0, 0] > got[0, 1] > 0 > got[0, 2] > got[0, 3]  # rare-correct most, common-wrong least
+    assert audit["audit_correct_rare"] > 0 > audit["audit_correct_common"]
+    with pytest.raises(ValueError, match="lam"):
+        exppo_advantages(rewards, surprisal, lam=1.5)
+
+
+# ---------- TR-GRPO
+
+def test_tr_grpo_paper_defaults_give_constant_weight_and_warn():
+    p = torch.linspace(0, 1, 101)
+    assert torch.equal(token_weights(p), torch.ones(101))
+    assert weight_range() == (1.0, 1.0)
+    warnings = validate_params("policy_loss", "tr_grpo", {"tau": 9.0})
+    assert len(warnings) == 1 and "constant" in warnings[0]
+
+
+def test_tr_grpo_inverse_temperature_weights():
+    w = token_weights(torch.tensor([0.05, 0.9, 0.2]), tau=1 / 9)
+    assert float(w[0]) == 1.0 and float(w[1]) == pytest.approx(1.4)
+    assert float(w[2]) == pytest.approx(2 * (1 / (1 + math.exp(-1.8)) - 0.25), rel=1e-6)  # inside (1, 1.4)
+    assert validate_params("policy_loss", "tr_grpo", {"tau": 1 / 9}) == []
+    assert torch.allclose(token_weights(torch.tensor([0.9]), tau=1 / 9, weighting="reverse"), torch.tensor([0.6]))
+    assert torch.equal(token_weights(torch.tensor([0.9]), tau=1 / 9, weighting="equal"), torch.tensor([1.0]))
+    r = token_weights(torch.rand(1000), weighting="random", generator=torch.Generator().manual_seed(0))
+    assert 0.5 <= float(r.min()) and float(r.max()) <= 1.5 and float(r.std()) > 0.2
+
+
+def test_tr_grpo_loss_by_hand_with_weights_and_weighted_kl():
+    old = torch.log(torch.tensor([[0.9, 0.05]]))
+    new = old.clone().requires_grad_(True)  # r = 1; weights at p = 0.9 -> 1.4, p = 0.05 -> 1.0 (tau = 1/9)
+    ref = torch.log(torch.tensor([[0.8, 0.1]]))
+    b = _batch(old, torch.ones(1, 2))
+    b.ref_logprobs = ref
+    loss, m = get_policy_loss_fn("tr_grpo")(new, b, torch.tensor([1.0]), tau=1 / 9, kl_beta=0.5, loss_agg_mode="token-mean")
+    w = torch.tensor([1.4, 1.0])
+    pg = torch.maximum(-w, -w.clamp(0.8, 1.24))  # A = 1: -min(w r A, clip(w r) A)
+    x = w * torch.tensor([0.8 / 0.9, 0.1 / 0.05])
+    kl = x - x.log() - 1
+    assert float(loss) == pytest.approx(float(pg.mean() + 0.5 * kl.mean()), rel=1e-5)
+    assert m["weight_mean"] == pytest.approx(1.2) and m["weight_std"] == pytest.approx(0.2)
+
+
+# ---------- DAPO pieces
+
+def test_overlong_penalty_by_hand():
+    got = overlong_penalty(torch.tensor([10, 40, 44, 48]), max_length=48, buffer=8)
+    assert torch.allclose(got, torch.tensor([0.0, 0.0, -0.5, -1.0]))
+    with pytest.raises(ValueError, match="buffer"):
+        overlong_penalty(torch.tensor([1]), 8, 9)
+
+
+def test_concat_batches_repads_and_renumbers_groups():
+    a = _batch(torch.full((2, 3), -1.0), torch.ones(2, 3), group_index=torch.tensor([5, 5]))
+    b = _batch(torch.full((2, 5), -2.0), torch.ones(2, 5), group_index=torch.tensor([5, 5]))
+    b.prompt_ids = torch.ones(2, 2, dtype=torch.long)
+    b.prompt_mask = torch.ones(2, 2, dtype=torch.long)
+    c = concat_batches([a, b])
+    assert c.response_ids.shape == (4, 5) and c.prompt_ids.shape == (4, 2)
+    assert c.response_mask[:2, 3:].sum() == 0 and c.prompt_mask[:2, 0].sum() == 0  # right / left padding
+    assert c.group_index.tolist() == [0, 0, 1, 1]

@@ -1,0 +1,52 @@
+"""Every algorithm preset runs one training step through the sweep command and logs its own metrics."""
+import pytest
+
+from tests.e2e.test_sweep import TINY, _runs, _sweep
+
+ALGOS = ["grpo", "dr_grpo", "dapo", "gspo", "cispo", "gpg", "gmpo", "quatro", "tr_grpo", "tr_grpo_invtemp", "exppo",
+         "grpo_h", "grpo_ur", "f_grpo"]
+
+# metrics that only the algorithm's own estimator, loss or engine feature logs
+OWN_METRICS = {
+    "grpo": ["train/clip_fraction_active", "train/kl_ref"],
+    "dr_grpo": ["train/clip_fraction_active"],
+    "dapo": ["train/dynamic_sampling_rounds", "train/dynamic_sampling_sampled"],
+    "gspo": ["train/seq_ratio_mean", "train/clip_fraction"],
+    "cispo": ["train/clip_fraction", "train/ratio_mean"],
+    "gpg": ["train/gpg_alpha"],
+    "gmpo": ["train/seq_ratio_mean", "train/clip_fraction"],
+    "quatro": ["train/reversed_share", "train/lambda_floored_groups", "train/solver_ms"],
+    "tr_grpo": ["train/weight_mean", "train/weight_std"],
+    "tr_grpo_invtemp": ["train/weight_mean", "train/weight_std"],
+    "exppo": ["train/audit_correct_rare", "train/audit_wrong_common", "train/multiplier_mean"],
+    "grpo_h": ["train/entropy_bonus"],
+    "grpo_ur": ["train/clip_fraction"],
+    "f_grpo": ["train/pass_rate_mean"],
+}
+
+
+@pytest.fixture(scope="module")
+def all_algos_dir(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("algos")
+    proc = _sweep(cwd, "-m", f"algo={','.join(ALGOS)}", *TINY, "train.steps=1", "train.max_new_tokens=16", "eval.n=2", "eval.ks=[1,2]",
+                  "eval.max_prompts=1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return cwd, proc
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_algorithm_runs_one_step_and_logs_its_metrics(all_algos_dir, algo):
+    cwd, _ = all_algos_dir
+    client, runs = _runs(cwd)
+    [run] = [r for r in runs if r.data.params["algo.name"] == algo]
+    assert run.info.status == "FINISHED" and run.data.tags["rlvr.kind"] == "trained"
+    for key in OWN_METRICS[algo] + ["train/reward_mean"]:
+        assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [0], key
+
+
+def test_tr_grpo_paper_defaults_warn_loudly(all_algos_dir):
+    cwd, proc = all_algos_dir
+    assert "WARNING (algo=tr_grpo)" in proc.stderr and "constant" in proc.stderr
+    _, runs = _runs(cwd)
+    [run] = [r for r in runs if r.data.params["algo.name"] == "tr_grpo"]
+    assert "constant" in run.data.tags.get("rlvr.warnings", "")

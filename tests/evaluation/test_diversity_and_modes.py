@@ -1,0 +1,130 @@
+"""Similarity, UCC@k, answer modes, flip rates and the paired bootstrap against hand computations."""
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from evaluation.metrics.difficulty import difficulty_bucket, flip_rates
+from evaluation.metrics.diversity import METRICS, pairwise_similarity, tokenize, ucc_at_k
+from evaluation.metrics.modes import paired_bootstrap_ci, prompt_mode_stats
+from evaluation.tables import compute_tables
+
+
+def test_fixed_similarity_values():
+    assert pairwise_similarity(["a b c d", "a c d e"], "rouge_l")[0, 1] == pytest.approx(0.75)
+    assert pairwise_similarity(["kitten", "sitting"], "edit")[0, 1] == pytest.approx(1 - 3 / 7)
+    assert pairwise_similarity(["a b c", "b c d"], "jaccard")[0, 1] == pytest.approx(2 / 4)
+    thai = "สวัสดีครับ นี่คือคำตอบ"
+    assert tokenize(thai)  # Unicode text is tokenised
+    assert pairwise_similarity([thai, thai], "rouge_l")[0, 1] == 1.0
+    assert pairwise_similarity([thai, "the answer is 7"], "rouge_l")[0, 1] == 0.0
+    for m in METRICS:
+        assert pairwise_similarity(["", ""], m)[0, 1] == 1.0
+        assert pairwise_similarity(["", "x"], m)[0, 1] == 0.0
+    tf = pairwise_similarity(["x = 1", "y = 2"], "tfidf_cosine")  # one-character tokens kept
+    assert 0 < tf[0, 1] < 1
+
+
+def _tfidf_by_hand(a, b):
+    """sklearn's smooth idf: idf = ln((1 + n) / (1 + df)) + 1, L2-normalised tf-idf, cosine."""
+    docs = [tokenize(a), tokenize(b)]
+    vocab = sorted(set(docs[0]) | set(docs[1]))
+    idf = {t: math.log(3 / (1 + sum(t in d for d in docs))) + 1 for t in vocab}
+    vecs = [np.array([d.count(t) * idf[t] for t in vocab]) for d in docs]
+    return float(vecs[0] @ vecs[1] / np.linalg.norm(vecs[0]) / np.linalg.norm(vecs[1]))
+
+
+def test_tfidf_matches_hand_computation():
+    a, b = "x = 1 + x", "y = 2 + x"
+    assert pairwise_similarity([a, b], "tfidf_cosine")[0, 1] == pytest.approx(_tfidf_by_hand(a, b), rel=1e-9)
+
+
+def _lcs(a, b):
+    dp = [[0] * (len(b) + 1) for _ in range(len(a) + 1)]
+    for i in range(len(a)):
+        for j in range(len(b)):
+            dp[i + 1][j + 1] = dp[i][j] + 1 if a[i] == b[j] else max(dp[i][j + 1], dp[i + 1][j])
+    return dp[-1][-1]
+
+
+words = st.lists(st.sampled_from(["a", "b", "c", "x", "1", "=", "+"]), max_size=8).map(" ".join)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(words, min_size=2, max_size=5))
+def test_similarity_laws_and_rouge_equals_dynamic_programming_lcs(texts):
+    for m in METRICS:
+        s = pairwise_similarity(texts, m)
+        assert np.allclose(s, s.T) and np.allclose(np.diag(s), 1.0) and (s >= -1e-12).all() and (s <= 1 + 1e-12).all()
+    s = pairwise_similarity(texts, "rouge_l")
+    ta, tb = tokenize(texts[0]), tokenize(texts[1])
+    if ta or tb:
+        assert s[0, 1] == pytest.approx(2 * _lcs(ta, tb) / (len(ta) + len(tb)))
+    j = pairwise_similarity(texts, "jaccard")
+    A, B = set(ta), set(tb)
+    if A or B:
+        assert j[0, 1] == pytest.approx(len(A & B) / len(A | B))
+
+
+def test_ucc_counts_connected_components_of_correct_responses():
+    texts = ["x = 2 so the answer is 4", "x = 2 so the answer is 4 .", "by symmetry we get 4", "wrong 5", "by symmetry we get 4"]
+    correct = [True, True, True, False, True]
+    assert ucc_at_k(texts, correct, 5, "rouge_l", 0.7) == 2
+    assert ucc_at_k(texts, correct, 2, "rouge_l", 0.7) == 1
+    assert ucc_at_k(texts, correct, 5, "rouge_l", 1.0) == 3  # only exact duplicates merge
+    assert ucc_at_k(texts, [False] * 5, 5) == 0
+    with pytest.raises(ValueError, match="k=6"):
+        ucc_at_k(texts, correct, 6)
+
+
+def test_mode_stats_by_hand():
+    st_ = prompt_mode_stats(["4", " 4", "x=4", "4"])  # modes {"4": 3, "x=4": 1}
+    assert st_["observed_yield"] == 2
+    assert st_["effective_yield"] == pytest.approx(math.exp(-(0.75 * math.log(0.75) + 0.25 * math.log(0.25))))
+    assert st_["disagreement"] == pytest.approx(1 - (3 * 2) / (4 * 3))
+    assert prompt_mode_stats([]) == {"observed_yield": 0, "effective_yield": 0.0, "disagreement": None}
+    assert prompt_mode_stats(["4"])["disagreement"] is None
+
+
+def test_paired_bootstrap_uses_the_same_prompts_for_both_runs():
+    a = np.array([1.0, 0.0, 1.0, 1.0, 0.0, 1.0])
+    ci = paired_bootstrap_ci(a, a - 0.1, n_boot=2000)
+    # identical prompts shifted by 0.1: every paired replicate differs by exactly 0.1
+    assert ci["diff"] == pytest.approx(0.1) and ci["ci_low"] == pytest.approx(0.1) and ci["ci_high"] == pytest.approx(0.1)
+    ci = paired_bootstrap_ci(a, np.zeros(6), n_boot=4000, seed=1)
+    assert ci["ci_low"] < 4 / 6 < ci["ci_high"]
+    with pytest.raises(ValueError):
+        paired_bootstrap_ci([1.0], [1.0, 2.0])
+
+
+def _samples(correct_by_prompt, bench="b"):
+    rows = []
+    for p, cs in enumerate(correct_by_prompt):
+        for j, c in enumerate(cs):
+            rows.append({"benchmark": bench, "prompt_id": str(p), "sample_idx": j, "response": f"answer {p} {j % 2}",
+                         "correct": bool(c), "extracted_answer": str(p), "mean_token_entropy": 0.5 + 0.1 * c})
+    return pd.DataFrame(rows)
+
+
+def test_flip_rates_by_bucket():
+    assert [difficulty_bucket(c, 256) for c in (0, 7, 8, 31, 32, 127, 128, 256)] == [
+        "very_hard", "very_hard", "hard", "hard", "medium", "medium", "easy", "easy"]
+    assert difficulty_bucket(1, 32) == "hard"  # edges scale with n: 1/32 of the samples
+    base = _samples([[0] * 32, [0] * 32, [1] * 2 + [0] * 30, [1] * 32])
+    after = _samples([[1] + [0] * 31, [0] * 32, [0] * 32, [1] * 32])
+    fr = flip_rates(base, after)
+    assert fr.loc["very_hard", "n_prompts"] == 2 and fr.loc["very_hard", "solved_from_unsolved"] == 0.5
+    assert fr.loc["hard", "regressed"] == 1.0 and fr.loc["easy", "improved"] == 0.0
+
+
+def test_tables_report_the_issue_example_and_unweighted_means():
+    samples = pd.concat([_samples([[1, 0, 0, 0], [1, 0, 0, 0]], "a"), _samples([[0, 0, 0, 0]], "b")])
+    tables, metrics = compute_tables(samples, [1, 2, 4])
+    assert metrics["eval/a/avg_at_4"] == 0.25 and metrics["eval/a/pass_at_4"] == 1.0
+    assert metrics["eval/mean/pass_at_4"] == 0.5
+    assert metrics["eval/a/entropy"] == pytest.approx((0.6 + 0.5 * 3) / 4)
+    assert metrics["eval/a/ucc_at_4"] == 1.0 and metrics["eval/a/coverage_at_4"] == 1.0
+    assert "eval/a/observed_yield" in metrics and set(tables) >= {"passk", "ucc", "similarity", "entropy", "modes"}

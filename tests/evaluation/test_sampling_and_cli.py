@@ -1,0 +1,102 @@
+"""Sampling (entropy, resume) and `python -m evaluation` on real benchmark files with the tiny model."""
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import torch
+
+from evaluation.evaluate import sample_benchmarks
+from evaluation.sampling import HFSampler, prompt_texts
+from tests.conftest import REPO
+
+
+def test_hf_sampler_entropy_is_the_exact_mean_next_token_entropy(tiny_policy):
+    model, tok = tiny_policy
+    sampler = HFSampler(model, tok, temperature=1.0, top_p=1.0, max_new_tokens=5)
+    [samples] = sampler.sample(["Compute 1 + 1."], n=3, seed=0)
+    assert len({s["response"] for s in samples}) > 1  # the n samples of a prompt differ
+    text = prompt_texts(tok, ["Compute 1 + 1."])[0]
+    p = tok(text, return_tensors="pt", add_special_tokens=False).input_ids
+    for s in samples:
+        r = tok(s["response"], return_tensors="pt", add_special_tokens=False).input_ids
+        if r.shape[1] != s["n_tokens"]:
+            continue  # decoding/re-encoding is not always the identity; skip those
+        with torch.no_grad():
+            logits = model(input_ids=torch.cat([p, r], 1)).logits[0, p.shape[1] - 1:-1]
+        lp = torch.log_softmax(logits.float(), -1)
+        assert s["mean_token_entropy"] == pytest.approx(float(-(lp.exp() * lp).sum(-1).mean()), rel=1e-4)
+
+
+class _CountingSampler:
+    """Deterministic Sampler for the resume logic; fails on demand after some prompts."""
+
+    def __init__(self, fail_after=None):
+        self.prompts_seen, self.fail_after = [], fail_after
+
+    def sample(self, prompts, n, seed):
+        if self.fail_after is not None and len(self.prompts_seen) >= self.fail_after:
+            raise KeyboardInterrupt("interrupted")
+        self.prompts_seen += list(prompts)
+        return [[{"response": f"\\boxed{{{p[-1]}}}", "n_tokens": 3, "finish_reason": "stop"} for _ in range(n)] for p in prompts]
+
+
+def test_interrupted_evaluation_resumes_without_resampling(tmp_path):
+    rows = {"b": [{"id": str(i), "prompt": f"q{i}", "gold": str(i)} for i in range(6)]}
+    path = tmp_path / "samples.parquet"
+    with pytest.raises(KeyboardInterrupt):
+        sample_benchmarks(_CountingSampler(fail_after=4), rows, n=2, seed=0, samples_path=path, batch_prompts=2)
+    assert len(pd.read_parquet(path)) == 4 * 2  # two finished batches kept
+    second = _CountingSampler()
+    table = sample_benchmarks(second, rows, n=2, seed=0, samples_path=path, batch_prompts=2)
+    assert second.prompts_seen == ["q4", "q5"]
+    assert len(table) == 12 and table["correct"].all()
+
+
+def _eval(cwd, *args):
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    return subprocess.run([sys.executable, "-m", "evaluation", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory, tiny_policy):
+    path = tmp_path_factory.mktemp("ckpt") / "tiny"
+    model, tok = tiny_policy
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_cli_evaluates_two_shared_benchmarks_and_logs_every_table(tmp_path, benchmark_dir, tiny_checkpoint):
+    from mlflow.tracking import MlflowClient
+
+    common = ["--eval", "smoke", "benchmarks=[aime24,amc23]", f"data_dir={benchmark_dir}", "max_prompts=2", "n=4",
+              "ks=[1,2,4]", "max_new_tokens=6"]
+    env_root = str(REPO)
+    proc = _eval(tmp_path, "--checkpoint", str(tiny_checkpoint), "--out", "base", "--run-name", "base", *common)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = _eval(tmp_path, "--checkpoint", str(tiny_checkpoint), "--out", "after", "--run-name", "after",
+                 "--base-samples", "base/samples.parquet", *common)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    exp = client.get_experiment_by_name("rlvr-eval")
+    runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
+    m = runs["after"].data.metrics
+    for bench in ("aime24", "amc23", "mean"):
+        for key in ("pass_at_1", "pass_at_4", "avg_at_4", "ucc_at_4", "ucr", "entropy", "observed_yield",
+                    "effective_yield", "coverage_at_4", "accuracy"):
+            assert f"eval/{bench}/{key}" in m, (bench, key)
+    assert "eval/flip/very_hard/solved_from_unsolved" in m
+    artifacts = {a.path for a in client.list_artifacts(runs["after"].info.run_id)}
+    assert {"samples.parquet", "passk.csv", "ucc.csv", "modes.csv", "entropy.csv", "flip_rates.csv"} <= artifacts
+    df = pd.read_parquet(tmp_path / "after" / "samples.parquet")
+    assert set(df["benchmark"]) == {"aime24", "amc23"} and len(df) == 2 * 2 * 4
+    # recompute from the saved samples gives the logged numbers
+    proc = subprocess.run([sys.executable, "-m", "evaluation.recompute", str(tmp_path / "after" / "samples.parquet"),
+                           "--ks", "1", "2", "4", "--out", str(tmp_path / "re")], capture_output=True, text=True,
+                          cwd=env_root, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    re_passk = pd.read_csv(tmp_path / "re" / "passk.csv", index_col=0)
+    assert re_passk.loc["mean", "pass@4"] == pytest.approx(m["eval/mean/pass_at_4"])

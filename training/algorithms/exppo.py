@@ -1,0 +1,95 @@
+"""ExPPO: exploration-preserving multiplicative advantage shaping.
+
+RECONSTRUCTED from the paper's Table 1 and its coefficient audit (the exact rule could not be read):
+
+- surprisal s_i = -(1/|y_i|) sum_t log pi_old(y_{i,t}); u_i = s_i - mean over the group (u_i > 0: rare);
+- pass rate rho = share of correct responses in the group;
+- gate g_i = 1 - rho if u_i > 0, rho if u_i < 0, 0 if u_i = 0;
+- m_i = 1 + lambda g_i tanh(u_i / scale) sign(A_i), so m_i in [1 - lambda, 1 + lambda] and the
+  verifier's sign is kept: rare-correct reinforced more, common-correct less, rare-wrong penalised
+  less, common-wrong more;
+- shared normalisation: A_hat_i = m_i A_i sum_j |A_j| / sum_j |m_j A_j| (the group's total absolute
+  advantage is preserved).
+
+Alternatives a reader may prefer, not implemented: an additive bonus instead of the multiplicative
+factor; surprisal without length normalisation; a gate that ignores the pass rate. ``scale`` (the
+tanh temperature, in nats per token) is this suite's choice; the paper's value is unknown.
+"""
+from __future__ import annotations
+
+import torch
+
+from training.batch import RolloutBatch, from_groups, to_groups
+
+from .advantages import group_normalized_advantages, zero_variance_share
+from .common import check_number
+from .registry import register_advantage, register_validator
+from .shaping import sequence_mean_logprob
+
+
+def exppo_advantages(rewards: torch.Tensor, surprisal: torch.Tensor, lam: float = 0.2, scale: float = 1.0,
+                     correct: torch.Tensor | None = None, base_advantages: torch.Tensor | None = None):
+    """ExPPO-shaped advantages for whole groups (see the module docstring for the rule).
+
+    Args:
+        rewards: (num_groups, G) rewards.
+        surprisal: (num_groups, G) length-normalised surprisal s_i (nats per token).
+        lam: shaping strength lambda in [0, 1) (paper: 0.2).
+        scale: tanh temperature for the prompt-relative surprisal (> 0).
+        correct: (num_groups, G) bool; default ``rewards > 0``.
+        base_advantages: (num_groups, G) advantages to shape; default GRPO's (unbiased std).
+    Returns:
+        (A_hat (num_groups, G), audit) where audit holds the four sums of A_hat - A over
+        correct/wrong x rare/common (``audit_correct_rare`` ...) and ``multiplier_mean``.
+    Raises:
+        ValueError: lam outside [0, 1), scale <= 0, or shapes that differ.
+    """
+    check_number("lam", lam, 0, 1)
+    if lam >= 1:
+        raise ValueError(f"lam={lam!r}: must be < 1, or a multiplier could flip an advantage's sign")
+    check_number("scale", scale, 0, low_open=True)
+    if rewards.shape != surprisal.shape:
+        raise ValueError(f"rewards {tuple(rewards.shape)} and surprisal {tuple(surprisal.shape)} differ in shape")
+    rewards, surprisal = rewards.double(), surprisal.double()
+    correct = rewards > 0 if correct is None else correct.bool()
+    adv = group_normalized_advantages(rewards) if base_advantages is None else base_advantages.double()
+    u = surprisal - surprisal.mean(-1, keepdim=True)
+    rho = correct.double().mean(-1, keepdim=True)
+    gate = torch.where(u > 0, 1.0 - rho, torch.where(u < 0, rho, torch.zeros_like(u)))
+    m = 1.0 + lam * gate * torch.tanh(u / scale) * torch.sign(adv)
+    shaped = m * adv
+    mass, shaped_mass = adv.abs().sum(-1, keepdim=True), shaped.abs().sum(-1, keepdim=True)
+    a_hat = torch.where(shaped_mass > 0, shaped * mass / shaped_mass.clamp(min=1e-300), torch.zeros_like(shaped))
+    diff = a_hat - adv
+    rare = u > 0
+    audit = {
+        "audit_correct_rare": float(diff[correct & rare].sum()),
+        "audit_correct_common": float(diff[correct & ~rare].sum()),
+        "audit_wrong_rare": float(diff[~correct & rare].sum()),
+        "audit_wrong_common": float(diff[~correct & ~rare].sum()),
+        "multiplier_mean": float(m.mean()) if m.numel() else 1.0,
+    }
+    return a_hat, audit
+
+
+@register_advantage("exppo")
+def exppo_advantage(batch: RolloutBatch, lam: float = 0.2, scale: float = 1.0):
+    """Registered ExPPO estimator: surprisal from the batch's old log-probs, then :func:`exppo_advantages`.
+
+    Returns:
+        (advantages (B,), metrics: the four-class audit, ``multiplier_mean``, ``zero_variance_share``).
+    """
+    rewards, order = to_groups(batch.rewards.double(), batch.group_index)
+    surprisal, _ = to_groups(-sequence_mean_logprob(batch).double(), batch.group_index)
+    correct = None if batch.correct is None else to_groups(batch.correct.double(), batch.group_index)[0] > 0
+    a_hat, audit = exppo_advantages(rewards, surprisal, lam, scale, correct)
+    return from_groups(a_hat, order).float(), {**audit, "zero_variance_share": zero_variance_share(rewards)}
+
+
+@register_validator("advantage", "exppo")
+def _check_exppo(lam=0.2, scale=1.0, **_):
+    check_number("lam", lam, 0, 1)
+    if lam >= 1:
+        raise ValueError(f"lam={lam!r}: must be < 1")
+    check_number("scale", scale, 0, low_open=True)
+    return []
