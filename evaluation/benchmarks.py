@@ -58,6 +58,58 @@ def gold_from_row(row: dict, where: str = "") -> str:
     raise ValueError(f"{where}: no gold answer (looked for final_answer, answer, '####', \\boxed{{}} in solution)")
 
 
+# Hub sources for users (never used by tests or CI): name -> (dataset path, config, split).
+HUB_SOURCES = {
+    "math500": ("HuggingFaceH4/MATH-500", None, "test"),
+    "aime24": ("HuggingFaceH4/aime_2024", None, "train"),
+    "aime25": ("yentinglin/aime_2025", None, "train"),
+    "amc23": ("zwhe99/amc23", None, "test"),
+    "minerva_math": ("math-ai/minervamath", None, "test"),
+    "olympiadbench": ("Hothan/OlympiadBench", "OE_TO_maths_en_COMP", "train"),
+    "gsm8k": ("openai/gsm8k", "main", "test"),
+}
+
+
+def rows_from_records(records, where: str, limit: int | None = None) -> list[dict]:
+    """Normalise raw benchmark records (dicts) to rows ``{"id", "prompt", "gold"}``.
+
+    Raises:
+        ValueError: a record without a problem or a gold answer, naming ``where`` and the record number.
+    """
+    rows = []
+    for i, row in enumerate(records, 1):
+        at = f"{where}:{i}"
+        problem = row.get("problem") or row.get("question")
+        if not isinstance(problem, str) or not problem.strip():
+            raise ValueError(f"{at}: no 'problem' or 'question' field")
+        rid = row.get("id", row.get("unique_id", row.get("idx", i - 1)))
+        rows.append({"id": str(rid), "prompt": problem, "gold": gold_from_row(row, at)})
+        if limit is not None and len(rows) >= limit:
+            break
+    return rows
+
+
+def load_hub_benchmark(name: str, limit: int | None = None, path: str | None = None, config: str | None = None,
+                       split: str | None = None, **load_kwargs) -> list[dict]:
+    """Rows of a benchmark from its hub dataset (``datasets.load_dataset``), for users with network access.
+
+    ``path``/``config``/``split`` override :data:`HUB_SOURCES`; extra keyword arguments go to
+    ``load_dataset`` (e.g. ``data_files``). Raises ValueError for an unknown name.
+    """
+    if name not in HUB_SOURCES and path is None:
+        raise ValueError(f"benchmark {name!r}: no hub source; known: {sorted(HUB_SOURCES)}")
+    from datasets import load_dataset
+
+    hub_path, hub_config, hub_split = HUB_SOURCES.get(name, (None, None, None))
+    ds = load_dataset(path or hub_path, config or hub_config, split=split or hub_split, **load_kwargs)
+    return rows_from_records(ds, f"{path or hub_path}[{split or hub_split}]", limit)
+
+
+def load_benchmark(name: str, data_dir=None, limit: int | None = None) -> list[dict]:
+    """Rows of benchmark ``name``: from ``<data_dir>/<name>/test.jsonl`` when a data_dir is given, else from the hub."""
+    return load_local_benchmark(name, data_dir, limit) if data_dir else load_hub_benchmark(name, limit)
+
+
 def load_local_benchmark(name: str, data_dir, limit: int | None = None) -> list[dict]:
     """Rows of ``<data_dir>/<name>/test.jsonl``.
 
@@ -71,21 +123,13 @@ def load_local_benchmark(name: str, data_dir, limit: int | None = None) -> list[
     path = Path(data_dir) / name / "test.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"benchmark {name!r}: {path} does not exist")
-    rows = []
+    records = []
     with open(path, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
             try:
-                row = json.loads(line)
+                records.append(json.loads(line))
             except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not valid JSON ({e})") from None
-            problem = row.get("problem") or row.get("question")
-            if not isinstance(problem, str) or not problem.strip():
-                raise ValueError(f"{where}: no 'problem' or 'question' field")
-            rid = row.get("id", row.get("unique_id", row.get("idx", lineno - 1)))
-            rows.append({"id": str(rid), "prompt": problem, "gold": gold_from_row(row, where)})
-            if limit is not None and len(rows) >= limit:
-                break
-    return rows
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({e})") from None
+    return rows_from_records(records, str(path), limit)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm.auto import tqdm
 
-from .benchmarks import load_local_benchmark
+from .benchmarks import load_benchmark
 from .sampling import HFSampler
 from .tables import compute_tables, metric_key  # noqa: F401  (metric_key re-exported)
 from .verify import default_verifier
@@ -32,9 +32,7 @@ def benchmark_rows(eval_cfg, heldout_rows=None) -> dict[str, list[dict]]:
                 raise ValueError("benchmark 'arithmetic' needs the held-out split of data=arithmetic")
             rows = list(heldout_rows)[: limit or None]
         else:
-            if not eval_cfg.get("data_dir"):
-                raise ValueError(f"benchmark {name!r} needs eval.data_dir (a folder of <name>/test.jsonl files)")
-            rows = load_local_benchmark(name, eval_cfg.data_dir, limit=limit)
+            rows = load_benchmark(name, eval_cfg.get("data_dir"), limit=limit)
             tmpl = eval_cfg.get("prompt_template") or "{problem}"
             rows = [dict(r, prompt=tmpl.format(problem=r["prompt"])) for r in rows]
         out[name] = rows

@@ -112,7 +112,15 @@ def validate_config(cfg: DictConfig) -> list[str]:
     _require(0 < _num(cfg, "eval.top_p") <= 1, f"eval.top_p={cfg.eval.top_p!r}: must be in (0, 1]")
     benches = list(cfg.eval.benchmarks)
     _require(len(benches) > 0, "eval.benchmarks is empty")
-    if any(b != "arithmetic" for b in benches):
-        _require(bool(cfg.eval.get("data_dir")), f"eval.benchmarks={benches} needs eval.data_dir (a folder of <name>/test.jsonl files)")
+    from evaluation.benchmarks import BENCHMARKS
+
+    unknown = [b for b in benches if b not in BENCHMARKS]
+    _require(not unknown, f"eval.benchmarks={benches}: unknown benchmark(s) {unknown}; available: {list(BENCHMARKS)}")
+    data_dir = cfg.eval.get("data_dir")
+    if data_dir:
+        from pathlib import Path
+
+        missing = [b for b in benches if b != "arithmetic" and not (Path(data_dir) / b / "test.jsonl").is_file()]
+        _require(not missing, f"eval.data_dir={data_dir!r}: no <name>/test.jsonl for {missing}")
     _require(cfg.engine.name in ("local",), f"engine={cfg.engine.name!r}: available engines: ['local']")
     return warnings

@@ -78,3 +78,14 @@ def test_unreadable_row_fails_clearly(tmp_path):
         load_local_benchmark("bad", tmp_path)
     with pytest.raises(FileNotFoundError, match="missing"):
         load_local_benchmark("missing", tmp_path)
+
+
+def test_hub_loader_normalises_rows_like_the_local_loader(benchmark_dir):
+    """The hub path (datasets.load_dataset) on the local file, through datasets' json builder."""
+    pytest.importorskip("datasets")
+    from evaluation.benchmarks import load_hub_benchmark
+
+    local = load_local_benchmark("gsm8k", benchmark_dir, limit=5)
+    hub = load_hub_benchmark("gsm8k", limit=5, path="json", config=None, split="train",
+                             data_files=str(benchmark_dir / "gsm8k" / "test.jsonl"))
+    assert [r["gold"] for r in hub] == [r["gold"] for r in local] and hub[0]["prompt"] == local[0]["prompt"]
