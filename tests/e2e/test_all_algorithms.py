@@ -46,7 +46,8 @@ def test_algorithm_runs_one_step_and_logs_its_metrics(all_algos_dir, algo):
 
 def test_tr_grpo_paper_defaults_warn_loudly(all_algos_dir):
     cwd, proc = all_algos_dir
-    assert "WARNING (algo=tr_grpo)" in proc.stderr and "constant" in proc.stderr
+    assert "WARNING (algo=tr_grpo " in proc.stderr and "constant" in proc.stderr
+    assert "WARNING (algo=tr_grpo_invtemp" not in proc.stderr
     _, runs = _runs(cwd)
     [run] = [r for r in runs if r.data.params["algo.name"] == "tr_grpo"]
     assert "constant" in run.data.tags.get("rlvr.warnings", "")
