@@ -49,7 +49,7 @@ def _rouge_l(texts):
     seqs = [[vocab.setdefault(t, len(vocab)) for t in tokenize(x)] for x in texts]
     lengths = np.array([len(s) for s in seqs])
     # Indel distance = |a| + |b| - 2 LCS, so 1 - normalized Indel distance = 2 LCS / (|a| + |b|) = ROUGE-L F1
-    sim = process.cdist(seqs, seqs, scorer=Indel.normalized_similarity, dtype=np.float64, workers=1)
+    sim = process.cdist(seqs, seqs, scorer=Indel.normalized_similarity, dtype=np.float64, workers=-1)
     return _empty_fix(np.asarray(sim, dtype=np.float64), lengths)
 
 
@@ -83,7 +83,7 @@ def _tfidf(texts):
 
 
 def _edit(texts):
-    sim = process.cdist(texts, texts, scorer=Levenshtein.normalized_similarity, dtype=np.float64, workers=1)
+    sim = process.cdist(texts, texts, scorer=Levenshtein.normalized_similarity, dtype=np.float64, workers=-1)
     return _empty_fix(np.asarray(sim, dtype=np.float64), np.array([len(t) for t in texts]))
 
 
