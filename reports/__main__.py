@@ -1,0 +1,5 @@
+import sys
+
+from reports.build import main
+
+sys.exit(main())

@@ -1,0 +1,206 @@
+"""MLflow -> pandas: the tables and series the report notebook shows (pure functions, tested)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+TRAIN_PANELS = ["train/reward_mean", "train/accuracy", "train/entropy", "train/kl_ref", "train/clip_fraction",
+                "train/grad_norm", "train/lambda_mean"]
+_PASSK = re.compile(r"^eval/([^/]+)/pass_at_(\d+)$")
+
+
+def display_name(metric: str) -> str:
+    """``pass_at_8`` -> ``pass@8`` (MLflow keys cannot hold '@'; reports show the papers' names)."""
+    return re.sub(r"_at_(\d+)", r"@\1", metric)
+
+
+def load_runs(tracking_uri: str, experiment: str) -> pd.DataFrame:
+    """One row per run of ``experiment``: ids, label, algorithm, status, kind, wall time, steps,
+    and the ``params``/``metrics``/``tags`` dicts. Empty frame when the experiment does not exist."""
+    import logging
+
+    from mlflow.tracking import MlflowClient
+
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    client = MlflowClient(tracking_uri=tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    cols = ["run_id", "label", "algo", "status", "kind", "duplicate_of", "wall_time_s", "steps", "params", "metrics", "tags"]
+    if exp is None:
+        return pd.DataFrame(columns=cols)
+    rows = []
+    for r in client.search_runs([exp.experiment_id], max_results=5000, order_by=["attributes.start_time ASC"]):
+        tags = r.data.tags
+        if tags.get("rlvr.kind") == "report":
+            continue
+        end = r.info.end_time or r.info.start_time
+        rows.append({
+            "run_id": r.info.run_id, "label": r.info.run_name or r.info.run_id[:8], "algo": r.data.params.get("algo.name", "?"),
+            "status": r.info.status, "kind": tags.get("rlvr.kind", "trained"), "duplicate_of": tags.get("rlvr.duplicate_of"),
+            "wall_time_s": (end - r.info.start_time) / 1000.0 if r.info.start_time else np.nan,
+            "steps": int(r.data.params.get("train.steps", 0) or 0) if tags.get("rlvr.kind") == "trained" else 0,
+            "params": dict(r.data.params), "metrics": dict(r.data.metrics), "tags": dict(tags),
+        })
+    return pd.DataFrame(rows, columns=cols)
+
+
+def swept_params(runs: pd.DataFrame) -> list[str]:
+    """Parameter keys whose value differs between runs (the sweep's axes), bookkeeping keys excluded."""
+    if runs.empty:
+        return []
+    keys = sorted({k for p in runs["params"] for k in p})
+    out = []
+    for k in keys:
+        if k.startswith(("tracking.", "experiment_name", "identity_exclude", "force", "report.")):
+            continue
+        if len({p.get(k) for p in runs["params"]}) > 1:
+            out.append(k)
+    return out
+
+
+def short_labels(runs: pd.DataFrame) -> pd.DataFrame:
+    """Replace run labels by the algorithm plus the swept non-algorithm hyperparameters
+    (``quatro delta=0.01``); the full override string stays in the MLflow run name."""
+    if runs.empty:
+        return runs
+    axes = [k for k in swept_params(runs) if not k.startswith("algo.")]
+    labels = []
+    for algo, params, kind in zip(runs["algo"], runs["params"], runs["kind"]):
+        parts = [algo] + [f"{k.split('.')[-1]}={params.get(k)}" for k in axes]
+        labels.append(" ".join(parts) + (" (dup)" if kind == "duplicate" else ""))
+    seen: dict = {}
+    for i, lab in enumerate(labels):  # keep labels unique
+        seen[lab] = seen.get(lab, 0) + 1
+        if seen[lab] > 1:
+            labels[i] = f"{lab} #{seen[lab]}"
+    runs = runs.copy()
+    runs["label"] = labels
+    return runs
+
+
+def run_table(runs: pd.DataFrame, tracking_uri: str | None = None) -> pd.DataFrame:
+    """Run table: label, algorithm, swept hyperparameters, status, steps, wall time, run id."""
+    if runs.empty:
+        return pd.DataFrame()
+    axes = [k for k in swept_params(runs) if not k.startswith("algo.")]
+    table = pd.DataFrame({
+        "run": runs["label"], "algorithm": runs["algo"],
+        **{k: [p.get(k) for p in runs["params"]] for k in axes},
+        "status": [("duplicate of " + str(d)[:8]) if k == "duplicate" else s for k, s, d in zip(runs["kind"], runs["status"], runs["duplicate_of"])],
+        "steps": runs["steps"], "wall time (s)": runs["wall_time_s"].round(1), "MLflow run": runs["run_id"],
+    })
+    return table.set_index("run")
+
+
+def finished(runs: pd.DataFrame) -> pd.DataFrame:
+    """The trained runs that finished (duplicates and failures left out)."""
+    if runs.empty:
+        return runs
+    return runs[(runs["kind"] == "trained") & (runs["status"] == "FINISHED")]
+
+
+def histories(tracking_uri: str, runs: pd.DataFrame, keys=TRAIN_PANELS) -> dict:
+    """{metric: {run label: (steps array, values array)}} for the per-step training metrics present."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    out: dict = {}
+    for _, r in runs.iterrows():
+        for key in keys:
+            if key not in r["metrics"]:
+                continue
+            hist = sorted(client.get_metric_history(r["run_id"], key), key=lambda m: m.step)
+            out.setdefault(key, {})[r["label"]] = (np.array([m.step for m in hist]), np.array([m.value for m in hist]))
+    return out
+
+
+def metric_table(runs: pd.DataFrame, pattern: str) -> pd.DataFrame:
+    """Rows (run, benchmark), columns = metric names matching ``eval/<benchmark>/<pattern>`` (display names)."""
+    rx = re.compile(rf"^eval/([^/]+)/({pattern})$")
+    records = {}
+    for _, r in runs.iterrows():
+        for key, v in r["metrics"].items():
+            m = rx.match(key)
+            if m and m.group(1) != "flip":
+                records.setdefault((r["label"], m.group(1)), {})[display_name(m.group(2))] = v
+    if not records:
+        return pd.DataFrame()
+    df = pd.DataFrame.from_dict(records, orient="index")
+    df.index = pd.MultiIndex.from_tuples(df.index, names=["run", "benchmark"])
+
+    def order(c):
+        m = re.search(r"@(\d+)$", c)
+        return (re.sub(r"@\d+$", "", c), int(m.group(1)) if m else 0)
+
+    return df[sorted(df.columns, key=order)].sort_index()
+
+
+def passk_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """pass@k (columns ordered by k) and avg@n per (run, benchmark), including the ``mean`` benchmark."""
+    return metric_table(runs, r"pass_at_\d+|avg_at_\d+")
+
+
+def bold_best_html(df: pd.DataFrame, digits: int = 4) -> str:
+    """HTML of ``df`` with the best (largest) value of each column in bold, values to ``digits`` places."""
+    fmt = df.copy().astype(object)
+    for col in df.columns:
+        vals = pd.to_numeric(df[col], errors="coerce")
+        best = vals.max() if vals.nunique() > 1 else None  # nothing to single out when all are equal
+        fmt[col] = [("" if pd.isna(v) else (f"<b>{v:.{digits}f}</b>" if v == best else f"{v:.{digits}f}")) for v in vals]
+    return fmt.to_html(escape=False)
+
+
+def flip_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Rows (run, bucket), columns solved_from_unsolved / improved / regressed, from ``eval/flip/...``."""
+    rx = re.compile(r"^eval/flip/([^/]+)/([^/]+)$")
+    rec = {}
+    for _, r in runs.iterrows():
+        for key, v in r["metrics"].items():
+            m = rx.match(key)
+            if m:
+                rec.setdefault((r["label"], m.group(1)), {})[m.group(2)] = v
+    if not rec:
+        return pd.DataFrame()
+    df = pd.DataFrame.from_dict(rec, orient="index")
+    df.index = pd.MultiIndex.from_tuples(df.index, names=["run", "bucket"])
+    return df
+
+
+def download_samples(tracking_uri: str, runs: pd.DataFrame, dst: Path) -> dict:
+    """{run label: samples DataFrame} for runs that logged ``samples.parquet``."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri)
+    out = {}
+    for _, r in runs.iterrows():
+        try:
+            path = mlflow.artifacts.download_artifacts(run_id=r["run_id"], artifact_path="samples.parquet",
+                                                       dst_path=str(Path(dst) / r["run_id"]))
+            out[r["label"]] = pd.read_parquet(path)
+        except Exception:
+            continue
+    return out
+
+
+def baseline_differences(samples: dict, baseline: str, metric: str = "accuracy", n_boot: int = 2000) -> pd.DataFrame:
+    """Per run: mean difference of per-prompt ``metric`` against ``baseline`` (a run label or an
+    algorithm's first run) with a paired prompt-bootstrap 95% CI, on the prompts both runs share."""
+    from evaluation.metrics.modes import paired_bootstrap_ci
+    from evaluation.tables import per_prompt_values
+
+    if baseline not in samples:
+        raise KeyError(f"baseline {baseline!r} has no samples; runs with samples: {sorted(samples)}")
+    base = per_prompt_values(samples[baseline], metric)
+    rows = {}
+    for label, df in samples.items():
+        if label == baseline:
+            continue
+        vals = per_prompt_values(df, metric)
+        common = base.index.intersection(vals.index)
+        if len(common) == 0:
+            continue
+        ci = paired_bootstrap_ci(vals.loc[common].to_numpy(), base.loc[common].to_numpy(), n_boot=n_boot)
+        rows[label] = {"difference": ci["diff"], "ci_low": ci["ci_low"], "ci_high": ci["ci_high"], "prompts": ci["n_prompts"]}
+    return pd.DataFrame.from_dict(rows, orient="index")

@@ -1,0 +1,88 @@
+"""The report built at the end of the e2e sweep, and reports for empty or failed experiments."""
+import re
+
+import matplotlib.image as mpimg
+import pytest
+
+from reports import data as R
+from reports.build import build
+from tests.e2e.test_sweep import _runs, sweep_dir  # noqa: F401  (the module-scoped sweep fixture)
+
+
+def _assert_clean_notebook(path):
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert not [o for o in outputs if o.output_type == "stream" and o.name == "stderr"], "stderr noise in the report"
+
+
+def test_sweep_ends_with_an_executed_report_whose_passk_table_matches_mlflow(sweep_dir):  # noqa: F811
+    html_path = sweep_dir / "reports_out" / "rlvr" / "report.html"
+    assert html_path.exists(), "the Hydra callback did not build the report"
+    html = html_path.read_text()
+    _assert_clean_notebook(html_path.with_suffix(".ipynb"))
+    client, runs = _runs(sweep_dir)
+    trained = [r for r in runs if r.data.tags.get("rlvr.kind") == "trained"]
+    # the pass@k section: every logged pass@k value of every run appears, to 4 decimals, after that heading
+    section = html[html.index('id="pass@k"'):html.index('id="Distinct-correct-solutions')]
+    for run in trained:
+        for key, value in run.data.metrics.items():
+            if re.match(r"eval/(arithmetic|mean)/pass_at_\d+$", key):
+                assert f"{value:.4f}" in section, key
+    reports = [r for r in runs if r.data.tags.get("rlvr.kind") == "report"]
+    assert len(reports) == 1
+    artifacts = {a.path for a in client.list_artifacts(reports[0].info.run_id)}
+    assert {"report.html", "report.ipynb"} <= artifacts
+    figures = [a.path for a in client.list_artifacts(reports[0].info.run_id, "figures")]
+    assert {"figures/training_curves.png", "figures/passk_curves.png"} <= set(figures)
+    for png in (sweep_dir / "reports_out" / "rlvr" / "figures").glob("*.png"):
+        img = mpimg.imread(png)
+        assert img.shape[0] > 100 and img.shape[1] > 100 and img.std() > 0  # a real, non-blank picture
+
+
+def test_empty_experiment_gives_a_short_report(tmp_path):
+    res = build("nothing-here", f"sqlite:///{tmp_path}/mlflow.db", out_dir=tmp_path / "out", log_to_mlflow=False)
+    html = res["html"].read_text()
+    assert "has no runs yet" in html
+    _assert_clean_notebook(res["notebook"])
+
+
+def test_all_failed_experiment_says_so(tmp_path):
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    exp = mlflow.create_experiment("broken", artifact_location=(tmp_path / "art").as_uri())
+    with mlflow.start_run(experiment_id=exp, run_name="algo=quatro", tags={"rlvr.kind": "trained"}):
+        mlflow.log_param("algo.name", "quatro")
+        mlflow.log_metric("train/reward_mean", 0.5, step=0)
+    run = mlflow.search_runs([exp]).iloc[0]
+    mlflow.tracking.MlflowClient().set_terminated(run.run_id, status="FAILED")
+    res = build("broken", f"sqlite:///{tmp_path}/mlflow.db", out_dir=tmp_path / "out", log_to_mlflow=False)
+    html = res["html"].read_text()
+    assert "No run of this experiment finished training" in html and "FAILED" in html
+
+
+def test_bold_best_and_labels():
+    import pandas as pd
+
+    html = R.bold_best_html(pd.DataFrame({"pass@1": [0.25, 0.5], "pass@2": [1.0, 1.0]}, index=["a", "b"]))
+    assert "<b>0.5000</b>" in html and "<b>0.2500</b>" not in html and "<b>1.0000</b>" not in html
+    assert R.display_name("pass_at_8") == "pass@8" and R.display_name("ucc_at_64") == "ucc@64"
+
+
+@pytest.mark.parametrize("metric", ["accuracy", "pass@2"])
+def test_baseline_differences_pair_prompts(metric):
+    import pandas as pd
+
+    def samples(c):
+        return pd.DataFrame([{"benchmark": "b", "prompt_id": str(p), "correct": bool(x), "sample_idx": j}
+                             for p, row in enumerate(c) for j, x in enumerate(row)])
+
+    base = samples([[0, 0], [1, 0], [1, 1]])
+    better = samples([[1, 0], [1, 1], [1, 1]])
+    d = R.baseline_differences({"base": base, "better": better}, "base", metric, n_boot=500)
+    expect = {"accuracy": (0.5 + 0.5 + 0) / 3, "pass@2": (1 + 0 + 0) / 3}[metric]
+    assert d.loc["better", "difference"] == pytest.approx(expect)
+    assert d.loc["better", "ci_low"] <= expect <= d.loc["better", "ci_high"]
