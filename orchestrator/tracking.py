@@ -46,6 +46,27 @@ def flatten(d, prefix: str = "") -> dict:
     return out
 
 
+def retry(fn, *args, attempts: int = 8, **kwargs):
+    """Call ``fn``; retry with backoff while SQLite says "database is locked" (parallel jobs, one file)."""
+    import time
+
+    for i in range(attempts):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:  # sqlalchemy OperationalError wrapped by MLflow
+            if "locked" not in str(e).lower() or i == attempts - 1:
+                raise
+            time.sleep(0.2 * 2 ** i)
+
+
+def runs_with_hash(experiment_id: str, config_hash: str, kind: str = "trained"):
+    """All runs of the experiment with this config hash and kind, oldest first."""
+    return MlflowClient().search_runs(
+        [experiment_id], filter_string=f"tags.`{TAG_HASH}` = '{config_hash}' and tags.`{TAG_KIND}` = '{kind}'",
+        order_by=["attributes.start_time ASC"], max_results=1000,
+    )
+
+
 def find_finished_run(experiment_id: str, config_hash: str):
     """The earliest FINISHED trained run of the experiment with this config hash, or None."""
     runs = MlflowClient().search_runs(

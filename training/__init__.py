@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 
-def train(cfg, run_dir, log_metrics=lambda metrics, step: None):
+def train(cfg, run_dir, log_metrics=lambda metrics, step: None, logged_through: int = -1):
     """Train with the configured engine and return the checkpoint directory (Hugging Face format).
 
     Raises:
@@ -15,5 +15,5 @@ def train(cfg, run_dir, log_metrics=lambda metrics, step: None):
     if name == "local":
         from .engines.local import train as local_train
 
-        return local_train(cfg, run_dir, log_metrics)
+        return local_train(cfg, run_dir, log_metrics, logged_through=logged_through)
     raise ValueError(f"engine={name!r}: available engines: ['local']")

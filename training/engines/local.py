@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import random
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -28,6 +30,13 @@ from training.data import load_prompts
 from training.models import load_policy
 from training.rewards import overlong_penalty
 from training.rollout import collect_rollouts, compute_logprobs
+
+
+STOP_REQUESTED = threading.Event()  # set by a preemption signal handler: save state and stop after this step
+
+
+class Preempted(Exception):
+    """Training stopped at a step boundary after saving its full state (see :data:`STOP_REQUESTED`)."""
 
 
 def _params(node) -> dict:
@@ -93,15 +102,24 @@ def update_policy(model, optimizer, batch, advantages, loss_fn, loss_params: dic
     return out
 
 
-def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: None) -> Path:
+def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: None, logged_through: int = -1) -> Path:
     """Train a policy with ``cfg.algo`` on ``cfg.data`` and save a Hugging Face checkpoint.
 
     Args:
         cfg: the composed run config (``model``, ``data``, ``algo``, ``train``, ``seed``).
         run_dir: directory for this run's files; the checkpoint goes to ``run_dir/checkpoint``.
         log_metrics: ``fn(metrics: dict[str, float], step: int)``, called once per step.
+        logged_through: the last step whose metrics the tracker already holds (resume: saved metrics of
+            later steps are logged again, earlier ones are not, so every step is logged exactly once).
     Returns:
         Path of the checkpoint directory.
+    Raises:
+        Preempted: :data:`STOP_REQUESTED` was set; the full state was saved first.
+
+    Resumable: with ``train.checkpoint_every = N > 0`` the full state (policy, optimiser, scheduler, step,
+    RNG states, prompt order, metrics not yet logged) is saved to ``run_dir/state`` every N steps and
+    when a stop is requested; a later call with the same ``run_dir`` continues from the saved step and
+    reproduces the uninterrupted run. Metrics are handed to ``log_metrics`` right after each save.
     """
     t_cfg, algo = cfg.train, cfg.algo
     run_dir = Path(run_dir)
@@ -133,6 +151,33 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
     dyn = algo.get("dynamic_sampling") or {}
     overlong = algo.get("overlong_buffer") or {}
 
+    # ---- resume from a saved state (preemption, requeue, re-run of an unfinished point)
+    state_path = run_dir / "state" / "train_state.pt"
+    every, n_steps, start_step, pending = int(t_cfg.get("checkpoint_every", 0) or 0), int(t_cfg.steps), 0, []
+    if state_path.exists():
+        st = torch.load(state_path, map_location=device, weights_only=False)
+        model.load_state_dict(st["model"])
+        optimizer.load_state_dict(st["optimizer"])
+        scheduler.load_state_dict(st["scheduler"])
+        order[:] = st["order"]
+        order_rng.setstate(st["order_rng"])
+        random.setstate(st["py_rng"])
+        np.random.set_state(st["np_rng"])
+        torch.set_rng_state(st["torch_rng"])
+        start_step = st["step"] + 1
+        for s_, m_ in st["pending"]:
+            if s_ > logged_through:
+                log_metrics(m_, s_)
+
+    def save_state(step: int):
+        state_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = state_path.with_suffix(".tmp")
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                    "order": list(order), "order_rng": order_rng.getstate(), "py_rng": random.getstate(),
+                    "np_rng": np.random.get_state(), "torch_rng": torch.get_rng_state(), "step": step,
+                    "pending": pending}, tmp)
+        os.replace(tmp, state_path)  # atomic: a kill mid-save leaves the previous state intact
+
     def next_rows():
         rows = []
         for _ in range(n_prompts):
@@ -142,7 +187,8 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
             rows.append(prompts[order.pop()])
         return rows
 
-    for step in trange(int(t_cfg.steps), desc=f"train {algo.name}", unit="step", disable=None):
+    for step in trange(start_step, n_steps, initial=start_step, total=n_steps, desc=f"train {algo.name}", unit="step",
+                       disable=None):
         t_step = time.perf_counter()
         # ---- rollout: G responses per prompt from the current (old) policy, with old log-probs;
         # rewards from the verifier (+ DAPO's overlong shaping); with dynamic sampling, groups whose
@@ -220,7 +266,17 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
             **{k: float(v) for k, v in adv_metrics.items()},
             **_mean_metrics(update_metrics),
         }
-        log_metrics({f"train/{k}": v for k, v in metrics.items() if v is not None and math.isfinite(v)}, step)
+        pending.append((step, {f"train/{k}": v for k, v in metrics.items() if v is not None and math.isfinite(v)}))
+        stop = STOP_REQUESTED.is_set()
+        saved = stop or (every and ((step + 1) % every == 0 or step == n_steps - 1))
+        if saved:
+            save_state(step)  # first the state (with these metrics), then the tracker: exactly-once on resume
+        if saved or not every:  # with checkpointing, metrics reach the tracker only together with a saved state
+            for s_, m_ in pending:
+                log_metrics(m_, s_)
+            pending.clear()
+        if stop:
+            raise Preempted(f"stopped after step {step} on request; state saved to {state_path}")
 
     ckpt = run_dir / "checkpoint"
     model.save_pretrained(ckpt)
