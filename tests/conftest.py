@@ -9,6 +9,8 @@ BENCHMARK_DIR = SHARED / "data" / "benchmarks"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+if Path("/tmp/rlvr-slurm/etc/slurm.conf").exists():  # the cluster of scripts/slurm/start.sh
+    os.environ.setdefault("SLURM_CONF", "/tmp/rlvr-slurm/etc/slurm.conf")
 
 
 def require_benchmarks():

@@ -5,6 +5,7 @@ set -euo pipefail
 S=/tmp/rlvr-slurm
 HERE=$(cd "$(dirname "$0")" && pwd)
 export SLURM_CONF=$S/etc/slurm.conf
+rm -rf $S/state $S/spool  # a fresh cluster: no jobs left from an earlier start
 mkdir -p $S/{etc,state,spool,log,run}
 CPUS=$(nproc)
 MEM=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 - 2048 ))
