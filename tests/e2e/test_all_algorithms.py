@@ -38,7 +38,7 @@ def all_algos_dir(tmp_path_factory):
 def test_algorithm_runs_one_step_and_logs_its_metrics(all_algos_dir, algo):
     cwd, _ = all_algos_dir
     client, runs = _runs(cwd)
-    [run] = [r for r in runs if r.data.params["algo.name"] == algo]
+    [run] = [r for r in runs if r.data.tags.get("rlvr.kind") == "trained" and r.data.params["algo.name"] == algo]
     assert run.info.status == "FINISHED" and run.data.tags["rlvr.kind"] == "trained"
     for key in OWN_METRICS[algo] + ["train/reward_mean"]:
         assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [0], key
@@ -49,5 +49,5 @@ def test_tr_grpo_paper_defaults_warn_loudly(all_algos_dir):
     assert "WARNING (algo=tr_grpo " in proc.stderr and "constant" in proc.stderr
     assert "WARNING (algo=tr_grpo_invtemp" not in proc.stderr
     _, runs = _runs(cwd)
-    [run] = [r for r in runs if r.data.params["algo.name"] == "tr_grpo"]
+    [run] = [r for r in runs if r.data.tags.get("rlvr.kind") == "trained" and r.data.params["algo.name"] == "tr_grpo"]
     assert "constant" in run.data.tags.get("rlvr.warnings", "")

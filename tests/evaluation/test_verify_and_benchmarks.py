@@ -57,6 +57,7 @@ def test_last_boxed_keeps_nested_braces():
     ("amc23", 40, "27"),          # stored as the number 27.0
     ("gsm8k", 1319, "18"),        # 'Janet sells 16 - 3 - 4 = ... #### 18'
     ("olympiadbench", 675, "2"),  # final_answer list ['2']
+    ("gpqa_diamond_mcq", 198, "A"),  # multiple choice: the letter
 ])
 def test_local_benchmarks_load_with_right_counts_and_gold(benchmark_dir, name, count, first_gold):
     rows = load_local_benchmark(name, benchmark_dir)
@@ -64,6 +65,22 @@ def test_local_benchmarks_load_with_right_counts_and_gold(benchmark_dir, name, c
     assert rows[0]["gold"] == first_gold
     assert all(r["prompt"] and r["gold"] for r in rows)
     assert is_correct(f"The answer is \\boxed{{{rows[0]['gold']}}}.", rows[0]["gold"])
+
+
+@pytest.mark.timeout(600)
+def test_every_gold_answer_verifies_against_itself_boxed(benchmark_dir):
+    from evaluation.verify import Verifier
+
+    v = Verifier(workers=2)
+    failures = {}
+    for name in ("math500", "aime24", "aime25", "amc23", "minerva_math", "olympiadbench", "gsm8k", "gpqa_diamond_mcq"):
+        rows = load_local_benchmark(name, benchmark_dir)
+        res = v.check_many([f"The final answer is \\boxed{{{r['gold']}}}." for r in rows], [r["gold"] for r in rows])
+        bad = [r["gold"] for r, (ok, _) in zip(rows, res) if not ok]
+        if bad:
+            failures[name] = bad
+    v.close()
+    assert not failures, {k: (len(b), b[:5]) for k, b in failures.items()}
 
 
 def test_minerva_gold_comes_from_the_solution_box(benchmark_dir):
