@@ -204,3 +204,18 @@ def baseline_differences(samples: dict, baseline: str, metric: str = "accuracy",
         ci = paired_bootstrap_ci(vals.loc[common].to_numpy(), base.loc[common].to_numpy(), n_boot=n_boot)
         rows[label] = {"difference": ci["diff"], "ci_low": ci["ci_low"], "ci_high": ci["ci_high"], "prompts": ci["n_prompts"]}
     return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def prompt_similarities(samples_by_run: dict) -> pd.DataFrame:
+    """Per (run, benchmark, prompt) mean pairwise similarity among the prompt's correct responses, for
+    the four metrics; prompts with fewer than two correct responses are left out."""
+    from evaluation.metrics.diversity import METRICS, mean_pairwise_similarity
+
+    rows = []
+    for label, df in samples_by_run.items():
+        for (bench, pid), grp in df[df["correct"]].groupby(["benchmark", "prompt_id"]):
+            texts = grp["response"].tolist()
+            if len(texts) >= 2:
+                rows.append({"run": label, "benchmark": bench, "prompt_id": pid,
+                             **{m: mean_pairwise_similarity(texts, m) for m in METRICS}})
+    return pd.DataFrame(rows)

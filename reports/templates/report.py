@@ -41,6 +41,7 @@ import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from IPython.display import HTML, Image, Markdown, display  # noqa: E402
@@ -100,6 +101,7 @@ else:
         ax.set_title(key.removeprefix("train/"))
         ax.set_xlabel("step")
         ax.ticklabel_format(axis="y", useOffset=False)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     for ax in list(axes.flat)[len(keys):]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
@@ -115,7 +117,10 @@ passk = R.passk_table(done)
 if passk.empty:
     note("No pass@k metrics were logged.")
 else:
-    for bench in passk.index.get_level_values("benchmark").unique():
+    benches = list(passk.index.get_level_values("benchmark").unique())
+    for bench in benches:
+        if bench == "mean" and len(benches) == 2:
+            continue  # one benchmark: its mean row is the same table
         display(Markdown(f"**{bench}**"))
         display(HTML(R.bold_best_html(passk.xs(bench, level="benchmark"))))
     mean = passk.xs("mean", level="benchmark") if "mean" in passk.index.get_level_values("benchmark") else None
@@ -138,18 +143,21 @@ if ucc.empty:
     note("No UCC@k metrics were logged.")
 else:
     display(HTML(R.bold_best_html(ucc)))
-sim = R.metric_table(done, r"(rouge_l|jaccard|tfidf_cosine|edit)_mean")
+samples_by_run = R.download_samples(tracking_uri, done, Path(work_dir) / "samples") if len(done) else {}
+sim = R.prompt_similarities(samples_by_run)
 if sim.empty:
-    note("No similarity metrics were logged (runs need at least two correct answers to one prompt).")
+    note("No similarity among correct answers: no prompt has two correct responses.")
 else:
-    sim_runs = sim.drop(index="mean", level="benchmark", errors="ignore")
-    fig, axes = plt.subplots(1, len(sim.columns), figsize=(3.4 * len(sim.columns), 3.2), squeeze=False)
-    for ax, col in zip(axes.flat, sim.columns):
-        data = [sim_runs.xs(label, level="run")[col].dropna().to_numpy() for label in sim_runs.index.get_level_values("run").unique()]
-        ax.boxplot(data, tick_labels=list(sim_runs.index.get_level_values("run").unique()))
-        ax.set_title(col.removesuffix("_mean"))
-        ax.tick_params(axis="x", labelrotation=60, labelsize=6)
+    metrics = ["rouge_l", "jaccard", "tfidf_cosine", "edit"]
+    labels = list(sim["run"].unique())
+    fig, axes = plt.subplots(1, 4, figsize=(13, 3.4), squeeze=False)
+    for ax, metric in zip(axes.flat, metrics):
+        ax.boxplot([sim.loc[sim["run"] == lab, metric].to_numpy() for lab in labels], tick_labels=labels)
+        ax.set_title(f"{metric} (per prompt)")
+        ax.tick_params(axis="x", labelrotation=30, labelsize=7)
     save(fig, "similarity")
+    display(Markdown("Mean pairwise similarity among each prompt's correct responses, one point per prompt "
+                     "with at least two correct responses (lower: more diverse solutions)."))
 
 # %% [markdown]
 # ## Entropy and flip rates
@@ -180,7 +188,7 @@ else:
     label = baseline
     if baseline not in set(done["label"]) and baseline in set(done["algo"]):
         label = done[done["algo"] == baseline]["label"].iloc[0]
-    samples = R.download_samples(tracking_uri, done, Path(work_dir) / "samples")
+    samples = samples_by_run
     if label not in samples:
         note(f"Baseline {baseline!r} has no samples.parquet among the finished runs.")
     else:
