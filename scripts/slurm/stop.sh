@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Stop the daemons started by start.sh, by PID.
 S=/tmp/rlvr-slurm
-for f in slurmd slurmctld slurmdbd mariadbd; do
+for f in slurmd slurmctld; do
   if [ -f $S/run/$f.pid ]; then P=$(cat $S/run/$f.pid); kill -TERM "$P" 2>/dev/null && echo "stopped $f ($P)"; fi
 done
 sleep 3

@@ -36,7 +36,7 @@ def test_readme_sweep_through_slurm(tmp_path):
     assert len({r.data.tags["rlvr.slurm_job_id"] for r in runs}) == 4  # one SLURM job per point
 
 
-RESUME = ["algo=grpo_h", "algo.entropy_coef=0.5", "train.lr=1e-3", "train.checkpoint_every=1", "train.steps=8",
+RESUME = ["algo=grpo_h", "algo.entropy_coef=0.5", "train.lr=1e-3", "train.checkpoint_every=1", "train.steps=10",
           "train.prompts_per_step=2", "train.group_size=4", "train.max_new_tokens=24", "model=tiny-random", "eval=smoke",
           "report.enabled=false"]
 
@@ -54,7 +54,7 @@ def test_requeued_job_resumes_its_run_with_every_step_once_and_the_same_results(
     client = None
     job_id, deadline = None, time.time() + 300
     while time.time() < deadline:  # wait until the job has logged two steps, then requeue it
-        time.sleep(2)
+        time.sleep(1)
         if not (tmp_path / "slurm" / "mlflow.db").exists():
             continue
         try:
@@ -72,7 +72,7 @@ def test_requeued_job_resumes_its_run_with_every_step_once_and_the_same_results(
     [run] = runs
     assert run.info.status == "FINISHED" and int(run.data.tags["rlvr.requeue_count"]) >= 1
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/entropy")]
-    assert sorted(steps) == list(range(8))  # every step exactly once
+    assert sorted(steps) == list(range(10))  # every step exactly once
 
     # the same point without interruption, locally
     ref = _sweep(tmp_path / "local", "-m", *RESUME)
