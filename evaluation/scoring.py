@@ -33,7 +33,6 @@ def compute_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask
         always use them with ``response_mask``.
     """
     input_ids = torch.cat([prompt_ids, response_ids], dim=1)
-    attn = torch.cat([prompt_mask, response_mask], dim=1)
     # After the first EOS the response mask is 0: keep attending there is harmless, but the
     # positions must continue, as in generation (generate's attention mask is all ones there).
     attn_full = torch.cat([prompt_mask, torch.ones_like(response_mask)], dim=1)
@@ -47,5 +46,4 @@ def compute_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask
     entropy = None
     if with_entropy:
         entropy = -(logp_all.exp() * logp_all).sum(-1)
-    del attn
     return logprobs, entropy

@@ -54,6 +54,14 @@ def test_metrics_saved_before_a_crash_are_logged_once_on_resume(tiny_cfg, tmp_pa
     first = []
     local.train(cfg, tmp_path / "c", lambda m, s: first.append(s))
     assert first == [0, 1, 2]  # logged in two flushes, with the saves at steps 1 and 2
-    # a job killed after saving step 1 but before the tracker got it: resume re-logs exactly 0 and 1
     state = torch.load(tmp_path / "c" / "state" / "train_state.pt", weights_only=False)
     assert state["step"] == 2 and [s for s, _ in state["pending"]] == [2]
+    # a job killed after saving step 2 but before the tracker got it (the tracker holds steps 0-1):
+    # the restart logs step 2 from the saved state, once, and trains nothing again
+    again = []
+    local.train(cfg, tmp_path / "c", lambda m, s: again.append((s, m)), logged_through=1)
+    assert [s for s, _ in again] == [2] and again[0][1] == state["pending"][0][1]
+    # and when the tracker already holds step 2, nothing is logged twice
+    none = []
+    local.train(cfg, tmp_path / "c", lambda m, s: none.append(s), logged_through=2)
+    assert none == []
