@@ -122,5 +122,15 @@ def validate_config(cfg: DictConfig) -> list[str]:
 
         missing = [b for b in benches if b != "arithmetic" and not (Path(data_dir) / b / "test.jsonl").is_file()]
         _require(not missing, f"eval.data_dir={data_dir!r}: no <name>/test.jsonl for {missing}")
-    _require(cfg.engine.name in ("local",), f"engine={cfg.engine.name!r}: available engines: ['local']")
+    _require(cfg.engine.name in ("local", "verl"), f"engine={cfg.engine.name!r}: available engines: ['local', 'verl']")
+    if cfg.engine.name == "verl":
+        from training.engines.verl import check_verl_config
+
+        for key in ("engine.nnodes", "engine.n_gpus_per_node", "engine.micro_batch_size_per_gpu"):
+            v = _num(cfg, key)
+            _require(int(v) == v and v >= 1, f"{key}={v!r}: expected an integer >= 1")
+        try:
+            warnings += check_verl_config(cfg)
+        except ValueError as e:
+            raise ConfigError(f"engine=verl: {e}") from None
     return warnings

@@ -16,4 +16,8 @@ def train(cfg, run_dir, log_metrics=lambda metrics, step: None, logged_through: 
         from .engines.local import train as local_train
 
         return local_train(cfg, run_dir, log_metrics, logged_through=logged_through)
-    raise ValueError(f"engine={name!r}: available engines: ['local']")
+    if name == "verl":
+        from .engines.verl import train as verl_train
+
+        return verl_train(cfg, run_dir, log_metrics, logged_through=logged_through)
+    raise ValueError(f"engine={name!r}: available engines: ['local', 'verl']")

@@ -1,6 +1,8 @@
 """Training prompt sets. Each loader returns rows ``{"id", "prompt", "gold"}``."""
 from __future__ import annotations
 
+from omegaconf import OmegaConf
+
 from .arithmetic import arithmetic_splits, make_arithmetic  # noqa: F401
 
 
@@ -18,4 +20,10 @@ def load_prompts(cfg, split: str) -> list[dict]:
             n_eval=int(cfg.n_eval), template=str(cfg.template),
         )
         return train if split == "train" else held_out
-    raise ValueError(f"unknown data set {cfg.name!r}; available: ['arithmetic']")
+    if cfg.name == "math":
+        from .math import load_math_train
+
+        params = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "name"}
+        train, held_out = load_math_train(**params)
+        return train if split == "train" else held_out
+    raise ValueError(f"unknown data set {cfg.name!r}; available: ['arithmetic', 'math']")

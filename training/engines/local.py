@@ -57,6 +57,35 @@ def _mean_metrics(items: list[dict]) -> dict:
     return {k: float(np.mean([m[k] for m in items if k in m])) for k in keys}
 
 
+def policy_objective(logprobs, entropy, batch, advantages, loss_fn, loss_params: dict, beta: float = 0.0,
+                     entropy_coef: float = 0.0):
+    """The loss one optimiser step minimises (the verl engine's adapter is tested against this).
+
+    loss = policy_loss(logprobs, batch, advantages) + beta * agg(k3 KL to the reference)
+           - entropy_coef * agg(entropy),
+    both extra terms aggregated with the policy loss's own ``loss_agg_mode``.
+
+    Args:
+        logprobs: (B, L) log pi_theta of the sampled tokens (with gradient); entropy: (B, L) or None
+            (needed when entropy_coef > 0); batch: the minibatch (``ref_logprobs`` when beta > 0);
+        advantages: (B,) or (B, L).
+    Returns:
+        (loss, policy loss term, metrics dict).
+    """
+    agg_mode = loss_params.get("loss_agg_mode", "token-mean")
+    pg_loss, m = loss_fn(logprobs, batch, advantages, **loss_params)
+    loss = pg_loss
+    if entropy_coef > 0:
+        ent = agg_loss(entropy, batch.response_mask, agg_mode)
+        loss = loss - entropy_coef * ent
+        m["entropy_bonus"] = float(ent.detach())
+    if beta > 0:
+        kl = agg_loss(kl_k3(logprobs, batch.ref_logprobs), batch.response_mask, agg_mode)
+        loss = loss + beta * kl
+        m["kl_ref"] = float(kl.detach())
+    return loss, pg_loss, m
+
+
 def update_policy(model, optimizer, batch, advantages, loss_fn, loss_params: dict, ppo_epochs: int = 1,
                   minibatch_size=None, max_grad_norm: float = 1.0, beta: float = 0.0, temperature: float = 1.0,
                   bf16: bool = False, generator=None, entropy_coef: float = 0.0) -> list[dict]:
@@ -74,7 +103,6 @@ def update_policy(model, optimizer, batch, advantages, loss_fn, loss_params: dic
     """
     B = batch.batch_size
     mb_size = int(minibatch_size or B)
-    agg_mode = loss_params.get("loss_agg_mode", "token-mean")
     out = []
     for _epoch in range(ppo_epochs):
         perm = torch.randperm(B, generator=generator).to(advantages.device)
@@ -83,16 +111,8 @@ def update_policy(model, optimizer, batch, advantages, loss_fn, loss_params: dic
             mb = batch.select(idx)
             logprobs, entropy = compute_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
                                                  temperature, with_entropy=entropy_coef > 0, bf16=bf16)
-            pg_loss, m = loss_fn(logprobs, mb, advantages[idx], **loss_params)
-            loss = pg_loss
-            if entropy_coef > 0:
-                ent = agg_loss(entropy, mb.response_mask, agg_mode)
-                loss = loss - entropy_coef * ent
-                m["entropy_bonus"] = float(ent.detach())
-            if beta > 0:
-                kl = agg_loss(kl_k3(logprobs, mb.ref_logprobs), mb.response_mask, agg_mode)
-                loss = loss + beta * kl
-                m["kl_ref"] = float(kl.detach())
+            loss, pg_loss, m = policy_objective(logprobs, entropy, mb, advantages[idx], loss_fn, loss_params,
+                                                beta=beta, entropy_coef=entropy_coef)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)

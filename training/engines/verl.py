@@ -1,0 +1,650 @@
+"""verl engine: the same registered algorithms, trained on multi-GPU / multi-node by verl (FSDP + vLLM + Ray).
+
+Data flow of ``engine=verl`` for one sweep point (:func:`train`):
+
+1. the policy is written as a Hugging Face folder (:func:`materialize_model`) and the training prompts as
+   verl's parquet layout (:func:`write_parquet`);
+2. this suite's config is translated to verl's Hydra overrides (:func:`verl_overrides`); verl's own
+   ``ppo_trainer`` schema composes them in a child process (``python -m training.engines.verl_main``),
+   which calls verl's ``run_ppo``;
+3. the algorithm enters verl only through two registry entries named ``rlvr``: an advantage estimator
+   (``algorithm.adv_estimator=rlvr``) and a policy loss (``actor.policy_loss.loss_mode=rlvr``), thin
+   adapters (:func:`verl_advantage`, :func:`verl_policy_loss`) around the functions in
+   ``training.algorithms`` -- no algorithm is written twice. The algorithm and its parameters travel as
+   JSON in the environment variable :data:`SPEC_ENV`, and Ray's ``worker_process_setup_hook`` runs
+   :func:`register_from_env` in every Ray worker process (the TaskRunner that computes advantages and
+   the actor workers that compute the loss), not only in the driver;
+4. verl's ``file`` logger writes per-step metrics as JSONL; a thread streams them into this run's
+   MLflow run with sanitised names (:func:`mlflow_metrics`);
+5. verl saves the actor in Hugging Face format (``checkpoint.save_contents`` includes ``hf_model``);
+   :func:`export_hf_checkpoint` hands it to the evaluation stage.
+
+Not supported by verl 0.9.1's extension points, so refused by :func:`check_verl_config` before any work:
+advantage estimators that need the rollout's old log-probabilities (ExPPO, GRPO-UR: verl passes
+registered estimators only rewards, mask and group ids), TR-GRPO's weighted KL inside the loss (verl's
+loss signature has no reference log-probs; ``algo.kl_beta`` maps to verl's KL loss), DAPO's dynamic
+sampling and overlong shaping (engine features of the local engine), token-sum aggregation.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+
+from training.algorithms import get_advantage_fn, get_policy_loss_fn
+from training.batch import RolloutBatch
+
+VERL_NAME = "rlvr"                 # the name of both registry entries inside verl
+SPEC_ENV = "RLVR_VERL_ALGO"        # JSON {"advantage": {name, params}, "policy_loss": {name, params}}
+SETUP_HOOK = "training.engines.verl.register_from_env"
+REWARD_FN = "pkg://training.engines.verl_reward"
+
+# estimators that read batch.old_logprobs: verl's compute_advantage does not pass them to registered estimators
+NEEDS_OLD_LOGPROBS = {"exppo": "its surprisal classes", "grpo_ur": "its unlikeliness ranks"}
+
+_SPEC: dict | None = None
+
+
+# ----------------------------------------------------------------------------------- algorithm spec
+
+def _params(node) -> dict:
+    d = OmegaConf.to_container(node, resolve=True) if not isinstance(node, dict) else dict(node)
+    d.pop("name", None)
+    return d
+
+
+def algo_spec(cfg) -> dict:
+    """The algorithm part of a run config as plain JSON-able data: which registered advantage
+    estimator and policy loss, with which parameters. This is what verl's workers receive."""
+    return {
+        "algo": str(cfg.algo.name),
+        "advantage": {"name": str(cfg.algo.advantage.name), "params": _params(cfg.algo.advantage)},
+        "policy_loss": {"name": str(cfg.algo.policy_loss.name), "params": _params(cfg.algo.policy_loss)},
+    }
+
+
+def check_verl_config(cfg) -> list[str]:
+    """Refuse settings the verl engine cannot honour, before anything starts.
+
+    Raises:
+        ValueError: naming the key and value (estimator needing old log-probs, TR-GRPO's in-loss KL,
+            dynamic sampling, overlong shaping, batch sizes verl cannot split, token-sum aggregation).
+    Returns:
+        Warnings (none at present).
+    """
+    algo, t = cfg.algo, cfg.train
+    adv = str(algo.advantage.name)
+    if adv in NEEDS_OLD_LOGPROBS:
+        raise ValueError(
+            f"algo.advantage.name={adv!r}: needs the rollout's old log-probs for {NEEDS_OLD_LOGPROBS[adv]}, which "
+            "verl's compute_advantage does not pass to registered estimators; use engine=local")
+    if float(algo.policy_loss.get("kl_beta", 0.0) or 0.0) > 0:
+        raise ValueError(
+            f"algo.policy_loss.kl_beta={algo.policy_loss.kl_beta!r}: verl's policy-loss interface has no reference "
+            "log-probs; set it to 0 (algo.kl_beta gives verl's uniform k3 KL loss) or use engine=local")
+    for key in ("dynamic_sampling", "overlong_buffer"):
+        node = algo.get(key)
+        if node and node.get("enabled", False):
+            raise ValueError(f"algo.{key}.enabled=true: not available with engine=verl (a local-engine feature); "
+                             f"set algo.{key}.enabled=false or use engine=local")
+    mode = algo.policy_loss.get("loss_agg_mode", "token-mean")
+    if mode not in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"):
+        raise ValueError(f"algo.policy_loss.loss_agg_mode={mode!r}: not supported by the verl adapter")
+    G, P = int(t.group_size), int(t.prompts_per_step)
+    mb = int(t.get("minibatch_size") or G * P)
+    if mb % G or (G * P) % mb:
+        raise ValueError(
+            f"train.minibatch_size={mb}: with engine=verl it must be a multiple of train.group_size={G} "
+            f"dividing prompts_per_step x group_size = {G * P} (verl splits mini-batches by prompt)")
+    e = cfg.engine
+    n_gpus = int(e.n_gpus_per_node) * int(e.nnodes)
+    if (G * P) % n_gpus:
+        raise ValueError(f"engine.n_gpus_per_node x engine.nnodes = {n_gpus}: must divide the "
+                         f"{G * P} responses per step (prompts_per_step x group_size)")
+    return []
+
+
+# ----------------------------------------------------------------------------------- registration
+
+def register_with_verl(spec: dict) -> None:
+    """Point verl's ``rlvr`` advantage estimator and policy loss at ``spec``'s registered functions.
+
+    Idempotent: the two verl entries are registered once (``register_adv_est``, ``register_policy_loss``);
+    later calls only swap the spec they read.
+
+    Raises:
+        KeyError: ``spec`` names a function this suite has not registered.
+        ImportError: verl is not installed.
+    """
+    global _SPEC
+    get_advantage_fn(spec["advantage"]["name"])
+    get_policy_loss_fn(spec["policy_loss"]["name"])
+    _SPEC = spec
+    from verl.trainer.ppo import core_algos
+
+    if core_algos.ADV_ESTIMATOR_REGISTRY.get(VERL_NAME) is not verl_advantage:
+        core_algos.register_adv_est(VERL_NAME)(verl_advantage)
+    if core_algos.POLICY_LOSS_REGISTRY.get(VERL_NAME) is not verl_policy_loss:
+        core_algos.register_policy_loss(VERL_NAME)(verl_policy_loss)
+
+
+def register_from_env() -> None:
+    """Ray ``worker_process_setup_hook``: register the spec in :data:`SPEC_ENV` in this worker process.
+    A no-op when the variable is absent (Ray workers of other jobs)."""
+    raw = os.environ.get(SPEC_ENV)
+    if raw:
+        register_with_verl(json.loads(raw))
+
+
+def _current_spec() -> dict:
+    if _SPEC is None:
+        register_from_env()
+    if _SPEC is None:
+        raise RuntimeError(f"the rlvr verl adapters were called before registration ({SPEC_ENV} is not set)")
+    return _SPEC
+
+
+def _adapter_batch(response_mask: torch.Tensor, old_logprobs: torch.Tensor | None, rewards=None, group_index=None):
+    """A RolloutBatch carrying what verl hands over; fields verl does not provide are empty or NaN."""
+    B, L = response_mask.shape
+    mask = response_mask.to(torch.float32)
+    lengths = mask.sum(-1).long()
+    empty = torch.zeros(B, 0, dtype=torch.long, device=mask.device)
+    return RolloutBatch(
+        prompt_ids=empty, prompt_mask=empty, response_ids=torch.zeros(B, L, dtype=torch.long, device=mask.device),
+        response_mask=mask,
+        old_logprobs=old_logprobs if old_logprobs is not None else torch.full((B, L), float("nan"), device=mask.device),
+        rewards=rewards if rewards is not None else torch.zeros(B, device=mask.device),
+        group_index=group_index if group_index is not None else torch.arange(B, device=mask.device),
+        response_lengths=lengths,
+        correct=None if rewards is None else rewards > 0,
+    )
+
+
+def verl_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index=None, config=None, **_):
+    """verl ``adv_estimator=rlvr``: this suite's registered estimator, in verl's layout.
+
+    Args:
+        token_level_rewards: (B, L) verl rewards; the outcome reward is their sum over tokens.
+        response_mask: (B, L) 1 on response tokens.
+        index: (B,) group ids (verl's ``uid``: responses to one prompt share it).
+    Returns:
+        (advantages, returns), both (B, L): the per-response advantage broadcast over its tokens (zero on
+        padding), as verl's own outcome estimators return it. ``correct`` is taken as reward > 0, exact for
+        the 0/1 verifier reward of :mod:`training.engines.verl_reward`.
+    Raises:
+        RuntimeError: called before :func:`register_with_verl`.
+    """
+    spec = _current_spec()["advantage"]
+    mask = response_mask.to(torch.float32)
+    rewards = token_level_rewards.sum(-1).float()
+    if index is None:
+        group_index = torch.zeros(rewards.shape[0], dtype=torch.long)
+    else:
+        _, inverse = np.unique(np.asarray(index, dtype=object).astype(str), return_inverse=True)
+        group_index = torch.as_tensor(inverse, dtype=torch.long)
+    batch = _adapter_batch(response_mask, None, rewards.cpu(), group_index)
+    adv, _metrics = get_advantage_fn(spec["name"])(batch, **spec["params"])
+    adv = adv.to(mask.device, torch.float32)
+    adv_tok = adv.unsqueeze(-1) * mask if adv.dim() == 1 else adv * mask
+    return adv_tok, adv_tok
+
+
+def _global_rescale(mode: str, mask: torch.Tensor, info: dict) -> float:
+    """Factor turning this suite's micro-batch mean into verl's share of the global mini-batch mean.
+
+    verl sums the losses of micro-batches (and data-parallel ranks average gradients), so each
+    micro-batch's loss must be normalised by the global token / sequence count times dp_size
+    (verl ``agg_loss``); this suite's aggregation normalises by the local count.
+    """
+    dp = int(info.get("dp_size") or 1)
+    if mode == "token-mean":
+        glob = info.get("batch_num_tokens")
+        local = float(mask.sum())
+    else:
+        glob = info.get("global_batch_size")
+        local = float((mask.sum(-1) > 0).sum())
+    if glob is None:
+        return 1.0
+    glob = float(glob)
+    return local * dp / glob if glob > 0 else 0.0
+
+
+def verl_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
+                     rollout_is_weights=None):
+    """verl ``policy_loss.loss_mode=rlvr``: this suite's registered policy loss, in verl's layout.
+
+    Args:
+        old_log_prob, log_prob: (B, L) log-probs of the sampled tokens under pi_old and pi_theta (grad).
+        advantages: (B, L) token-level (constant along a response for outcome estimators; reduced to (B,)).
+        response_mask: (B, L) bool or 0/1.
+        loss_agg_mode: verl's mode; this suite's ``loss_agg_mode`` parameter (equal by construction of
+            :func:`verl_overrides`) is the one used.
+        config: verl ActorConfig; its ``global_batch_info`` (dp_size, batch_num_tokens, global_batch_size)
+            rescales the micro-batch loss so that the summed micro-batch gradients equal the mini-batch
+            gradient of the local engine (see :func:`_global_rescale`).
+    Returns:
+        (scalar loss, metrics prefixed ``actor/``).
+    Raises:
+        ValueError: rollout importance-sampling weights were passed (verl's rollout correction is not
+            supported by the adapters).
+    """
+    if rollout_is_weights is not None:
+        raise ValueError("rollout_is_weights given: verl's algorithm.rollout_correction is not supported with the rlvr loss")
+    spec = _current_spec()["policy_loss"]
+    params = dict(spec["params"])
+    mask = response_mask.to(log_prob.dtype)
+    adv = advantages.to(log_prob.dtype)
+    n_tok = mask.sum(-1)
+    seq_adv = (adv * mask).sum(-1) / n_tok.clamp(min=1)
+    if torch.allclose(adv * mask, seq_adv.unsqueeze(-1) * mask, atol=1e-6, rtol=1e-5):
+        adv = seq_adv
+    batch = _adapter_batch(mask, old_log_prob.to(log_prob.dtype))
+    loss, metrics = get_policy_loss_fn(spec["name"])(log_prob, batch, adv, **params)
+    info = dict(getattr(config, "global_batch_info", None) or {}) if config is not None else {}
+    loss = loss * _global_rescale(params.get("loss_agg_mode", "token-mean"), mask, info)
+    return loss, {f"actor/{k}": float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
+
+
+# ----------------------------------------------------------------------------------- config translation
+
+def verl_config_dir() -> Path:
+    """verl's own Hydra config folder (``verl/trainer/config``).
+
+    Raises:
+        ImportError: verl is not installed.
+    """
+    import verl
+
+    return Path(verl.__file__).parent / "trainer" / "config"
+
+
+def verl_overrides(cfg, model_path: str, data_dir: Path, run_dir: Path) -> list[str]:
+    """Translate a run config into verl ``ppo_trainer`` overrides (Hydra override strings).
+
+    Mapping: ``train.prompts_per_step`` -> ``data.train_batch_size``; ``train.group_size`` -> ``rollout.n``;
+    ``train.minibatch_size`` (responses) -> ``actor.ppo_mini_batch_size`` (prompts); ``train.ppo_epochs``,
+    ``lr``, ``betas``, ``weight_decay``, ``warmup_steps``, ``max_grad_norm``; ``algo.kl_beta`` -> k3
+    (``low_var_kl``) KL loss; ``algo.entropy_coef`` -> ``entropy_coeff``; the loss's ``loss_agg_mode`` (and
+    ``norm_constant`` -> ``loss_scale_factor``); ``train.max_new_tokens``, ``temperature``, ``top_p``; the vLLM
+    rollout settings of ``cfg.engine.rollout``; ``seed``; ``train.steps`` -> ``total_training_steps``;
+    ``train.checkpoint_every`` -> ``save_freq`` (resume_mode auto). ``cfg.engine.extra_overrides`` go last.
+    """
+    t, algo, e = cfg.train, cfg.algo, cfg.engine
+    G, P = int(t.group_size), int(t.prompts_per_step)
+    mb_prompts = int(t.get("minibatch_size") or G * P) // G
+    beta = float(algo.get("kl_beta", 0.0) or 0.0)
+    loss = algo.policy_loss
+    mode = str(loss.get("loss_agg_mode", "token-mean"))
+    norm = loss.get("norm_constant")
+    every = int(t.get("checkpoint_every", 0) or 0)
+    steps = int(t.steps)
+    chat = bool(cfg.model.get("chat_template", True))
+    r = e.rollout
+    A, R, M = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.model"
+    q = lambda v: json.dumps(v)  # noqa: E731  (Hydra accepts JSON-style quoting of strings and lists)
+    ov = [
+        f"algorithm.adv_estimator={VERL_NAME}",
+        "algorithm.use_kl_in_reward=false",
+        f"data.train_files={q(str(data_dir / 'train.parquet'))}",
+        f"data.val_files={q(str(data_dir / 'val.parquet'))}",
+        f"data.train_batch_size={P}",
+        f"data.max_prompt_length={int(e.max_prompt_length)}",
+        f"data.max_response_length={int(t.max_new_tokens)}",
+        "data.filter_overlong_prompts=true",
+        "data.truncation=error",
+        f"data.seed={int(cfg.seed)}",
+        f"data.dataloader_num_workers={int(e.get('dataloader_num_workers', 2))}",
+        f"{M}.path={q(str(model_path))}",
+        f"{M}.enable_gradient_checkpointing={str(bool(e.gradient_checkpointing)).lower()}",
+        f"{M}.use_remove_padding={str(bool(e.use_remove_padding)).lower()}",
+        f"{A}.strategy={e.strategy}",
+        f"{A}.optim.lr={float(t.lr)}",
+        f"{A}.optim.betas={q([float(b) for b in t.betas])}",
+        f"{A}.optim.weight_decay={float(t.weight_decay)}",
+        f"{A}.optim.lr_warmup_steps={int(t.get('warmup_steps', 0)) or -1}",
+        f"{A}.optim.clip_grad={float(t.max_grad_norm)}",
+        f"{A}.ppo_mini_batch_size={mb_prompts}",
+        f"{A}.ppo_micro_batch_size_per_gpu={int(e.micro_batch_size_per_gpu)}",
+        f"{A}.ppo_epochs={int(t.ppo_epochs)}",
+        f"{A}.shuffle=true",
+        f"{A}.policy_loss.loss_mode={VERL_NAME}",
+        f"{A}.loss_agg_mode={mode}",
+        f"{A}.use_kl_loss={str(beta > 0).lower()}",
+        f"{A}.kl_loss_coef={beta}",
+        f"{A}.kl_loss_type=low_var_kl",
+        f"{A}.entropy_coeff={float(algo.get('entropy_coef', 0.0) or 0.0)}",
+        f"{A}.fsdp_config.param_offload={str(bool(e.param_offload)).lower()}",
+        f"{A}.fsdp_config.optimizer_offload={str(bool(e.optimizer_offload)).lower()}",
+        f"{A}.checkpoint.save_contents={q(['model', 'optimizer', 'extra', 'hf_model'])}",
+        f"{R}.name={r.name}",
+        f"{R}.n={G}",
+        f"{R}.temperature={float(t.temperature)}",
+        f"{R}.top_p={float(t.top_p)}",
+        f"{R}.tensor_model_parallel_size={int(r.tensor_model_parallel_size)}",
+        f"{R}.gpu_memory_utilization={float(r.gpu_memory_utilization)}",
+        f"{R}.max_num_batched_tokens={int(r.max_num_batched_tokens)}",
+        f"{R}.log_prob_micro_batch_size_per_gpu={int(e.micro_batch_size_per_gpu)}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={int(e.micro_batch_size_per_gpu)}",
+        f"{R}.seed={int(cfg.seed)}",
+        f"reward.custom_reward_function.path={q(REWARD_FN)}",
+        "reward.custom_reward_function.name=compute_score",
+        f"trainer.project_name={q(str(cfg.experiment_name))}",
+        f"trainer.experiment_name={q(Path(run_dir).name)}",
+        f"trainer.logger={q(['console', 'file'])}",
+        f"trainer.nnodes={int(e.nnodes)}",
+        f"trainer.n_gpus_per_node={int(e.n_gpus_per_node)}",
+        f"trainer.total_training_steps={steps}",
+        "trainer.total_epochs=1000000",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+        f"trainer.save_freq={every if every > 0 else steps}",
+        "trainer.resume_mode=auto",
+        f"trainer.default_local_dir={q(str(Path(run_dir) / 'verl_checkpoints'))}",
+        f"trainer.device={e.device}",
+    ]
+    if norm is not None:
+        ov.append(f"{A}.loss_scale_factor={int(norm)}")
+    if not chat:  # raw prompt text, as the local engine feeds a model without a chat template
+        ov.append(f"{M}.custom_chat_template={q(RAW_TEMPLATE)}")
+    ov += [str(x) for x in (e.get("extra_overrides") or [])]
+    return ov
+
+
+RAW_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+
+
+def compose_verl_config(overrides: list[str]):
+    """Compose verl's ``ppo_trainer`` config with ``overrides`` (verl's own schema, defaults and
+    interpolations) and resolve it. Must run where no other Hydra app is initialised (a child process
+    or a test).
+
+    Raises:
+        hydra / omegaconf errors naming an override verl's schema does not accept.
+    """
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(verl_config_dir()), version_base=None):
+        config = compose(config_name="ppo_trainer", overrides=list(overrides))
+    return config
+
+
+def worker_runtime_env(spec: dict, metrics_path: Path | None = None) -> dict:
+    """The Ray ``runtime_env`` that makes every verl worker process register this suite's algorithm:
+    :data:`SPEC_ENV` plus ``worker_process_setup_hook`` = :func:`register_from_env`."""
+    env = {SPEC_ENV: json.dumps(spec)}
+    if metrics_path is not None:
+        env["VERL_FILE_LOGGER_PATH"] = str(metrics_path)
+    return {"worker_process_setup_hook": SETUP_HOOK, "env_vars": env}
+
+
+# ----------------------------------------------------------------------------------- data and model
+
+def write_parquet(rows: list[dict], path: Path, data_source: str) -> Path:
+    """Write prompt rows ``{"id", "prompt", "gold"}`` in verl's RL dataset layout: ``data_source``,
+    ``prompt`` (chat messages), ``ability``, ``reward_model`` {style, ground_truth}, ``extra_info``.
+
+    Raises:
+        ValueError: no rows.
+    """
+    import pandas as pd
+
+    if not rows:
+        raise ValueError(f"no prompts to write to {path}")
+    df = pd.DataFrame({
+        "data_source": [data_source] * len(rows),
+        "prompt": [[{"role": "user", "content": str(r["prompt"])}] for r in rows],
+        "ability": ["math"] * len(rows),
+        "reward_model": [{"style": "rule", "ground_truth": str(r["gold"])} for r in rows],
+        "extra_info": [{"index": i, "id": str(r.get("id", i))} for i, r in enumerate(rows)],
+    })
+    path.parent.mkdir(parents=True, exist_ok=True)
+    df.to_parquet(path, index=False)
+    return path
+
+
+def materialize_model(model_cfg, out_dir: Path) -> str:
+    """A path or hub id verl can load with ``from_pretrained``: the configured path for pretrained
+    models, otherwise the policy built by :func:`training.models.load_policy` saved to ``out_dir``."""
+    if model_cfg.get("source") == "pretrained":
+        return str(model_cfg.path)
+    from training.models import load_policy
+
+    out_dir = Path(out_dir)
+    if not (out_dir / "config.json").is_file():
+        model, tok = load_policy(model_cfg)
+        tmp = out_dir.with_name(out_dir.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        tmp.replace(out_dir)
+    return str(out_dir)
+
+
+# ----------------------------------------------------------------------------------- metrics
+
+_BAD_CHARS = re.compile(r"[^A-Za-z0-9_\-./ ]")
+ALIASES = {  # verl metric -> this suite's standard name (the report's panels)
+    "critic/score/mean": "train/reward_mean",
+    "actor/entropy": "train/entropy",
+    "actor/kl_loss": "train/kl_ref",
+    "actor/grad_norm": "train/grad_norm",
+    "actor/clip_fraction": "train/clip_fraction",
+    "actor/pg_loss": "train/policy_loss",
+    "response_length/mean": "train/response_length_mean",
+    "response_length/max": "train/response_length_max",
+    "response_length/clip_ratio": "train/truncated_share",
+    "timing_s/step": "train/step_time_s",
+    "actor/lr": "train/lr",
+}
+
+
+def mlflow_metrics(data: dict) -> dict:
+    """verl's per-step metrics as MLflow metrics: every finite number under ``verl/<name>`` with
+    characters MLflow rejects replaced by ``_`` (``@`` -> ``_at_``), plus this suite's standard names
+    for the metrics in :data:`ALIASES` (``train/reward_mean``, ``train/entropy``, ...)."""
+    out = {}
+    for k, v in data.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
+            continue
+        out["verl/" + _BAD_CHARS.sub("_", str(k).replace("@", "_at_"))] = float(v)
+        if k in ALIASES:
+            out[ALIASES[k]] = float(v)
+    return out
+
+
+def read_new_metrics(path: Path, offset: int) -> tuple[list[tuple[int, dict]], int]:
+    """Complete JSONL records ``{"step", "data"}`` written to verl's file logger after byte ``offset``.
+
+    Returns:
+        ([(step, data), ...], new offset). A partly written last line is left for the next call.
+    """
+    if not path.is_file():
+        return [], offset
+    with open(path, "rb") as f:
+        f.seek(offset)
+        chunk = f.read()
+    out = []
+    end = chunk.rfind(b"\n") + 1
+    for line in chunk[:end].splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            out.append((int(rec["step"]), rec.get("data") or {}))
+    return out, offset + end
+
+
+class MetricsStreamer(threading.Thread):
+    """Stream verl's JSONL metrics into ``log_metrics(metrics, step)`` while verl runs; steps at or
+    below ``logged_through`` (already in the tracker from an earlier attempt) are skipped, so a
+    resumed run logs every step once. Step numbers are verl's ``global_steps`` minus 1 (0-based, as
+    the local engine)."""
+
+    def __init__(self, path: Path, log_metrics: Callable[[dict, int], None], logged_through: int = -1,
+                 poll_s: float = 2.0, progress=None):
+        super().__init__(daemon=True)
+        self.path, self.log_metrics, self.logged_through = Path(path), log_metrics, logged_through
+        self.poll_s, self.progress, self.offset = poll_s, progress, 0
+        self.stop_event = threading.Event()
+
+    def flush(self) -> None:
+        records, self.offset = read_new_metrics(self.path, self.offset)
+        for step, data in records:
+            step0 = step - 1
+            if self.progress is not None:
+                self.progress(step0)
+            if step0 > self.logged_through:
+                m = mlflow_metrics(data)
+                if m:
+                    self.log_metrics(m, step0)
+                self.logged_through = step0
+
+    def run(self) -> None:
+        while not self.stop_event.wait(self.poll_s):
+            self.flush()
+        self.flush()
+
+
+# ----------------------------------------------------------------------------------- checkpoint
+
+def latest_verl_step(ckpt_root: Path) -> Path | None:
+    """The newest ``global_step_N`` folder under verl's ``default_local_dir`` (None when there is none)."""
+    ckpt_root = Path(ckpt_root)
+    marker = ckpt_root / "latest_checkpointed_iteration.txt"
+    if marker.is_file():
+        step_dir = ckpt_root / f"global_step_{int(marker.read_text().strip())}"
+        if step_dir.is_dir():
+            return step_dir
+    steps = sorted(ckpt_root.glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1]))
+    return steps[-1] if steps else None
+
+
+def export_hf_checkpoint(ckpt_root: Path, out_dir: Path) -> Path:
+    """Copy verl's latest actor checkpoint, in Hugging Face format, to ``out_dir`` for evaluation.
+
+    Uses ``actor/huggingface`` when verl saved the weights there (``save_contents`` with ``hf_model``);
+    otherwise merges the FSDP shards with verl's own ``python -m verl.model_merger merge``.
+
+    Raises:
+        FileNotFoundError: no verl checkpoint under ``ckpt_root``.
+        RuntimeError: the model merger failed.
+    """
+    step_dir = latest_verl_step(ckpt_root)
+    if step_dir is None:
+        raise FileNotFoundError(f"no verl checkpoint (global_step_*) under {ckpt_root}")
+    actor, out_dir = step_dir / "actor", Path(out_dir)
+    hf = actor / "huggingface"
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    has_weights = hf.is_dir() and (any(hf.glob("*.safetensors")) or any(hf.glob("pytorch_model*.bin")))
+    if has_weights:
+        shutil.copytree(hf, tmp)
+    else:
+        cmd = [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp",
+               "--local_dir", str(actor), "--target_dir", str(tmp)]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise RuntimeError(f"verl model merger failed ({' '.join(cmd)}):\n{res.stderr[-4000:]}")
+        if hf.is_dir():  # tokenizer and config files verl saved beside the shards
+            for f in hf.iterdir():
+                if f.is_file() and not (tmp / f.name).exists():
+                    shutil.copy2(f, tmp / f.name)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.replace(out_dir)
+    return out_dir
+
+
+# ----------------------------------------------------------------------------------- the engine
+
+def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: None, logged_through: int = -1) -> Path:
+    """Train ``cfg.algo`` with verl and return the Hugging Face checkpoint directory.
+
+    Runs ``python -m training.engines.verl_main`` (verl's trainer with this suite's adapters) as a child
+    process inside the current allocation: all GPUs of one node, or a Ray cluster spanning the nodes
+    of a SLURM allocation when ``RAY_ADDRESS`` points at one (``scripts/slurm/verl_ray_cluster.sh``).
+    verl's console output goes to ``run_dir/verl.log``; per-step metrics stream to ``log_metrics``.
+    Resumable: verl checkpoints every ``train.checkpoint_every`` steps to ``run_dir/verl_checkpoints`` and
+    a rerun with the same ``run_dir`` resumes there (``resume_mode=auto``).
+
+    Raises:
+        ValueError: settings verl cannot honour (:func:`check_verl_config`).
+        Preempted: a stop was requested (SIGUSR2); verl was stopped and resumes from its last checkpoint.
+        RuntimeError: verl exited with an error (the tail of ``verl.log`` is in the message).
+    """
+    from training.data import load_prompts
+    from training.engines.local import STOP_REQUESTED, Preempted
+
+    check_verl_config(cfg)
+    if str(cfg.engine.device) == "cuda" and not torch.cuda.is_available() and not os.environ.get("RAY_ADDRESS"):
+        import socket
+
+        raise RuntimeError(f"engine=verl: no CUDA device visible on {socket.gethostname()} (verl trains on GPUs; "
+                           "use engine=local on a CPU machine, or submit with hydra/launcher=slurm)")
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    data_dir = run_dir / "verl_data"
+    rows = load_prompts(cfg.data, "train")
+    source = f"rlvr/{cfg.data.name}"
+    write_parquet(rows, data_dir / "train.parquet", source)
+    write_parquet(rows[: max(1, min(len(rows), 8))], data_dir / "val.parquet", source)
+    model_path = materialize_model(cfg.model, run_dir / "initial_model")
+    overrides = verl_overrides(cfg, model_path, data_dir, run_dir)
+    (run_dir / "verl_overrides.txt").write_text("\n".join(overrides) + "\n")
+    metrics_path = run_dir / "verl_metrics.jsonl"
+    spec = algo_spec(cfg)
+
+    env = dict(os.environ)
+    env[SPEC_ENV] = json.dumps(spec)
+    env["VERL_FILE_LOGGER_PATH"] = str(metrics_path)
+    cmd = [sys.executable, "-m", "training.engines.verl_main", *overrides]
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=int(cfg.train.steps), desc=f"train {cfg.algo.name} (verl)", unit="step")
+    done = {"n": 0}
+
+    def progress(step0: int) -> None:
+        if step0 + 1 > done["n"]:
+            bar.update(step0 + 1 - done["n"])
+            done["n"] = step0 + 1
+
+    streamer = MetricsStreamer(metrics_path, log_metrics, logged_through, progress=progress)
+    log_path = run_dir / "verl.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        streamer.start()
+        try:
+            while proc.poll() is None:
+                if STOP_REQUESTED.is_set():
+                    os.killpg(proc.pid, signal.SIGTERM)
+                    try:
+                        proc.wait(timeout=120)
+                    except subprocess.TimeoutExpired:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                        proc.wait()
+                    break
+                time.sleep(1.0)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            streamer.stop_event.set()
+            streamer.join()
+            bar.close()
+    if STOP_REQUESTED.is_set():
+        raise Preempted(f"verl stopped on request; it resumes from {run_dir / 'verl_checkpoints'}")
+    if proc.returncode != 0:
+        tail = log_path.read_text(errors="replace")[-4000:]
+        raise RuntimeError(f"verl exited with code {proc.returncode}; last lines of {log_path}:\n{tail}")
+    return export_hf_checkpoint(run_dir / "verl_checkpoints", run_dir / "checkpoint")
