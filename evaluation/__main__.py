@@ -38,10 +38,17 @@ def main(argv=None) -> int:
     if any(k > n or k < 1 for k in ks):
         print(f"error: eval.ks={ks}: every k must be in [1, eval.n={n}]", file=sys.stderr)
         return 2
-    if any(b == "arithmetic" for b in eval_cfg.benchmarks):
+    held = sorted({b for b in eval_cfg.benchmarks if b in ("arithmetic", "kk")})
+    if len(held) > 1:
+        print(f"error: eval.benchmarks: {held} are held-out splits of different training sets; evaluate them separately",
+              file=sys.stderr)
+        return 2
+    if held:
         from training.data import load_prompts
 
-        heldout = load_prompts(cfg.data, "eval")
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            data_cfg = compose("config", overrides=[f"data={held[0]}"]).data
+        heldout = load_prompts(data_cfg, "eval")
     else:
         heldout = None
     base = None

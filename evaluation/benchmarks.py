@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .verify import last_boxed
 
-BENCHMARKS = ("math500", "aime24", "aime25", "amc23", "minerva_math", "olympiadbench", "gsm8k", "arithmetic")
+BENCHMARKS = ("math500", "aime24", "aime25", "amc23", "minerva_math", "olympiadbench", "gsm8k", "arithmetic", "kk")
 
 
 def _number_text(x) -> str:

@@ -18,19 +18,46 @@ from .verify import default_verifier
 
 SAMPLE_COLUMNS = [
     "benchmark", "prompt_id", "sample_idx", "prompt", "gold", "response", "n_tokens", "finish_reason",
-    "extracted_answer", "correct", "mean_token_entropy", "seed",
+    "extracted_answer", "correct", "mean_token_entropy", "seed", "subset",
 ]
+HELDOUT_BENCHMARKS = ("arithmetic", "kk")  # the held-out split of the training data set of the same name
+
+
+def check_rows(rows: list[dict], responses: list[str]) -> list[tuple[bool, str | None]]:
+    """(correct, extracted answer) for each response to the row beside it, by the row's ``checker``:
+    ``math`` (default; math-verify) or ``kk`` (the full Knights-and-Knaves assignment must be right)."""
+    out: list = [None] * len(rows)
+    math_idx = [i for i, r in enumerate(rows) if r.get("checker", "math") == "math"]
+    if math_idx:
+        checks = default_verifier().check_many([responses[i] for i in math_idx], [rows[i]["gold"] for i in math_idx])
+        for i, c in zip(math_idx, checks):
+            out[i] = (bool(c[0]), c[1])
+    for i, r in enumerate(rows):
+        if r.get("checker", "math") == "kk":
+            from training.data.knights_knaves import kk_reward
+
+            res = kk_reward(responses[i], r["gold"])
+            out[i] = (bool(res["correct"]), res["extracted"])
+        elif out[i] is None:
+            raise ValueError(f"row {r.get('id')!r}: unknown checker {r.get('checker')!r}")
+    return out
 
 
 def benchmark_rows(eval_cfg, heldout_rows=None) -> dict[str, list[dict]]:
-    """{benchmark: rows} for ``eval_cfg.benchmarks``; ``arithmetic`` uses the held-out training split."""
+    """{benchmark: rows} for ``eval_cfg.benchmarks``; ``arithmetic`` and ``kk`` use the held-out split of the
+    training data set of that name (for ``kk``, ``max_prompts`` applies per subset, i.e. per puzzle size)."""
     out = {}
     limit = eval_cfg.get("max_prompts")
     for name in eval_cfg.benchmarks:
-        if name == "arithmetic":
+        if name in HELDOUT_BENCHMARKS:
             if heldout_rows is None:
-                raise ValueError("benchmark 'arithmetic' needs the held-out split of data=arithmetic")
-            rows = list(heldout_rows)[: limit or None]
+                raise ValueError(f"benchmark {name!r} needs the held-out split of data={name}")
+            rows, seen = [], {}
+            for r in heldout_rows:
+                key = r.get("subset")
+                seen[key] = seen.get(key, 0) + 1
+                if not limit or seen[key] <= limit:
+                    rows.append(r)
         else:
             rows = load_benchmark(name, eval_cfg.get("data_dir"), limit=limit)
             tmpl = eval_cfg.get("prompt_template") or "{problem}"
@@ -61,13 +88,14 @@ def sample_benchmarks(sampler, rows_by_bench: dict, n: int, seed: int, samples_p
             outs = sampler.sample([r["prompt"] for _, r in chunk], n=n, seed=batch_seed)
             records = []
             for (bench, row), samples in zip(chunk, outs):
-                checks = default_verifier().check_many([s["response"] for s in samples], [row["gold"]] * len(samples))
+                checks = check_rows([row] * len(samples), [s["response"] for s in samples])
                 for j, (s, (correct, extracted)) in enumerate(zip(samples, checks)):
                     records.append({
                         "benchmark": bench, "prompt_id": row["id"], "sample_idx": j, "prompt": row["prompt"],
                         "gold": row["gold"], "response": s["response"], "n_tokens": s["n_tokens"],
                         "finish_reason": s["finish_reason"], "extracted_answer": extracted, "correct": bool(correct),
                         "mean_token_entropy": s.get("mean_token_entropy"), "seed": batch_seed,
+                        "subset": row.get("subset"),
                     })
             frames.append(pd.DataFrame.from_records(records, columns=SAMPLE_COLUMNS))
             pd.concat(frames, ignore_index=True).to_parquet(samples_path, index=False)
@@ -120,4 +148,46 @@ def evaluate(model, tokenizer, eval_cfg, out_dir, heldout_rows=None, chat_templa
         if len(table):
             table.to_csv(out_dir / f"{name}.csv")
             files[f"{name}.csv"] = out_dir / f"{name}.csv"
+    return metrics, files
+
+
+def temperature_key(t: float) -> str:
+    """Metric prefix of an extra evaluation temperature: 1.5 -> ``eval_T1.5`` (``eval/`` is the main one)."""
+    return f"eval_T{float(t):g}"
+
+
+def evaluate_temperatures(model, tokenizer, eval_cfg, out_dir, heldout_rows=None, chat_template: bool = True,
+                          sampler_factory=None) -> tuple[dict, dict]:
+    """:func:`evaluate` at ``eval_cfg.temperature`` and again at every ``eval_cfg.extra_temperatures``
+    (the QUATRO paper's diversity check: UCR and pass@k at temperatures such as 1.0 and 1.5).
+
+    The main evaluation keeps its keys (``eval/<bench>/<metric>``, files in ``out_dir``); temperature t adds
+    ``eval_T<t>/<bench>/<metric>`` with its files in ``out_dir/T<t>`` (each resumable on its own).
+
+    Args:
+        sampler_factory: optional ``fn(eval_cfg) -> Sampler`` (default: transformers on ``model``).
+    Returns:
+        (metrics, files) with files keyed by their path relative to ``out_dir``.
+    Raises:
+        ValueError: an extra temperature <= 0 (checked before any sampling).
+    """
+    from omegaconf import OmegaConf
+
+    temps = [float(t) for t in (eval_cfg.get("extra_temperatures") or [])]
+    bad = [t for t in temps if not t > 0]
+    if bad:
+        raise ValueError(f"eval.extra_temperatures={temps}: every temperature must be > 0; bad: {bad}")
+    out_dir = Path(out_dir)
+    sampler = sampler_factory(eval_cfg) if sampler_factory else None
+    metrics, files = evaluate(model, tokenizer, eval_cfg, out_dir, heldout_rows, chat_template, sampler=sampler)
+    files = {name: path for name, path in files.items()}
+    for t in temps:
+        if t == float(eval_cfg.temperature):
+            continue
+        cfg_t = OmegaConf.merge(eval_cfg, {"temperature": t})
+        sub = out_dir / f"T{t:g}"
+        sampler = sampler_factory(cfg_t) if sampler_factory else None
+        m_t, f_t = evaluate(model, tokenizer, cfg_t, sub, heldout_rows, chat_template, sampler=sampler)
+        metrics.update({temperature_key(t) + k[len("eval"):]: v for k, v in m_t.items() if k.startswith("eval/")})
+        files.update({f"T{t:g}/{name}": path for name, path in f_t.items()})
     return metrics, files

@@ -92,6 +92,27 @@ def modes_table(samples: pd.DataFrame, ks) -> pd.DataFrame:
     return _with_mean(table)
 
 
+def subset_table(samples: pd.DataFrame, ks) -> pd.DataFrame:
+    """Accuracy and pass@k per subset of a benchmark (e.g. K&K puzzles by number of people), for
+    samples whose rows carry a ``subset``; indexed ``<benchmark>/<subset>``, sorted. Empty when none do."""
+    if "subset" not in samples.columns:
+        return pd.DataFrame()
+    df = samples.dropna(subset=["subset"])
+    if df.empty:
+        return pd.DataFrame()
+    rows = {}
+    for (bench, subset), grp in df.groupby(["benchmark", "subset"], sort=True):
+        per = grp.groupby("prompt_id")["correct"].agg(n="size", c="sum")
+        n_min = int(per["n"].min())
+        rows[f"{bench}/{subset}"] = {
+            "n_prompts": float(len(per)), "accuracy": float((per["c"] / per["n"]).mean()),
+            **{f"pass@{k}": float(np.mean(pass_at_k(per["n"].to_numpy(), per["c"].to_numpy(), k))) for k in ks if k <= n_min},
+        }
+    table = pd.DataFrame(rows).T
+    table.index.name = "benchmark/subset"
+    return table
+
+
 def per_prompt_values(samples: pd.DataFrame, metric: str = "accuracy") -> pd.Series:
     """Per-prompt accuracy (or ``pass@k``) indexed by (benchmark, prompt_id), for paired bootstraps."""
     per = samples.groupby(["benchmark", "prompt_id"])["correct"].agg(n="size", c="sum")
@@ -124,8 +145,11 @@ def compute_tables(samples: pd.DataFrame, ks, ucc_ks=None, similarity_metric: st
         "similarity": similarity_table(samples),
         "entropy": entropy_table(samples),
         "modes": modes_table(samples, ks),
+        "subsets": subset_table(samples, ks),
     }
     tables["passk"].index.name = "benchmark"
+    if tables["subsets"].empty:
+        del tables["subsets"]
     if base_samples is not None:
         tables["flip_rates"] = flip_rates(base_samples, samples)
     metrics = {}

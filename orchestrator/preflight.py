@@ -29,8 +29,29 @@ def _expand(overrides: list[str]) -> list[list[str]]:
     return [list(p) for p in itertools.product(*axes)] if axes else [[]]
 
 
-def sweep_points(overrides: list[str], config_name: str = "config") -> list:
-    """Compose every point of the sweep described by ``overrides``.
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _with_sweeper_params(user: list[str], compose, *errors, config_name: str = "config") -> list[str]:
+    """``hydra.sweeper.params`` of the composed config (an experiment preset's sweep) followed by the
+    command line's overrides; a key given on the command line replaces the preset's value for it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        fixed = [o.input_line for o in OverridesParser.create().parse_overrides(user) if not o.is_sweep_override()]
+        cfg = compose(config_name, overrides=fixed, return_hydra_config=True)
+    except errors as e:
+        text = str(e).split("Config search path")[0]
+        raise ConfigError(" ".join(ln.strip() for ln in text.splitlines() if ln.strip())) from None
+    params = cfg.hydra.sweeper.get("params") or {}
+    given = {_key(o) for o in user}
+    return [f"{k}={v}" for k, v in params.items() if k not in given] + list(user)
+
+
+def sweep_points(overrides: list[str], config_name: str = "config", multirun: bool = True) -> list:
+    """Compose every point of the sweep described by ``overrides`` (with ``multirun``, also the
+    ``hydra.sweeper.params`` an experiment preset sets, as Hydra's basic sweeper does).
 
     Returns:
         list of (point overrides, composed config).
@@ -43,14 +64,16 @@ def sweep_points(overrides: list[str], config_name: str = "config") -> list:
     from omegaconf.errors import OmegaConfBaseException
 
     user = [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
-    try:
-        points = _expand(user)
-    except HydraException as e:
-        raise ConfigError(f"cannot parse overrides {user}: {str(e).splitlines()[0]}") from None
     out = []
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            if multirun:
+                user = _with_sweeper_params(user, compose, HydraException, OmegaConfBaseException, config_name=config_name)
+            try:
+                points = _expand(user)
+            except HydraException as e:
+                raise ConfigError(f"cannot parse overrides {user}: {str(e).splitlines()[0]}") from None
             for point in points:
                 try:
                     out.append((point, compose(config_name, overrides=point)))
@@ -75,7 +98,7 @@ def check_command_line(argv: list[str]) -> None:
         return
     overrides = [a for a in argv if not a.startswith("-")]
     try:
-        points = sweep_points(overrides)
+        points = sweep_points(overrides, multirun=bool(flags))
         for point, cfg in points:
             try:
                 for w in validate_config(cfg):

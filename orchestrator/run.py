@@ -122,7 +122,7 @@ def run(cfg: DictConfig) -> dict:
             break
 
     import training
-    from evaluation.evaluate import evaluate
+    from evaluation.evaluate import evaluate_temperatures
     from training.data import load_prompts
     from training.engines.local import Preempted
     from training.models import load_checkpoint
@@ -164,11 +164,13 @@ def run(cfg: DictConfig) -> dict:
                               logged_through=logged_through)
         mlflow.set_tag("rlvr.checkpoint", str(ckpt))
         model, tok = load_checkpoint(ckpt)
-        metrics, files = evaluate(model, tok, cfg.eval, run_dir / "eval", heldout_rows=load_prompts(cfg.data, "eval"),
-                                  chat_template=bool(cfg.model.get("chat_template", True)))
+        metrics, files = evaluate_temperatures(model, tok, cfg.eval, run_dir / "eval",
+                                               heldout_rows=load_prompts(cfg.data, "eval"),
+                                               chat_template=bool(cfg.model.get("chat_template", True)))
         tracking.retry(mlflow.log_metrics, metrics)
-        for path in files.values():
-            tracking.retry(mlflow.log_artifact, str(path))
+        for name, path in files.items():
+            sub = str(Path(name).parent)
+            tracking.retry(mlflow.log_artifact, str(path), None if sub == "." else sub)
     except Preempted:
         # state saved: leave the run RUNNING for the requeued job, and let submitit requeue us
         log.warning("point %s preempted; state saved in %s", name, run_dir)

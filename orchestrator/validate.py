@@ -109,6 +109,9 @@ def validate_config(cfg: DictConfig) -> list[str]:
     bad = [k for k in ks if not isinstance(k, int) or k < 1 or k > n]
     _require(not bad, f"eval.ks={ks}: every k must be an integer in [1, eval.n={int(n)}] (pass@k is undefined for k > n); bad: {bad}")
     _require(_num(cfg, "eval.temperature") > 0, f"eval.temperature={cfg.eval.temperature!r}: must be > 0")
+    extra_t = list(cfg.eval.get("extra_temperatures") or [])
+    bad_t = [t for t in extra_t if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0]
+    _require(not bad_t, f"eval.extra_temperatures={extra_t}: every temperature must be a number > 0; bad: {bad_t}")
     _require(0 < _num(cfg, "eval.top_p") <= 1, f"eval.top_p={cfg.eval.top_p!r}: must be in (0, 1]")
     benches = list(cfg.eval.benchmarks)
     _require(len(benches) > 0, "eval.benchmarks is empty")
@@ -116,11 +119,14 @@ def validate_config(cfg: DictConfig) -> list[str]:
 
     unknown = [b for b in benches if b not in BENCHMARKS]
     _require(not unknown, f"eval.benchmarks={benches}: unknown benchmark(s) {unknown}; available: {list(BENCHMARKS)}")
+    for b in ("arithmetic", "kk"):  # held-out splits of a generated training set
+        _require(b not in benches or cfg.data.name == b,
+                 f"eval.benchmarks={benches}: {b!r} is the held-out split of data={b}, but data={cfg.data.name}")
     data_dir = cfg.eval.get("data_dir")
     if data_dir:
         from pathlib import Path
 
-        missing = [b for b in benches if b != "arithmetic" and not (Path(data_dir) / b / "test.jsonl").is_file()]
+        missing = [b for b in benches if b not in ("arithmetic", "kk") and not (Path(data_dir) / b / "test.jsonl").is_file()]
         _require(not missing, f"eval.data_dir={data_dir!r}: no <name>/test.jsonl for {missing}")
     _require(cfg.engine.name in ("local", "verl"), f"engine={cfg.engine.name!r}: available engines: ['local', 'verl']")
     if cfg.engine.name == "verl":

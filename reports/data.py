@@ -137,6 +137,51 @@ def metric_table(runs: pd.DataFrame, pattern: str) -> pd.DataFrame:
     return df[sorted(df.columns, key=order)].sort_index()
 
 
+def temperature_table(runs: pd.DataFrame, benchmark: str = "mean",
+                      pattern: str = r"pass_at_1|ucr|ucc_at_\d+|rouge_l_mean") -> pd.DataFrame:
+    """Rows (run, temperature), columns = metrics of ``benchmark`` matching ``pattern`` at the main
+    evaluation temperature (``eval/...``) and every extra one (``eval_T<t>/...``). Empty when no run
+    was evaluated at an extra temperature."""
+    rx = re.compile(rf"^eval(?:_T([0-9.]+))?/{re.escape(benchmark)}/({pattern})$")
+    records = {}
+    for _, r in runs.iterrows():
+        if not any(k.startswith("eval_T") for k in r["metrics"]):
+            continue
+        main_t = float(r["params"].get("eval.temperature", "nan"))
+        for key, v in r["metrics"].items():
+            m = rx.match(key)
+            if m:
+                t = float(m.group(1)) if m.group(1) else main_t
+                records.setdefault((r["label"], t), {})[display_name(m.group(2))] = v
+    if not records:
+        return pd.DataFrame()
+    df = pd.DataFrame.from_dict(records, orient="index")
+    df.index = pd.MultiIndex.from_tuples(df.index, names=["run", "temperature"])
+    return df.sort_index()
+
+
+def subset_table(runs: pd.DataFrame, metric: str = "accuracy") -> pd.DataFrame:
+    """Rows = runs, columns = ``<benchmark>/<subset>`` (e.g. ``kk/3_people``, ordered by the number in
+    the subset name): ``metric`` per subset from ``eval/<benchmark>/<subset>/<metric>``."""
+    rx = re.compile(rf"^eval/([^/]+)/([^/]+)/{re.escape(metric)}$")
+    records = {}
+    for _, r in runs.iterrows():
+        for key, v in r["metrics"].items():
+            m = rx.match(key)
+            if m and m.group(1) != "flip":
+                records.setdefault(r["label"], {})[f"{m.group(1)}/{m.group(2)}"] = v
+    if not records:
+        return pd.DataFrame()
+    df = pd.DataFrame.from_dict(records, orient="index")
+
+    def order(c):
+        num = re.findall(r"\d+", c)
+        return (c.split("/")[0], int(num[0]) if num else 0, c)
+
+    df.index.name = "run"
+    return df[sorted(df.columns, key=order)]
+
+
 def passk_table(runs: pd.DataFrame) -> pd.DataFrame:
     """pass@k (columns ordered by k) and avg@n per (run, benchmark), including the ``mean`` benchmark."""
     return metric_table(runs, r"pass_at_\d+|avg_at_\d+")

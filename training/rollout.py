@@ -7,7 +7,7 @@ from evaluation.sampling import generate_responses, prompt_texts
 from evaluation.scoring import autocast, compute_logprobs  # noqa: F401  (re-exported for training code)
 
 from .batch import RolloutBatch
-from .rewards import math_rewards
+from .rewards import row_rewards
 
 
 @torch.no_grad()
@@ -16,15 +16,15 @@ def collect_rollouts(model, tokenizer, rows: list[dict], group_size: int, temper
     """Sample a group of ``group_size`` responses for each prompt row and score them.
 
     Args:
-        rows: prompt rows ``{"id", "prompt", "gold"}``.
+        rows: prompt rows ``{"id", "prompt", "gold"}`` (optional ``checker``: ``math`` or ``kk``, see
+            :func:`training.rewards.row_rewards`).
     Returns:
         (RolloutBatch, texts): the batch's ``extras`` hold ``entropy`` (B, L), the rollout policy's
         next-token entropy, and ``finished`` (B,), whether the response ended with EOS.
     """
     texts = prompt_texts(tokenizer, [r["prompt"] for r in rows], chat_template)
     gen = generate_responses(model, tokenizer, texts, group_size, temperature, top_p, max_new_tokens, seed)
-    golds = [r["gold"] for r in rows for _ in range(group_size)]
-    rewards, correct = math_rewards(gen.texts, golds)
+    rewards, correct = row_rewards(gen.texts, [r for r in rows for _ in range(group_size)])
     old_logprobs, entropy = compute_logprobs(model, gen.prompt_ids, gen.prompt_mask, gen.response_ids, gen.response_mask,
                                              temperature, with_entropy=True, bf16=bf16)
     ref_logprobs = None

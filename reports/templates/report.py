@@ -25,6 +25,7 @@ work_dir = "."
 
 # %%
 import logging
+import re
 import os
 import warnings
 
@@ -195,6 +196,35 @@ else:
         diffs = R.baseline_differences(samples, label)
         display(Markdown(f"Per-prompt accuracy minus baseline `{label}`:"))
         display(HTML(diffs.to_html(float_format=lambda v: f"{v:.4f}")))
+
+# %% [markdown]
+# ## Accuracy by subset (K&K: by number of people)
+
+# %%
+subsets = R.subset_table(done)
+if subsets.empty:
+    note("No per-subset metrics were logged (only K&K puzzles have subsets).")
+else:
+    display(HTML(R.bold_best_html(subsets)))
+    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    xs = [int(re.findall(r"\d+", c)[0]) if re.findall(r"\d+", c) else i for i, c in enumerate(subsets.columns)]
+    for label, row in subsets.iterrows():
+        ax.plot(xs, row.to_numpy(dtype=float), marker="o", label=label)
+    ax.set_xlabel("people per puzzle" if all("people" in c for c in subsets.columns) else "subset")
+    ax.set_ylabel("accuracy")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.legend(fontsize=7)
+    save(fig, "subset_accuracy")
+
+# %% [markdown]
+# ## Temperature variation (UCR and pass@1 at each evaluation temperature)
+
+# %%
+temps = R.temperature_table(done)
+if temps.empty:
+    note("No run was evaluated at extra temperatures (eval.extra_temperatures).")
+else:
+    display(HTML(R.bold_best_html(temps)))
 
 # %% [markdown]
 # ## Answer modes (ExPPO's metrics)

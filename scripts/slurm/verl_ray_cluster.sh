@@ -8,7 +8,9 @@
 # with RAY_ADDRESS set, so each sweep point's verl trainer uses every GPU of every node. Points run one
 # after another (one cluster per allocation). Arguments are passed to sweep.py unchanged.
 #
-# Environment: RAY_PORT (6379), RLVR_PYTHON (python), RLVR_RAY_WAIT_S (600), GPUS_PER_NODE (from SLURM).
+# Environment: RAY_PORT (6379), RLVR_PYTHON (python), RAY_CMD (ray, from the same environment as python),
+# RLVR_RAY_WAIT_S (600), GPUS_PER_NODE and CPUS_PER_NODE (from SLURM). Ray's auth token (~/.ray) must be
+# on a home directory the nodes share.
 #SBATCH --job-name=rlvr-verl
 #SBATCH --ntasks-per-node=1
 #SBATCH --exclusive
@@ -16,6 +18,7 @@ set -euo pipefail
 
 : "${SLURM_JOB_NODELIST:?run this inside a SLURM allocation (sbatch or salloc)}"
 PY=${RLVR_PYTHON:-python}
+RAY_CMD=${RAY_CMD:-ray}
 RAY_PORT=${RAY_PORT:-6379}
 WAIT_S=${RLVR_RAY_WAIT_S:-600}
 
@@ -29,21 +32,23 @@ fi
 HEAD=${NODES[0]}
 GPUS=${GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-${SLURM_GPUS_PER_NODE:-1}}}
 GPUS=${GPUS##*:}   # "h100:8" -> 8
+CPUS=${CPUS_PER_NODE:-${SLURM_CPUS_ON_NODE:-1}}
 
-HEAD_IP=$(srun --overlap --nodes=1 --ntasks=1 -w "$HEAD" hostname --ip-address | awk '{print $1}')
+# the head's routable address (hostname -I lists the interface addresses; --ip-address can say 127.0.1.1)
+HEAD_IP=$(srun --overlap --nodes=1 --ntasks=1 -w "$HEAD" hostname -I | awk '{print $1}')
 ADDRESS="$HEAD_IP:$RAY_PORT"
 echo "verl_ray_cluster: $NNODES node(s) [${NODES[*]}], head $HEAD ($ADDRESS), $GPUS GPU(s) per node"
 
 PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; }
+cleanup() { for p in ${PIDS[@]+"${PIDS[@]}"}; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
 
-srun --overlap --nodes=1 --ntasks=1 -w "$HEAD" \
-  ray start --head --node-ip-address="$HEAD_IP" --port="$RAY_PORT" --num-gpus="$GPUS" --block &
+srun --overlap --nodes=1 --ntasks=1 -c "$CPUS" -w "$HEAD" \
+  "$RAY_CMD" start --head --node-ip-address="$HEAD_IP" --port="$RAY_PORT" --num-gpus="$GPUS" --num-cpus="$CPUS" --block &
 PIDS+=($!)
 for ((i = 1; i < NNODES; i++)); do
-  srun --overlap --nodes=1 --ntasks=1 -w "${NODES[$i]}" \
-    ray start --address="$ADDRESS" --num-gpus="$GPUS" --block &
+  srun --overlap --nodes=1 --ntasks=1 -c "$CPUS" -w "${NODES[$i]}" \
+    "$RAY_CMD" start --address="$ADDRESS" --num-gpus="$GPUS" --num-cpus="$CPUS" --block &
   PIDS+=($!)
 done
 

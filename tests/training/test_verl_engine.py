@@ -109,11 +109,13 @@ def test_verl_adapter_gives_the_local_engine_loss_and_gradient(algo):
     beta = float(cfg.algo.get("kl_beta", 0.0) or 0.0)
     ec = float(cfg.algo.get("entropy_coef", 0.0) or 0.0)
     lp_l, ent_l = d["new"].clone().requires_grad_(True), d["ent"].clone().requires_grad_(True)
+    torch.manual_seed(0)  # TR-GRPO's random-weight ablation draws row by row: same stream on both sides
     loss_l, _, _ = policy_objective(lp_l, ent_l, batch, adv, get_policy_loss_fn(spec["policy_loss"]["name"]),
                                     spec["policy_loss"]["params"], beta=beta, entropy_coef=ec)
     loss_l.backward()
 
     lp_v, ent_v = d["new"].clone().requires_grad_(True), d["ent"].clone().requires_grad_(True)
+    torch.manual_seed(0)
     loss_v, metrics = _verl_loss(d, lp_v, ent_v, adv_tok, _actor_config(cfg, spec["policy_loss"]["params"]),
                                  micro_batches=[torch.arange(0, 5), torch.arange(5, 8)])
     loss_v.backward()
@@ -306,7 +308,7 @@ def test_multinode_launch_script_starts_one_ray_node_per_host(tmp_path, nodelist
     log = tmp_path / "calls.log"
     # srun: log the call; answer the head-IP query; `ray start --block` returns at once here
     _stub(bin_ / "srun", f'echo "srun $*" >> {log}\n'
-                         'if [[ "$*" == *"hostname --ip-address"* ]]; then echo "10.1.2.3 fe80::1"; fi\n')
+                         'if [[ "$*" == *"hostname -I"* ]]; then echo "10.1.2.3 fe80::1"; fi\n')
     _stub(bin_ / "scontrol", 'if [[ "$1 $2" == "show hostnames" ]]; then tr "," "\\n" <<< "$3"; fi\n')
     _stub(bin_ / "python-stub", f'cat > /dev/null; echo "python $* RAY_ADDRESS=$RAY_ADDRESS" >> {log}\n')
     env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": nodelist,
@@ -334,7 +336,7 @@ def test_launch_script_host_expansion_with_the_real_scontrol(tmp_path):
     bin_ = tmp_path / "bin"
     bin_.mkdir()
     log = tmp_path / "calls.log"
-    _stub(bin_ / "srun", f'echo "srun $*" >> {log}\nif [[ "$*" == *"--ip-address"* ]]; then echo 10.0.0.9; fi\n')
+    _stub(bin_ / "srun", f'echo "srun $*" >> {log}\nif [[ "$*" == *"hostname -I"* ]]; then echo 10.0.0.9; fi\n')
     _stub(bin_ / "python-stub", f'cat > /dev/null; echo "python $*" >> {log}\n')
     env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "gpu-node[07-08]",
            "SLURM_GPUS_ON_NODE": "4", "RLVR_PYTHON": str(bin_ / "python-stub")}
@@ -357,3 +359,62 @@ def test_quatro_paper_preset_composes_validates_and_translates(tmp_path):
     assert (c.data.train_batch_size, c.actor_rollout_ref.rollout.n, a.optim.lr, c.data.max_response_length) == \
         (256, 8, pytest.approx(1e-6), 1024)
     assert (a.ppo_mini_batch_size, c.trainer.n_gpus_per_node, c.trainer.save_freq) == (64, 8, 20)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+def test_micro_batch_rescaling_with_an_empty_padding_row_matches_verls_vanilla_loss(mode):
+    """verl pads batches with response-less rows; the summed micro-batch losses must still equal verl's own
+    clipped loss (same surrogate: GRPO, ratios far below verl's dual-clip bound) for every aggregation."""
+    d = _data(seed=5)
+    mask = d["mask"].clone()
+    mask[3] = 0.0  # a padding row
+    adv = torch.randn(d["B"], generator=torch.Generator().manual_seed(9)).unsqueeze(-1) * mask
+    params = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "loss_agg_mode": mode}
+    if mode == "seq-mean-token-sum-norm":
+        params["norm_constant"] = 6
+    V.register_with_verl({"algo": "grpo", "advantage": {"name": "grpo", "params": {}},
+                          "policy_loss": {"name": "grpo", "params": params}})
+    info = {"dp_size": 1, "batch_num_tokens": int(mask.sum()), "global_batch_size": d["B"],
+            "loss_scale_factor": params.get("norm_constant")}
+    cfg = ActorConfig(strategy="fsdp", rollout_n=1, ppo_mini_batch_size=1, ppo_micro_batch_size_per_gpu=1,
+                      clip_ratio_low=0.2, clip_ratio_high=0.28, loss_agg_mode=mode,
+                      loss_scale_factor=params.get("norm_constant"))
+    cfg.global_batch_info.update(info)
+    ours, theirs = 0.0, 0.0
+    lp1, lp2 = d["new"].clone().requires_grad_(True), d["new"].clone().requires_grad_(True)
+    for idx in (torch.arange(0, 3), torch.arange(3, 8)):
+        ours = ours + V.verl_policy_loss(d["old"][idx], lp1[idx], adv[idx], mask[idx].bool(), mode, cfg)[0]
+        theirs = theirs + core_algos.compute_policy_loss_vanilla(
+            old_log_prob=d["old"][idx], log_prob=lp2[idx], advantages=adv[idx], response_mask=mask[idx].bool(),
+            loss_agg_mode=mode, config=cfg)[0]
+    ours.backward()
+    theirs.backward()
+    assert float(ours.detach()) == pytest.approx(float(theirs.detach()), rel=1e-5, abs=1e-8)
+    assert torch.allclose(lp1.grad, lp2.grad, atol=1e-7)
+
+
+def test_metrics_file_recreated_by_a_resumed_verl_is_read_from_the_start(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "data": {"actor/pg_loss": float(s)}}) + "\n" for s in range(1, 6)))
+    got = []
+    st = V.MetricsStreamer(path, lambda m, s: got.append(s), logged_through=-1)
+    st.flush()
+    assert got == [0, 1, 2, 3, 4]
+    # verl resumed from step 3 rewrites the file ("wb"): steps 4.. again, then new ones; a damaged line is skipped
+    path.write_text(json.dumps({"step": 4, "data": {"actor/pg_loss": 4.0}}) + "\n{broken\n"
+                    + json.dumps({"step": 6, "data": {"actor/pg_loss": 6.0}}) + "\n")
+    st.flush()
+    assert got == [0, 1, 2, 3, 4, 5]  # step 4 (0-based 3) was logged already; step 6 (0-based 5) is new
+
+
+def test_reward_function_is_right_under_verls_thread_pool():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from training.engines.verl_reward import compute_score
+
+    jobs = [(f"the answer is \\boxed{{{i}}}", str(i if i % 3 else i + 1)) for i in range(48)]
+    with ThreadPoolExecutor(16) as ex:
+        scores = list(ex.map(lambda j: compute_score("rlvr/math", j[0], j[1]), jobs))
+    assert scores == [1.0 if i % 3 else 0.0 for i in range(48)]
+    kk = "<think>t</think><answer>Zoey is a knight, Oliver is a knave</answer>"
+    assert compute_score("rlvr/kk", kk, "Zoey=knight,Oliver=knave") == 3.0

@@ -26,4 +26,11 @@ def load_prompts(cfg, split: str) -> list[dict]:
         params = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "name"}
         train, held_out = load_math_train(**params)
         return train if split == "train" else held_out
-    raise ValueError(f"unknown data set {cfg.name!r}; available: ['arithmetic', 'math']")
+    if cfg.name == "kk":
+        from .knights_knaves import kk_splits
+
+        train, held_out = kk_splits(train_sizes=list(cfg.train_sizes), eval_sizes=list(cfg.eval_sizes),
+                                    train_per_size=int(cfg.train_per_size), eval_per_size=int(cfg.eval_per_size),
+                                    seed=int(cfg.seed))
+        return train if split == "train" else held_out
+    raise ValueError(f"unknown data set {cfg.name!r}; available: ['arithmetic', 'math', 'kk']")

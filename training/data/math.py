@@ -68,7 +68,7 @@ def load_math_train(source: str = "hub", path: str | None = None, hub_path: str 
     for row, rec in zip(rows, records):
         lv = str(rec.get("level", "")).replace("Level", "").strip()
         row["level"] = int(lv) if lv.isdigit() else None
-        row["prompt"] = template.replace("{problem}", row["prompt"]).replace("{{}}", "{}")
+        row["prompt"] = template.replace("{{}}", "{}").replace("{problem}", row["prompt"])
     if levels:
         keep = {int(x) for x in levels}
         rows = [r for r in rows if r["level"] in keep]

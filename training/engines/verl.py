@@ -111,9 +111,10 @@ def check_verl_config(cfg) -> list[str]:
             f"dividing prompts_per_step x group_size = {G * P} (verl splits mini-batches by prompt)")
     e = cfg.engine
     n_gpus = int(e.n_gpus_per_node) * int(e.nnodes)
-    if (G * P) % n_gpus:
+    if (G * P) % n_gpus or mb % n_gpus:
         raise ValueError(f"engine.n_gpus_per_node x engine.nnodes = {n_gpus}: must divide the "
-                         f"{G * P} responses per step (prompts_per_step x group_size)")
+                         f"{G * P} responses per step (prompts_per_step x group_size) and the "
+                         f"train.minibatch_size={mb} responses per optimiser step (data-parallel split)")
     return []
 
 
@@ -214,9 +215,12 @@ def _global_rescale(mode: str, mask: torch.Tensor, info: dict) -> float:
     if mode == "token-mean":
         glob = info.get("batch_num_tokens")
         local = float(mask.sum())
-    else:
+    elif mode == "seq-mean-token-mean":  # both sides average over the non-empty responses
         glob = info.get("global_batch_size")
         local = float((mask.sum(-1) > 0).sum())
+    else:  # seq-mean-token-sum(-norm): both sides divide by every row, empty (padding) rows included
+        glob = info.get("global_batch_size")
+        local = float(mask.shape[0])
     if glob is None:
         return 1.0
     glob = float(glob)
@@ -354,6 +358,7 @@ def verl_overrides(cfg, model_path: str, data_dir: Path, run_dir: Path) -> list[
         f"trainer.save_freq={every if every > 0 else steps}",
         "trainer.resume_mode=auto",
         f"trainer.default_local_dir={q(str(Path(run_dir) / 'verl_checkpoints'))}",
+        f"trainer.max_actor_ckpt_to_keep={int(e.get('keep_checkpoints', 2))}",
         f"trainer.device={e.device}",
     ]
     if norm is not None:
@@ -446,23 +451,31 @@ ALIASES = {  # verl metric -> this suite's standard name (the report's panels)
     "actor/pg_loss": "train/policy_loss",
     "response_length/mean": "train/response_length_mean",
     "response_length/max": "train/response_length_max",
-    "response_length/clip_ratio": "train/truncated_share",
     "timing_s/step": "train/step_time_s",
     "actor/lr": "train/lr",
 }
 
 
-def mlflow_metrics(data: dict) -> dict:
+def aliases_for(loss_agg_mode: str) -> dict:
+    """:data:`ALIASES` usable for a run: verl aggregates ``actor/entropy`` with the loss's aggregation
+    mode, a per-token mean only for ``token-mean`` and ``seq-mean-token-mean``."""
+    if loss_agg_mode in ("token-mean", "seq-mean-token-mean"):
+        return dict(ALIASES)
+    return {k: v for k, v in ALIASES.items() if k != "actor/entropy"}
+
+
+def mlflow_metrics(data: dict, aliases: dict | None = None) -> dict:
     """verl's per-step metrics as MLflow metrics: every finite number under ``verl/<name>`` with
     characters MLflow rejects replaced by ``_`` (``@`` -> ``_at_``), plus this suite's standard names
-    for the metrics in :data:`ALIASES` (``train/reward_mean``, ``train/entropy``, ...)."""
+    for the metrics in ``aliases`` (default :data:`ALIASES`: ``train/reward_mean``, ``train/entropy``, ...)."""
+    aliases = ALIASES if aliases is None else aliases
     out = {}
     for k, v in data.items():
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
             continue
         out["verl/" + _BAD_CHARS.sub("_", str(k).replace("@", "_at_"))] = float(v)
-        if k in ALIASES:
-            out[ALIASES[k]] = float(v)
+        if k in aliases:
+            out[aliases[k]] = float(v)
     return out
 
 
@@ -474,6 +487,8 @@ def read_new_metrics(path: Path, offset: int) -> tuple[list[tuple[int, dict]], i
     """
     if not path.is_file():
         return [], offset
+    if path.stat().st_size < offset:  # the file was recreated (verl opens it with "wb"): start over
+        offset = 0
     with open(path, "rb") as f:
         f.seek(offset)
         chunk = f.read()
@@ -481,8 +496,11 @@ def read_new_metrics(path: Path, offset: int) -> tuple[list[tuple[int, dict]], i
     end = chunk.rfind(b"\n") + 1
     for line in chunk[:end].splitlines():
         if line.strip():
-            rec = json.loads(line)
-            out.append((int(rec["step"]), rec.get("data") or {}))
+            try:
+                rec = json.loads(line)
+                out.append((int(rec["step"]), rec.get("data") or {}))
+            except (ValueError, KeyError, TypeError):  # a damaged line loses one record, not the stream
+                continue
     return out, offset + end
 
 
@@ -493,9 +511,10 @@ class MetricsStreamer(threading.Thread):
     the local engine)."""
 
     def __init__(self, path: Path, log_metrics: Callable[[dict, int], None], logged_through: int = -1,
-                 poll_s: float = 2.0, progress=None):
+                 poll_s: float = 2.0, progress=None, aliases: dict | None = None):
         super().__init__(daemon=True)
         self.path, self.log_metrics, self.logged_through = Path(path), log_metrics, logged_through
+        self.aliases = aliases
         self.poll_s, self.progress, self.offset = poll_s, progress, 0
         self.stop_event = threading.Event()
 
@@ -506,7 +525,7 @@ class MetricsStreamer(threading.Thread):
             if self.progress is not None:
                 self.progress(step0)
             if step0 > self.logged_through:
-                m = mlflow_metrics(data)
+                m = mlflow_metrics(data, self.aliases)
                 if m:
                     self.log_metrics(m, step0)
                 self.logged_through = step0
@@ -580,7 +599,9 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
 
     Raises:
         ValueError: settings verl cannot honour (:func:`check_verl_config`).
-        Preempted: a stop was requested (SIGUSR2); verl was stopped and resumes from its last checkpoint.
+        Preempted: a stop was requested (SIGUSR2); verl was stopped and a rerun resumes from its last
+            checkpoint (with the default ``train.checkpoint_every=0`` verl saves only at the end, so a
+            stopped run starts over: set ``checkpoint_every`` for long runs).
         RuntimeError: verl exited with an error (the tail of ``verl.log`` is in the message).
     """
     from training.data import load_prompts
@@ -619,7 +640,9 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
             bar.update(step0 + 1 - done["n"])
             done["n"] = step0 + 1
 
-    streamer = MetricsStreamer(metrics_path, log_metrics, logged_through, progress=progress)
+    metrics_path.unlink(missing_ok=True)  # verl rewrites it from its resumed step; earlier steps are in MLflow
+    aliases = aliases_for(str(cfg.algo.policy_loss.get("loss_agg_mode", "token-mean")))
+    streamer = MetricsStreamer(metrics_path, log_metrics, logged_through, progress=progress, aliases=aliases)
     log_path = run_dir / "verl.log"
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

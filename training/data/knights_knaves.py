@@ -1,0 +1,213 @@
+"""Knights and Knaves logic puzzles (the K&K task of Logic-RL, used by the TR-GRPO paper), and their reward.
+
+Knights always tell the truth, knaves always lie. Each of n people (2-7) makes one statement about
+the others (or themself); a puzzle is kept only when exactly one knight/knave assignment makes every
+knight's statement true and every knave's statement false, found by brute force over all 2^n
+assignments. Generation is seeded: the same (n, seed, index) gives the same puzzle.
+
+Reward (TR-GRPO paper's table, which follows Logic-RL's K&K reward): a format score of +1 when the
+response has exactly one ``<think>...</think>`` followed by exactly one ``<answer>...</answer>``, else
+-1; with a valid format, an answer score of +2 when the stated assignment is the solution, -1.5 when
+it names a role for every person but is wrong (partially correct or wrong), -2 when it does not
+(unparseable or incomplete). As in Logic-RL's implementation, a response with a bad format gets
+no answer score (total -1). Total reward in {3, -0.5, -1}.
+"""
+from __future__ import annotations
+
+import itertools
+import random
+import re
+
+NAMES = ["Zoey", "Oliver", "Liam", "Emma", "Noah", "Ava", "Mason", "Mia", "Lucas", "Sofia", "Ethan", "Aria",
+         "James", "Chloe", "Jack", "Lily", "Owen", "Grace", "Henry", "Ella", "Samuel", "Nora", "David", "Ruby"]
+MIN_PEOPLE, MAX_PEOPLE = 2, 7
+
+PROMPT = ("A very special island is inhabited only by knights and knaves. Knights always tell the truth, and "
+          "knaves always lie. You meet {n} inhabitants: {names}. {statements} So who is a knight and who is a "
+          "knave?\nThink it through inside <think> </think> tags, then give the final answer inside "
+          "<answer> </answer> tags, one line per person in the form (1) <name> is a knight/knave.")
+
+# A statement is a small formula over "person j is a knight":
+#   ("is", j, True|False) | ("not", f) | ("and", f, g) | ("or", f, g) | ("imp", f, g) | ("iff", f, g)
+
+
+def evaluate(formula, knights: tuple[bool, ...]) -> bool:
+    """Truth value of ``formula`` when ``knights[j]`` says whether person j is a knight."""
+    op = formula[0]
+    if op == "is":
+        return knights[formula[1]] == formula[2]
+    if op == "not":
+        return not evaluate(formula[1], knights)
+    a, b = evaluate(formula[1], knights), evaluate(formula[2], knights)
+    return {"and": a and b, "or": a or b, "imp": (not a) or b, "iff": a == b}[op]
+
+
+def solutions(statements: list, n: int) -> list[tuple[bool, ...]]:
+    """Every assignment (tuple of n booleans, True = knight) consistent with the statements, by brute
+    force: person i is a knight exactly when statement i is true."""
+    return [k for k in itertools.product((True, False), repeat=n)
+            if all(evaluate(s, k) == k[i] for i, s in enumerate(statements))]
+
+
+def _role(is_knight: bool) -> str:
+    return "a knight" if is_knight else "a knave"
+
+
+def render(formula, names: list[str], speaker: int) -> str:
+    """English text of a statement made by ``names[speaker]``."""
+    def lit(f):
+        j, k = f[1], f[2]
+        return f"I am {_role(k)}" if j == speaker else f"{names[j]} is {_role(k)}"
+
+    op = formula[0]
+    if op == "is":
+        return lit(formula)
+    if op == "not":
+        return f"It is false that {lit(formula[1])}"
+    a, b = lit(formula[1]), lit(formula[2])
+    if op == "and":
+        return f"{a} and {b}"
+    if op == "or":
+        return f"{a} or {b}"
+    if op == "imp":
+        return f"If {a}, then {b}"
+    return f"{a} if and only if {b}"
+
+
+def _random_statement(rng: random.Random, n: int, speaker: int):
+    others = [j for j in range(n) if j != speaker]
+
+    def lit(pool):
+        return ("is", rng.choice(pool), rng.random() < 0.5)
+
+    kind = rng.choice(["is", "is", "not", "and", "or", "imp", "iff"])
+    if kind == "is":
+        return lit(others)
+    if kind == "not":
+        return ("not", lit(others))
+    first = lit(others)
+    second = lit([j for j in range(n) if j != first[1]] or others)
+    return (kind, first, second)
+
+
+def make_puzzle(n: int, seed: int, max_tries: int = 10000) -> dict:
+    """One puzzle with ``n`` people and exactly one solution.
+
+    Returns:
+        {"names", "statements" (formulas), "solution" (tuple of bools, True = knight), "text" (the statements
+        in English)}.
+    Raises:
+        ValueError: n outside [2, 7]. RuntimeError: no unique puzzle within ``max_tries`` draws.
+    """
+    if not (isinstance(n, int) and MIN_PEOPLE <= n <= MAX_PEOPLE):
+        raise ValueError(f"n_people={n!r}: expected an integer in [{MIN_PEOPLE}, {MAX_PEOPLE}]")
+    rng = random.Random(f"kk:{n}:{seed}")
+    names = rng.sample(NAMES, n)
+    for _ in range(max_tries):
+        statements = [_random_statement(rng, n, i) for i in range(n)]
+        sols = solutions(statements, n)
+        if len(sols) == 1:
+            text = " ".join(f'{names[i]} says, "{render(s, names, i)}."' for i, s in enumerate(statements))
+            return {"names": names, "statements": statements, "solution": sols[0], "text": text}
+    raise RuntimeError(f"no puzzle with a unique solution for n={n} after {max_tries} draws")
+
+
+def gold_string(names: list[str], solution) -> str:
+    """The gold answer as stored in a row: ``Zoey=knight,Oliver=knave``."""
+    return ",".join(f"{nm}={'knight' if k else 'knave'}" for nm, k in zip(names, solution))
+
+
+def parse_gold(gold: str) -> dict[str, str]:
+    """Inverse of :func:`gold_string`. Raises ValueError on a malformed gold string."""
+    out = {}
+    for part in str(gold).split(","):
+        name, _, role = part.partition("=")
+        if role not in ("knight", "knave") or not name:
+            raise ValueError(f"K&K gold {gold!r}: expected 'Name=knight|knave,...'")
+        out[name.strip()] = role
+    return out
+
+
+def make_kk(sizes=(3, 4, 5), per_size: int = 100, seed: int = 0) -> list[dict]:
+    """``per_size`` puzzles for each number of people in ``sizes``, as prompt rows
+    ``{"id", "prompt", "gold", "checker": "kk", "subset": "<n>_people", "n_people"}``.
+
+    Raises:
+        ValueError: a size outside [2, 7] or per_size < 1.
+    """
+    if int(per_size) < 1:
+        raise ValueError(f"per_size={per_size!r}: expected >= 1")
+    rows = []
+    for n in sizes:
+        for i in range(int(per_size)):
+            p = make_puzzle(int(n), seed * 1_000_003 + i)
+            names = p["names"]
+            prompt = PROMPT.format(n=n, names=", ".join(names[:-1]) + f" and {names[-1]}", statements=p["text"])
+            rows.append({"id": f"kk{n}-{seed}-{i}", "prompt": prompt, "gold": gold_string(names, p["solution"]),
+                         "checker": "kk", "subset": f"{n}_people", "n_people": int(n)})
+    return rows
+
+
+def kk_splits(train_sizes=(3, 4, 5), eval_sizes=(2, 3, 4, 5, 6, 7), train_per_size: int = 200, eval_per_size: int = 10,
+              seed: int = 0) -> tuple[list[dict], list[dict]]:
+    """(train rows, held-out rows): disjoint seeds, so no held-out puzzle is a training puzzle."""
+    train = make_kk(train_sizes, train_per_size, seed=2 * int(seed))
+    held = make_kk(eval_sizes, eval_per_size, seed=2 * int(seed) + 1)
+    train_texts = {r["prompt"] for r in train}
+    held = [r for r in held if r["prompt"] not in train_texts]
+    random.Random(seed).shuffle(train)
+    return train, held
+
+
+# ----------------------------------------------------------------------------------- reward
+
+FORMAT_OK, FORMAT_BAD = 1.0, -1.0
+ANSWER_CORRECT, ANSWER_WRONG, ANSWER_UNPARSED = 2.0, -1.5, -2.0
+_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
+
+
+def format_ok(response: str) -> bool:
+    """Exactly one of each tag, in the order <think> </think> <answer> </answer>."""
+    pos = []
+    for tag in _TAGS:
+        if response.count(tag) != 1:
+            return False
+        pos.append(response.index(tag))
+    return pos == sorted(pos)
+
+
+def parse_answer(answer: str, names: list[str]) -> dict[str, str] | None:
+    """{name: 'knight'|'knave'} from the answer text, or None unless every person is given exactly one
+    role ("<Name> is a knight/knave", case-insensitive) and no role is stated more often than there are people."""
+    out = {}
+    for name in names:
+        found = re.findall(rf"\b{re.escape(name)}\b\s+is\s+an?\s+(knight|knave)\b", answer, flags=re.IGNORECASE)
+        if len(set(r.lower() for r in found)) != 1:
+            return None
+        out[name] = found[0].lower()
+    n_roles = len(re.findall(r"\bkn(?:ight|ave)s?\b", answer, flags=re.IGNORECASE))
+    return out if n_roles <= len(names) else None
+
+
+def kk_reward(response: str, gold: str) -> dict:
+    """Score one response (see the module docstring for the table).
+
+    Returns:
+        {"reward": total, "format": format score, "answer": answer score (0 when the format is bad),
+        "correct": bool (the full assignment is right), "extracted": the parsed assignment or None}.
+        Never raises on model output.
+    Raises:
+        ValueError: a malformed gold string (a data error, not a model error).
+    """
+    truth = parse_gold(gold)
+    response = str(response)
+    if not format_ok(response):
+        return {"reward": FORMAT_BAD, "format": FORMAT_BAD, "answer": 0.0, "correct": False, "extracted": None}
+    answer = response.split("<answer>", 1)[1].split("</answer>", 1)[0]
+    got = parse_answer(answer, list(truth))
+    if got is None:
+        score = ANSWER_UNPARSED
+    else:
+        score = ANSWER_CORRECT if got == truth else ANSWER_WRONG
+    return {"reward": FORMAT_OK + score, "format": FORMAT_OK, "answer": score, "correct": got == truth,
+            "extracted": None if got is None else gold_string(list(got), [got[n] == "knight" for n in got])}
