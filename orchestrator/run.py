@@ -168,8 +168,8 @@ def run(cfg: DictConfig) -> dict:
                                                heldout_rows=load_prompts(cfg.data, "eval"),
                                                chat_template=bool(cfg.model.get("chat_template", True)))
         tracking.retry(mlflow.log_metrics, metrics)
-        for name, path in files.items():
-            sub = str(Path(name).parent)
+        for rel, path in files.items():
+            sub = str(Path(rel).parent)
             tracking.retry(mlflow.log_artifact, str(path), None if sub == "." else sub)
     except Preempted:
         # state saved: leave the run RUNNING for the requeued job, and let submitit requeue us
