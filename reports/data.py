@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 TRAIN_PANELS = ["train/reward_mean", "train/accuracy", "train/entropy", "train/kl_ref", "train/clip_fraction",
-                "train/grad_norm", "train/lambda_mean"]
+                "train/ppo_kl", "train/grad_norm", "train/lambda_mean", "train/reversed_share"]
 _PASSK = re.compile(r"^eval/([^/]+)/pass_at_(\d+)$")
 
 
@@ -114,6 +114,18 @@ def histories(tracking_uri: str, runs: pd.DataFrame, keys=TRAIN_PANELS) -> dict:
             hist = sorted(client.get_metric_history(r["run_id"], key), key=lambda m: m.step)
             out.setdefault(key, {})[r["label"]] = (np.array([m.step for m in hist]), np.array([m.value for m in hist]))
     return out
+
+
+def train_summary(hist: dict) -> pd.DataFrame:
+    """Rows = runs, columns = training metrics: the mean over all logged steps (from :func:`histories`),
+    so runs can be compared at a glance (e.g. clip fraction and entropy by inner epochs)."""
+    records: dict = {}
+    for key, by_run in hist.items():
+        for label, (_steps, values) in by_run.items():
+            records.setdefault(label, {})[key.removeprefix("train/")] = float(np.mean(values)) if len(values) else np.nan
+    df = pd.DataFrame.from_dict(records, orient="index")
+    df.index.name = "run (mean over steps)"
+    return df
 
 
 def metric_table(runs: pd.DataFrame, pattern: str) -> pd.DataFrame:

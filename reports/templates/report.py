@@ -107,6 +107,7 @@ else:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
     save(fig, "training_curves")
+    display(HTML(R.train_summary(hist).to_html(float_format=lambda v: f"{v:.4g}")))
 
 # %% [markdown]
 # ## pass@k

@@ -99,3 +99,19 @@ def test_cpu_twin_runs(name, tmp_path):
     if name == "quatro_staleness_cpu":
         epochs = sorted(int(r.data.params["train.ppo_epochs"]) for r in trained if r.data.params["algo.name"] == "gspo")
         assert epochs == [1, 2, 4, 8]
+
+
+def test_kk_task_end_to_end_on_the_tiny_model(tmp_path):
+    """K&K through the whole pipeline: the K&K reward in training, the per-size table in evaluation."""
+    proc = _sweep(tmp_path, "model=tiny-random", "data=kk", "eval=kk", "algo=tr_grpo_random", "train.steps=1",
+                  "train.prompts_per_step=2", "train.group_size=2", "train.minibatch_size=4", "train.max_new_tokens=8",
+                  "data.train_sizes=[2]", "data.train_per_size=4", "data.eval_sizes=[2,3]", "data.eval_per_size=2",
+                  "eval.n=2", "eval.ks=[1,2]", "eval.max_new_tokens=8", "experiment_name=kk", "report.enabled=false",
+                  timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client, [run] = _trained_runs(tmp_path, "kk")
+    # 8 random tokens never spell <think>...</think><answer>...</answer>: every response gets the format penalty
+    assert run.data.metrics["train/reward_mean"] == -1.0
+    assert run.data.metrics["eval/kk/2_people/accuracy"] == 0.0 and "eval/kk/3_people/pass_at_2" in run.data.metrics
+    arts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert "subsets.csv" in arts and "samples.parquet" in arts

@@ -2,6 +2,8 @@
 import re
 
 import matplotlib.image as mpimg
+import numpy as np
+import pandas as pd
 import pytest
 
 from reports import data as R
@@ -86,3 +88,30 @@ def test_baseline_differences_pair_prompts(metric):
     expect = {"accuracy": (0.5 + 0.5 + 0) / 3, "pass@2": (1 + 0 + 0) / 3}[metric]
     assert d.loc["better", "difference"] == pytest.approx(expect)
     assert d.loc["better", "ci_low"] <= expect <= d.loc["better", "ci_high"]
+
+
+def _runs_frame(rows):
+    return pd.DataFrame([{"label": label, "params": params, "metrics": metrics} for label, params, metrics in rows])
+
+
+def test_subset_temperature_and_training_summary_tables():
+    from reports import data as R
+
+    runs = _runs_frame([
+        ("grpo", {"eval.temperature": "1.0"}, {"eval/kk/10_people/accuracy": 0.0, "eval/kk/3_people/accuracy": 0.5,
+                                               "eval/mean/ucr": 0.2, "eval_T1.5/mean/ucr": 0.3,
+                                               "eval_T1.5/mean/pass_at_1": 0.1, "eval/mean/pass_at_1": 0.4}),
+        ("tr_grpo", {"eval.temperature": "1.0"}, {"eval/kk/3_people/accuracy": 0.75, "eval/flip/a/b/accuracy": 9.0}),
+    ])
+    sub = R.subset_table(runs)
+    assert list(sub.columns) == ["kk/3_people", "kk/10_people"]  # by number of people, not alphabetically
+    assert sub.loc["tr_grpo", "kk/3_people"] == 0.75 and np.isnan(sub.loc["tr_grpo", "kk/10_people"])
+    temps = R.temperature_table(runs)
+    assert list(temps.index) == [("grpo", 1.0), ("grpo", 1.5)]  # tr_grpo has no extra temperature
+    assert temps.loc[("grpo", 1.5), "ucr"] == 0.3 and temps.loc[("grpo", 1.0), "pass@1"] == 0.4
+    hist = {"train/clip_fraction": {"gspo": (np.array([0, 1]), np.array([0.2, 0.4]))},
+            "train/entropy": {"gspo": (np.array([0, 1]), np.array([2.0, 1.0])),
+                              "quatro": (np.array([0, 1]), np.array([2.0, 3.0]))}}
+    summ = R.train_summary(hist)
+    assert summ.loc["gspo", "clip_fraction"] == pytest.approx(0.3) and summ.loc["quatro", "entropy"] == 2.5
+    assert np.isnan(summ.loc["quatro", "clip_fraction"])
