@@ -62,7 +62,7 @@ def main(argv=None) -> int:
 
     from orchestrator import tracking
 
-    from .evaluate import evaluate
+    from .evaluate import evaluate_temperatures
 
     exp_id = tracking.setup_experiment(args.tracking_uri, args.experiment, "mlartifacts")
     with mlflow.start_run(experiment_id=exp_id, run_name=args.run_name or Path(str(args.checkpoint)).name,
@@ -71,17 +71,21 @@ def main(argv=None) -> int:
         if args.sampler == "vllm":
             from .sampling import VLLMSampler
 
-            sampler, model, tok = VLLMSampler(args.checkpoint, float(eval_cfg.temperature), float(eval_cfg.top_p),
-                                              int(eval_cfg.max_new_tokens)), None, None
+            def factory(c):
+                return VLLMSampler(args.checkpoint, float(c.temperature), float(c.top_p), int(c.max_new_tokens))
+
+            model, tok = None, None
         else:
             from training.models import load_checkpoint
 
-            sampler = None
+            factory = None
             model, tok = load_checkpoint(args.checkpoint)
-        metrics, files = evaluate(model, tok, eval_cfg, out, heldout_rows=heldout, base_samples=base, sampler=sampler)
+        metrics, files = evaluate_temperatures(model, tok, eval_cfg, out, heldout_rows=heldout, base_samples=base,
+                                               sampler_factory=factory)
         mlflow.log_metrics(metrics)
-        for path in files.values():
-            mlflow.log_artifact(str(path))
+        for rel, path in files.items():
+            sub = str(Path(rel).parent)
+            mlflow.log_artifact(str(path), None if sub == "." else sub)
     for k in sorted(metrics):
         if k.startswith("eval/mean/"):
             print(f"{k:40s} {metrics[k]:.4f}")

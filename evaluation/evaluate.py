@@ -157,7 +157,7 @@ def temperature_key(t: float) -> str:
 
 
 def evaluate_temperatures(model, tokenizer, eval_cfg, out_dir, heldout_rows=None, chat_template: bool = True,
-                          sampler_factory=None) -> tuple[dict, dict]:
+                          sampler_factory=None, base_samples: pd.DataFrame | None = None) -> tuple[dict, dict]:
     """:func:`evaluate` at ``eval_cfg.temperature`` and again at every ``eval_cfg.extra_temperatures``
     (the QUATRO paper's diversity check: UCR and pass@k at temperatures such as 1.0 and 1.5).
 
@@ -166,6 +166,7 @@ def evaluate_temperatures(model, tokenizer, eval_cfg, out_dir, heldout_rows=None
 
     Args:
         sampler_factory: optional ``fn(eval_cfg) -> Sampler`` (default: transformers on ``model``).
+        base_samples: the base model's samples, for flip rates (main temperature only).
     Returns:
         (metrics, files) with files keyed by their path relative to ``out_dir``.
     Raises:
@@ -179,8 +180,8 @@ def evaluate_temperatures(model, tokenizer, eval_cfg, out_dir, heldout_rows=None
         raise ValueError(f"eval.extra_temperatures={temps}: every temperature must be > 0; bad: {bad}")
     out_dir = Path(out_dir)
     sampler = sampler_factory(eval_cfg) if sampler_factory else None
-    metrics, files = evaluate(model, tokenizer, eval_cfg, out_dir, heldout_rows, chat_template, sampler=sampler)
-    files = {name: path for name, path in files.items()}
+    metrics, files = evaluate(model, tokenizer, eval_cfg, out_dir, heldout_rows, chat_template,
+                              base_samples=base_samples, sampler=sampler)
     for t in temps:
         if t == float(eval_cfg.temperature):
             continue

@@ -102,6 +102,14 @@ def validate_config(cfg: DictConfig) -> list[str]:
     top_p = _num(cfg, "train.top_p")
     _require(0 < top_p <= 1, f"train.top_p={top_p!r}: must be in (0, 1]")
 
+    # -- data
+    from training.data import check_data_config
+
+    try:
+        check_data_config(cfg.data)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
     # -- evaluation
     n = _num(cfg, "eval.n")
     _require(int(n) == n and n >= 1, f"eval.n={n!r}: expected an integer >= 1")

@@ -100,3 +100,21 @@ def test_cli_evaluates_two_shared_benchmarks_and_logs_every_table(tmp_path, benc
     assert proc.returncode == 0, proc.stderr[-2000:]
     re_passk = pd.read_csv(tmp_path / "re" / "passk.csv", index_col=0)
     assert re_passk.loc["mean", "pass@4"] == pytest.approx(m["eval/mean/pass_at_4"])
+
+
+def test_extra_temperatures_evaluate_again_with_their_own_keys_and_files(tmp_path, tiny_cfg, tiny_policy):
+    from omegaconf import OmegaConf
+
+    from evaluation.evaluate import evaluate_temperatures
+    from training.data import load_prompts
+
+    model, tok = tiny_policy
+    ecfg = OmegaConf.merge(tiny_cfg.eval, {"extra_temperatures": [1.0, 2.0], "max_prompts": 2})
+    metrics, files = evaluate_temperatures(model, tok, ecfg, tmp_path, heldout_rows=load_prompts(tiny_cfg.data, "eval"))
+    assert "eval/arithmetic/pass_at_1" in metrics and "eval_T2/arithmetic/pass_at_1" in metrics
+    assert "eval_T2/arithmetic/ucr" in metrics and not any(k.startswith("eval_T1/") for k in metrics)  # 1.0 is the main one
+    assert files["T2/samples.parquet"] == tmp_path / "T2" / "samples.parquet"
+    # sampling really ran hotter: the entropy of softmax(z / T) grows with T, position by position
+    assert metrics["eval_T2/arithmetic/entropy"] > metrics["eval/arithmetic/entropy"]
+    with pytest.raises(ValueError, match="extra_temperatures"):
+        evaluate_temperatures(model, tok, OmegaConf.merge(ecfg, {"extra_temperatures": [0.0]}), tmp_path / "x")

@@ -47,6 +47,10 @@ def test_identity_ignores_delta_where_the_algorithm_does_not_use_it():
     (["algo=dapo", "algo.dynamic_sampling.max_num_gen_batches=0"], "max_num_gen_batches=0"),
     (["algo=dapo", "algo.overlong_buffer.length=100"], "overlong_buffer.length=100"),
     (["algo=grpo_h", "algo.entropy_coef=-0.001"], "entropy_coef=-0.001"),
+    (["algo=exppo", "exppo_lambda=1.0"], "lam=1.0"),
+    (["eval.extra_temperatures=[1.5,-1]"], "eval.extra_temperatures=[1.5, -1]"),
+    (["eval.benchmarks=[kk]"], "'kk' is the held-out split of data=kk, but data=arithmetic"),
+    (["data=kk", "data.train_sizes=[2,9]"], "n_people=9"),
 ])
 def test_bad_values_are_named(overrides, fragment):
     with pytest.raises(ConfigError) as e:

@@ -6,6 +6,38 @@ from omegaconf import OmegaConf
 from .arithmetic import arithmetic_splits, make_arithmetic  # noqa: F401
 
 
+def check_data_config(cfg) -> None:
+    """Check a ``data`` config before any work starts (cheap: no generation, no download).
+
+    Raises:
+        ValueError: naming the key and the bad value.
+    """
+    name = cfg.get("name")
+    if name == "kk":
+        from .knights_knaves import MAX_PEOPLE, MIN_PEOPLE
+
+        for key in ("train_sizes", "eval_sizes"):
+            sizes = list(cfg.get(key) or [])
+            bad = [n for n in sizes if not isinstance(n, int) or not MIN_PEOPLE <= n <= MAX_PEOPLE]
+            if not sizes or bad:
+                raise ValueError(f"data.{key}={sizes}: people per puzzle must be integers in "
+                                 f"[{MIN_PEOPLE}, {MAX_PEOPLE}]; bad: n_people={bad[0] if bad else None}")
+        for key in ("train_per_size", "eval_per_size"):
+            v = cfg.get(key)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"data.{key}={v!r}: expected an integer >= 1")
+    elif name == "math":
+        if cfg.get("source") not in ("hub", "local"):
+            raise ValueError(f"data.source={cfg.get('source')!r}: expected 'hub' or 'local'")
+        if cfg.get("source") == "local":
+            from pathlib import Path
+
+            if not cfg.get("path") or not Path(str(cfg.path)).is_file():
+                raise ValueError(f"data.path={cfg.get('path')!r}: data.source=local needs an existing JSONL file")
+        if "{problem}" not in str(cfg.get("template", "")):
+            raise ValueError(f"data.template={cfg.get('template')!r}: must contain {{problem}}")
+
+
 def load_prompts(cfg, split: str) -> list[dict]:
     """Rows of the prompt set named by ``cfg.name`` for ``split`` ('train' or 'eval').
 
