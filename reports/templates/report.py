@@ -213,6 +213,7 @@ else:
         ax.plot(xs, row.to_numpy(dtype=float), marker="o", label=label)
     ax.set_xlabel("people per puzzle" if all("people" in c for c in subsets.columns) else "subset")
     ax.set_ylabel("accuracy")
+    ax.set_ylim(-0.02, 1.02)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize=7)
     save(fig, "subset_accuracy")
