@@ -94,9 +94,13 @@ def _actor_config(cfg, params):
                        loss_scale_factor=None if norm is None else int(norm))
 
 
-@pytest.mark.parametrize("algo", ALGOS)
+EXTRA = {"dr_grpo+kl+entropy": ["algo=dr_grpo", "algo.kl_beta=0.01", "+algo.entropy_coef=0.01"],
+         "gspo+kl+entropy": ["algo=gspo", "algo.kl_beta=0.02", "+algo.entropy_coef=0.005"]}
+
+
+@pytest.mark.parametrize("algo", ALGOS + list(EXTRA))
 def test_verl_adapter_gives_the_local_engine_loss_and_gradient(algo):
-    cfg = _cfg(f"algo={algo}")
+    cfg = _cfg(*EXTRA.get(algo, [f"algo={algo}"]))
     spec = V.algo_spec(cfg)
     if spec["policy_loss"]["params"].get("kl_beta"):  # TR-GRPO's in-loss KL: refused on verl (checked below)
         spec["policy_loss"]["params"]["kl_beta"] = 0.0

@@ -63,7 +63,7 @@ def policy_objective(logprobs, entropy, batch, advantages, loss_fn, loss_params:
 
     loss = policy_loss(logprobs, batch, advantages) + beta * agg(k3 KL to the reference)
            - entropy_coef * agg(entropy),
-    both extra terms aggregated with the policy loss's own ``loss_agg_mode``.
+    both extra terms aggregated with the policy loss's own ``loss_agg_mode`` (and ``norm_constant``), as verl does.
 
     Args:
         logprobs: (B, L) log pi_theta of the sampled tokens (with gradient); entropy: (B, L) or None
@@ -73,14 +73,15 @@ def policy_objective(logprobs, entropy, batch, advantages, loss_fn, loss_params:
         (loss, policy loss term, metrics dict).
     """
     agg_mode = loss_params.get("loss_agg_mode", "token-mean")
+    norm = loss_params.get("norm_constant")
     pg_loss, m = loss_fn(logprobs, batch, advantages, **loss_params)
     loss = pg_loss
     if entropy_coef > 0:
-        ent = agg_loss(entropy, batch.response_mask, agg_mode)
+        ent = agg_loss(entropy, batch.response_mask, agg_mode, norm)
         loss = loss - entropy_coef * ent
         m["entropy_bonus"] = float(ent.detach())
     if beta > 0:
-        kl = agg_loss(kl_k3(logprobs, batch.ref_logprobs), batch.response_mask, agg_mode)
+        kl = agg_loss(kl_k3(logprobs, batch.ref_logprobs), batch.response_mask, agg_mode, norm)
         loss = loss + beta * kl
         m["kl_ref"] = float(kl.detach())
     return loss, pg_loss, m
