@@ -45,6 +45,10 @@ def gold_from_row(row: dict, where: str = "") -> str:
             return ans.rsplit("####", 1)[1].strip().replace(",", "")
         if isinstance(ans, (int, float)):
             return _number_text(ans)
+        if isinstance(ans, (list, tuple)):
+            return ", ".join(str(a).strip().strip("$") for a in ans)
+        if not isinstance(ans, str):
+            raise ValueError(f"{where}: answer {ans!r} is neither text, a number nor a list")
         s = ans.strip()
         try:
             return _number_text(float(s)) if s.replace(".", "", 1).lstrip("-").isdigit() else s
@@ -79,6 +83,8 @@ def rows_from_records(records, where: str, limit: int | None = None) -> list[dic
     rows = []
     for i, row in enumerate(records, 1):
         at = f"{where}:{i}"
+        if not isinstance(row, dict):
+            raise ValueError(f"{at}: expected a JSON object with a problem and an answer, got {type(row).__name__}")
         problem = row.get("problem") or row.get("question")
         if not isinstance(problem, str) or not problem.strip():
             raise ValueError(f"{at}: no 'problem' or 'question' field")

@@ -43,6 +43,28 @@ def check_rows(rows: list[dict], responses: list[str]) -> list[tuple[bool, str |
     return out
 
 
+SAMPLING_KEYS = ("temperature", "top_p", "max_new_tokens", "n", "seed", "prompt_template")
+
+
+def _set_aside_stale_samples(eval_cfg, out_dir: Path) -> None:
+    """Resume only samples drawn with the same sampling settings: when ``out_dir`` holds samples drawn
+    with others (recorded in ``sampling.json``), rename them to ``samples.<time>.parquet`` (kept, not
+    deleted) so this evaluation samples afresh."""
+    import json
+    import time
+
+    settings = {k: (eval_cfg.get(k) if not hasattr(eval_cfg.get(k), "_content") else str(eval_cfg.get(k)))
+                for k in SAMPLING_KEYS}
+    meta, samples = out_dir / "sampling.json", out_dir / "samples.parquet"
+    if samples.exists():
+        old = json.loads(meta.read_text()) if meta.exists() else None
+        if old != settings:
+            stale = out_dir / f"samples.stale-{time.strftime('%Y%m%d-%H%M%S')}.parquet"
+            samples.rename(stale)
+            print(f"evaluation: {samples} was drawn with other sampling settings ({old}); kept as {stale.name}")
+    meta.write_text(json.dumps(settings))
+
+
 def benchmark_rows(eval_cfg, heldout_rows=None) -> dict[str, list[dict]]:
     """{benchmark: rows} for ``eval_cfg.benchmarks``; ``arithmetic`` and ``kk`` use the held-out split of the
     training data set of that name (for ``kk``, ``max_prompts`` applies per subset, i.e. per puzzle size)."""
@@ -134,6 +156,7 @@ def evaluate(model, tokenizer, eval_cfg, out_dir, heldout_rows=None, chat_templa
         raise ValueError(f"eval.ks={ks}: every k must be in [1, eval.n={n}]; bad: {bad}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    _set_aside_stale_samples(eval_cfg, out_dir)
     rows = benchmark_rows(eval_cfg, heldout_rows)
     if sampler is None:
         sampler = HFSampler(model, tokenizer, float(eval_cfg.temperature), float(eval_cfg.top_p),
@@ -149,6 +172,9 @@ def evaluate(model, tokenizer, eval_cfg, out_dir, heldout_rows=None, chat_templa
             table.to_csv(out_dir / f"{name}.csv")
             files[f"{name}.csv"] = out_dir / f"{name}.csv"
     return metrics, files
+
+
+MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 10.0  # keys stay plain decimals (MLflow rejects '+' in 1e+06)
 
 
 def temperature_key(t: float) -> str:
@@ -175,9 +201,12 @@ def evaluate_temperatures(model, tokenizer, eval_cfg, out_dir, heldout_rows=None
     from omegaconf import OmegaConf
 
     temps = [float(t) for t in (eval_cfg.get("extra_temperatures") or [])]
-    bad = [t for t in temps if not t > 0]
+    bad = [t for t in temps if not MIN_TEMPERATURE <= t <= MAX_TEMPERATURE]
     if bad:
-        raise ValueError(f"eval.extra_temperatures={temps}: every temperature must be > 0; bad: {bad}")
+        raise ValueError(f"eval.extra_temperatures={temps}: every temperature must be in "
+                         f"[{MIN_TEMPERATURE}, {MAX_TEMPERATURE}]; bad: {bad}")
+    if len({f"{t:g}" for t in temps}) != len(temps):
+        raise ValueError(f"eval.extra_temperatures={temps}: two temperatures print alike (same folder and keys)")
     out_dir = Path(out_dir)
     sampler = sampler_factory(eval_cfg) if sampler_factory else None
     metrics, files = evaluate(model, tokenizer, eval_cfg, out_dir, heldout_rows, chat_template,

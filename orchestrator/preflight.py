@@ -33,7 +33,8 @@ def _key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
-def _with_sweeper_params(user: list[str], compose, *errors, config_name: str = "config") -> list[str]:
+def _with_sweeper_params(user: list[str], compose, *errors, config_name: str = "config",
+                         hydra_overrides: tuple = ()) -> list[str]:
     """``hydra.sweeper.params`` of the composed config (an experiment preset's sweep) followed by the
     command line's overrides; a key given on the command line replaces the preset's value for it."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -44,7 +45,10 @@ def _with_sweeper_params(user: list[str], compose, *errors, config_name: str = "
     except errors as e:
         text = str(e).split("Config search path")[0]
         raise ConfigError(" ".join(ln.strip() for ln in text.splitlines() if ln.strip())) from None
-    params = cfg.hydra.sweeper.get("params") or {}
+    params = dict(cfg.hydra.sweeper.get("params") or {})
+    for o in OverridesParser.create().parse_overrides(list(hydra_overrides)):  # hydra.sweeper.params={...}
+        if o.get_key_element().lstrip("+~") == "hydra.sweeper.params" and isinstance(o.value(), dict):
+            params = {**params, **{str(k): str(v) for k, v in o.value().items()}}
     given = {_key(o) for o in user}
     return [f"{k}={v}" for k, v in params.items() if k not in given] + list(user)
 
@@ -69,7 +73,8 @@ def sweep_points(overrides: list[str], config_name: str = "config", multirun: bo
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
             if multirun:
-                user = _with_sweeper_params(user, compose, HydraException, OmegaConfBaseException, config_name=config_name)
+                user = _with_sweeper_params(user, compose, HydraException, OmegaConfBaseException, config_name=config_name,
+                                            hydra_overrides=[o for o in overrides if o.lstrip("+~").startswith("hydra.sweeper.params")])
             try:
                 points = _expand(user)
             except HydraException as e:

@@ -24,6 +24,18 @@ def _num(cfg, key: str):
     return value
 
 
+def _list(cfg, key: str) -> list:
+    """The list at ``key`` (empty when null); a scalar given where a list is expected is a ConfigError."""
+    from omegaconf import ListConfig
+
+    value = OmegaConf.select(cfg, key)
+    if value is None:
+        return []
+    if not isinstance(value, (ListConfig, list, tuple)):
+        raise ConfigError(f"{key}={value!r}: expected a list, e.g. {key}=[{value}]")
+    return list(value)
+
+
 def _require(cond: bool, msg: str) -> None:
     if not cond:
         raise ConfigError(msg)
@@ -113,15 +125,17 @@ def validate_config(cfg: DictConfig) -> list[str]:
     # -- evaluation
     n = _num(cfg, "eval.n")
     _require(int(n) == n and n >= 1, f"eval.n={n!r}: expected an integer >= 1")
-    ks = list(cfg.eval.ks)
+    ks = _list(cfg, "eval.ks")
     bad = [k for k in ks if not isinstance(k, int) or k < 1 or k > n]
     _require(not bad, f"eval.ks={ks}: every k must be an integer in [1, eval.n={int(n)}] (pass@k is undefined for k > n); bad: {bad}")
     _require(_num(cfg, "eval.temperature") > 0, f"eval.temperature={cfg.eval.temperature!r}: must be > 0")
-    extra_t = list(cfg.eval.get("extra_temperatures") or [])
-    bad_t = [t for t in extra_t if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0]
-    _require(not bad_t, f"eval.extra_temperatures={extra_t}: every temperature must be a number > 0; bad: {bad_t}")
+    extra_t = _list(cfg, "eval.extra_temperatures")
+    bad_t = [t for t in extra_t if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.01 <= t <= 10]
+    _require(not bad_t, f"eval.extra_temperatures={extra_t}: every temperature must be a number in [0.01, 10]; bad: {bad_t}")
+    _require(len({f"{float(t):g}" for t in extra_t}) == len(extra_t),
+             f"eval.extra_temperatures={extra_t}: repeated temperature")
     _require(0 < _num(cfg, "eval.top_p") <= 1, f"eval.top_p={cfg.eval.top_p!r}: must be in (0, 1]")
-    benches = list(cfg.eval.benchmarks)
+    benches = _list(cfg, "eval.benchmarks")
     _require(len(benches) > 0, "eval.benchmarks is empty")
     from evaluation.benchmarks import BENCHMARKS
 

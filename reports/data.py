@@ -154,7 +154,7 @@ def temperature_table(runs: pd.DataFrame, benchmark: str = "mean",
     """Rows (run, temperature), columns = metrics of ``benchmark`` matching ``pattern`` at the main
     evaluation temperature (``eval/...``) and every extra one (``eval_T<t>/...``). Empty when no run
     was evaluated at an extra temperature."""
-    rx = re.compile(rf"^eval(?:_T([0-9.]+))?/{re.escape(benchmark)}/({pattern})$")
+    rx = re.compile(rf"^eval(?:_T([0-9.e-]+))?/{re.escape(benchmark)}/({pattern})$")
     records = {}
     for _, r in runs.iterrows():
         if not any(k.startswith("eval_T") for k in r["metrics"]):

@@ -209,3 +209,12 @@ def test_concat_batches_repads_and_renumbers_groups():
     assert c.response_ids.shape == (4, 5) and c.prompt_ids.shape == (4, 2)
     assert c.response_mask[:2, 3:].sum() == 0 and c.prompt_mask[:2, 0].sum() == 0  # right / left padding
     assert c.group_index.tolist() == [0, 0, 1, 1]
+
+
+def test_grpo_ur_leaves_negative_rewards_of_wrong_answers_unshaped():
+    # K&K-style rewards: all four responses wrong with reward -1 -> zero-variance group -> zero advantage,
+    # whatever their likelihoods (before the fix the likeliest wrong answer got +1.16)
+    old = torch.tensor([[-3.0] * 3, [-2.0] * 3, [-1.0] * 3, [-0.5] * 3])
+    b = _batch(old, torch.ones(4, 3), rewards=torch.full((4,), -1.0), correct=torch.zeros(4, dtype=torch.bool))
+    adv, _ = get_advantage_fn("grpo_ur")(b)
+    assert torch.equal(adv, torch.zeros(4))

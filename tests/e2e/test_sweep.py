@@ -87,6 +87,10 @@ def test_samples_parquet_is_an_artifact_with_the_documented_columns(sweep_dir, t
     (["algo=nonexistent"], "algo/nonexistent"),
     (["algo=quatro,gspo", "delta=-1"], "delta=-1"),
     (["eval.n=4", "eval.ks=[1,2,4,8]"], "eval.n=4"),
+    # a bad value inside a preset's sweep, and in a sweep given as hydra.sweeper.params on the command line
+    (["experiment=quatro_staleness_cpu", "train.ppo_epochs=1,0"], "train.ppo_epochs=0"),
+    (["hydra.sweeper.params={train.ppo_epochs:'1,0'}"], "train.ppo_epochs=0"),
+    (["eval.extra_temperatures=1.5"], "expected a list"),
 ])
 def test_bad_input_stops_before_training(tmp_path, args, fragment):
     proc = _sweep(tmp_path, "-m", *args, *TINY, timeout=120)

@@ -118,3 +118,27 @@ def test_extra_temperatures_evaluate_again_with_their_own_keys_and_files(tmp_pat
     assert metrics["eval_T2/arithmetic/entropy"] > metrics["eval/arithmetic/entropy"]
     with pytest.raises(ValueError, match="extra_temperatures"):
         evaluate_temperatures(model, tok, OmegaConf.merge(ecfg, {"extra_temperatures": [0.0]}), tmp_path / "x")
+
+
+def test_samples_drawn_with_other_settings_are_set_aside_not_resumed(tmp_path, tiny_cfg, tiny_policy):
+    import pandas as pd
+    from omegaconf import OmegaConf
+
+    from evaluation.evaluate import evaluate
+    from training.data import load_prompts
+
+    model, tok = tiny_policy
+    held = load_prompts(tiny_cfg.data, "eval")
+    e1 = OmegaConf.merge(tiny_cfg.eval, {"max_prompts": 2, "max_new_tokens": 4})
+    evaluate(model, tok, e1, tmp_path, heldout_rows=held)
+    first = pd.read_parquet(tmp_path / "samples.parquet")
+    assert first["n_tokens"].max() <= 4
+    evaluate(model, tok, e1, tmp_path, heldout_rows=held)  # same settings: resumed, nothing resampled
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "samples.parquet"), first)
+    e2 = OmegaConf.merge(e1, {"max_new_tokens": 12, "temperature": 0.5})
+    evaluate(model, tok, e2, tmp_path, heldout_rows=held)
+    second = pd.read_parquet(tmp_path / "samples.parquet")
+    assert second["n_tokens"].max() > 4  # drawn afresh with the new settings
+    stale = list(tmp_path.glob("samples.stale-*.parquet"))
+    assert len(stale) == 1  # the earlier samples are kept, not deleted
+    pd.testing.assert_frame_equal(pd.read_parquet(stale[0]), first)

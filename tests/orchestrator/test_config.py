@@ -51,6 +51,14 @@ def test_identity_ignores_delta_where_the_algorithm_does_not_use_it():
     (["eval.extra_temperatures=[1.5,-1]"], "eval.extra_temperatures=[1.5, -1]"),
     (["eval.benchmarks=[kk]"], "'kk' is the held-out split of data=kk, but data=arithmetic"),
     (["data=kk", "data.train_sizes=[2,9]"], "n_people=9"),
+    (["data=kk", "data.train_sizes=3"], "data.train_sizes=3: expected a list"),
+    (["data=kk", "data.eval_sizes=[3,3]"], "appears twice"),
+    (["eval.extra_temperatures=1.5"], "eval.extra_temperatures=1.5: expected a list"),
+    (["eval.extra_temperatures=[1e6]"], "in [0.01, 10]"),
+    (["eval.ks=4"], "eval.ks=4: expected a list"),
+    (["data=math", "data.levels=[6]"], "data.levels=[6]"),
+    (["data=math", "data.n_eval=-5"], "data.n_eval=-5"),
+    (["data=math", "data.max_prompts=0"], "data.max_prompts=0"),
 ])
 def test_bad_values_are_named(overrides, fragment):
     with pytest.raises(ConfigError) as e:

@@ -45,6 +45,9 @@ def test_generation_is_seeded_and_train_and_held_out_are_disjoint():
     assert a == b
     train, held = kk_splits(train_sizes=(2, 3), eval_sizes=(2, 3, 4), train_per_size=30, eval_per_size=5, seed=0)
     assert not {r["prompt"] for r in train} & {r["prompt"] for r in held}
+    # not even up to renaming: 2 people have only a few hundred statement structures, 30 of them used to train
+    assert not {r["structure"] for r in train} & {r["structure"] for r in held}
+    assert sum(r["subset"] == "2_people" for r in held) == 5  # the held-out count is kept
     assert {r["subset"] for r in held} == {"2_people", "3_people", "4_people"}
     assert all(r["checker"] == "kk" for r in train + held)
     with pytest.raises(ValueError, match="n_people=8"):
@@ -110,3 +113,11 @@ def test_training_rewards_dispatch_and_eval_accuracy_by_people():
     assert sub.loc["kk/3_people", "pass@2"] == pytest.approx((1 - 0) / 2 + (1 - 3 / 6) / 2)  # 1 - C(1,2)/C(4,2); 1 - C(3,2)/C(4,2)
     assert sub.loc["kk/5_people", "accuracy"] == 0.0
     assert metrics["eval/kk/3_people/accuracy"] == pytest.approx(0.5)
+
+
+def test_unicode_case_folding_cannot_pass_as_a_role():
+    # 'KNİGHT' (Turkish dotted capital I) is not 'knight': with ASCII case folding it names no role -> -2
+    out = kk_reward("<think>x</think><answer>ZOEY is a KNİGHT, Oliver is a knave, Emma is a knave</answer>", GOLD)
+    assert out["answer"] == -2.0
+    out = kk_reward("<think>x</think><answer>ZOEY IS A KNIGHT, oliver is a KNAVE, Emma is a knave</answer>", GOLD)
+    assert out["reward"] == 3.0

@@ -47,6 +47,13 @@ def test_bad_input_names_the_value(tmp_path):
     bad.write_text(json.dumps({"problem": "What is 1+1?"}) + "\n")
     with pytest.raises(ValueError, match="bad.jsonl:1"):
         load_math_train(source="local", path=str(bad))
+    odd = tmp_path / "odd.jsonl"
+    odd.write_text("[1, 2]\n")
+    with pytest.raises(ValueError, match="odd.jsonl:1: expected a JSON object"):
+        load_math_train(source="local", path=str(odd))
+    lst = tmp_path / "lst.jsonl"
+    lst.write_text(json.dumps({"problem": "Roots of x^2=1?", "answer": [1, -1]}) + "\n")
+    assert load_math_train(source="local", path=str(lst))[0][0]["gold"] == "1, -1"
     with pytest.raises(ValueError, match="no MATH training rows"):
         load_math_train(source="local", path=str(_one(tmp_path)), levels=[9])
 

@@ -48,8 +48,10 @@ def grpo_ur_advantage(batch: RolloutBatch, beta: float = 0.25, norm_by_std: bool
     """GRPO-UR ("Rewarding the Unlikely", He et al. 2025): reward scaling by unlikeliness rank.
 
     Responses of a group are ranked by length-normalised old log-probability (least likely rank 0);
-    rewards become R_i (1 - beta rank_i / G), then GRPO normalisation. A zero reward stays zero, so the
-    scaling changes only correct (rewarded) responses.
+    rewards of correct responses become R_i (1 - beta rank_i / G), then GRPO normalisation. With the
+    paper's 0/1 reward this is R_i (1 - beta rank_i / G) for every response (a zero reward stays zero);
+    with rewards that can be negative (the K&K reward) wrong responses keep their reward, so the
+    likeliest wrong answer is not rewarded for being likely. Correct = ``batch.correct`` (reward > 0 when absent).
 
     Returns:
         (advantages (B,), metrics with ``zero_variance_share``).
@@ -57,7 +59,8 @@ def grpo_ur_advantage(batch: RolloutBatch, beta: float = 0.25, norm_by_std: bool
     rewards, order = to_groups(batch.rewards.double(), batch.group_index)
     seq_lp, _ = to_groups(sequence_mean_logprob(batch).double(), batch.group_index)
     G = rewards.shape[-1]
-    shaped = rewards * (1.0 - beta * unlikeliness_rank(seq_lp) / G)
+    correct = rewards > 0 if batch.correct is None else to_groups(batch.correct.double(), batch.group_index)[0] > 0
+    shaped = torch.where(correct, rewards * (1.0 - beta * unlikeliness_rank(seq_lp) / G), rewards)
     adv = group_normalized_advantages(shaped, norm_by_std=norm_by_std, epsilon=epsilon)
     return from_groups(adv, order).float(), {"zero_variance_share": zero_variance_share(rewards)}
 

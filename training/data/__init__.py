@@ -17,7 +17,12 @@ def check_data_config(cfg) -> None:
         from .knights_knaves import MAX_PEOPLE, MIN_PEOPLE
 
         for key in ("train_sizes", "eval_sizes"):
-            sizes = list(cfg.get(key) or [])
+            raw = cfg.get(key)
+            if not isinstance(raw, (list, tuple)) and not hasattr(raw, "__len__") or isinstance(raw, str):
+                raise ValueError(f"data.{key}={raw!r}: expected a list, e.g. data.{key}=[{raw}]")
+            sizes = list(raw or [])
+            if len(set(sizes)) != len(sizes):
+                raise ValueError(f"data.{key}={sizes}: a size appears twice")
             bad = [n for n in sizes if not isinstance(n, int) or not MIN_PEOPLE <= n <= MAX_PEOPLE]
             if not sizes or bad:
                 raise ValueError(f"data.{key}={sizes}: people per puzzle must be integers in "
@@ -36,6 +41,17 @@ def check_data_config(cfg) -> None:
                 raise ValueError(f"data.path={cfg.get('path')!r}: data.source=local needs an existing JSONL file")
         if "{problem}" not in str(cfg.get("template", "")):
             raise ValueError(f"data.template={cfg.get('template')!r}: must contain {{problem}}")
+        n_eval, cap, levels = cfg.get("n_eval", 0), cfg.get("max_prompts"), cfg.get("levels")
+        if not isinstance(n_eval, int) or n_eval < 0:
+            raise ValueError(f"data.n_eval={n_eval!r}: expected an integer >= 0")
+        if cap is not None and (not isinstance(cap, int) or cap < 1):
+            raise ValueError(f"data.max_prompts={cap!r}: expected null or an integer >= 1")
+        if levels is not None:
+            if isinstance(levels, str) or not hasattr(levels, "__len__"):
+                raise ValueError(f"data.levels={levels!r}: expected a list of levels 1-5, e.g. [3, 4, 5]")
+            bad = [lv for lv in levels if not isinstance(lv, int) or not 1 <= lv <= 5]
+            if bad:
+                raise ValueError(f"data.levels={list(levels)}: MATH levels are integers 1-5; bad: {bad}")
 
 
 def load_prompts(cfg, split: str) -> list[dict]:

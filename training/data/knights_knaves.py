@@ -128,33 +128,45 @@ def parse_gold(gold: str) -> dict[str, str]:
     return out
 
 
-def make_kk(sizes=(3, 4, 5), per_size: int = 100, seed: int = 0) -> list[dict]:
+def make_kk(sizes=(3, 4, 5), per_size: int = 100, seed: int = 0, exclude=frozenset()) -> list[dict]:
     """``per_size`` puzzles for each number of people in ``sizes``, as prompt rows
-    ``{"id", "prompt", "gold", "checker": "kk", "subset": "<n>_people", "n_people"}``.
+    ``{"id", "prompt", "gold", "checker": "kk", "subset": "<n>_people", "n_people", "structure"}``.
+
+    ``structure`` is the puzzle up to the names (its statement formulas); puzzles whose structure is in
+    ``exclude`` are skipped, so a held-out set can avoid every training puzzle up to renaming.
 
     Raises:
         ValueError: a size outside [2, 7] or per_size < 1.
+        RuntimeError: fewer than ``per_size`` distinct-enough puzzles in 50 x per_size draws (small sizes
+            have only a few hundred structures).
     """
     if int(per_size) < 1:
         raise ValueError(f"per_size={per_size!r}: expected >= 1")
     rows = []
     for n in sizes:
-        for i in range(int(per_size)):
+        got, i = 0, 0
+        while got < int(per_size):
+            if i >= 50 * int(per_size) + 100:
+                raise RuntimeError(f"only {got} of {per_size} puzzles with {n} people differ from the excluded ones")
             p = make_puzzle(int(n), seed * 1_000_003 + i)
+            i += 1
+            structure = repr(p["statements"])
+            if structure in exclude:
+                continue
             names = p["names"]
             prompt = PROMPT.format(n=n, names=", ".join(names[:-1]) + f" and {names[-1]}", statements=p["text"])
-            rows.append({"id": f"kk{n}-{seed}-{i}", "prompt": prompt, "gold": gold_string(names, p["solution"]),
-                         "checker": "kk", "subset": f"{n}_people", "n_people": int(n)})
+            rows.append({"id": f"kk{n}-{seed}-{i - 1}", "prompt": prompt, "gold": gold_string(names, p["solution"]),
+                         "checker": "kk", "subset": f"{n}_people", "n_people": int(n), "structure": structure})
+            got += 1
     return rows
 
 
 def kk_splits(train_sizes=(3, 4, 5), eval_sizes=(2, 3, 4, 5, 6, 7), train_per_size: int = 200, eval_per_size: int = 10,
               seed: int = 0) -> tuple[list[dict], list[dict]]:
-    """(train rows, held-out rows): disjoint seeds, so no held-out puzzle is a training puzzle."""
+    """(train rows, held-out rows): no held-out puzzle equals a training puzzle, even up to renaming
+    (same statement structure with other names)."""
     train = make_kk(train_sizes, train_per_size, seed=2 * int(seed))
-    held = make_kk(eval_sizes, eval_per_size, seed=2 * int(seed) + 1)
-    train_texts = {r["prompt"] for r in train}
-    held = [r for r in held if r["prompt"] not in train_texts]
+    held = make_kk(eval_sizes, eval_per_size, seed=2 * int(seed) + 1, exclude=frozenset(r["structure"] for r in train))
     random.Random(seed).shuffle(train)
     return train, held
 
@@ -181,11 +193,12 @@ def parse_answer(answer: str, names: list[str]) -> dict[str, str] | None:
     role ("<Name> is a knight/knave", case-insensitive) and no role is stated more often than there are people."""
     out = {}
     for name in names:
-        found = re.findall(rf"\b{re.escape(name)}\b\s+is\s+an?\s+(knight|knave)\b", answer, flags=re.IGNORECASE)
+        found = re.findall(rf"\b{re.escape(name)}\b\s+is\s+an?\s+(knight|knave)\b", answer,
+                           flags=re.IGNORECASE | re.ASCII)
         if len(set(r.lower() for r in found)) != 1:
             return None
         out[name] = found[0].lower()
-    n_roles = len(re.findall(r"\bkn(?:ight|ave)s?\b", answer, flags=re.IGNORECASE))
+    n_roles = len(re.findall(r"\bkn(?:ight|ave)s?\b", answer, flags=re.IGNORECASE | re.ASCII))
     return out if n_roles <= len(names) else None
 
 
