@@ -3,8 +3,6 @@ the command line prints it (``--cfg job``), and the CPU twins run. The log-ratio
 every test run; the larger twins run with RLVR_RUN_TWINS=1 (each under 30 minutes on 2 cores; see the
 README for measured times)."""
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
