@@ -18,7 +18,7 @@ log = logging.getLogger("rlvr")
 
 @hydra.main(version_base="1.3", config_path="sweeps", config_name="config")
 def main(cfg: DictConfig):
-    from training.engines.local import Preempted
+    from core.lifecycle import Preempted
 
     try:
         return run(cfg)
@@ -38,6 +38,6 @@ def main(cfg: DictConfig):
 if __name__ == "__main__":
     check_command_line(sys.argv[1:])
     main()
-    from orchestrator.callbacks import FAILED_POINTS
+    from orchestrator.callbacks import FAILED_BASE, FAILED_POINTS
 
-    sys.exit(1 if FAILED_POINTS else 0)
+    sys.exit(1 if FAILED_POINTS or FAILED_BASE else 0)

@@ -4,7 +4,9 @@
         [--base-samples base/samples.parquet] [--out DIR] [--experiment NAME] [--tracking-uri URI]
 
 Overrides are Hydra-style keys of the eval group, e.g. ``n=16 'benchmarks=[math500,aime24]'
-data_dir=../shared/data/benchmarks max_prompts=20``. ``--sampler vllm`` samples with vLLM on a GPU.
+data_dir=../shared/data/benchmarks max_prompts=20``. ``--sampler auto|hf|vllm`` (default: ``eval.sampler``,
+itself ``auto``: vLLM when installed and a CUDA GPU is visible, else transformers). Bad input exits 2
+with one line naming the value, before any model is loaded.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="output directory (default: eval_out/<checkpoint name>)")
     ap.add_argument("--experiment", default="rlvr-eval")
     ap.add_argument("--tracking-uri", default="sqlite:///mlflow.db")
-    ap.add_argument("--sampler", choices=["hf", "vllm"], default="hf")
+    ap.add_argument("--sampler", default=None, help="auto | hf | vllm (default: the eval preset's eval.sampler)")
     ap.add_argument("--run-name", default=None)
     ap.add_argument("overrides", nargs="*", help="eval overrides key=value")
     args = ap.parse_args(argv)
@@ -29,16 +31,36 @@ def main(argv=None) -> int:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from core.sampling import resolve_sampler
     from orchestrator.preflight import CONFIG_DIR
 
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=[f"eval={args.eval}"] + [f"eval.{o}" for o in args.overrides])
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            cfg = compose("config", overrides=[f"eval={args.eval}"] + [f"eval.{o}" for o in args.overrides]
+                          + ([f"eval.sampler={args.sampler}"] if args.sampler else []))
+    except (HydraException, OmegaConfBaseException) as e:
+        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
     eval_cfg = cfg.eval
     n, ks = int(eval_cfg.n), list(eval_cfg.ks)
     if any(k > n or k < 1 for k in ks):
         print(f"error: eval.ks={ks}: every k must be in [1, eval.n={n}]", file=sys.stderr)
         return 2
-    held = sorted({b for b in eval_cfg.benchmarks if b in ("arithmetic", "kk")})
+    from orchestrator.errors import ConfigError
+    from orchestrator.validate import check_eval_engine
+
+    try:
+        check_eval_engine(cfg, n)  # sampler available here, dtype, flip_k <= n, vLLM arguments
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    sampler = resolve_sampler(str(eval_cfg.get("sampler", "auto")))
+    from .evaluate import HELDOUT_BENCHMARKS
+
+    held = sorted({b for b in eval_cfg.benchmarks if b in HELDOUT_BENCHMARKS})
     if len(held) > 1:
         print(f"error: eval.benchmarks: {held} are held-out splits of different training sets; evaluate them separately",
               file=sys.stderr)
@@ -62,26 +84,14 @@ def main(argv=None) -> int:
 
     from orchestrator import tracking
 
-    from .evaluate import evaluate_temperatures
+    from .evaluate import evaluate_checkpoint
 
     exp_id = tracking.setup_experiment(args.tracking_uri, args.experiment, "mlartifacts")
     with mlflow.start_run(experiment_id=exp_id, run_name=args.run_name or Path(str(args.checkpoint)).name,
-                          tags={"rlvr.kind": "evaluation", "rlvr.checkpoint": str(args.checkpoint)}):
+                          tags={"rlvr.kind": "evaluation", "rlvr.checkpoint": str(args.checkpoint), "rlvr.sampler": sampler}):
         mlflow.log_params({f"eval.{k}": str(v)[:6000] for k, v in tracking.flatten(OmegaConf.to_container(eval_cfg, resolve=True)).items()})
-        if args.sampler == "vllm":
-            from .sampling import VLLMSampler
-
-            def factory(c):
-                return VLLMSampler(args.checkpoint, float(c.temperature), float(c.top_p), int(c.max_new_tokens))
-
-            model, tok = None, None
-        else:
-            from training.models import load_checkpoint
-
-            factory = None
-            model, tok = load_checkpoint(args.checkpoint)
-        metrics, files = evaluate_temperatures(model, tok, eval_cfg, out, heldout_rows=heldout, base_samples=base,
-                                               sampler_factory=factory)
+        metrics, files, info = evaluate_checkpoint(args.checkpoint, eval_cfg, out, heldout, base_samples=base, sampler=sampler)
+        mlflow.set_tag("rlvr.entropy_method", str(info["entropy_method"]))
         mlflow.log_metrics(metrics)
         for rel, path in files.items():
             sub = str(Path(rel).parent)

@@ -1,20 +1,30 @@
-"""Evaluate a policy: sample n responses per prompt, verify, compute pass@k, write tables.
+"""Evaluate a policy: sample n responses per prompt, verify, compute every table.
 
-    rows (benchmarks.py) -> sampler -> samples.parquet (written after every batch, so an
-    interrupted evaluation resumes without resampling finished prompts) -> verifier -> pass@k table
+    rows (benchmarks.py) -> sampler (core.sampling: hf | vllm) -> samples.parquet (written after every
+    batch, so an interrupted evaluation resumes without resampling finished prompts) -> verifier
+    -> tables (pass@k, UCC@k, similarity, entropy, modes, flip rates against a base model's samples)
+
+:func:`evaluate_checkpoint` is the whole path for one model folder (the sweep's trained runs, the base
+model, ``python -m evaluation``): it starts the configured sampler once, evaluates at the main and every
+extra temperature, and frees the engine.
 """
 from __future__ import annotations
 
+import logging
+import time
 import zlib
 from pathlib import Path
 
 import pandas as pd
 from tqdm.auto import tqdm
 
+from core.sampling import SamplerOptions, SamplingSettings, build_sampler, resolve_sampler
+
 from .benchmarks import load_benchmark
-from .sampling import HFSampler
 from .tables import compute_tables, metric_key  # noqa: F401  (metric_key re-exported)
 from .verify import default_verifier
+
+log = logging.getLogger("rlvr")
 
 SAMPLE_COLUMNS = [
     "benchmark", "prompt_id", "sample_idx", "prompt", "gold", "response", "n_tokens", "finish_reason",
@@ -43,18 +53,20 @@ def check_rows(rows: list[dict], responses: list[str]) -> list[tuple[bool, str |
     return out
 
 
-SAMPLING_KEYS = ("temperature", "top_p", "max_new_tokens", "n", "seed", "prompt_template")
+SAMPLING_KEYS = ("temperature", "top_p", "max_new_tokens", "n", "seed", "prompt_template", "dtype")
 
 
-def _set_aside_stale_samples(eval_cfg, out_dir: Path) -> None:
-    """Resume only samples drawn with the same sampling settings: when ``out_dir`` holds samples drawn
-    with others (recorded in ``sampling.json``), rename them to ``samples.<time>.parquet`` (kept, not
-    deleted) so this evaluation samples afresh."""
+def _set_aside_stale_samples(eval_cfg, out_dir: Path, sampler=None) -> None:
+    """Resume only samples drawn with the same sampling settings (and the same sampler and batch size):
+    when ``out_dir`` holds samples drawn with others (recorded in ``sampling.json``), rename them to
+    ``samples.stale-<time>.parquet`` (kept, not deleted) so this evaluation samples afresh."""
     import json
-    import time
 
     settings = {k: (eval_cfg.get(k) if not hasattr(eval_cfg.get(k), "_content") else str(eval_cfg.get(k)))
                 for k in SAMPLING_KEYS}
+    if sampler is not None:
+        settings["sampler"] = sampler.name
+        settings["batch_prompts"] = batch_size(eval_cfg, sampler)
     meta, samples = out_dir / "sampling.json", out_dir / "samples.parquet"
     if samples.exists():
         old = json.loads(meta.read_text()) if meta.exists() else None
@@ -88,12 +100,47 @@ def benchmark_rows(eval_cfg, heldout_rows=None) -> dict[str, list[dict]]:
     return out
 
 
-def sample_benchmarks(sampler, rows_by_bench: dict, n: int, seed: int, samples_path: Path, batch_prompts: int = 4) -> pd.DataFrame:
+def prompt_seed(seed: int, benchmark: str, prompt_id) -> int:
+    """The sampling seed of one prompt: a hash of (evaluation seed, benchmark, prompt id), so a resumed or
+    re-run evaluation draws the same samples (the ``hf`` sampler seeds a batch with its first prompt's)."""
+    return zlib.crc32(f"{seed}:{benchmark}:{prompt_id}".encode()) % (2**31)
+
+
+def batch_size(eval_cfg, sampler) -> int:
+    """Prompts per sampler call: ``eval.batch_prompts``, or the sampler's own preference when null."""
+    b = eval_cfg.get("batch_prompts")
+    return int(b) if b else int(getattr(sampler, "preferred_batch_prompts", 4))
+
+
+def settings_from(eval_cfg, chat_template: bool = True) -> SamplingSettings:
+    """The :class:`core.sampling.SamplingSettings` of an ``eval`` config."""
+    return SamplingSettings(float(eval_cfg.temperature), float(eval_cfg.top_p), int(eval_cfg.max_new_tokens), bool(chat_template))
+
+
+def sampler_options(eval_cfg) -> SamplerOptions:
+    """The :class:`core.sampling.SamplerOptions` of an ``eval`` config (``device``, ``dtype``, ``entropy``,
+    ``score_rows``, ``score_tokens``, and ``vllm.*`` as the vLLM engine's arguments)."""
+    from omegaconf import OmegaConf
+
+    engine = eval_cfg.get("vllm") or {}
+    if not isinstance(engine, dict):
+        engine = OmegaConf.to_container(engine, resolve=True)
+    extra = engine.pop("extra", None) or {}
+    return SamplerOptions(device=str(eval_cfg.get("device", "auto")), dtype=str(eval_cfg.get("dtype", "auto")),
+                          entropy=bool(eval_cfg.get("entropy", True)), score_rows=int(eval_cfg.get("score_rows", 16)),
+                          score_tokens=int(eval_cfg.get("score_tokens", 512)),
+                          engine={**{k: v for k, v in engine.items() if v is not None}, **dict(extra)})
+
+
+def sample_benchmarks(sampler, rows_by_bench: dict, n: int, seed: int, samples_path: Path, batch_prompts: int = 4,
+                      settings: SamplingSettings | None = None) -> pd.DataFrame:
     """Sample ``n`` responses per prompt for every benchmark, appending to ``samples_path``.
 
-    Prompts already present in ``samples_path`` with n rows are skipped (resume). The seed of a
-    batch is derived from (seed, benchmark, first prompt id), so a resumed run draws the same samples.
+    Prompts already present in ``samples_path`` with n rows are skipped (resume). Each prompt's seed is
+    :func:`prompt_seed`, so a resumed run draws the same samples. Progress: a tqdm bar on a terminal and
+    a log line every ~30 s otherwise (SLURM output files).
     """
+    settings = settings or SamplingSettings()
     samples_path = Path(samples_path)
     done = pd.read_parquet(samples_path) if samples_path.exists() else pd.DataFrame(columns=SAMPLE_COLUMNS)
     finished = set()
@@ -103,11 +150,13 @@ def sample_benchmarks(sampler, rows_by_bench: dict, n: int, seed: int, samples_p
         done = done[[(b, p) in finished for b, p in zip(done["benchmark"], done["prompt_id"])]]
     todo = [(b, r) for b, rows in rows_by_bench.items() for r in rows if (b, r["id"]) not in finished]
     frames = [done] if len(done) else []
-    with tqdm(total=len(todo), desc="eval sampling", unit="prompt", disable=None) as bar:
+    t0 = last_log = time.time()
+    with tqdm(total=len(todo), desc=f"eval sampling ({getattr(sampler, 'name', 'sampler')})", unit="prompt",
+              disable=None) as bar:
         for start in range(0, len(todo), batch_prompts):
             chunk = todo[start:start + batch_prompts]
-            batch_seed = zlib.crc32(f"{seed}:{chunk[0][0]}:{chunk[0][1]['id']}".encode()) % (2**31)
-            outs = sampler.sample([r["prompt"] for _, r in chunk], n=n, seed=batch_seed)
+            seeds = [prompt_seed(seed, b, r["id"]) for b, r in chunk]
+            outs = sampler.sample([r["prompt"] for _, r in chunk], n, seeds, settings)
             records = []
             for (bench, row), samples in zip(chunk, outs):
                 checks = check_rows([row] * len(samples), [s["response"] for s in samples])
@@ -116,12 +165,16 @@ def sample_benchmarks(sampler, rows_by_bench: dict, n: int, seed: int, samples_p
                         "benchmark": bench, "prompt_id": row["id"], "sample_idx": j, "prompt": row["prompt"],
                         "gold": row["gold"], "response": s["response"], "n_tokens": s["n_tokens"],
                         "finish_reason": s["finish_reason"], "extracted_answer": extracted, "correct": bool(correct),
-                        "mean_token_entropy": s.get("mean_token_entropy"), "seed": batch_seed,
+                        "mean_token_entropy": s.get("mean_token_entropy"), "seed": int(s.get("seed", seeds[0])),
                         "subset": row.get("subset"),
                     })
             frames.append(pd.DataFrame.from_records(records, columns=SAMPLE_COLUMNS))
             pd.concat(frames, ignore_index=True).to_parquet(samples_path, index=False)
             bar.update(len(chunk))
+            if bar.disable and time.time() - last_log > 30:
+                last_log = time.time()
+                done_n = start + len(chunk)
+                log.info("eval sampling: %d/%d prompts (%.0f s)", done_n, len(todo), last_log - t0)
     if not frames:
         return pd.DataFrame(columns=SAMPLE_COLUMNS)
     table = pd.concat(frames, ignore_index=True)
@@ -129,24 +182,22 @@ def sample_benchmarks(sampler, rows_by_bench: dict, n: int, seed: int, samples_p
     return table
 
 
-def evaluate(model, tokenizer, eval_cfg, out_dir, heldout_rows=None, chat_template: bool = True,
-             base_samples: pd.DataFrame | None = None, sampler=None) -> tuple[dict, dict]:
-    """Evaluate ``model``: sample, verify, and write ``samples.parquet`` plus one CSV per table.
+def evaluate(sampler, eval_cfg, out_dir, heldout_rows=None, chat_template: bool = True,
+             base_samples: pd.DataFrame | None = None) -> tuple[dict, dict]:
+    """Evaluate with ``sampler``: sample, verify, and write ``samples.parquet`` plus one CSV per table.
 
     Args:
-        model, tokenizer: a causal LM and its tokenizer (e.g. from a training checkpoint); ignored
-            when ``sampler`` is given.
+        sampler: a :class:`core.sampling.Sampler` (see :func:`evaluate_checkpoint` to build one from a folder).
         eval_cfg: ``n``, ``ks``, ``temperature``, ``top_p``, ``max_new_tokens``, ``seed``, ``benchmarks``,
             optional ``data_dir``, ``max_prompts``, ``prompt_template``, ``batch_prompts``, ``ucc_ks``,
-            ``ucc_threshold``, ``similarity_metric``, ``entropy`` (score each sample's token entropy).
+            ``ucc_threshold``, ``similarity_metric``, ``flip_k``.
         out_dir: where the files go (an existing samples.parquet there is resumed).
-        heldout_rows: rows of the held-out training split (for the ``arithmetic`` benchmark).
+        heldout_rows: rows of the held-out training split (for the ``arithmetic`` and ``kk`` benchmarks).
         base_samples: the base model's samples on the same prompts, for flip rates.
-        sampler: a :class:`evaluation.sampling.Sampler` (default: transformers on ``model``).
     Returns:
         (metrics, files): metrics keyed ``eval/<benchmark>/<metric>`` and ``eval/mean/<metric>``
         (``pass_at_<k>``, ``avg_at_<n>``, ``ucc_at_<k>``, ``ucr``, ``rouge_l_mean``..., ``entropy``,
-        ``effective_yield``...); files {name: path}.
+        ``effective_yield``..., ``flip/<bucket>/<measure>``); files {name: path}.
     Raises:
         ValueError: a k in ``eval_cfg.ks`` larger than ``eval_cfg.n`` (checked before sampling).
     """
@@ -156,16 +207,16 @@ def evaluate(model, tokenizer, eval_cfg, out_dir, heldout_rows=None, chat_templa
         raise ValueError(f"eval.ks={ks}: every k must be in [1, eval.n={n}]; bad: {bad}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    _set_aside_stale_samples(eval_cfg, out_dir)
+    _set_aside_stale_samples(eval_cfg, out_dir, sampler)
     rows = benchmark_rows(eval_cfg, heldout_rows)
-    if sampler is None:
-        sampler = HFSampler(model, tokenizer, float(eval_cfg.temperature), float(eval_cfg.top_p),
-                            int(eval_cfg.max_new_tokens), chat_template, with_entropy=bool(eval_cfg.get("entropy", True)))
-    samples = sample_benchmarks(sampler, rows, n, int(eval_cfg.seed), out_dir / "samples.parquet", int(eval_cfg.get("batch_prompts", 4)))
+    samples = sample_benchmarks(sampler, rows, n, int(eval_cfg.seed), out_dir / "samples.parquet",
+                                batch_size(eval_cfg, sampler), settings_from(eval_cfg, chat_template))
     tables, metrics = compute_tables(
         samples, ks, ucc_ks=eval_cfg.get("ucc_ks"), similarity_metric=eval_cfg.get("similarity_metric", "rouge_l"),
-        ucc_threshold=float(eval_cfg.get("ucc_threshold", 0.7)), base_samples=base_samples,
+        ucc_threshold=float(eval_cfg.get("ucc_threshold", 0.7)), base_samples=base_samples, flip_k=eval_cfg.get("flip_k"),
     )
+    if "entropy" in tables and len(tables["entropy"]) and getattr(sampler, "entropy_method", None):
+        tables["entropy"] = tables["entropy"].assign(method=sampler.entropy_method)
     files = {"samples.parquet": out_dir / "samples.parquet"}
     for name, table in tables.items():
         if len(table):
@@ -182,8 +233,8 @@ def temperature_key(t: float) -> str:
     return f"eval_T{float(t):g}"
 
 
-def evaluate_temperatures(model, tokenizer, eval_cfg, out_dir, heldout_rows=None, chat_template: bool = True,
-                          sampler_factory=None, base_samples: pd.DataFrame | None = None) -> tuple[dict, dict]:
+def evaluate_temperatures(sampler, eval_cfg, out_dir, heldout_rows=None, chat_template: bool = True,
+                          base_samples: pd.DataFrame | None = None) -> tuple[dict, dict]:
     """:func:`evaluate` at ``eval_cfg.temperature`` and again at every ``eval_cfg.extra_temperatures``
     (the QUATRO paper's diversity check: UCR and pass@k at temperatures such as 1.0 and 1.5).
 
@@ -191,7 +242,7 @@ def evaluate_temperatures(model, tokenizer, eval_cfg, out_dir, heldout_rows=None
     ``eval_T<t>/<bench>/<metric>`` with its files in ``out_dir/T<t>`` (each resumable on its own).
 
     Args:
-        sampler_factory: optional ``fn(eval_cfg) -> Sampler`` (default: transformers on ``model``).
+        sampler: one :class:`core.sampling.Sampler`, used at every temperature (its engine starts once).
         base_samples: the base model's samples, for flip rates (main temperature only).
     Returns:
         (metrics, files) with files keyed by their path relative to ``out_dir``.
@@ -208,16 +259,42 @@ def evaluate_temperatures(model, tokenizer, eval_cfg, out_dir, heldout_rows=None
     if len({f"{t:g}" for t in temps}) != len(temps):
         raise ValueError(f"eval.extra_temperatures={temps}: two temperatures print alike (same folder and keys)")
     out_dir = Path(out_dir)
-    sampler = sampler_factory(eval_cfg) if sampler_factory else None
-    metrics, files = evaluate(model, tokenizer, eval_cfg, out_dir, heldout_rows, chat_template,
-                              base_samples=base_samples, sampler=sampler)
+    metrics, files = evaluate(sampler, eval_cfg, out_dir, heldout_rows, chat_template, base_samples=base_samples)
     for t in temps:
         if t == float(eval_cfg.temperature):
             continue
         cfg_t = OmegaConf.merge(eval_cfg, {"temperature": t})
         sub = out_dir / f"T{t:g}"
-        sampler = sampler_factory(cfg_t) if sampler_factory else None
-        m_t, f_t = evaluate(model, tokenizer, cfg_t, sub, heldout_rows, chat_template, sampler=sampler)
+        m_t, f_t = evaluate(sampler, cfg_t, sub, heldout_rows, chat_template)
         metrics.update({temperature_key(t) + k[len("eval"):]: v for k, v in m_t.items() if k.startswith("eval/")})
         files.update({f"T{t:g}/{name}": path for name, path in f_t.items()})
     return metrics, files
+
+
+def evaluate_checkpoint(model_path, eval_cfg, out_dir, heldout_rows=None, chat_template: bool = True,
+                        base_samples: pd.DataFrame | None = None, sampler: str | None = None,
+                        temperatures: bool = True) -> tuple[dict, dict, dict]:
+    """Evaluate the model at ``model_path`` (a Hugging Face folder or hub id) with the configured sampler.
+
+    The sampler (``sampler`` or ``eval_cfg.sampler``: ``auto`` | ``hf`` | ``vllm``) starts once, samples at
+    the main temperature and (with ``temperatures``) every ``eval_cfg.extra_temperatures``, then frees its
+    engine (GPU memory, vLLM's worker processes) before returning, also on an error.
+
+    Returns:
+        (metrics, files, info): as :func:`evaluate_temperatures`; info = {"sampler": resolved name,
+        "entropy_method": how ``mean_token_entropy`` was computed or None, "eval_time_s": wall seconds}.
+    Raises:
+        ValueError: the sampler cannot run here, or bad evaluation settings.
+    """
+    t0 = time.time()
+    name = resolve_sampler(str(sampler or eval_cfg.get("sampler", "auto")))
+    smp = build_sampler(name, model_path, sampler_options(eval_cfg))
+    try:
+        if temperatures:
+            metrics, files = evaluate_temperatures(smp, eval_cfg, out_dir, heldout_rows, chat_template, base_samples)
+        else:
+            metrics, files = evaluate(smp, eval_cfg, out_dir, heldout_rows, chat_template, base_samples)
+    finally:
+        smp.close()
+    return metrics, files, {"sampler": name, "entropy_method": getattr(smp, "entropy_method", None),
+                            "eval_time_s": time.time() - t0}

@@ -124,8 +124,20 @@ def per_prompt_values(samples: pd.DataFrame, metric: str = "accuracy") -> pd.Ser
     raise ValueError(f"metric={metric!r}: expected 'accuracy' or 'pass@<k>'")
 
 
+def flip_metrics(base_samples: pd.DataFrame, samples: pd.DataFrame, k: int | None = None) -> tuple[pd.DataFrame, dict]:
+    """Flip-rate table (see :func:`evaluation.metrics.difficulty.flip_rates`) and its MLflow metrics
+    ``eval/<benchmark>/flip/<bucket>/<measure>`` (benchmark ``all``: every prompt pooled)."""
+    table = flip_rates(base_samples, samples, k)
+    metrics = {}
+    for (bench, bucket), row in table.iterrows():
+        for col, v in row.items():
+            if pd.notna(v):
+                metrics[f"eval/{bench}/flip/{bucket}/{col}"] = float(v)
+    return table, metrics
+
+
 def compute_tables(samples: pd.DataFrame, ks, ucc_ks=None, similarity_metric: str = "rouge_l", ucc_threshold: float = 0.7,
-                   base_samples: pd.DataFrame | None = None) -> tuple[dict, dict]:
+                   base_samples: pd.DataFrame | None = None, flip_k: int | None = None) -> tuple[dict, dict]:
     """Every evaluation table and its flat MLflow metrics.
 
     Args:
@@ -133,6 +145,7 @@ def compute_tables(samples: pd.DataFrame, ks, ucc_ks=None, similarity_metric: st
         ks: pass@k values (each <= the smallest n per prompt).
         ucc_ks: UCC@k values (default: the ks >= 8, or the largest k).
         base_samples: the base model's samples on the same prompts, for flip rates.
+        flip_k: None for the literal flip rule, else the budget-k reading.
     Returns:
         (tables {name: DataFrame}, metrics {"eval/<benchmark>/<metric>": float}).
     """
@@ -150,18 +163,13 @@ def compute_tables(samples: pd.DataFrame, ks, ucc_ks=None, similarity_metric: st
     tables["passk"].index.name = "benchmark"
     if tables["subsets"].empty:
         del tables["subsets"]
-    if base_samples is not None:
-        tables["flip_rates"] = flip_rates(base_samples, samples)
     metrics = {}
     for name, table in tables.items():
-        if name == "flip_rates":
-            for bucket, row in table.iterrows():
-                for col, v in row.items():
-                    if col != "n_prompts" and pd.notna(v):
-                        metrics[f"eval/flip/{bucket}/{col}"] = float(v)
-            continue
         for bench, row in table.iterrows():
             for col, v in row.items():
                 if pd.notna(v):
                     metrics[f"eval/{bench}/{metric_key(col)}"] = float(v)
+    if base_samples is not None:
+        tables["flip_rates"], flip = flip_metrics(base_samples, samples, flip_k)
+        metrics.update(flip)
     return tables, metrics

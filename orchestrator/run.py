@@ -57,7 +57,7 @@ def _install_preemption_handler() -> None:
     save its full state at the end of the current step; submitit's own handler then requeues the job."""
     if "SLURM_JOB_ID" not in os.environ:
         return
-    from training.engines.local import STOP_REQUESTED
+    from core.lifecycle import STOP_REQUESTED
 
     previous = signal.getsignal(signal.SIGUSR2)
 
@@ -109,8 +109,11 @@ def run(cfg: DictConfig) -> dict:
     if not force:
         prior = tracking.retry(tracking.find_finished_run, exp_id, chash)
         if prior is not None:
-            return _record_duplicate(exp_id, name, tags, params, prior.info.run_id, chash,
-                                     f"identical effective config to finished run {prior.info.run_id}; not trained again")
+            out = _record_duplicate(exp_id, name, tags, params, prior.info.run_id, chash,
+                                    f"identical effective config to finished run {prior.info.run_id}; not trained again")
+            if bool(cfg.eval.get("base", True)) and not prior.data.tags.get("rlvr.base_run_id"):
+                _backfill_flips(cfg, exp_id, sweep_id, job_num, run_dir, prior)
+            return out
         for r in tracking.retry(tracking.runs_with_hash, exp_id, chash):
             if r.info.status not in ("RUNNING", "KILLED", "SCHEDULED"):
                 continue
@@ -122,10 +125,9 @@ def run(cfg: DictConfig) -> dict:
             break
 
     import training
-    from evaluation.evaluate import evaluate_temperatures
+    from core.lifecycle import Preempted
+    from evaluation.evaluate import benchmark_rows
     from training.data import load_prompts
-    from training.engines.local import Preempted
-    from training.models import load_checkpoint
 
     client = MlflowClient()
     if resume is not None:
@@ -160,17 +162,19 @@ def run(cfg: DictConfig) -> dict:
     _install_preemption_handler()
     try:
         tracking.retry(mlflow.log_artifact, str(run_dir / "config.yaml"))
+        heldout = load_prompts(cfg.data, "eval")
+        benchmark_rows(cfg.eval, heldout)  # unreadable benchmark files fail here, before any training
+        base = None
+        if bool(cfg.eval.get("base", True)):
+            from .base import BaseEvaluation
+
+            base = BaseEvaluation(cfg, exp_id, sweep_id, job_num, Path(sweep_id) if sweep_id else run_dir, heldout)
+            base.ensure(wait=False)  # evaluated here now, unless another job already is
         ckpt = training.train(cfg, run_dir, log_metrics=lambda m, step: tracking.retry(mlflow.log_metrics, m, step=step),
                               logged_through=logged_through)
         mlflow.set_tag("rlvr.checkpoint", str(ckpt))
-        model, tok = load_checkpoint(ckpt)
-        metrics, files = evaluate_temperatures(model, tok, cfg.eval, run_dir / "eval",
-                                               heldout_rows=load_prompts(cfg.data, "eval"),
-                                               chat_template=bool(cfg.model.get("chat_template", True)))
-        tracking.retry(mlflow.log_metrics, metrics)
-        for rel, path in files.items():
-            sub = str(Path(rel).parent)
-            tracking.retry(mlflow.log_artifact, str(path), None if sub == "." else sub)
+        _free_memory()
+        metrics = evaluate_run(cfg, run_dir, ckpt, heldout, base)
     except Preempted:
         # state saved: leave the run RUNNING for the requeued job, and let submitit requeue us
         log.warning("point %s preempted; state saved in %s", name, run_dir)
@@ -188,3 +192,127 @@ def run(cfg: DictConfig) -> dict:
     mlflow.end_run()
     log.info("point %s finished: MLflow run %s", name, run_id)
     return {"status": "finished", "run_id": run_id, "config_hash": chash, "metrics": metrics}
+
+
+def _free_memory() -> None:
+    """Return the training engine's memory (GPU memory above all) before an evaluation engine starts."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def flip_rule(k) -> str:
+    from evaluation.metrics.difficulty import flip_rule as rule
+
+    return rule(None if k is None else int(k))
+
+
+def checkpoints_to_evaluate(cfg, run_dir: Path, final: Path) -> list[tuple[int, Path, Path, bool]]:
+    """``[(step, checkpoint, evaluation folder, is_final), ...]``: with ``eval.checkpoints=all`` every kept
+    checkpoint (``train.save_every``) in ``run_dir/eval/step_<N>``, then the final one in ``run_dir/eval``;
+    ``step`` is the number of training steps behind the checkpoint (the final: ``train.steps``)."""
+    from core.lifecycle import saved_checkpoints
+
+    out = []
+    if str(cfg.eval.get("checkpoints", "final")) == "all":
+        out = [(s, p, run_dir / "eval" / f"step_{s}", False) for s, p in saved_checkpoints(run_dir) if s < int(cfg.train.steps)]
+    return out + [(int(cfg.train.steps), Path(final), run_dir / "eval", True)]
+
+
+def _log_files(files: dict, prefix: str | None) -> None:
+    for rel, f in files.items():
+        sub = str(Path(rel).parent)
+        dest = "/".join(x for x in (prefix, None if sub == "." else sub) if x)
+        tracking.retry(mlflow.log_artifact, str(f), dest or None)
+
+
+def evaluate_run(cfg, run_dir: Path, final: Path, heldout, base=None) -> dict:
+    """Evaluate a trained run's checkpoints (:func:`checkpoints_to_evaluate`) and log each to the active MLflow
+    run at its training step, so MLflow draws every evaluation metric against steps; then, with ``base`` (an
+    :class:`orchestrator.base.BaseEvaluation`), wait for the base model's samples and log every evaluation's
+    flip rates (``eval/<bench>/flip/<bucket>/<measure>``, ``flip_rates.csv``). Files of a non-final checkpoint
+    go under ``eval/step_<N>/`` in the run's artifacts. An evaluation already logged (a marker file in its
+    folder, e.g. before a requeue) is not logged twice.
+
+    Returns:
+        The final checkpoint's metrics (flip rates included).
+    """
+    import pandas as pd
+
+    from evaluation.evaluate import evaluate_checkpoint
+    from evaluation.tables import flip_metrics
+
+    chat = bool(cfg.model.get("chat_template", True))
+    final_metrics, evaluated = {}, []
+    for step, path, out_dir, is_final in checkpoints_to_evaluate(cfg, run_dir, final):
+        metrics, files, info = evaluate_checkpoint(path, cfg.eval, out_dir, heldout, chat, temperatures=is_final)
+        if is_final:
+            final_metrics = dict(metrics)
+            tracking.retry(mlflow.set_tags, {"rlvr.sampler": info["sampler"], "rlvr.entropy_method": str(info["entropy_method"])})
+        if not (out_dir / ".logged").exists():
+            tracking.retry(mlflow.log_metrics, metrics | {"eval/time_s": info["eval_time_s"]}, step=step)
+            _log_files(files, None if is_final else f"eval/step_{step}")
+            (out_dir / ".logged").write_text(str(step))
+        evaluated.append((step, out_dir, is_final))
+    base_samples = base.ensure(wait=True) if base is not None else None
+    if base_samples is None:
+        return final_metrics
+    flip_k = cfg.eval.get("flip_k")
+    tracking.retry(mlflow.set_tags, {"rlvr.base_run_id": base.run_id, "rlvr.flip_rule": flip_rule(flip_k)})
+    for step, out_dir, is_final in evaluated:
+        table, flips = flip_metrics(base_samples, pd.read_parquet(out_dir / "samples.parquet"),
+                                    None if flip_k is None else int(flip_k))
+        if is_final:
+            final_metrics.update(flips)
+        if (out_dir / ".flips_logged").exists():
+            continue
+        table.to_csv(out_dir / "flip_rates.csv")
+        tracking.retry(mlflow.log_metrics, flips, step=step)
+        _log_files({"flip_rates.csv": out_dir / "flip_rates.csv"}, None if is_final else f"eval/step_{step}")
+        (out_dir / ".flips_logged").write_text(str(step))
+    return final_metrics
+
+
+def _backfill_flips(cfg, exp_id: str, sweep_id: str, job_num, run_dir: Path, prior) -> None:
+    """A finished run without flip rates (its sweep's base evaluation failed or was interrupted): evaluate the
+    base model now (or wait for the job that does) and log the flip rates of each of the run's evaluations to it,
+    at their steps, read back from its ``samples.parquet`` artifacts. Never raises: the run stays as it was."""
+    import tempfile
+
+    import pandas as pd
+
+    from evaluation.tables import flip_metrics
+    from training.data import load_prompts
+
+    from .base import BaseEvaluation, log_metrics
+
+    try:
+        base = BaseEvaluation(cfg, exp_id, sweep_id, job_num, Path(sweep_id) if sweep_id else run_dir,
+                              load_prompts(cfg.data, "eval"))
+        base_samples = base.ensure(wait=True)
+        if base_samples is None:
+            return
+        client = MlflowClient()
+        rid = prior.info.run_id
+        evaluations = [("", int(cfg.train.steps))] + [
+            (a.path + "/", int(a.path.rsplit("_", 1)[1])) for a in tracking.retry(client.list_artifacts, rid, "eval")
+            if a.is_dir and a.path.rsplit("/", 1)[-1].startswith("step_")]
+        flip_k = cfg.eval.get("flip_k")
+        tmp = Path(tempfile.mkdtemp(prefix="rlvr-flips-"))
+        for prefix, step in evaluations:
+            local = tmp / f"step_{step}"
+            samples = pd.read_parquet(client.download_artifacts(rid, prefix + "samples.parquet", str(local)))
+            table, flips = flip_metrics(base_samples, samples, None if flip_k is None else int(flip_k))
+            log_metrics(client, rid, flips, step)
+            table.to_csv(local / "flip_rates.csv")
+            tracking.retry(client.log_artifact, rid, str(local / "flip_rates.csv"), prefix.rstrip("/") or None)
+        tracking.retry(client.set_tag, rid, "rlvr.base_run_id", base.run_id)
+        tracking.retry(client.set_tag, rid, "rlvr.flip_rule", flip_rule(flip_k))
+        log.info("run %s: flip rates against base run %s added", rid, base.run_id)
+    except Exception as e:
+        log.warning("run %s: could not add flip rates against the base model: %s: %s", prior.info.run_id,
+                    type(e).__name__, e)

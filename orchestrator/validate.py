@@ -51,6 +51,61 @@ def _check_params(kind: str, fn, params: dict) -> None:
     _require(not missing, f"algo.{kind}: missing parameter(s) {missing} for {fn.__name__}")
 
 
+def _int_at_least(cfg, key: str, low: int, allow_null: bool = False):
+    value = OmegaConf.select(cfg, key)
+    if value is None and allow_null:
+        return None
+    _require(isinstance(value, int) and not isinstance(value, bool) and value >= low,
+             f"{key}={value!r}: expected an integer >= {low}" + (" or null" if allow_null else ""))
+    return value
+
+
+VLLM_KEYS = ("gpu_memory_utilization", "tensor_parallel_size", "max_model_len", "enforce_eager", "kv_cache_memory_bytes",
+             "dtype", "extra")
+
+
+def check_eval_engine(cfg, n: int) -> None:
+    """The sampler and its settings, flip rates, checkpoint evaluation (``eval.sampler``, ``eval.dtype``, ...)."""
+    from core.models import DTYPES
+    from core.sampling import SAMPLERS, resolve_sampler
+
+    name = cfg.eval.get("sampler", "auto")
+    _require(isinstance(name, str) and name in ("auto", *SAMPLERS),
+             f"eval.sampler={name!r}: expected one of {['auto', *SAMPLERS]}")
+    try:
+        resolve_sampler(name)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    for key in ("eval.dtype", "eval.vllm.dtype"):
+        v = OmegaConf.select(cfg, key)
+        _require(v is None and key != "eval.dtype" or v in ("auto", *DTYPES),
+                 f"{key}={v!r}: expected auto or one of {sorted(DTYPES)}")
+    dev = str(cfg.eval.get("device", "auto"))
+    _require(dev in ("auto", "cpu") or dev.split(":")[0] == "cuda", f"eval.device={dev!r}: expected auto, cpu or cuda[:i]")
+    _require(isinstance(cfg.eval.get("base", True), bool), f"eval.base={cfg.eval.get('base')!r}: expected true or false")
+    k = _int_at_least(cfg, "eval.flip_k", 1, allow_null=True)
+    _require(k is None or k <= n, f"eval.flip_k={k}: larger than eval.n={n} (a prompt has only n samples)")
+    which = cfg.eval.get("checkpoints", "final")
+    _require(which in ("final", "all"), f"eval.checkpoints={which!r}: expected final or all")
+    save_every = _int_at_least(cfg, "train.save_every", 0) if cfg.train.get("save_every") is not None else 0
+    _require(which != "all" or save_every > 0,
+             "eval.checkpoints=all: no checkpoints are kept during training; set train.save_every=N (N >= 1)")
+    for key in ("eval.score_rows", "eval.score_tokens"):
+        if OmegaConf.select(cfg, key) is not None:
+            _int_at_least(cfg, key, 1)
+    vl = cfg.eval.get("vllm")
+    if vl is not None:
+        _require(hasattr(vl, "keys"), f"eval.vllm={vl!r}: expected a mapping of vllm.LLM arguments")
+        unknown = [key for key in vl.keys() if key not in VLLM_KEYS]
+        _require(not unknown, f"eval.vllm: unknown key(s) {unknown}; known: {list(VLLM_KEYS)} "
+                              "(put any other vllm.LLM argument under eval.vllm.extra)")
+        gmu = vl.get("gpu_memory_utilization")
+        _require(gmu is None or (isinstance(gmu, (int, float)) and not isinstance(gmu, bool) and 0 < gmu <= 1),
+                 f"eval.vllm.gpu_memory_utilization={gmu!r}: expected a share in (0, 1]")
+        for key in ("tensor_parallel_size", "max_model_len", "kv_cache_memory_bytes"):
+            _int_at_least(cfg, f"eval.vllm.{key}", 1, allow_null=True)
+
+
 def validate_config(cfg: DictConfig) -> list[str]:
     """Check a composed run config; raise :class:`ConfigError` (one line) on the first problem.
 
@@ -150,6 +205,7 @@ def validate_config(cfg: DictConfig) -> list[str]:
 
         missing = [b for b in benches if b not in ("arithmetic", "kk") and not (Path(data_dir) / b / "test.jsonl").is_file()]
         _require(not missing, f"eval.data_dir={data_dir!r}: no <name>/test.jsonl for {missing}")
+    check_eval_engine(cfg, int(n))
     _require(cfg.engine.name in ("local", "verl"), f"engine={cfg.engine.name!r}: available engines: ['local', 'verl']")
     if cfg.engine.name == "verl":
         from training.engines.verl import check_verl_config

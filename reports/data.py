@@ -10,6 +10,7 @@ import pandas as pd
 TRAIN_PANELS = ["train/reward_mean", "train/accuracy", "train/entropy", "train/kl_ref", "train/clip_fraction",
                 "train/ppo_kl", "train/grad_norm", "train/lambda_mean", "train/reversed_share"]
 _PASSK = re.compile(r"^eval/([^/]+)/pass_at_(\d+)$")
+BASE_LABEL = "Initialization"  # the papers' name for the starting model's row
 
 
 def display_name(metric: str) -> str:
@@ -36,8 +37,10 @@ def load_runs(tracking_uri: str, experiment: str) -> pd.DataFrame:
         if tags.get("rlvr.kind") == "report":
             continue
         end = r.info.end_time or r.info.start_time
+        is_base = tags.get("rlvr.kind") == "base"
         rows.append({
-            "run_id": r.info.run_id, "label": r.info.run_name or r.info.run_id[:8], "algo": r.data.params.get("algo.name", "?"),
+            "run_id": r.info.run_id, "label": BASE_LABEL if is_base else (r.info.run_name or r.info.run_id[:8]),
+            "algo": "base model" if is_base else r.data.params.get("algo.name", "?"),
             "status": r.info.status, "kind": tags.get("rlvr.kind", "trained"), "duplicate_of": tags.get("rlvr.duplicate_of"),
             "wall_time_s": (end - r.info.start_time) / 1000.0 if r.info.start_time else np.nan,
             "steps": int(r.data.params.get("train.steps", 0) or 0) if tags.get("rlvr.kind") == "trained" else 0,
@@ -47,15 +50,17 @@ def load_runs(tracking_uri: str, experiment: str) -> pd.DataFrame:
 
 
 def swept_params(runs: pd.DataFrame) -> list[str]:
-    """Parameter keys whose value differs between runs (the sweep's axes), bookkeeping keys excluded."""
+    """Parameter keys whose value differs between the trained runs (the sweep's axes), bookkeeping keys
+    excluded (base-model runs carry only model, eval and data parameters, so they are left out)."""
     if runs.empty:
         return []
-    keys = sorted({k for p in runs["params"] for k in p})
+    params = [p for p, k in zip(runs["params"], runs["kind"] if "kind" in runs else [None] * len(runs)) if k != "base"]
+    keys = sorted({k for p in params for k in p})
     out = []
     for k in keys:
         if k.startswith(("tracking.", "experiment_name", "identity_exclude", "force", "report.")):
             continue
-        if len({p.get(k) for p in runs["params"]}) > 1:
+        if len({p.get(k) for p in params}) > 1:
             out.append(k)
     return out
 
@@ -68,6 +73,9 @@ def short_labels(runs: pd.DataFrame) -> pd.DataFrame:
     axes = [k for k in swept_params(runs) if not k.startswith("algo.")]
     labels = []
     for algo, params, kind in zip(runs["algo"], runs["params"], runs["kind"]):
+        if kind == "base":
+            labels.append(BASE_LABEL)
+            continue
         parts = [algo] + [f"{k.split('.')[-1]}={params.get(k)}" for k in axes]
         labels.append(" ".join(parts) + (" (dup)" if kind == "duplicate" else ""))
     seen: dict = {}
@@ -87,7 +95,7 @@ def run_table(runs: pd.DataFrame, tracking_uri: str | None = None) -> pd.DataFra
     axes = [k for k in swept_params(runs) if not k.startswith("algo.")]
     table = pd.DataFrame({
         "run": runs["label"], "algorithm": runs["algo"],
-        **{k: [p.get(k) for p in runs["params"]] for k in axes},
+        **{k: [None if kind == "base" else p.get(k) for p, kind in zip(runs["params"], runs["kind"])] for k in axes},
         "status": [("duplicate of " + str(d)[:8]) if k == "duplicate" else s for k, s, d in zip(runs["kind"], runs["status"], runs["duplicate_of"])],
         "steps": runs["steps"], "wall time (s)": runs["wall_time_s"].round(1), "MLflow run": runs["run_id"],
     })
@@ -99,6 +107,23 @@ def finished(runs: pd.DataFrame) -> pd.DataFrame:
     if runs.empty:
         return runs
     return runs[(runs["kind"] == "trained") & (runs["status"] == "FINISHED")]
+
+
+def evaluated(runs: pd.DataFrame) -> pd.DataFrame:
+    """The finished base-model runs (the "Initialization" rows, first) and the finished trained runs: every
+    run whose evaluation tables the report shows."""
+    if runs.empty:
+        return runs
+    base = runs[(runs["kind"] == "base") & (runs["status"] == "FINISHED")]
+    return pd.concat([base, finished(runs)])
+
+
+def base_label(runs: pd.DataFrame) -> str | None:
+    """Label of the (first) finished base-model run, the default baseline of the paired differences."""
+    if runs.empty:
+        return None
+    base = runs[(runs["kind"] == "base") & (runs["status"] == "FINISHED")]
+    return str(base["label"].iloc[0]) if len(base) else None
 
 
 def histories(tracking_uri: str, runs: pd.DataFrame, keys=TRAIN_PANELS) -> dict:
@@ -209,20 +234,63 @@ def bold_best_html(df: pd.DataFrame, digits: int = 4) -> str:
     return fmt.to_html(escape=False)
 
 
-def flip_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Rows (run, bucket), columns solved_from_unsolved / improved / regressed, from ``eval/flip/...``."""
-    rx = re.compile(r"^eval/flip/([^/]+)/([^/]+)$")
+def flip_table(runs: pd.DataFrame, benchmark: str | None = "all") -> pd.DataFrame:
+    """Rows (run, bucket) (or (run, benchmark, bucket) with ``benchmark=None``), columns ``n_prompts``,
+    ``solved_from_unsolved``, ``improved``, ``regressed``, from ``eval/<benchmark>/flip/<bucket>/<measure>``
+    (benchmark ``all``: every prompt pooled)."""
+    rx = re.compile(r"^eval/([^/]+)/flip/([^/]+)/([^/]+)$")
+    order = {b: i for i, b in enumerate(("very_hard", "hard", "medium", "easy"))}
     rec = {}
     for _, r in runs.iterrows():
         for key, v in r["metrics"].items():
             m = rx.match(key)
-            if m:
-                rec.setdefault((r["label"], m.group(1)), {})[m.group(2)] = v
+            if m and (benchmark is None or m.group(1) == benchmark):
+                idx = (r["label"], m.group(2)) if benchmark is not None else (r["label"], m.group(1), m.group(2))
+                rec.setdefault(idx, {})[m.group(3)] = v
     if not rec:
         return pd.DataFrame()
     df = pd.DataFrame.from_dict(rec, orient="index")
-    df.index = pd.MultiIndex.from_tuples(df.index, names=["run", "bucket"])
-    return df
+    df.index = pd.MultiIndex.from_tuples(df.index, names=["run", "bucket"] if benchmark is not None else ["run", "benchmark", "bucket"])
+    runs_order = {lab: i for i, lab in enumerate(runs["label"])}
+    keys = sorted(df.index, key=lambda ix: (runs_order.get(ix[0], 1e9), *ix[1:-1], order.get(ix[-1], 9)))
+    cols = [c for c in ("n_prompts", "solved_from_unsolved", "improved", "regressed") if c in df.columns]
+    return df.loc[keys, cols]
+
+
+def flip_rules(runs: pd.DataFrame) -> list[str]:
+    """The flip-rate rules the runs were evaluated with (tag ``rlvr.flip_rule``)."""
+    return sorted({r["tags"].get("rlvr.flip_rule") for _, r in runs.iterrows() if r["tags"].get("rlvr.flip_rule")})
+
+
+def eval_trajectories(tracking_uri: str, runs: pd.DataFrame, key: str) -> dict:
+    """{run label: (steps, values)} of evaluation metric ``key`` (e.g. ``eval/mean/pass_at_8``) for the trained
+    runs evaluated at more than one checkpoint (``eval.checkpoints=all``), each starting with the base model's
+    value at step 0 when the run's base run (tag ``rlvr.base_run_id``) has it."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    base_values = {r["run_id"]: r["metrics"].get(key) for _, r in runs.iterrows() if r["kind"] == "base"}
+    out = {}
+    for _, r in runs.iterrows():
+        if r["kind"] != "trained" or key not in r["metrics"]:
+            continue
+        hist = sorted(client.get_metric_history(r["run_id"], key), key=lambda m: (m.step, m.timestamp))
+        by_step = {m.step: m.value for m in hist}  # the last value logged at a step
+        if len(by_step) < 2:
+            continue
+        base_v = base_values.get(r["tags"].get("rlvr.base_run_id"))
+        if base_v is not None and 0 not in by_step:
+            by_step[0] = base_v
+        steps = sorted(by_step)
+        out[r["label"]] = (np.array(steps), np.array([by_step[s] for s in steps]))
+    return out
+
+
+def largest_k_key(runs: pd.DataFrame, benchmark: str = "mean") -> str | None:
+    """``eval/<benchmark>/pass_at_<K>`` for the largest K any run logged, or None."""
+    ks = [int(m.group(2)) for _, r in runs.iterrows() for k in r["metrics"] for m in [_PASSK.match(k)]
+          if m and m.group(1) == benchmark]
+    return f"eval/{benchmark}/pass_at_{max(ks)}" if ks else None
 
 
 def download_samples(tracking_uri: str, runs: pd.DataFrame, dst: Path) -> dict:

@@ -3,8 +3,9 @@
     python scripts/gpu_smoke_vllm.py [--out DIR]
 
 Builds a tiny Llama from a config and a byte-level BPE tokenizer trained in-process (nothing is
-downloaded), samples with vLLM (n=4 per prompt, seeded), checks the samples, then runs the suite's
-evaluation (smoke preset, generated arithmetic) through the same sampler. Exits non-zero on failure.
+downloaded), samples with vLLM (n=4 per prompt, seeded; entropies from the teacher-forced pass), checks
+the samples and their reproducibility, then runs the suite's evaluation (generated arithmetic) through the
+same sampler. Exits non-zero on failure. (On a CPU machine the vLLM path is tested by tests/e2e/test_vllm.py.)
 Needs: pip install -e '.[gpu]' (vLLM) on a CUDA machine.
 """
 from __future__ import annotations
@@ -29,8 +30,8 @@ def build_tiny_model(path: Path) -> None:
                                      pad_token="</s>")
     hf_tok.save_pretrained(path)
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(hf_tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
+    cfg = LlamaConfig(vocab_size=len(hf_tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,  # head dim 64
                       bos_token_id=hf_tok.bos_token_id, eos_token_id=hf_tok.eos_token_id, pad_token_id=hf_tok.pad_token_id)
     LlamaForCausalLM(cfg).save_pretrained(path)
 
@@ -47,26 +48,28 @@ def main(argv=None) -> int:
         return 2
     from omegaconf import OmegaConf
 
+    from core.sampling import SamplingSettings, VLLMSampler
     from evaluation.evaluate import evaluate
-    from evaluation.sampling import VLLMSampler
     from training.data.arithmetic import arithmetic_splits
 
     out = Path(args.out or tempfile.mkdtemp(prefix="vllm-smoke-"))
     model_dir = out / "tiny-model"
     build_tiny_model(model_dir)
-    sampler = VLLMSampler(model_dir, temperature=1.0, top_p=1.0, max_new_tokens=16, chat_template=False,
-                          enforce_eager=True, gpu_memory_utilization=0.3, max_model_len=512)
-    res = sampler.sample(["Compute 1 + 2.", "Compute 3 + 4."], n=4, seed=0)
+    sampler = VLLMSampler(model_dir, engine={"enforce_eager": True, "gpu_memory_utilization": 0.3, "max_model_len": 512})
+    settings = SamplingSettings(temperature=1.0, top_p=1.0, max_new_tokens=16, chat_template=False)
+    res = sampler.sample(["Compute 1 + 2.", "Compute 3 + 4."], 4, [0, 1], settings)
     assert len(res) == 2 and all(len(r) == 4 for r in res), res
     assert all(s["finish_reason"] in ("stop", "length") and s["n_tokens"] >= 1 for r in res for s in r)
     assert len({s["response"] for s in res[0]}) > 1, "the 4 samples of one prompt are identical"
-    again = sampler.sample(["Compute 1 + 2.", "Compute 3 + 4."], n=4, seed=0)
+    assert all(s["mean_token_entropy"] is not None and s["mean_token_entropy"] >= 0 for r in res for s in r)
+    again = sampler.sample(["Compute 1 + 2.", "Compute 3 + 4."], 4, [0, 1], settings)
     assert [s["response"] for s in again[0]] == [s["response"] for s in res[0]], "same seed, different samples"
     print("VLLMSampler samples:", [s["response"][:30] for s in res[0]])
     _, heldout = arithmetic_splits(n_eval=8)
     eval_cfg = OmegaConf.create({"benchmarks": ["arithmetic"], "max_prompts": 8, "n": 4, "ks": [1, 2, 4], "temperature": 1.0,
-                                 "top_p": 1.0, "max_new_tokens": 16, "seed": 0, "batch_prompts": 4, "entropy": False})
-    metrics, files = evaluate(None, None, eval_cfg, out / "eval", heldout_rows=heldout, sampler=sampler)
+                                 "top_p": 1.0, "max_new_tokens": 16, "seed": 0, "batch_prompts": 4})
+    metrics, files = evaluate(sampler, eval_cfg, out / "eval", heldout_rows=heldout, chat_template=False)
+    sampler.close()
     print({k: round(v, 4) for k, v in metrics.items() if k.startswith("eval/mean/")})
     print("gpu_smoke_vllm: OK", {k: str(v) for k, v in files.items()})
     return 0

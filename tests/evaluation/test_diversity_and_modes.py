@@ -115,9 +115,36 @@ def test_flip_rates_by_bucket():
     assert difficulty_bucket(1, 32) == "hard"  # edges scale with n: 1/32 of the samples
     base = _samples([[0] * 32, [0] * 32, [1] * 2 + [0] * 30, [1] * 32])
     after = _samples([[1] + [0] * 31, [0] * 32, [0] * 32, [1] * 32])
-    fr = flip_rates(base, after)
+    fr = flip_rates(base, after).loc["b"]
     assert fr.loc["very_hard", "n_prompts"] == 2 and fr.loc["very_hard", "solved_from_unsolved"] == 0.5
     assert fr.loc["hard", "regressed"] == 1.0 and fr.loc["easy", "improved"] == 0.0
+
+
+def test_budget_k_flip_rule_by_hand():
+    """Hand-made 8-sample prompts; buckets from all base samples (edges 1/32, 1/8, 1/2 of n = 8: 0.25, 1, 4
+    correct, so 0 is very hard, 1-3 medium, 4-8 easy, and no count falls in the hard bucket)."""
+    base = pd.concat([_samples([[0] * 8, [0, 0, 0, 0, 0, 0, 1, 0], [1, 0, 0, 0, 0, 0, 0, 0]], "a"),
+                      _samples([[0, 0, 1, 1, 0, 0, 1, 1]], "b")])
+    after = pd.concat([_samples([[0, 0, 0, 0, 0, 0, 0, 1], [0, 1, 0, 0, 0, 0, 0, 0], [0] * 8], "a"),
+                       _samples([[1, 0, 0, 0, 0, 0, 0, 0]], "b")])
+    # prompt a0: very hard (0/8); a1: medium (1/8); a2: medium (1/8); b0: easy (4/8)
+    lit = flip_rates(base, after)
+    assert lit.loc[("a", "very_hard"), "solved_from_unsolved"] == 1.0  # a0: 0 -> 1 correct
+    assert lit.loc[("a", "medium"), "solved_from_unsolved"] == 0.0  # literal: the base solved a1, a2 at least once
+    assert lit.loc[("a", "medium"), "regressed"] == 0.5  # a2: 1 -> 0 correct
+    assert lit.loc[("all", "medium"), "n_prompts"] == 2 and lit.loc[("all", "easy"), "n_prompts"] == 1
+    assert ("all", "hard") not in lit.index  # empty buckets are left out
+    k2 = flip_rates(base, after, k=2)
+    # first two samples: a0 base (0,0) after (0,0): no flip; a1 base (0,0) after (0,1): flip; a2 base (1,0) after (0,0): regress
+    assert k2.loc[("a", "very_hard"), "solved_from_unsolved"] == 0.0
+    assert k2.loc[("a", "medium"), "solved_from_unsolved"] == 0.5 and k2.loc[("a", "medium"), "regressed"] == 0.5
+    # b0 base (0,0) after (1,0): a flip in the easy bucket, impossible under the literal rule
+    assert k2.loc[("b", "easy"), "solved_from_unsolved"] == 1.0 and lit.loc[("b", "easy"), "solved_from_unsolved"] == 0.0
+    assert k2.loc[("all", "easy"), "improved"] == 0.0  # improved compares all samples: 4/8 -> 1/8
+    with pytest.raises(ValueError, match="flip_k=9"):
+        flip_rates(base, after, k=9)
+    _, metrics = compute_tables(after, [1, 2], base_samples=base, flip_k=2)
+    assert metrics["eval/b/flip/easy/solved_from_unsolved"] == 1.0 and metrics["eval/all/flip/medium/n_prompts"] == 2
 
 
 def test_tables_report_the_issue_example_and_unweighted_means():

@@ -7,15 +7,15 @@ import pandas as pd
 import pytest
 import torch
 
+from core.sampling import HFSampler, SamplingSettings, prompt_texts
 from evaluation.evaluate import sample_benchmarks
-from evaluation.sampling import HFSampler, prompt_texts
 from tests.conftest import REPO
 
 
 def test_hf_sampler_entropy_is_the_exact_mean_next_token_entropy(tiny_policy):
     model, tok = tiny_policy
-    sampler = HFSampler(model, tok, temperature=1.0, top_p=1.0, max_new_tokens=5)
-    [samples] = sampler.sample(["Compute 1 + 1."], n=3, seed=0)
+    sampler = HFSampler(model, tok, score_rows=2, score_tokens=2)  # chunked in rows and positions
+    [samples] = sampler.sample(["Compute 1 + 1."], 3, [0], SamplingSettings(1.0, 1.0, 5))
     assert len({s["response"] for s in samples}) > 1  # the n samples of a prompt differ
     text = prompt_texts(tok, ["Compute 1 + 1."])[0]
     p = tok(text, return_tensors="pt", add_special_tokens=False).input_ids
@@ -35,7 +35,9 @@ class _CountingSampler:
     def __init__(self, fail_after=None):
         self.prompts_seen, self.fail_after = [], fail_after
 
-    def sample(self, prompts, n, seed):
+    name = "counting"
+
+    def sample(self, prompts, n, seeds, settings):
         if self.fail_after is not None and len(self.prompts_seen) >= self.fail_after:
             raise KeyboardInterrupt("interrupted")
         self.prompts_seen += list(prompts)
@@ -88,7 +90,7 @@ def test_cli_evaluates_two_shared_benchmarks_and_logs_every_table(tmp_path, benc
         for key in ("pass_at_1", "pass_at_4", "avg_at_4", "ucc_at_4", "ucr", "entropy", "observed_yield",
                     "effective_yield", "coverage_at_4", "accuracy"):
             assert f"eval/{bench}/{key}" in m, (bench, key)
-    assert "eval/flip/very_hard/solved_from_unsolved" in m
+    assert "eval/all/flip/very_hard/solved_from_unsolved" in m and "eval/aime24/flip/very_hard/n_prompts" in m
     artifacts = {a.path for a in client.list_artifacts(runs["after"].info.run_id)}
     assert {"samples.parquet", "passk.csv", "ucc.csv", "modes.csv", "entropy.csv", "flip_rates.csv"} <= artifacts
     df = pd.read_parquet(tmp_path / "after" / "samples.parquet")
@@ -109,15 +111,16 @@ def test_extra_temperatures_evaluate_again_with_their_own_keys_and_files(tmp_pat
     from training.data import load_prompts
 
     model, tok = tiny_policy
+    sampler = HFSampler(model, tok)
     ecfg = OmegaConf.merge(tiny_cfg.eval, {"extra_temperatures": [1.0, 2.0], "max_prompts": 2})
-    metrics, files = evaluate_temperatures(model, tok, ecfg, tmp_path, heldout_rows=load_prompts(tiny_cfg.data, "eval"))
+    metrics, files = evaluate_temperatures(sampler, ecfg, tmp_path, heldout_rows=load_prompts(tiny_cfg.data, "eval"))
     assert "eval/arithmetic/pass_at_1" in metrics and "eval_T2/arithmetic/pass_at_1" in metrics
     assert "eval_T2/arithmetic/ucr" in metrics and not any(k.startswith("eval_T1/") for k in metrics)  # 1.0 is the main one
     assert files["T2/samples.parquet"] == tmp_path / "T2" / "samples.parquet"
     # sampling really ran hotter: the entropy of softmax(z / T) grows with T, position by position
     assert metrics["eval_T2/arithmetic/entropy"] > metrics["eval/arithmetic/entropy"]
     with pytest.raises(ValueError, match="extra_temperatures"):
-        evaluate_temperatures(model, tok, OmegaConf.merge(ecfg, {"extra_temperatures": [0.0]}), tmp_path / "x")
+        evaluate_temperatures(sampler, OmegaConf.merge(ecfg, {"extra_temperatures": [0.0]}), tmp_path / "x")
 
 
 def test_samples_drawn_with_other_settings_are_set_aside_not_resumed(tmp_path, tiny_cfg, tiny_policy):
@@ -127,16 +130,16 @@ def test_samples_drawn_with_other_settings_are_set_aside_not_resumed(tmp_path, t
     from evaluation.evaluate import evaluate
     from training.data import load_prompts
 
-    model, tok = tiny_policy
+    sampler = HFSampler(*tiny_policy)
     held = load_prompts(tiny_cfg.data, "eval")
     e1 = OmegaConf.merge(tiny_cfg.eval, {"max_prompts": 2, "max_new_tokens": 4})
-    evaluate(model, tok, e1, tmp_path, heldout_rows=held)
+    evaluate(sampler, e1, tmp_path, heldout_rows=held)
     first = pd.read_parquet(tmp_path / "samples.parquet")
     assert first["n_tokens"].max() <= 4
-    evaluate(model, tok, e1, tmp_path, heldout_rows=held)  # same settings: resumed, nothing resampled
+    evaluate(sampler, e1, tmp_path, heldout_rows=held)  # same settings: resumed, nothing resampled
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "samples.parquet"), first)
     e2 = OmegaConf.merge(e1, {"max_new_tokens": 12, "temperature": 0.5})
-    evaluate(model, tok, e2, tmp_path, heldout_rows=held)
+    evaluate(sampler, e2, tmp_path, heldout_rows=held)
     second = pd.read_parquet(tmp_path / "samples.parquet")
     assert second["n_tokens"].max() > 4  # drawn afresh with the new settings
     stale = list(tmp_path.glob("samples.stale-*.parquet"))

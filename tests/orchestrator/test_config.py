@@ -59,6 +59,15 @@ def test_identity_ignores_delta_where_the_algorithm_does_not_use_it():
     (["data=math", "data.levels=[6]"], "data.levels=[6]"),
     (["data=math", "data.n_eval=-5"], "data.n_eval=-5"),
     (["data=math", "data.max_prompts=0"], "data.max_prompts=0"),
+    (["eval.dtype=fp8"], "eval.dtype='fp8'"),
+    (["eval.device=tpu"], "eval.device='tpu'"),
+    (["eval.flip_k=0"], "eval.flip_k=0"),
+    (["eval.checkpoints=some"], "eval.checkpoints='some'"),
+    (["train.save_every=-1"], "train.save_every=-1"),
+    (["eval.vllm.gpu_memory_utilization=1.5"], "gpu_memory_utilization=1.5"),
+    (["+eval.vllm.swap_space=4"], "eval.vllm: unknown key(s) ['swap_space']"),
+    (["eval.vllm.tensor_parallel_size=0"], "eval.vllm.tensor_parallel_size=0"),
+    (["eval.score_tokens=0"], "eval.score_tokens=0"),
 ])
 def test_bad_values_are_named(overrides, fragment):
     with pytest.raises(ConfigError) as e:

@@ -58,13 +58,67 @@ def test_one_failing_point_does_not_stop_the_others_and_a_rerun_trains_only_it(t
     assert len([r for r in runs if r.data.tags.get("rlvr.kind") == "trained"]) == 5  # +force trains again
 
 
-def test_parallel_jobs_on_one_new_sqlite_store_lose_no_metric(tmp_path):
-    proc = _sweep(tmp_path, "-m", "hydra/launcher=local", "algo=quatro,grpo", *TINY, "train.steps=3", "report.enabled=false")
+def test_four_parallel_points_evaluate_the_base_model_once_and_every_checkpoint(tmp_path):
+    """hydra/launcher=local: four processes at once on one new SQLite store. Exactly one base run, every trained
+    run evaluated at each kept checkpoint (steps 1 and 2) with flip rates against that base run, no metric lost,
+    and the report plots the trajectories. Re-running the sweep trains nothing and evaluates no base model."""
+    args = ["-m", "hydra/launcher=local", "algo=quatro,grpo,gspo,cispo", *TINY, "train.steps=2", "train.save_every=1",
+            "eval.checkpoints=all"]
+    proc = _sweep(tmp_path, *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     client, runs = _runs(tmp_path)
     trained = [r for r in runs if r.data.tags.get("rlvr.kind") == "trained"]
-    assert len(trained) == 2 and all(r.info.status == "FINISHED" for r in trained)
+    bases = [r for r in runs if r.data.tags.get("rlvr.kind") == "base"]
+    assert len(trained) == 4 and all(r.info.status == "FINISHED" for r in trained)
+    assert len(bases) == 1 and bases[0].info.status == "FINISHED" and bases[0].info.run_name == "Initialization"
+    assert [m.step for m in client.get_metric_history(bases[0].info.run_id, "eval/mean/pass_at_4")] == [0]
     for r in trained:
         for key in ("train/reward_mean", "train/entropy", "train/grad_norm", "train/step_time_s"):
-            assert sorted(m.step for m in client.get_metric_history(r.info.run_id, key)) == [0, 1, 2], key
-        assert "eval/mean/pass_at_4" in r.data.metrics
+            assert sorted(m.step for m in client.get_metric_history(r.info.run_id, key)) == [0, 1], key
+        assert r.data.tags["rlvr.base_run_id"] == bases[0].info.run_id
+        for key in ("eval/mean/pass_at_4", "eval/arithmetic/entropy", "eval/all/flip/very_hard/n_prompts"):
+            assert sorted(m.step for m in client.get_metric_history(r.info.run_id, key)) == [1, 2], key
+        arts = {a.path for a in client.list_artifacts(r.info.run_id, "eval/step_1")}
+        assert {"eval/step_1/samples.parquet", "eval/step_1/flip_rates.csv"} <= arts
+    figures = {p.name for p in (tmp_path / "reports_out" / "rlvr" / "figures").glob("*.png")}
+    assert {"checkpoint_trajectory.png", "flip_rates.png"} <= figures
+    html = (tmp_path / "reports_out" / "rlvr" / "report.html").read_text()
+    assert "Initialization" in html[html.index('id="pass@k"'):]
+
+    proc = _sweep(tmp_path, *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _, runs = _runs(tmp_path)
+    kinds = [r.data.tags.get("rlvr.kind") for r in runs]
+    assert kinds.count("trained") == 4 and kinds.count("base") == 1 and kinds.count("duplicate") == 4
+
+
+def test_a_failed_base_evaluation_fails_the_sweep_and_a_rerun_adds_the_flip_rates(tmp_path, monkeypatch, tiny_cfg):
+    """The base model cannot be written to its cache folder (a file is in the way): the trained point still
+    finishes, the sweep exits 1 naming the base evaluation; once the cause is gone, re-running the sweep trains
+    nothing, evaluates the base model and adds the flip rates to the run that lacked them."""
+    from core.models import tiny_model_dir
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("RLVR_CACHE", str(cache))
+    blocker = tiny_model_dir(tiny_cfg.model)
+    blocker.parent.mkdir(parents=True)
+    blocker.write_text("not a model folder")
+    args = ["-m", "algo=grpo", *FAST]
+    proc = _sweep(tmp_path, *args, env={"RLVR_CACHE": str(cache)})
+    assert proc.returncode == 1 and "The base model's evaluation failed" in proc.stdout, proc.stdout[-2000:]
+    client, runs = _runs(tmp_path)
+    [trained] = [r for r in runs if r.data.tags.get("rlvr.kind") == "trained"]
+    [base] = [r for r in runs if r.data.tags.get("rlvr.kind") == "base"]
+    assert trained.info.status == "FINISHED" and base.info.status == "FAILED"
+    assert "rlvr.base_run_id" not in trained.data.tags and not any("/flip/" in k for k in trained.data.metrics)
+
+    blocker.unlink()
+    proc = _sweep(tmp_path, *args, env={"RLVR_CACHE": str(cache)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client, runs = _runs(tmp_path)
+    [new_base] = [r for r in runs if r.data.tags.get("rlvr.kind") == "base" and r.info.status == "FINISHED"]
+    trained = client.get_run(trained.info.run_id)
+    assert trained.data.tags["rlvr.base_run_id"] == new_base.info.run_id
+    assert [m.step for m in client.get_metric_history(trained.info.run_id, "eval/all/flip/very_hard/n_prompts")] == [2]
+    assert "flip_rates.csv" in {a.path for a in client.list_artifacts(trained.info.run_id)}
+    assert len([r for r in runs if r.data.tags.get("rlvr.kind") == "trained"]) == 1

@@ -38,7 +38,15 @@ def test_sweep_ends_with_an_executed_report_whose_passk_table_matches_mlflow(swe
     artifacts = {a.path for a in client.list_artifacts(reports[0].info.run_id)}
     assert {"report.html", "report.ipynb"} <= artifacts
     figures = [a.path for a in client.list_artifacts(reports[0].info.run_id, "figures")]
-    assert {"figures/training_curves.png", "figures/passk_curves.png"} <= set(figures)
+    assert {"figures/training_curves.png", "figures/passk_curves.png", "figures/flip_rates.png"} <= set(figures)
+    # the base model's row opens the pass@k tables, with its logged values; flip rates name their rule
+    base = next(r for r in runs if r.data.tags.get("rlvr.kind") == "base")
+    assert "Initialization" in section and f"{base.data.metrics['eval/mean/pass_at_1']:.4f}" in section
+    flips = html[html.index('id="Flip-rates-against-the-base-model"'):html.index('id="Evaluation-over-training')]
+    assert "literal: unsolved = no correct sample among all n" in flips
+    # with no --baseline, the paired differences are against the base model
+    diffs = html[html.index('id="Differences-against-the-baseline'):]
+    assert "minus baseline <code>Initialization</code>" in diffs
     for png in (sweep_dir / "reports_out" / "rlvr" / "figures").glob("*.png"):
         img = mpimg.imread(png)
         assert img.shape[0] > 100 and img.shape[1] > 100 and img.std() > 0  # a real, non-blank picture

@@ -39,13 +39,16 @@ def test_local_engine_updates_the_policy_and_logs_every_step(tiny_cfg, tmp_path)
     from omegaconf import OmegaConf
 
     from training.engines.local import train
-    from training.models import load_checkpoint, load_policy
+    from core.models import load_checkpoint, load_policy
+
+    from core.lifecycle import saved_checkpoints
 
     cfg = OmegaConf.merge(tiny_cfg, {"train": {"steps": 2, "prompts_per_step": 2, "group_size": 4, "max_new_tokens": 6,
-                                               "minibatch_size": 4, "lr": 1e-2}, "algo": {"kl_beta": 0.001}})
+                                               "minibatch_size": 4, "lr": 1e-2, "save_every": 1}, "algo": {"kl_beta": 0.001}})
     logged = []
     ckpt = train(cfg, tmp_path, lambda m, s: logged.append((s, m)))
     assert [s for s, _ in logged] == [0, 1]
+    assert [s for s, _ in saved_checkpoints(tmp_path)] == [1]  # step 2 is the final checkpoint itself
     for key in ("train/reward_mean", "train/entropy", "train/grad_norm", "train/kl_ref", "train/step_time_s",
                 "train/tokens_per_s", "train/zero_variance_share", "train/response_length_mean"):
         assert key in logged[-1][1], key

@@ -300,6 +300,31 @@ def test_export_copies_the_latest_hf_checkpoint(tmp_path):
         V.export_hf_checkpoint(tmp_path / "nothing", tmp_path / "c2")
 
 
+def test_save_every_keeps_every_verl_checkpoint_and_exports_the_trajectory(tmp_path):
+    cfg = _cfg("engine=verl", "train.steps=6", "train.save_every=2", "train.checkpoint_every=3")
+    ov = dict(o.split("=", 1) for o in V.verl_overrides(cfg, "m", tmp_path, tmp_path))
+    assert ov["trainer.save_freq"] == "1" and ov["trainer.max_actor_ckpt_to_keep"] == "null"  # gcd(3, 2); keep all
+    ov = dict(o.split("=", 1) for o in V.verl_overrides(_cfg("engine=verl", "train.steps=6", "train.save_every=2"), "m", tmp_path, tmp_path))
+    assert ov["trainer.save_freq"] == "2"
+    ov = dict(o.split("=", 1) for o in V.verl_overrides(_cfg("engine=verl", "train.steps=6"), "m", tmp_path, tmp_path))
+    assert ov["trainer.save_freq"] == "6" and ov["trainer.max_actor_ckpt_to_keep"] == "2"  # only the end, as before
+
+    from core.lifecycle import saved_checkpoints
+
+    src = Path(V.materialize_model(cfg.model, tmp_path / "m"))
+    root = tmp_path / "verl_checkpoints"
+    for step in (1, 2, 3, 4, 5, 6):  # save_freq 1: verl kept every step
+        hf = root / f"global_step_{step}" / "actor" / "huggingface"
+        hf.mkdir(parents=True)
+        for f in src.iterdir():
+            (hf / f.name).write_bytes(f.read_bytes())
+        (hf / "step.txt").write_text(str(step))
+    V.export_trajectory(root, tmp_path / "run", save_every=2, total_steps=6)
+    kept = saved_checkpoints(tmp_path / "run")
+    assert [s for s, _ in kept] == [2, 4]  # every 2nd step before the last (the last is the final checkpoint)
+    assert [(p / "step.txt").read_text() for _, p in kept] == ["2", "4"]
+
+
 def _stub(path: Path, body: str) -> None:
     path.write_text("#!/usr/bin/env bash\n" + body)
     path.chmod(path.stat().st_mode | stat.S_IEXEC)

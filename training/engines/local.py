@@ -14,7 +14,6 @@ import copy
 import math
 import os
 import random
-import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -24,19 +23,15 @@ import torch
 from omegaconf import OmegaConf
 from tqdm.auto import trange
 
+from core.lifecycle import STOP_REQUESTED, Preempted, final_checkpoint_dir, save_atomically, step_checkpoint_dir
+from core.models import load_policy
 from training.algorithms import agg_loss, get_advantage_fn, get_policy_loss_fn, kl_k3, masked_mean
 from training.batch import concat_batches, to_groups
 from training.data import load_prompts
-from training.models import load_policy
 from training.rewards import overlong_penalty
 from training.rollout import collect_rollouts, compute_logprobs
 
-
-STOP_REQUESTED = threading.Event()  # set by a preemption signal handler: save state and stop after this step
-
-
-class Preempted(Exception):
-    """Training stopped at a step boundary after saving its full state (see :data:`STOP_REQUESTED`)."""
+__all__ = ["STOP_REQUESTED", "Preempted", "train", "update_policy", "policy_objective"]  # the flag lives in core.lifecycle
 
 
 def _params(node) -> dict:
@@ -133,7 +128,9 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
         logged_through: the last step whose metrics the tracker already holds (resume: saved metrics of
             later steps are logged again, earlier ones are not, so every step is logged exactly once).
     Returns:
-        Path of the checkpoint directory.
+        Path of the final checkpoint (``run_dir/checkpoint``). With ``train.save_every = N > 0`` the policy
+        after every N-th step is also kept, in ``run_dir/checkpoints/step_<steps done>``
+        (:func:`core.lifecycle.saved_checkpoints`).
     Raises:
         Preempted: :data:`STOP_REQUESTED` was set; the full state was saved first.
 
@@ -175,6 +172,11 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
     # ---- resume from a saved state (preemption, requeue, re-run of an unfinished point)
     state_path = run_dir / "state" / "train_state.pt"
     every, n_steps, start_step, pending = int(t_cfg.get("checkpoint_every", 0) or 0), int(t_cfg.steps), 0, []
+    save_every = int(t_cfg.get("save_every", 0) or 0)
+
+    def save_hf(path: Path) -> None:
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
     if state_path.exists():
         st = torch.load(state_path, map_location=device, weights_only=False)
         model.load_state_dict(st["model"])
@@ -288,6 +290,8 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
             **_mean_metrics(update_metrics),
         }
         pending.append((step, {f"train/{k}": v for k, v in metrics.items() if v is not None and math.isfinite(v)}))
+        if save_every and (step + 1) % save_every == 0 and step + 1 < n_steps:  # a trajectory point (the last is final),
+            save_atomically(step_checkpoint_dir(run_dir, step + 1), save_hf)  # kept before the state that skips it
         stop = STOP_REQUESTED.is_set()
         saved = stop or (every and ((step + 1) % every == 0 or step == n_steps - 1))
         if saved:
@@ -299,7 +303,4 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
         if stop:
             raise Preempted(f"stopped after step {step} on request; state saved to {state_path}")
 
-    ckpt = run_dir / "checkpoint"
-    model.save_pretrained(ckpt)
-    tokenizer.save_pretrained(ckpt)
-    return ckpt
+    return save_atomically(final_checkpoint_dir(run_dir), save_hf)

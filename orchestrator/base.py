@@ -1,0 +1,271 @@
+"""The base model's evaluation: once per identity, shared by every point of every sweep that needs it.
+
+The papers' tables start with an "Initialization" row (the starting model, same protocol), and flip
+rates compare each trained policy with it. Its identity is the hash of what determines its samples:
+the model config, the evaluation config (minus ``base``, ``flip_k``, ``checkpoints``), the resolved
+sampler and, when a held-out split of the training data is evaluated, the data config. One MLflow run
+per identity, tagged ``rlvr.kind=base``, named "Initialization", metrics logged at step 0.
+
+Exactly once, also when points run in parallel (local processes, SLURM array jobs), with MLflow as the
+only shared state (nodes need not share a filesystem):
+- a FINISHED base run with the hash exists: its samples are used;
+- this job's own unfinished claim exists (a requeued SLURM job): it is resumed;
+- another job holds a live claim (its ``rlvr.heartbeat`` tag is fresh, and on this host its process is
+  alive): before training the point goes on without waiting; after training it waits for the result;
+- otherwise the point claims it: it creates the run, and if an earlier live claim appeared meanwhile
+  (ordered by start time, then run id, the order every job sees alike) it deletes its own and defers;
+  a claim whose holder went silent (kill -9, a node lost) is marked KILLED and taken over, and its
+  partial ``samples.parquet`` is resumed when its folder is reachable.
+A base evaluation that raises is marked FAILED (with ``traceback.txt``); the points of that sweep go on
+without flip rates, the sweep exits 1, and re-running the sweep evaluates it again.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import traceback
+from pathlib import Path
+
+import pandas as pd
+from mlflow.entities import Metric, Param
+from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
+
+from . import tracking
+
+log = logging.getLogger("rlvr")
+
+KIND = "base"
+RUN_NAME = "Initialization"
+HEARTBEAT_S = 20.0
+STALE_S = float(os.environ.get("RLVR_BASE_STALE_S", "300"))  # a claim silent this long is taken over
+POLL_S = 3.0
+NOT_IDENTITY = ("base", "flip_k", "checkpoints")
+
+
+def base_identity(cfg, sampler: str) -> dict:
+    """What determines the base model's samples (see the module docstring)."""
+    from evaluation.evaluate import HELDOUT_BENCHMARKS
+
+    ev = OmegaConf.to_container(cfg.eval, resolve=True)
+    for k in NOT_IDENTITY:
+        ev.pop(k, None)
+    ident = {"model": OmegaConf.to_container(cfg.model, resolve=True), "eval": ev, "sampler": sampler}
+    if any(b in HELDOUT_BENCHMARKS for b in ev.get("benchmarks", [])):
+        ident["data"] = OmegaConf.to_container(cfg.data, resolve=True)
+    return ident
+
+
+def base_hash(ident: dict) -> str:
+    """16-hex-digit SHA-256 of a base identity (keys sorted)."""
+    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def claim_is_live(run, now: float | None = None) -> bool:
+    """A RUNNING base run whose holder is alive: heartbeat fresher than :data:`STALE_S`, and when it was
+    claimed on this host, its process still exists."""
+    if run.info.status != "RUNNING":
+        return False
+    tags = run.data.tags
+    if tags.get("rlvr.host") == socket.gethostname() and tags.get("rlvr.pid", "").isdigit():
+        if not _pid_alive(int(tags["rlvr.pid"])):
+            return False
+    beat = float(tags.get("rlvr.heartbeat", "0") or 0)
+    return (now or time.time()) - beat < STALE_S
+
+
+class _Heartbeat(threading.Thread):
+    def __init__(self, client: MlflowClient, run_id: str):
+        super().__init__(daemon=True)
+        self.client, self.run_id, self.stop = client, run_id, threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(HEARTBEAT_S):
+            try:
+                tracking.retry(self.client.set_tag, self.run_id, "rlvr.heartbeat", f"{time.time():.3f}")
+            except Exception as e:  # a missed beat is harmless; a run of them lets another job take over
+                log.warning("base evaluation heartbeat failed: %s", e)
+
+
+class BaseEvaluation:
+    """The base run of one sweep point's identity.
+
+    Args:
+        cfg: the point's composed config; exp_id: its MLflow experiment; sweep_id, job_num: the point's
+        Hydra sweep folder and job number (its own claim is recognised by them); root: a folder for the
+        base run's files (a claim taken over keeps the folder of the run it takes over when reachable);
+        heldout_rows: the held-out training split (for ``arithmetic``/``kk`` benchmarks).
+    """
+
+    def __init__(self, cfg, exp_id: str, sweep_id: str, job_num, root: Path, heldout_rows=None):
+        from core.sampling import resolve_sampler
+
+        self.cfg, self.exp_id, self.sweep_id, self.job_num = cfg, exp_id, str(sweep_id), str(job_num)
+        self.sampler = resolve_sampler(str(cfg.eval.get("sampler", "auto")))
+        self.identity = base_identity(cfg, self.sampler)
+        self.hash = base_hash(self.identity)
+        self.root, self.heldout_rows = Path(root), heldout_rows
+        self.client = MlflowClient()
+        self.run_id: str | None = None
+        self._last_wait_log = 0.0
+
+    # ------------------------------------------------------------------ lookups
+    def _runs(self):
+        return tracking.retry(self.client.search_runs, [self.exp_id],
+                              filter_string=f"tags.`{tracking.TAG_HASH}` = '{self.hash}' and tags.`{tracking.TAG_KIND}` = '{KIND}'",
+                              order_by=["attributes.start_time ASC"], max_results=1000)
+
+    def _own(self, run) -> bool:
+        return run.data.tags.get("rlvr.sweep_id") == self.sweep_id and run.data.tags.get("rlvr.job_num") == self.job_num
+
+    def samples(self, run) -> pd.DataFrame:
+        """The base run's samples table: from its folder when reachable, else downloaded from MLflow."""
+        local = Path(run.data.tags.get("rlvr.run_dir", "")) / "samples.parquet"
+        if run.data.tags.get("rlvr.run_dir") and local.is_file():
+            return pd.read_parquet(local)
+        import tempfile
+
+        import mlflow
+
+        dst = tempfile.mkdtemp(prefix="rlvr-base-")
+        return pd.read_parquet(mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="samples.parquet",
+                                                                   dst_path=dst))
+
+    # ------------------------------------------------------------------ the protocol
+    def ensure(self, wait: bool) -> pd.DataFrame | None:
+        """The base model's samples, evaluating them here when no other job is (see the module docstring).
+
+        Args:
+            wait: when another job holds a live claim, wait for its result (True) or return None (False).
+        Returns:
+            The samples table, or None (deferred to another job with ``wait=False``, or the base evaluation
+            failed in this sweep).
+        """
+        while True:
+            runs = self._runs()
+            done = [r for r in runs if r.info.status == "FINISHED"]
+            if done:
+                self.run_id = done[0].info.run_id
+                return self.samples(done[0])
+            running = [r for r in runs if r.info.status == "RUNNING"]
+            own = [r for r in running if self._own(r)]
+            if own:
+                log.info("base model: resuming this job's evaluation, MLflow run %s", own[0].info.run_id)
+                return self._evaluate(own[0].info.run_id, Path(own[0].data.tags.get("rlvr.run_dir") or self._folder()))
+            now = time.time()
+            live = [r for r in running if claim_is_live(r, now)]
+            if live:
+                if not wait:
+                    log.info("base model: being evaluated by job %s (run %s); training meanwhile",
+                             live[0].data.tags.get("rlvr.job_num"), live[0].info.run_id)
+                    return None
+                if now - self._last_wait_log > 60:
+                    self._last_wait_log = now
+                    log.info("base model: waiting for run %s (job %s, host %s) to finish", live[0].info.run_id,
+                             live[0].data.tags.get("rlvr.job_num"), live[0].data.tags.get("rlvr.host"))
+                time.sleep(POLL_S)
+                continue
+            failed = [r for r in runs if r.info.status == "FAILED" and r.data.tags.get("rlvr.sweep_id") == self.sweep_id]
+            if failed:
+                log.warning("base model: its evaluation failed in this sweep (run %s); no flip rates for this point",
+                            failed[-1].info.run_id)
+                return None
+            folder = self._folder()
+            for r in running:  # silent claims: taken over, their partial samples resumed when reachable
+                tracking.retry(self.client.set_terminated, r.info.run_id, "KILLED")
+                old = Path(r.data.tags.get("rlvr.run_dir", ""))
+                if r.data.tags.get("rlvr.run_dir") and (old / "samples.parquet").is_file():
+                    folder = old
+                log.warning("base model: run %s went silent; taking over its evaluation", r.info.run_id)
+            run_id = self._claim(folder)
+            if run_id is not None:
+                return self._evaluate(run_id, folder)
+
+    def _folder(self) -> Path:
+        return self.root / f"base-{self.hash[:8]}"
+
+    def _claim(self, folder: Path) -> str | None:
+        tags = {tracking.TAG_HASH: self.hash, tracking.TAG_KIND: KIND, "rlvr.sweep_id": self.sweep_id,
+                "rlvr.job_num": self.job_num, "rlvr.host": socket.gethostname(), "rlvr.pid": str(os.getpid()),
+                "rlvr.heartbeat": f"{time.time():.3f}", "rlvr.run_dir": str(folder), "rlvr.sampler": self.sampler,
+                "rlvr.slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
+                "mlflow.note.content": "The starting model, evaluated with the sweep's protocol (the papers' "
+                                       "'Initialization' row); every trained run's flip rates compare against it."}
+        run = tracking.retry(self.client.create_run, self.exp_id, run_name=RUN_NAME, tags=tags)
+        mine = (run.info.start_time, run.info.run_id)
+        rivals = [r for r in self._runs() if r.info.run_id != run.info.run_id and claim_is_live(r)
+                  and (r.info.start_time, r.info.run_id) < mine]
+        if rivals:
+            tracking.retry(self.client.delete_run, run.info.run_id)
+            log.info("base model: job %s claimed it first (run %s)", rivals[0].data.tags.get("rlvr.job_num"),
+                     rivals[0].info.run_id)
+            return None
+        params = {f"model.{k}": str(v)[:6000] for k, v in tracking.flatten(self.identity["model"]).items()}
+        params |= {f"eval.{k}": str(v)[:6000] for k, v in tracking.flatten(self.identity["eval"]).items()}
+        params |= {f"data.{k}": str(v)[:6000] for k, v in tracking.flatten(self.identity.get("data", {})).items()}
+        params["algo.name"] = "base"
+        items = list(params.items())
+        for a in range(0, len(items), 90):
+            tracking.retry(self.client.log_batch, run.info.run_id,
+                           params=[Param(k, v) for k, v in items[a:a + 90]])
+        return run.info.run_id
+
+    def _evaluate(self, run_id: str, folder: Path) -> pd.DataFrame | None:
+        from core.models import model_path
+        from evaluation.evaluate import evaluate_checkpoint
+
+        self.run_id = run_id
+        beat = _Heartbeat(self.client, run_id)
+        beat.start()
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            tracking.retry(self.client.set_tag, run_id, "rlvr.run_dir", str(folder))
+            log.info("base model: evaluating (MLflow run %s, %s sampler) in %s", run_id, self.sampler, folder)
+            metrics, files, info = evaluate_checkpoint(
+                model_path(self.cfg.model), self.cfg.eval, folder, self.heldout_rows,
+                chat_template=bool(self.cfg.model.get("chat_template", True)), sampler=self.sampler)
+            log_metrics(self.client, run_id, metrics, step=0)
+            for rel, path in files.items():
+                sub = str(Path(rel).parent)
+                tracking.retry(self.client.log_artifact, run_id, str(path), None if sub == "." else sub)
+            tracking.retry(self.client.set_tag, run_id, "rlvr.entropy_method", str(info["entropy_method"]))
+            beat.stop.set()
+            tracking.retry(self.client.set_terminated, run_id, "FINISHED")
+            return pd.read_parquet(folder / "samples.parquet")
+        except BaseException as e:
+            beat.stop.set()
+            (folder / "traceback.txt").write_text(traceback.format_exc())
+            try:
+                tracking.retry(self.client.log_artifact, run_id, str(folder / "traceback.txt"))
+            finally:
+                tracking.retry(self.client.set_terminated, run_id, "FAILED" if isinstance(e, Exception) else "KILLED")
+            if not isinstance(e, Exception):
+                raise
+            log.error("base model: evaluation failed (%s: %s); this point goes on without flip rates",
+                      type(e).__name__, e)
+            return None
+        finally:
+            beat.stop.set()
+
+
+def log_metrics(client: MlflowClient, run_id: str, metrics: dict, step: int) -> None:
+    """Log ``metrics`` to ``run_id`` at ``step`` in batches (MLflow takes at most 1,000 per call)."""
+    ts = int(time.time() * 1000)
+    items = [Metric(k, float(v), ts, int(step)) for k, v in metrics.items()]
+    for a in range(0, len(items), 500):
+        tracking.retry(client.log_batch, run_id, metrics=items[a:a + 500])

@@ -1,0 +1,84 @@
+"""core/: model I/O, teacher-forced scoring and the sampler registry, against second methods."""
+import sys
+
+import pytest
+import torch
+
+from core.models import load_checkpoint, load_policy, model_path, resolve_dtype
+from core.sampling import SAMPLERS, HFSampler, SamplingSettings, resolve_sampler
+from core.scoring import compute_logprobs, mean_token_entropies, token_entropies
+from training.rollout import collect_rollouts
+
+ROWS = [{"id": "a", "prompt": "Compute 3 + 4.", "gold": "7"},
+        {"id": "b", "prompt": "Compute 12 + 30. Answer with just the number.", "gold": "42"}]
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 512])
+def test_chunked_entropy_equals_the_full_logits_entropy(tiny_policy, chunk):
+    """Second method: compute_logprobs materialises the whole (B, L, V) logits; token_entropies runs the decoder
+    once and the output head in chunks of positions. Same numbers, at T = 1 and T = 0.7."""
+    model, tok = tiny_policy
+    batch, _ = collect_rollouts(model, tok, ROWS, 3, 1.0, 1.0, 7, seed=3)
+    for temperature in (1.0, 0.7):
+        _, full = compute_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask,
+                                   temperature, with_entropy=True)
+        chunked = token_entropies(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask,
+                                  temperature, chunk_tokens=chunk)
+        m = batch.response_mask.bool()
+        assert torch.allclose(chunked[m], full[m], atol=1e-5)
+
+
+def test_mean_entropies_from_token_lists_equal_a_per_sequence_forward(tiny_policy):
+    """Lists of token ids (what vLLM returns), padded and length-sorted inside, against one unpadded forward each."""
+    model, tok = tiny_policy
+    prompts = [tok("Compute 3 + 4.", add_special_tokens=False).input_ids, tok("Hi", add_special_tokens=False).input_ids,
+               tok("A much longer prompt with many more tokens than the others", add_special_tokens=False).input_ids]
+    responses = [[100, 200, 300], [5, 6, 7, 8, 9, 10], [42]]
+    got = mean_token_entropies(model, prompts, responses, temperature=0.9, pad_id=tok.pad_token_id, rows=2, chunk_tokens=2)
+    for p, r, g in zip(prompts, responses, got):
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([p + r])).logits[0, len(p) - 1:-1].float() / 0.9
+        lp = torch.log_softmax(logits, -1)
+        assert g == pytest.approx(float(-(lp.exp() * lp).sum(-1).mean()), rel=1e-5)
+
+
+def test_hf_sampler_seeds_a_batch_and_reports_the_seed(tiny_policy):
+    sampler = HFSampler(*tiny_policy, with_entropy=False)
+    settings = SamplingSettings(1.0, 1.0, 6, True)
+    a = sampler.sample(["Compute 1 + 1.", "Compute 2 + 2."], 2, [11, 12], settings)
+    b = sampler.sample(["Compute 1 + 1.", "Compute 2 + 2."], 2, [11, 99], settings)
+    assert [s["response"] for g in a for s in g] == [s["response"] for g in b for s in g]  # one stream per batch
+    assert {s["seed"] for g in a for s in g} == {11} and a[0][0]["mean_token_entropy"] is None
+    assert sampler.entropy_method is None
+
+
+def test_auto_picks_vllm_only_with_cuda_and_explicit_choices_are_checked(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_sampler("auto") == "hf"
+    with pytest.raises(ValueError, match="eval.sampler='nosuch'"):
+        resolve_sampler("nosuch")
+    if SAMPLERS["vllm"].missing() is None:  # vLLM installed: auto takes it once a GPU is visible
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        assert resolve_sampler("auto") == "vllm"
+    monkeypatch.setitem(sys.modules, "vllm", None)  # as if vLLM were not installed
+    assert resolve_sampler("auto") == "hf"
+    with pytest.raises(ValueError, match="eval.sampler='vllm': vLLM is not installed"):
+        resolve_sampler("vllm")
+
+
+def test_model_path_of_the_tiny_model_holds_the_same_weights(tiny_cfg, tiny_policy):
+    path = model_path(tiny_cfg.model)
+    assert model_path(tiny_cfg.model) == path  # built once, then found in the cache
+    loaded, tok = load_checkpoint(path)
+    for (name, a), b in zip(loaded.named_parameters(), tiny_policy[0].parameters()):
+        assert torch.equal(a, b), name
+    assert tok.padding_side == "left" and tok.pad_token is not None
+    again, _ = load_policy(tiny_cfg.model)
+    assert torch.equal(next(again.parameters()), next(loaded.parameters()))
+
+
+def test_dtype_choice():
+    assert resolve_dtype("auto", "cpu") == torch.float32 and resolve_dtype("auto", "cuda") == torch.bfloat16
+    assert resolve_dtype("float16", "cpu") == torch.float16
+    with pytest.raises(ValueError, match="dtype='fp8'"):
+        resolve_dtype("fp8", "cpu")
