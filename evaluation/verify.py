@@ -23,7 +23,6 @@ import atexit
 import logging
 import multiprocessing as mp
 import re
-import time
 from typing import Iterable
 
 MAX_RESPONSE_CHARS = 4000      # only the tail of a response can hold its final answer

@@ -15,25 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-
-def build_tiny_model(path: Path) -> None:
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    corpus = [f"Compute {a} + {b}. The answer is {a + b}." for a in range(30) for b in range(30)]
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=512, special_tokens=["<unk>", "<s>", "</s>"]))
-    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
-                                     pad_token="</s>")
-    hf_tok.save_pretrained(path)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(hf_tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,  # head dim 64
-                      bos_token_id=hf_tok.bos_token_id, eos_token_id=hf_tok.eos_token_id, pad_token_id=hf_tok.pad_token_id)
-    LlamaForCausalLM(cfg).save_pretrained(path)
+from tiny_model import build_tiny_model  # scripts/tiny_model.py, beside this file
 
 
 def main(argv=None) -> int:
@@ -54,7 +36,7 @@ def main(argv=None) -> int:
 
     out = Path(args.out or tempfile.mkdtemp(prefix="vllm-smoke-"))
     model_dir = out / "tiny-model"
-    build_tiny_model(model_dir)
+    build_tiny_model(model_dir, hidden=128, layers=2)
     sampler = VLLMSampler(model_dir, engine={"enforce_eager": True, "gpu_memory_utilization": 0.3, "max_model_len": 512})
     settings = SamplingSettings(temperature=1.0, top_p=1.0, max_new_tokens=16, chat_template=False)
     res = sampler.sample(["Compute 1 + 2.", "Compute 3 + 4."], 4, [0, 1], settings)

@@ -193,13 +193,17 @@ else:
     rules = R.flip_rules(done)
     display(Markdown("Rule: " + "; ".join(rules) + ". All benchmarks pooled:" if rules else "All benchmarks pooled:"))
     display(HTML(flips.to_html(float_format=lambda v: f"{v:.3f}")))
-    fig, ax = plt.subplots(figsize=(7.5, 3.6))
-    flips["solved_from_unsolved"].unstack("run").reindex([b for b in ("very_hard", "hard", "medium", "easy")
-                                                          if b in flips.index.get_level_values("bucket")]).plot.bar(ax=ax, rot=0)
-    ax.set_ylabel("share flipped to solved")
-    ax.set_xlabel("difficulty under the base model")
-    ax.set_ylim(0, max(0.05, float(flips["solved_from_unsolved"].max()) * 1.15))
-    ax.legend(fontsize=7)
+    buckets = [b for b in ("very_hard", "hard", "medium", "easy") if b in flips.index.get_level_values("bucket")]
+    run_order = list(dict.fromkeys(flips.index.get_level_values("run")))
+    measures = [("solved_from_unsolved", "flipped to solved"), ("improved", "pass rate improved"), ("regressed", "regressed to unsolved")]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), sharey=True)
+    for ax, (col, title) in zip(axes, measures):
+        flips[col].unstack("run").reindex(index=buckets, columns=run_order).plot.bar(ax=ax, rot=0, legend=False)
+        ax.set_title(f"share {title}")
+        ax.set_xlabel("difficulty under the base model")
+    axes[0].set_ylim(0, max(0.05, float(flips[[c for c, _ in measures]].max().max()) * 1.15))
+    axes[0].set_ylabel("share of the bucket's prompts")
+    axes[0].legend(fontsize=7)
     save(fig, "flip_rates")
     per_bench = R.flip_table(done, benchmark=None)
     benches = [b for b in per_bench.index.get_level_values("benchmark").unique() if b != "all"]

@@ -12,7 +12,6 @@ import pandas as pd
 import pytest
 
 from core.sampling import SAMPLERS
-from tests.conftest import REPO
 from tests.e2e.test_sweep import TINY, _runs, _sweep
 
 pytestmark = pytest.mark.skipif(SAMPLERS["vllm"].missing() is not None,

@@ -2,7 +2,6 @@
 import json
 import shutil
 
-import pytest
 
 from tests.conftest import require_benchmarks
 from tests.e2e.test_sweep import TINY, _runs, _sweep
