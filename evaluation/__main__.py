@@ -58,16 +58,19 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     sampler = resolve_sampler(str(eval_cfg.get("sampler", "auto")))
-    from .evaluate import HELDOUT_BENCHMARKS
+    from core.tasks import get_task, load_plugins, load_prompts
 
-    held = sorted({b for b in eval_cfg.benchmarks if b in HELDOUT_BENCHMARKS})
+    try:
+        load_plugins(cfg.get("plugins"))
+        held = sorted({b for b in eval_cfg.benchmarks if get_task(b).heldout_from_data})
+    except (ImportError, KeyError) as e:
+        print(f"error: {e.args[0]}", file=sys.stderr)
+        return 2
     if len(held) > 1:
         print(f"error: eval.benchmarks: {held} are held-out splits of different training sets; evaluate them separately",
               file=sys.stderr)
         return 2
     if held:
-        from training.data import load_prompts
-
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
             data_cfg = compose("config", overrides=[f"data={held[0]}"]).data
         heldout = load_prompts(data_cfg, "eval")

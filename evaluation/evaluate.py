@@ -20,9 +20,9 @@ from tqdm.auto import tqdm
 
 from core.sampling import SamplerOptions, SamplingSettings, build_sampler, resolve_sampler
 
-from .benchmarks import load_benchmark
+from core.tasks import get_task, score_responses
+
 from .tables import compute_tables, metric_key  # noqa: F401  (metric_key re-exported)
-from .verify import default_verifier
 
 log = logging.getLogger("rlvr")
 
@@ -30,27 +30,11 @@ SAMPLE_COLUMNS = [
     "benchmark", "prompt_id", "sample_idx", "prompt", "gold", "response", "n_tokens", "finish_reason",
     "extracted_answer", "correct", "mean_token_entropy", "seed", "subset",
 ]
-HELDOUT_BENCHMARKS = ("arithmetic", "kk")  # the held-out split of the training data set of the same name
 
 
 def check_rows(rows: list[dict], responses: list[str]) -> list[tuple[bool, str | None]]:
-    """(correct, extracted answer) for each response to the row beside it, by the row's ``checker``:
-    ``math`` (default; math-verify) or ``kk`` (the full Knights-and-Knaves assignment must be right)."""
-    out: list = [None] * len(rows)
-    math_idx = [i for i, r in enumerate(rows) if r.get("checker", "math") == "math"]
-    if math_idx:
-        checks = default_verifier().check_many([responses[i] for i in math_idx], [rows[i]["gold"] for i in math_idx])
-        for i, c in zip(math_idx, checks):
-            out[i] = (bool(c[0]), c[1])
-    for i, r in enumerate(rows):
-        if r.get("checker", "math") == "kk":
-            from training.data.knights_knaves import kk_reward
-
-            res = kk_reward(responses[i], r["gold"])
-            out[i] = (bool(res["correct"]), res["extracted"])
-        elif out[i] is None:
-            raise ValueError(f"row {r.get('id')!r}: unknown checker {r.get('checker')!r}")
-    return out
+    """(correct, extracted answer) for each response to the row beside it, by the row's registered task."""
+    return [(s.correct, s.extracted) for s in score_responses(responses, rows)]
 
 
 SAMPLING_KEYS = ("temperature", "top_p", "max_new_tokens", "n", "seed", "prompt_template", "dtype")
@@ -78,12 +62,20 @@ def _set_aside_stale_samples(eval_cfg, out_dir: Path, sampler=None) -> None:
 
 
 def benchmark_rows(eval_cfg, heldout_rows=None) -> dict[str, list[dict]]:
-    """{benchmark: rows} for ``eval_cfg.benchmarks``; ``arithmetic`` and ``kk`` use the held-out split of the
-    training data set of that name (for ``kk``, ``max_prompts`` applies per subset, i.e. per puzzle size)."""
+    """{benchmark: rows} for ``eval_cfg.benchmarks``, each a registered task. A task whose evaluation rows are
+    the held-out split of the training data set of its name (``arithmetic``, ``kk``, ``math``) takes
+    ``heldout_rows`` (for ``kk``, ``max_prompts`` applies per subset, i.e. per puzzle size); the others load their
+    ``test`` split, rendered with ``eval.prompt_template`` when it is set, else with the task's own template.
+
+    Raises:
+        KeyError: an unregistered benchmark; ValueError: a held-out benchmark without ``heldout_rows``.
+    """
     out = {}
     limit = eval_cfg.get("max_prompts")
+    template = eval_cfg.get("prompt_template")
     for name in eval_cfg.benchmarks:
-        if name in HELDOUT_BENCHMARKS:
+        task = get_task(name)
+        if task.heldout_from_data:
             if heldout_rows is None:
                 raise ValueError(f"benchmark {name!r} needs the held-out split of data={name}")
             rows, seen = [], {}
@@ -93,9 +85,9 @@ def benchmark_rows(eval_cfg, heldout_rows=None) -> dict[str, list[dict]]:
                 if not limit or seen[key] <= limit:
                     rows.append(r)
         else:
-            rows = load_benchmark(name, eval_cfg.get("data_dir"), limit=limit)
-            tmpl = eval_cfg.get("prompt_template") or "{problem}"
-            rows = [dict(r, prompt=tmpl.format(problem=r["prompt"])) for r in rows]
+            rows = task.load("test", eval_cfg)
+            if template:
+                rows = [dict(r, prompt=task.render(r["problem"], template)) for r in rows]
         out[name] = rows
     return out
 
@@ -214,6 +206,7 @@ def evaluate(sampler, eval_cfg, out_dir, heldout_rows=None, chat_template: bool 
     tables, metrics = compute_tables(
         samples, ks, ucc_ks=eval_cfg.get("ucc_ks"), similarity_metric=eval_cfg.get("similarity_metric", "rouge_l"),
         ucc_threshold=float(eval_cfg.get("ucc_threshold", 0.7)), base_samples=base_samples, flip_k=eval_cfg.get("flip_k"),
+        kinds={b: get_task(b).kind for b in rows},
     )
     if "entropy" in tables and len(tables["entropy"]) and getattr(sampler, "entropy_method", None):
         tables["entropy"] = tables["entropy"].assign(method=sampler.entropy_method)

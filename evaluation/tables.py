@@ -124,6 +124,20 @@ def per_prompt_values(samples: pd.DataFrame, metric: str = "accuracy") -> pd.Ser
     raise ValueError(f"metric={metric!r}: expected 'accuracy' or 'pass@<k>'")
 
 
+def kind_table(passk: pd.DataFrame, kinds: dict) -> pd.DataFrame:
+    """pass@k and avg@n by task kind (math, multiple_choice, code, logic): the unweighted mean over the
+    benchmarks of each kind, with their count. ``passk`` is the per-benchmark table (its ``mean`` row ignored)."""
+    rows = {}
+    per = passk.drop(index="mean", errors="ignore")
+    for kind in sorted(set(kinds.values())):
+        benches = [b for b in per.index if kinds.get(b) == kind]
+        if benches:
+            rows[kind] = {"benchmarks": float(len(benches)), **per.loc[benches].mean(numeric_only=True).to_dict()}
+    table = pd.DataFrame(rows).T
+    table.index.name = "kind"
+    return table
+
+
 def flip_metrics(base_samples: pd.DataFrame, samples: pd.DataFrame, k: int | None = None) -> tuple[pd.DataFrame, dict]:
     """Flip-rate table (see :func:`evaluation.metrics.difficulty.flip_rates`) and its MLflow metrics
     ``eval/<benchmark>/flip/<bucket>/<measure>`` (benchmark ``all``: every prompt pooled)."""
@@ -137,7 +151,8 @@ def flip_metrics(base_samples: pd.DataFrame, samples: pd.DataFrame, k: int | Non
 
 
 def compute_tables(samples: pd.DataFrame, ks, ucc_ks=None, similarity_metric: str = "rouge_l", ucc_threshold: float = 0.7,
-                   base_samples: pd.DataFrame | None = None, flip_k: int | None = None) -> tuple[dict, dict]:
+                   base_samples: pd.DataFrame | None = None, flip_k: int | None = None,
+                   kinds: dict | None = None) -> tuple[dict, dict]:
     """Every evaluation table and its flat MLflow metrics.
 
     Args:
@@ -146,6 +161,7 @@ def compute_tables(samples: pd.DataFrame, ks, ucc_ks=None, similarity_metric: st
         ucc_ks: UCC@k values (default: the ks >= 8, or the largest k).
         base_samples: the base model's samples on the same prompts, for flip rates.
         flip_k: None for the literal flip rule, else the budget-k reading.
+        kinds: {benchmark: task kind}; adds the ``kinds`` table (``eval/kind/<kind>/<metric>``).
     Returns:
         (tables {name: DataFrame}, metrics {"eval/<benchmark>/<metric>": float}).
     """
@@ -164,7 +180,13 @@ def compute_tables(samples: pd.DataFrame, ks, ucc_ks=None, similarity_metric: st
     if tables["subsets"].empty:
         del tables["subsets"]
     metrics = {}
+    if kinds:
+        tables["kinds"] = kind_table(tables["passk"], kinds)
     for name, table in tables.items():
+        if name == "kinds":
+            for kind, row in table.iterrows():
+                metrics.update({f"eval/kind/{kind}/{metric_key(c)}": float(v) for c, v in row.items() if pd.notna(v)})
+            continue
         for bench, row in table.iterrows():
             for col, v in row.items():
                 if pd.notna(v):

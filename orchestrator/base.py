@@ -50,13 +50,13 @@ NOT_IDENTITY = ("base", "flip_k", "checkpoints")
 
 def base_identity(cfg, sampler: str) -> dict:
     """What determines the base model's samples (see the module docstring)."""
-    from evaluation.evaluate import HELDOUT_BENCHMARKS
+    from core.tasks import get_task
 
     ev = OmegaConf.to_container(cfg.eval, resolve=True)
     for k in NOT_IDENTITY:
         ev.pop(k, None)
     ident = {"model": OmegaConf.to_container(cfg.model, resolve=True), "eval": ev, "sampler": sampler}
-    if any(b in HELDOUT_BENCHMARKS for b in ev.get("benchmarks", [])):
+    if any(get_task(b).heldout_from_data for b in ev.get("benchmarks", [])):
         ident["data"] = OmegaConf.to_container(cfg.data, resolve=True)
     return ident
 

@@ -127,7 +127,7 @@ def run(cfg: DictConfig) -> dict:
     import training
     from core.lifecycle import Preempted
     from evaluation.evaluate import benchmark_rows
-    from training.data import load_prompts
+    from core.tasks import load_prompts
 
     client = MlflowClient()
     if resume is not None:
@@ -286,7 +286,7 @@ def _backfill_flips(cfg, exp_id: str, sweep_id: str, job_num, run_dir: Path, pri
     import pandas as pd
 
     from evaluation.tables import flip_metrics
-    from training.data import load_prompts
+    from core.tasks import load_prompts
 
     from .base import BaseEvaluation, log_metrics
 

@@ -169,11 +169,19 @@ def validate_config(cfg: DictConfig) -> list[str]:
     top_p = _num(cfg, "train.top_p")
     _require(0 < top_p <= 1, f"train.top_p={top_p!r}: must be in (0, 1]")
 
-    # -- data
-    from training.data import check_data_config
+    # -- data: the training task's own checks
+    from core.tasks import get_task, load_plugins, task_names
 
     try:
-        check_data_config(cfg.data)
+        load_plugins(cfg.get("plugins"))
+    except ImportError as e:
+        raise ConfigError(str(e)) from None
+    try:
+        data_task = get_task(cfg.data.name)
+    except KeyError as e:
+        raise ConfigError(f"data={cfg.data.name!r}: {e.args[0]}") from None
+    try:
+        data_task.validate(cfg.data, "data")
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
@@ -192,29 +200,28 @@ def validate_config(cfg: DictConfig) -> list[str]:
     _require(0 < _num(cfg, "eval.top_p") <= 1, f"eval.top_p={cfg.eval.top_p!r}: must be in (0, 1]")
     benches = _list(cfg, "eval.benchmarks")
     _require(len(benches) > 0, "eval.benchmarks is empty")
-    from evaluation.benchmarks import BENCHMARKS
-
-    unknown = [b for b in benches if b not in BENCHMARKS]
-    _require(not unknown, f"eval.benchmarks={benches}: unknown benchmark(s) {unknown}; available: {list(BENCHMARKS)}")
-    for b in ("arithmetic", "kk"):  # held-out splits of a generated training set
-        _require(b not in benches or cfg.data.name == b,
-                 f"eval.benchmarks={benches}: {b!r} is the held-out split of data={b}, but data={cfg.data.name}")
-    data_dir = cfg.eval.get("data_dir")
-    if data_dir:
-        from pathlib import Path
-
-        missing = [b for b in benches if b not in ("arithmetic", "kk") and not (Path(data_dir) / b / "test.jsonl").is_file()]
-        _require(not missing, f"eval.data_dir={data_dir!r}: no <name>/test.jsonl for {missing}")
-    check_eval_engine(cfg, int(n))
-    _require(cfg.engine.name in ("local", "verl"), f"engine={cfg.engine.name!r}: available engines: ['local', 'verl']")
-    if cfg.engine.name == "verl":
-        from training.engines.verl import check_verl_config
-
-        for key in ("engine.nnodes", "engine.n_gpus_per_node", "engine.micro_batch_size_per_gpu"):
-            v = _num(cfg, key)
-            _require(int(v) == v and v >= 1, f"{key}={v!r}: expected an integer >= 1")
+    for b in benches:  # every benchmark is a registered task, with its own checks
         try:
-            warnings += check_verl_config(cfg)
+            task = get_task(b)
+        except KeyError:
+            raise ConfigError(f"eval.benchmarks={benches}: unknown benchmark {b!r}; registered tasks: {task_names()}") from None
+        _require(not task.heldout_from_data or cfg.data.name == b,
+                 f"eval.benchmarks={benches}: {b!r} is the held-out split of data={b}, but data={cfg.data.name}")
+        if not task.heldout_from_data:
+            try:
+                task.validate(cfg.eval, "eval")
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+    check_eval_engine(cfg, int(n))
+    from training.engines import get_engine
+
+    try:
+        engine = get_engine(str(cfg.engine.name))
+    except KeyError as e:
+        raise ConfigError(e.args[0]) from None
+    if callable(getattr(engine, "validate", None)):
+        try:
+            warnings += list(engine.validate(cfg) or [])
         except ValueError as e:
-            raise ConfigError(f"engine=verl: {e}") from None
+            raise ConfigError(f"engine={cfg.engine.name}: {e}") from None
     return warnings

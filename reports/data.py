@@ -219,6 +219,28 @@ def subset_table(runs: pd.DataFrame, metric: str = "accuracy") -> pd.DataFrame:
     return df[sorted(df.columns, key=order)]
 
 
+def kind_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Rows (run, task kind), columns pass@k / avg@n (display names) and the number of benchmarks, from
+    ``eval/kind/<kind>/<metric>`` (the unweighted mean over each kind's benchmarks)."""
+    rx = re.compile(r"^eval/kind/([^/]+)/([^/]+)$")
+    records = {}
+    for _, r in runs.iterrows():
+        for key, v in r["metrics"].items():
+            m = rx.match(key)
+            if m:
+                records.setdefault((r["label"], m.group(1)), {})[display_name(m.group(2))] = v
+    if not records:
+        return pd.DataFrame()
+    df = pd.DataFrame.from_dict(records, orient="index")
+    df.index = pd.MultiIndex.from_tuples(df.index, names=["run", "kind"])
+
+    def order(c):
+        m = re.search(r"@(\d+)$", c)
+        return (c != "benchmarks", re.sub(r"@\d+$", "", c), int(m.group(1)) if m else 0)
+
+    return df[sorted(df.columns, key=order)]
+
+
 def passk_table(runs: pd.DataFrame) -> pd.DataFrame:
     """pass@k (columns ordered by k) and avg@n per (run, benchmark), including the ``mean`` benchmark."""
     return metric_table(runs, r"pass_at_\d+|avg_at_\d+")

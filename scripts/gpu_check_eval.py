@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     from core.models import load_checkpoint
     from core.scoring import mean_token_entropies
     from evaluation.evaluate import evaluate_checkpoint
-    from training.data import load_prompts
+    from core.tasks import load_prompts
     from training.engines.local import train
 
     failures = []

@@ -32,7 +32,7 @@ def main(argv=None) -> int:
 
     from core.sampling import SamplingSettings, VLLMSampler
     from evaluation.evaluate import evaluate
-    from training.data.arithmetic import arithmetic_splits
+    from core.tasks.arithmetic import arithmetic_splits
 
     out = Path(args.out or tempfile.mkdtemp(prefix="vllm-smoke-"))
     model_dir = out / "tiny-model"
@@ -48,6 +48,7 @@ def main(argv=None) -> int:
     assert [s["response"] for s in again[0]] == [s["response"] for s in res[0]], "same seed, different samples"
     print("VLLMSampler samples:", [s["response"][:30] for s in res[0]])
     _, heldout = arithmetic_splits(n_eval=8)
+    heldout = [dict(r, task="arithmetic") for r in heldout]
     eval_cfg = OmegaConf.create({"benchmarks": ["arithmetic"], "max_prompts": 8, "n": 4, "ks": [1, 2, 4], "temperature": 1.0,
                                  "top_p": 1.0, "max_new_tokens": 16, "seed": 0, "batch_prompts": 4})
     metrics, files = evaluate(sampler, eval_cfg, out / "eval", heldout_rows=heldout, chat_template=False)

@@ -16,7 +16,7 @@ def collect_rollouts(model, tokenizer, rows: list[dict], group_size: int, temper
     """Sample a group of ``group_size`` responses for each prompt row and score them.
 
     Args:
-        rows: prompt rows ``{"id", "prompt", "gold"}`` (optional ``checker``: ``math`` or ``kk``, see
+        rows: prompt rows ``{"id", "prompt", "gold", "task"}`` (scored by their registered task, see
             :func:`training.rewards.row_rewards`).
     Returns:
         (RolloutBatch, texts): the batch's ``extras`` hold ``entropy`` (B, L), the rollout policy's

@@ -141,6 +141,21 @@ else:
         save(fig, "passk_curves")
 
 # %% [markdown]
+# ## By task kind
+#
+# pass@k averaged over the benchmarks of each kind (math, multiple choice, code, logic), unweighted, as the
+# papers report a suite's mean: code's pass@k (all unit tests passing) beside math's.
+
+# %%
+kinds = R.kind_table(shown)
+if kinds.empty or kinds.index.get_level_values("kind").nunique() < 2:
+    note("One task kind only: the pass@k tables above are the whole story.")
+else:
+    for kind in kinds.index.get_level_values("kind").unique():
+        display(Markdown(f"**{kind}**"))
+        display(HTML(R.bold_best_html(kinds.xs(kind, level="kind"))))
+
+# %% [markdown]
 # ## Distinct correct solutions (UCC@k) and similarity among correct answers
 
 # %%

@@ -9,8 +9,8 @@ from core.sampling import SAMPLERS, HFSampler, SamplingSettings, resolve_sampler
 from core.scoring import compute_logprobs, mean_token_entropies, token_entropies
 from training.rollout import collect_rollouts
 
-ROWS = [{"id": "a", "prompt": "Compute 3 + 4.", "gold": "7"},
-        {"id": "b", "prompt": "Compute 12 + 30. Answer with just the number.", "gold": "42"}]
+ROWS = [{"id": "a", "prompt": "Compute 3 + 4.", "gold": "7", "task": "arithmetic"},
+        {"id": "b", "prompt": "Compute 12 + 30. Answer with just the number.", "gold": "42", "task": "arithmetic"}]
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 512])

@@ -45,7 +45,7 @@ class _CountingSampler:
 
 
 def test_interrupted_evaluation_resumes_without_resampling(tmp_path):
-    rows = {"b": [{"id": str(i), "prompt": f"q{i}", "gold": str(i)} for i in range(6)]}
+    rows = {"b": [{"id": str(i), "prompt": f"q{i}", "gold": str(i), "task": "arithmetic"} for i in range(6)]}
     path = tmp_path / "samples.parquet"
     with pytest.raises(KeyboardInterrupt):
         sample_benchmarks(_CountingSampler(fail_after=4), rows, n=2, seed=0, samples_path=path, batch_prompts=2)
@@ -108,7 +108,7 @@ def test_extra_temperatures_evaluate_again_with_their_own_keys_and_files(tmp_pat
     from omegaconf import OmegaConf
 
     from evaluation.evaluate import evaluate_temperatures
-    from training.data import load_prompts
+    from core.tasks import load_prompts
 
     model, tok = tiny_policy
     sampler = HFSampler(model, tok)
@@ -128,7 +128,7 @@ def test_samples_drawn_with_other_settings_are_set_aside_not_resumed(tmp_path, t
     from omegaconf import OmegaConf
 
     from evaluation.evaluate import evaluate
-    from training.data import load_prompts
+    from core.tasks import load_prompts
 
     sampler = HFSampler(*tiny_policy)
     held = load_prompts(tiny_cfg.data, "eval")

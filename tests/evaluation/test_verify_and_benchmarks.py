@@ -1,8 +1,8 @@
 """Answer checking and benchmark loading on the real benchmark files."""
 import pytest
 
-from evaluation.benchmarks import load_local_benchmark
-from evaluation.verify import check_answer, is_correct, last_boxed
+from core.tasks.math import load_local_benchmark
+from core.verify import check_answer, is_correct, last_boxed
 
 
 @pytest.mark.parametrize("response,gold,expected", [
@@ -26,7 +26,7 @@ def test_exact_numbers_compare_exactly():
 
 @pytest.mark.timeout(120)
 def test_adversarial_outputs_are_bounded_and_incorrect():
-    from evaluation.verify import Verifier
+    from core.verify import Verifier
 
     v = Verifier(item_timeout_s=5.0)
     adversarial = ["x" * 1_000_000 + " \\boxed{8}", "\\boxed{9^{9^{9^{9}}}}", "{" * 10_000 + "7" + "}" * 10_000,
@@ -69,7 +69,7 @@ def test_local_benchmarks_load_with_right_counts_and_gold(benchmark_dir, name, c
 
 @pytest.mark.timeout(600)
 def test_every_gold_answer_verifies_against_itself_boxed(benchmark_dir):
-    from evaluation.verify import Verifier
+    from core.verify import Verifier
 
     v = Verifier(workers=2)
     failures = {}
@@ -100,7 +100,7 @@ def test_unreadable_row_fails_clearly(tmp_path):
 def test_hub_loader_normalises_rows_like_the_local_loader(benchmark_dir):
     """The hub path (datasets.load_dataset) on the local file, through datasets' json builder."""
     pytest.importorskip("datasets")
-    from evaluation.benchmarks import load_hub_benchmark
+    from core.tasks.math import load_hub_benchmark
 
     local = load_local_benchmark("gsm8k", benchmark_dir, limit=5)
     hub = load_hub_benchmark("gsm8k", limit=5, path="json", config=None, split="train",

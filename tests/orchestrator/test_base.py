@@ -43,7 +43,7 @@ def store(tmp_path):
 
 
 def _base(cfg, exp_id, tmp_path, job="0"):
-    from training.data import load_prompts
+    from core.tasks import load_prompts
 
     return B.BaseEvaluation(cfg, exp_id, "sweep-A", job, tmp_path / "sweep", load_prompts(cfg.data, "eval"))
 

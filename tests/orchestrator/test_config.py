@@ -33,7 +33,7 @@ def test_identity_ignores_delta_where_the_algorithm_does_not_use_it():
     (["+algo.advantage.detla=0.1"], "detla"),
     (["train.group_size=0"], "train.group_size=0"),
     (["train.top_p=1.5"], "train.top_p=1.5"),
-    (["eval.benchmarks=[math5000]"], "unknown benchmark(s) ['math5000']"),
+    (["eval.benchmarks=[math5000]"], "unknown benchmark 'math5000'"),
     (["eval.benchmarks=[math500]", "eval.data_dir=/nonexistent"], "eval.data_dir='/nonexistent'"),
     (["algo=quatro", "algo.advantage.lambda_min=0"], "lambda_min=0"),
     (["algo=quatro", "algo.policy_loss.ratio_level=word"], "ratio_level='word'"),

@@ -5,7 +5,7 @@ import itertools
 import pandas as pd
 import pytest
 
-from training.data.knights_knaves import (
+from core.tasks.knights_knaves import (
     evaluate, gold_string, kk_reward, kk_splits, make_kk, make_puzzle, parse_gold,
 )
 
@@ -49,7 +49,7 @@ def test_generation_is_seeded_and_train_and_held_out_are_disjoint():
     assert not {r["structure"] for r in train} & {r["structure"] for r in held}
     assert sum(r["subset"] == "2_people" for r in held) == 5  # the held-out count is kept
     assert {r["subset"] for r in held} == {"2_people", "3_people", "4_people"}
-    assert all(r["checker"] == "kk" for r in train + held)
+    assert all(r["task"] == "kk" for r in train + held)
     with pytest.raises(ValueError, match="n_people=8"):
         make_puzzle(8, 0)
 
@@ -92,12 +92,12 @@ def test_training_rewards_dispatch_and_eval_accuracy_by_people():
     from evaluation.tables import compute_tables
     from training.rewards import row_rewards
 
-    rows = [{"gold": GOLD, "checker": "kk"}, {"gold": "4", "checker": "math"}, {"gold": GOLD, "checker": "kk"}]
+    rows = [{"gold": GOLD, "task": "kk"}, {"gold": "4", "task": "math500"}, {"gold": GOLD, "task": "kk"}]
     good = "<think>t</think><answer>Zoey is a knight. Oliver is a knave. Emma is a knave.</answer>"
     rewards, correct = row_rewards([good, "so \\boxed{4}", "no tags"], rows)
     assert rewards.tolist() == [3.0, 1.0, -1.0] and correct.tolist() == [True, True, False]
-    with pytest.raises(ValueError, match="unknown reward checker"):
-        row_rewards(["x"], [{"gold": "1", "checker": "chess"}])
+    with pytest.raises(ValueError, match="task 'chess' is not registered"):
+        row_rewards(["x"], [{"gold": "1", "task": "chess"}])
 
     # evaluation table: 2 prompts with 3 people (accuracy 3/4 and 1/4), 1 prompt with 5 people (0/2)
     recs = []

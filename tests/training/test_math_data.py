@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from training.data.math import load_math_train
+from core.tasks.math_train import load_math_train
 
 
 @pytest.fixture(scope="module")

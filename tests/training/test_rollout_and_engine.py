@@ -4,8 +4,8 @@ import torch
 
 from training.rollout import collect_rollouts, compute_logprobs
 
-ROWS = [{"id": "a", "prompt": "Compute 3 + 4.", "gold": "7"},
-        {"id": "b", "prompt": "Compute 12 + 30. Answer with just the number.", "gold": "42"}]
+ROWS = [{"id": "a", "prompt": "Compute 3 + 4.", "gold": "7", "task": "arithmetic"},
+        {"id": "b", "prompt": "Compute 12 + 30. Answer with just the number.", "gold": "42", "task": "arithmetic"}]
 
 
 def test_left_padded_logprobs_equal_unpadded_per_sequence(tiny_policy):

@@ -160,7 +160,9 @@ def test_estimators_refused_on_verl_are_exactly_those_that_read_old_logprobs(nam
         batch = _batch(_data(seed=1))
         batch.old_logprobs = -torch.rand(batch.old_logprobs.shape, generator=torch.Generator().manual_seed(seed)) * 3
         outs.append(get_advantage_fn(name)(batch, **params)[0])
-    assert (not torch.allclose(outs[0], outs[1])) == (name in V.NEEDS_OLD_LOGPROBS)
+    from training.algorithms import needs_of
+
+    assert (not torch.allclose(outs[0], outs[1])) == ("old_logprobs" in needs_of("advantage", name, params))
 
 
 @pytest.mark.parametrize("overrides, needle", [
@@ -219,11 +221,17 @@ def test_parquet_has_verls_rl_dataset_layout_and_reward_scores_with_the_verifier
 
     from training.engines.verl_reward import compute_score
 
-    rows = [{"id": "a", "prompt": "Compute 2 + 3.", "gold": "5"}, {"id": "b", "prompt": "Compute 1 + 1.", "gold": "2"}]
+    rows = [{"id": "a", "prompt": "Compute 2 + 3.", "gold": "5", "task": "arithmetic"},
+            {"id": "b", "prompt": "Compute 1 + 1.", "gold": "2", "task": "arithmetic"},
+            {"id": "c", "prompt": "Which? A) x B) y", "gold": "B", "n_options": 2, "task": "gpqa_diamond"}]
     df = pd.read_parquet(V.write_parquet(rows, tmp_path / "train.parquet", "rlvr/arithmetic"))
     assert list(df.columns) == ["data_source", "prompt", "ability", "reward_model", "extra_info"]
     assert list(df.prompt[0]) == [{"role": "user", "content": "Compute 2 + 3."}]
-    assert df.reward_model[1]["ground_truth"] == "2"
+    assert df.reward_model[1]["ground_truth"] == "2" and list(df.ability) == ["math", "math", "multiple_choice"]
+    # the row travels in extra_info, so any task's checker scores it inside verl
+    assert compute_score("rlvr/arithmetic", "The answer is (B).", "B", dict(df.extra_info[2])) == 1.0
+    assert compute_score("rlvr/arithmetic", "The answer is (A).", "B", dict(df.extra_info[2])) == 0.0
+    assert compute_score("rlvr/arithmetic", "so \\boxed{5}", "5", dict(df.extra_info[0])) == 1.0
     assert compute_score("rlvr/arithmetic", "so the answer is \\boxed{5}", "5") == 1.0
     assert compute_score("rlvr/arithmetic", "\\boxed{6}", "5") == 0.0
     assert compute_score("rlvr/arithmetic", "\\boxed{" * 5000, "5") == 0.0  # a bad output scores 0, no crash

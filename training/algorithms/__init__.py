@@ -9,6 +9,8 @@ from .kl import kl_k3
 from .registry import (
     get_advantage_fn,
     get_policy_loss_fn,
+    need_param,
+    needs_of,
     register_advantage,
     register_policy_loss,
     registered_advantages,
@@ -18,6 +20,6 @@ from .registry import (
 
 __all__ = [
     "LOSS_AGG_MODES", "agg_loss", "masked_mean", "kl_k3",
-    "get_advantage_fn", "get_policy_loss_fn", "register_advantage", "register_policy_loss",
+    "get_advantage_fn", "get_policy_loss_fn", "need_param", "needs_of", "register_advantage", "register_policy_loss",
     "registered_advantages", "registered_policy_losses", "validate_params",
 ]

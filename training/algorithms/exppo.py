@@ -72,7 +72,7 @@ def exppo_advantages(rewards: torch.Tensor, surprisal: torch.Tensor, lam: float 
     return a_hat, audit
 
 
-@register_advantage("exppo")
+@register_advantage("exppo", needs={"old_logprobs": "its surprisal classes"})
 def exppo_advantage(batch: RolloutBatch, lam: float = 0.2, scale: float = 1.0):
     """Registered ExPPO estimator: surprisal from the batch's old log-probs, then :func:`exppo_advantages`.
 

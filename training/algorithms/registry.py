@@ -10,6 +10,8 @@ from typing import Callable, Dict
 _ADVANTAGES: Dict[str, Callable] = {}
 _POLICY_LOSSES: Dict[str, Callable] = {}
 _VALIDATORS: Dict[tuple, Callable] = {}
+_NEEDS: Dict[tuple, tuple] = {}  # (kind, name) -> batch fields beyond rewards and groups, with why
+BATCH_FIELDS = ("old_logprobs", "ref_logprobs")  # what a registered function may declare it needs
 
 
 def register_validator(kind: str, name: str) -> Callable[[Callable], Callable]:
@@ -34,42 +36,78 @@ def validate_params(kind: str, name: str, params: dict) -> list[str]:
     return list(fn(**params) or []) if fn else []
 
 
-def register_advantage(name: str) -> Callable[[Callable], Callable]:
+def _check_needs(kind: str, name: str, needs: dict) -> dict:
+    bad = [k for k in needs if k not in BATCH_FIELDS]
+    if bad:
+        raise ValueError(f"{kind} {name!r}: unknown needs {bad}; declarable: {list(BATCH_FIELDS)}")
+    return dict(needs)
+
+
+def register_advantage(name: str, needs: dict | None = None) -> Callable[[Callable], Callable]:
     """Decorator registering an advantage estimator under ``name``.
 
     The estimator's signature is ``fn(batch: RolloutBatch, **params) -> (advantages, metrics)``
     with ``advantages`` of shape (B,) (one per response) or (B, L) (per token).
 
+    Args:
+        needs: batch fields it reads beyond rewards and groups, each with the reason, e.g.
+            ``{"old_logprobs": "its surprisal classes"}`` (or ``(reason, param)``: only when that parameter is
+            set); an engine supplies them or refuses the estimator (:func:`needs_of`).
     Raises:
-        ValueError: if ``name`` is already registered to another function.
+        ValueError: if ``name`` is already registered to another function, or an unknown need.
     """
+    declared = _check_needs("advantage", name, needs or {})
 
     def deco(fn: Callable) -> Callable:
         if name in _ADVANTAGES and _ADVANTAGES[name] is not fn:
             raise ValueError(f"advantage estimator {name!r} is registered twice")
         _ADVANTAGES[name] = fn
+        _NEEDS[("advantage", name)] = declared
         return fn
 
     return deco
 
 
-def register_policy_loss(name: str) -> Callable[[Callable], Callable]:
+def register_policy_loss(name: str, needs: dict | None = None) -> Callable[[Callable], Callable]:
     """Decorator registering a policy loss under ``name``.
 
     The loss's signature is ``fn(logprobs (B, L), batch, advantages, **params) -> (loss, metrics)``
-    where ``loss`` is a scalar tensor to minimise.
+    where ``loss`` is a scalar tensor to minimise. Every loss reads ``old_logprobs`` (the importance ratio);
+    ``needs`` declares more (``ref_logprobs`` for a KL term inside the loss), with the reason.
 
     Raises:
-        ValueError: if ``name`` is already registered to another function.
+        ValueError: if ``name`` is already registered to another function, or an unknown need.
     """
+    declared = _check_needs("policy loss", name, needs or {})
 
     def deco(fn: Callable) -> Callable:
         if name in _POLICY_LOSSES and _POLICY_LOSSES[name] is not fn:
             raise ValueError(f"policy loss {name!r} is registered twice")
         _POLICY_LOSSES[name] = fn
+        _NEEDS[("policy_loss", name)] = declared
         return fn
 
     return deco
+
+
+def need_param(kind: str, name: str, field: str) -> str | None:
+    """The parameter a declared need depends on (``kl_beta`` for TR-GRPO's ``ref_logprobs``), or None."""
+    why = _NEEDS.get((kind, name), {}).get(field)
+    return why[1] if isinstance(why, tuple) else None
+
+
+def needs_of(kind: str, name: str, params: dict | None = None) -> dict:
+    """{batch field: why} that the registered ``kind`` (``advantage`` or ``policy_loss``) function ``name``
+    declared it needs with these ``params`` ({} when none). A need declared as ``(why, param)`` counts only when
+    ``params[param]`` is set and non-zero (TR-GRPO's reference log-probs, only with its KL term)."""
+    out = {}
+    for field, why in _NEEDS.get((kind, name), {}).items():
+        if isinstance(why, tuple):
+            why, param = why
+            if not (params or {}).get(param):
+                continue
+        out[field] = why
+    return out
 
 
 def get_advantage_fn(name: str) -> Callable:

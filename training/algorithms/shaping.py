@@ -43,7 +43,7 @@ def unlikeliness_rank(seq_logprob: torch.Tensor) -> torch.Tensor:
     return torch.argsort(torch.argsort(seq_logprob, dim=-1, stable=True), dim=-1, stable=True).to(seq_logprob.dtype)
 
 
-@register_advantage("grpo_ur")
+@register_advantage("grpo_ur", needs={"old_logprobs": "its unlikeliness ranks"})
 def grpo_ur_advantage(batch: RolloutBatch, beta: float = 0.25, norm_by_std: bool = True, epsilon: float = 1e-6):
     """GRPO-UR ("Rewarding the Unlikely", He et al. 2025): reward scaling by unlikeliness rank.
 

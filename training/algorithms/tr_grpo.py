@@ -62,7 +62,7 @@ def weight_range(alpha=2.0, mu=0.25, tau=9.0, low=1.0, high=1.4, weighting="pape
     return float(w.min()), float(w.max())
 
 
-@register_policy_loss("tr_grpo")
+@register_policy_loss("tr_grpo", needs={"ref_logprobs": ("its token-weighted KL term", "kl_beta")})
 def tr_grpo_loss(
     logprobs: torch.Tensor,
     batch: RolloutBatch,

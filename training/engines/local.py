@@ -25,9 +25,9 @@ from tqdm.auto import trange
 
 from core.lifecycle import STOP_REQUESTED, Preempted, final_checkpoint_dir, save_atomically, step_checkpoint_dir
 from core.models import load_policy
-from training.algorithms import agg_loss, get_advantage_fn, get_policy_loss_fn, kl_k3, masked_mean
+from training.algorithms import agg_loss, get_advantage_fn, get_policy_loss_fn, kl_k3, masked_mean, needs_of
 from training.batch import concat_batches, to_groups
-from training.data import load_prompts
+from core.tasks import load_prompts
 from training.rewards import overlong_penalty
 from training.rollout import collect_rollouts, compute_logprobs
 
@@ -151,7 +151,8 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
     beta = float(algo.get("kl_beta", 0.0))
     entropy_coef = float(algo.get("entropy_coef", 0.0))
     ref_model = None
-    if beta > 0 or float(algo.policy_loss.get("kl_beta", 0.0)) > 0:  # no reference copy when no KL term is used
+    if beta > 0 or "ref_logprobs" in needs_of("policy_loss", algo.policy_loss.name, _params(algo.policy_loss)):
+        # a reference copy only when a KL term is used
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=float(t_cfg.lr), betas=tuple(t_cfg.betas),
                                   weight_decay=float(t_cfg.weight_decay))

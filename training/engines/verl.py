@@ -44,7 +44,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from training.algorithms import get_advantage_fn, get_policy_loss_fn
+from training.algorithms import get_advantage_fn, get_policy_loss_fn, need_param, needs_of
 from training.batch import RolloutBatch
 
 VERL_NAME = "rlvr"                 # the name of both registry entries inside verl
@@ -53,7 +53,8 @@ SETUP_HOOK = "training.engines.verl.register_from_env"
 REWARD_FN = "pkg://training.engines.verl_reward"
 
 # estimators that read batch.old_logprobs: verl's compute_advantage does not pass them to registered estimators
-NEEDS_OLD_LOGPROBS = {"exppo": "its surprisal classes", "grpo_ur": "its unlikeliness ranks"}
+SUPPLIED = ("old_logprobs",)  # batch fields the adapters hand to registered functions: none beyond rewards yet,
+# and old log-probs only to the policy loss (verl 0.9.1's compute_advantage passes no log-probs to estimators)
 
 _SPEC: dict | None = None
 
@@ -70,10 +71,24 @@ def algo_spec(cfg) -> dict:
     """The algorithm part of a run config as plain JSON-able data: which registered advantage
     estimator and policy loss, with which parameters. This is what verl's workers receive."""
     return {
+        "plugins": [str(m) for m in (cfg.get("plugins") or [])],  # task/algorithm modules the workers import
         "algo": str(cfg.algo.name),
         "advantage": {"name": str(cfg.algo.advantage.name), "params": _params(cfg.algo.advantage)},
         "policy_loss": {"name": str(cfg.algo.policy_loss.name), "params": _params(cfg.algo.policy_loss)},
     }
+
+
+def validate(cfg) -> list[str]:
+    """The engine's pre-flight check (see :mod:`training.engines`): engine sizes, then :func:`check_verl_config`.
+
+    Raises:
+        ValueError: naming the key and value.
+    """
+    for key in ("nnodes", "n_gpus_per_node", "micro_batch_size_per_gpu"):
+        v = cfg.engine.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"engine.{key}={v!r}: expected an integer >= 1")
+    return check_verl_config(cfg)
 
 
 def check_verl_config(cfg) -> list[str]:
@@ -87,14 +102,17 @@ def check_verl_config(cfg) -> list[str]:
     """
     algo, t = cfg.algo, cfg.train
     adv = str(algo.advantage.name)
-    if adv in NEEDS_OLD_LOGPROBS:
+    for field, why in needs_of("advantage", adv, _params(algo.advantage)).items():
         raise ValueError(
-            f"algo.advantage.name={adv!r}: needs the rollout's old log-probs for {NEEDS_OLD_LOGPROBS[adv]}, which "
-            "verl's compute_advantage does not pass to registered estimators; use engine=local")
-    if float(algo.policy_loss.get("kl_beta", 0.0) or 0.0) > 0:
-        raise ValueError(
-            f"algo.policy_loss.kl_beta={algo.policy_loss.kl_beta!r}: verl's policy-loss interface has no reference "
-            "log-probs; set it to 0 (algo.kl_beta gives verl's uniform k3 KL loss) or use engine=local")
+            f"algo.advantage.name={adv!r}: needs the rollout's {field} for {why}, which verl's compute_advantage "
+            "does not pass to registered estimators; use engine=local")
+    for field, why in needs_of("policy_loss", str(algo.policy_loss.name), _params(algo.policy_loss)).items():
+        if field not in SUPPLIED:
+            param = need_param("policy_loss", str(algo.policy_loss.name), field)
+            where = f"algo.policy_loss.{param}={algo.policy_loss.get(param)!r}" if param else f"algo.policy_loss.name={algo.policy_loss.name!r}"
+            raise ValueError(
+                f"{where}: needs {field} for {why}, which verl's policy-loss interface does not pass; set it to 0 "
+                "(algo.kl_beta gives verl's uniform k3 KL loss) or use engine=local")
     for key in ("dynamic_sampling", "overlong_buffer"):
         node = algo.get(key)
         if node and node.get("enabled", False):
@@ -131,6 +149,9 @@ def register_with_verl(spec: dict) -> None:
         ImportError: verl is not installed.
     """
     global _SPEC
+    from core.tasks import load_plugins
+
+    load_plugins(spec.get("plugins"))
     get_advantage_fn(spec["advantage"]["name"])
     get_policy_loss_fn(spec["policy_loss"]["name"])
     _SPEC = spec
@@ -403,22 +424,25 @@ def worker_runtime_env(spec: dict, metrics_path: Path | None = None) -> dict:
 # ----------------------------------------------------------------------------------- data and model
 
 def write_parquet(rows: list[dict], path: Path, data_source: str) -> Path:
-    """Write prompt rows ``{"id", "prompt", "gold"}`` in verl's RL dataset layout: ``data_source``,
-    ``prompt`` (chat messages), ``ability``, ``reward_model`` {style, ground_truth}, ``extra_info``.
+    """Write prompt rows ``{"id", "prompt", "gold", "task"}`` in verl's RL dataset layout: ``data_source``,
+    ``prompt`` (chat messages), ``ability`` (the task's kind), ``reward_model`` {style, ground_truth},
+    ``extra_info`` (index, id and the whole row as JSON, which the reward function scores with its task).
 
     Raises:
         ValueError: no rows.
     """
     import pandas as pd
 
+    from core.tasks import get_task
+
     if not rows:
         raise ValueError(f"no prompts to write to {path}")
     df = pd.DataFrame({
         "data_source": [data_source] * len(rows),
         "prompt": [[{"role": "user", "content": str(r["prompt"])}] for r in rows],
-        "ability": ["math"] * len(rows),
-        "reward_model": [{"style": "rule", "ground_truth": str(r["gold"])} for r in rows],
-        "extra_info": [{"index": i, "id": str(r.get("id", i))} for i, r in enumerate(rows)],
+        "ability": [get_task(r["task"]).kind if r.get("task") else "math" for r in rows],
+        "reward_model": [{"style": "rule", "ground_truth": str(r.get("gold", ""))} for r in rows],
+        "extra_info": [{"index": i, "id": str(r.get("id", i)), "row": json.dumps(r, default=str)} for i, r in enumerate(rows)],
     })
     path.parent.mkdir(parents=True, exist_ok=True)
     df.to_parquet(path, index=False)
@@ -634,7 +658,7 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
             stopped run starts over: set ``checkpoint_every`` for long runs).
         RuntimeError: verl exited with an error (the tail of ``verl.log`` is in the message).
     """
-    from training.data import load_prompts
+    from core.tasks import load_prompts
     from core.lifecycle import STOP_REQUESTED, Preempted
 
     check_verl_config(cfg)

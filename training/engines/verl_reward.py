@@ -1,11 +1,12 @@
 """verl reward function for engine=verl (``reward.custom_reward_function.path=pkg://training.engines.verl_reward``).
 
-The same verifier as the local engine (math-verify through :func:`evaluation.verify.check_answer`):
-1.0 when the response's final answer equals the gold answer, else 0.0; a malformed response scores 0.
-For the Knights-and-Knaves data (``data_source`` ``rlvr/kk``) the K&K reward of :mod:`training.data.knights_knaves`.
+The same checker as the local engine: the prompt row travels in ``extra_info["row"]`` (written by
+:func:`training.engines.verl.write_parquet`) and is scored by its registered task (:mod:`core.tasks`); rows
+written without it fall back to the task named by ``data_source`` (``rlvr/<task>``) with the ground truth as gold.
 """
 from __future__ import annotations
 
+import json
 import threading
 
 # verl scores a batch's responses from a thread pool; the verifier's worker pool is used by one caller
@@ -14,16 +15,17 @@ _LOCK = threading.Lock()
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:
-    """verl's ``compute_score(data_source, solution_str, ground_truth, extra_info)`` -> 0/1 reward.
+    """verl's ``compute_score(data_source, solution_str, ground_truth, extra_info)`` -> the task's reward.
 
-    Never raises on model output: any verifier failure scores 0.0.
+    Never raises on model output: any checker failure scores 0.0.
     """
     from training.rewards import row_rewards
 
-    checker = "kk" if str(data_source).endswith("/kk") else "math"
     try:
+        raw = (extra_info or {}).get("row") if isinstance(extra_info, dict) else None
+        row = json.loads(raw) if raw else {"gold": str(ground_truth), "task": str(data_source).rsplit("/", 1)[-1]}
         with _LOCK:
-            rewards, _ = row_rewards([str(solution_str)], [{"gold": str(ground_truth), "checker": checker}])
+            rewards, _ = row_rewards([str(solution_str)], [row])
         return float(rewards[0])
     except Exception:  # a bad model output gets reward 0, never a crash
         return 0.0

@@ -18,6 +18,8 @@ import itertools
 import random
 import re
 
+from .base import Score, Task, register_task
+
 NAMES = ["Zoey", "Oliver", "Liam", "Emma", "Noah", "Ava", "Mason", "Mia", "Lucas", "Sofia", "Ethan", "Aria",
          "James", "Chloe", "Jack", "Lily", "Owen", "Grace", "Henry", "Ella", "Samuel", "Nora", "David", "Ruby"]
 MIN_PEOPLE, MAX_PEOPLE = 2, 7
@@ -130,7 +132,7 @@ def parse_gold(gold: str) -> dict[str, str]:
 
 def make_kk(sizes=(3, 4, 5), per_size: int = 100, seed: int = 0, exclude=frozenset()) -> list[dict]:
     """``per_size`` puzzles for each number of people in ``sizes``, as prompt rows
-    ``{"id", "prompt", "gold", "checker": "kk", "subset": "<n>_people", "n_people", "structure"}``.
+    ``{"id", "prompt", "gold", "task": "kk", "subset": "<n>_people", "n_people", "structure"}``.
 
     ``structure`` is the puzzle up to the names (its statement formulas); puzzles whose structure is in
     ``exclude`` are skipped, so a held-out set can avoid every training puzzle up to renaming.
@@ -156,7 +158,7 @@ def make_kk(sizes=(3, 4, 5), per_size: int = 100, seed: int = 0, exclude=frozens
             names = p["names"]
             prompt = PROMPT.format(n=n, names=", ".join(names[:-1]) + f" and {names[-1]}", statements=p["text"])
             rows.append({"id": f"kk{n}-{seed}-{i - 1}", "prompt": prompt, "gold": gold_string(names, p["solution"]),
-                         "checker": "kk", "subset": f"{n}_people", "n_people": int(n), "structure": structure})
+                         "task": "kk", "subset": f"{n}_people", "n_people": int(n), "structure": structure})
             got += 1
     return rows
 
@@ -224,3 +226,41 @@ def kk_reward(response: str, gold: str) -> dict:
         score = ANSWER_CORRECT if got == truth else ANSWER_WRONG
     return {"reward": FORMAT_OK + score, "format": FORMAT_OK, "answer": score, "correct": got == truth,
             "extracted": None if got is None else gold_string(list(got), [got[n] == "knight" for n in got])}
+
+
+@register_task
+class KnightsKnaves(Task):
+    """Knights and Knaves as a task (``data=kk``; its held-out puzzles are the benchmark ``kk``, by ``subset``)."""
+
+    name = "kk"
+    kind = "logic"
+    heldout_from_data = True
+
+    def load(self, split: str, cfg) -> list[dict]:
+        train, held_out = kk_splits(train_sizes=list(cfg.train_sizes), eval_sizes=list(cfg.eval_sizes),
+                                    train_per_size=int(cfg.train_per_size), eval_per_size=int(cfg.eval_per_size),
+                                    seed=int(cfg.seed))
+        return train if split == "train" else held_out
+
+    def score(self, response: str, row: dict) -> Score:
+        out = kk_reward(response, row["gold"])
+        return Score(float(out["reward"]), bool(out["correct"]), out["extracted"])
+
+    def validate(self, cfg, role: str) -> None:
+        if role != "data":
+            return
+        for key in ("train_sizes", "eval_sizes"):
+            raw = cfg.get(key)
+            if not isinstance(raw, (list, tuple)) and not hasattr(raw, "__len__") or isinstance(raw, str):
+                raise ValueError(f"data.{key}={raw!r}: expected a list, e.g. data.{key}=[{raw}]")
+            sizes = list(raw or [])
+            if len(set(sizes)) != len(sizes):
+                raise ValueError(f"data.{key}={sizes}: a size appears twice")
+            bad = [n for n in sizes if not isinstance(n, int) or not MIN_PEOPLE <= n <= MAX_PEOPLE]
+            if not sizes or bad:
+                raise ValueError(f"data.{key}={sizes}: people per puzzle must be integers in "
+                                 f"[{MIN_PEOPLE}, {MAX_PEOPLE}]; bad: n_people={bad[0] if bad else None}")
+        for key in ("train_per_size", "eval_per_size"):
+            v = cfg.get(key)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"data.{key}={v!r}: expected an integer >= 1")

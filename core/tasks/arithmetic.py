@@ -1,12 +1,16 @@
 """Generated arithmetic prompts: easy, seeded, with an exact integer answer.
 
 The default SmolLM2-135M-Instruct model gets a usable reward signal on one-digit sums
-(about 30% of samples correct at temperature 1.0), which is what a CPU run needs.
+(about 30% of samples correct at temperature 1.0), which is what a CPU run needs. Registered as the task
+``arithmetic`` (``data=arithmetic``; its held-out split is the benchmark ``arithmetic``), scored by math-verify.
 """
 from __future__ import annotations
 
 import itertools
 import random
+
+from .base import register_task
+from .math import MathScored
 
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
@@ -50,3 +54,22 @@ def arithmetic_splits(difficulty: int = 1, operations=("+",), seed: int = 0, n_e
     if not 0 <= n_eval < len(rows):
         raise ValueError(f"n_eval={n_eval}: must be in [0, {len(rows)}) for difficulty={difficulty}")
     return rows[n_eval:], rows[:n_eval]
+
+
+@register_task
+class Arithmetic(MathScored):
+    """Generated arithmetic as a task: ``load("train" | "eval", data_cfg)`` (see :func:`arithmetic_splits`)."""
+
+    name = "arithmetic"
+    heldout_from_data = True
+
+    def load(self, split: str, cfg) -> list[dict]:
+        train, held_out = arithmetic_splits(difficulty=int(cfg.difficulty), operations=list(cfg.operations),
+                                            seed=int(cfg.seed), n_eval=int(cfg.n_eval), template=str(cfg.template))
+        return [dict(r, task=self.name) for r in (train if split == "train" else held_out)]
+
+    def validate(self, cfg, role: str) -> None:
+        if role == "data":
+            arithmetic_splits(difficulty=cfg.get("difficulty", 1), operations=list(cfg.get("operations") or []),
+                              seed=int(cfg.get("seed", 0)), n_eval=int(cfg.get("n_eval", 0)),
+                              template=str(cfg.get("template", "{a}{op}{b}")))

@@ -1,20 +1,25 @@
-"""Benchmarks: name -> rows ``{"id", "prompt", "gold"}``.
+"""Single-answer math: the benchmarks (MATH-500, AIME 2024/2025, AMC 2023, Minerva, OlympiadBench, GSM8K) as
+registered tasks, checked by math-verify (:mod:`core.verify`).
 
 Local JSONL files (``<data_dir>/<name>/test.jsonl``) are read with the field conventions seen in
 the wild: the problem in ``problem`` or ``question``; the gold answer in ``answer`` (a string or a
 number such as AMC's ``27.0``), in ``final_answer`` (OlympiadBench's list), after GSM8K's ``####``,
 or only inside the solution's last ``\\boxed{}`` (MATH-style files without an answer field).
-The generated ``arithmetic`` set needs no files.
+Without ``eval.data_dir`` the rows come from the hub (:data:`HUB_SOURCES`, for users with network access).
+
+Adding a math benchmark is one line: ``register_task(MathBenchmark("name", hub=(path, config, split)))``.
 """
 from __future__ import annotations
 
 import ast
-import json
 from pathlib import Path
+from typing import Sequence
 
-from .verify import last_boxed
+from core.verify import default_verifier, last_boxed
 
-BENCHMARKS = ("math500", "aime24", "aime25", "amc23", "minerva_math", "olympiadbench", "gsm8k", "arithmetic", "kk")
+from .base import Score, Task, read_jsonl, register_task
+
+BOXED_TEMPLATE = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 
 
 def _number_text(x) -> str:
@@ -116,6 +121,11 @@ def load_benchmark(name: str, data_dir=None, limit: int | None = None) -> list[d
     return load_local_benchmark(name, data_dir, limit) if data_dir else load_hub_benchmark(name, limit)
 
 
+def local_benchmark_file(name: str, data_dir) -> Path:
+    """``<data_dir>/<name>/test.jsonl``."""
+    return Path(data_dir) / name / "test.jsonl"
+
+
 def load_local_benchmark(name: str, data_dir, limit: int | None = None) -> list[dict]:
     """Rows of ``<data_dir>/<name>/test.jsonl``.
 
@@ -126,16 +136,55 @@ def load_local_benchmark(name: str, data_dir, limit: int | None = None) -> list[
         FileNotFoundError: the file is missing (names the path).
         ValueError: a row without a problem or a gold answer (names file and line).
     """
-    path = Path(data_dir) / name / "test.jsonl"
+    path = local_benchmark_file(name, data_dir)
     if not path.is_file():
         raise FileNotFoundError(f"benchmark {name!r}: {path} does not exist")
-    records = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e})") from None
-    return rows_from_records(records, str(path), limit)
+    return rows_from_records(read_jsonl(path), str(path), limit)
+
+
+class MathScored(Task):
+    """Scoring by math-verify: reward 1.0 when the response's final answer equals the row's ``gold``, else 0.
+    All responses of a batch go to the verifier's worker pool at once."""
+
+    kind = "math"
+
+    def score_many(self, responses: Sequence[str], rows: Sequence[dict]) -> list[Score]:
+        checks = default_verifier().check_many(list(responses), [r["gold"] for r in rows])
+        return [Score(float(ok), bool(ok), extracted) for ok, extracted in checks]
+
+    def score(self, response: str, row: dict) -> Score:
+        return self.score_many([response], [row])[0]
+
+
+class MathBenchmark(MathScored):
+    """A math benchmark read from ``<eval.data_dir>/<name>/test.jsonl``, or from the hub without a data_dir.
+
+    Args:
+        name: the benchmark (and its folder) name; hub: ``(dataset path, config, split)`` for users online.
+    """
+
+    template = BOXED_TEMPLATE
+
+    def __init__(self, name: str, hub: tuple | None = None):
+        self.name, self.hub = name, hub
+
+    def load(self, split: str, cfg) -> list[dict]:
+        data_dir, limit = cfg.get("data_dir"), cfg.get("max_prompts")
+        if data_dir:
+            rows = load_local_benchmark(self.name, data_dir, limit)
+        else:
+            path, config, hub_split = self.hub or (None, None, None)
+            rows = load_hub_benchmark(self.name, limit, path=path, config=config, split=hub_split)
+        return [dict(r, task=self.name, problem=r["prompt"], prompt=self.render(r["prompt"])) for r in rows]
+
+    def validate(self, cfg, role: str) -> None:
+        data_dir = cfg.get("data_dir")
+        if data_dir and not local_benchmark_file(self.name, data_dir).is_file():
+            raise ValueError(f"eval.data_dir={data_dir!r}: no {self.name}/test.jsonl there")
+        if not data_dir and self.hub is None:
+            raise ValueError(f"eval.benchmarks: {self.name!r} has no hub source; set eval.data_dir to a folder with "
+                             f"{self.name}/test.jsonl")
+
+
+for _name, _hub in HUB_SOURCES.items():
+    register_task(MathBenchmark(_name, _hub))

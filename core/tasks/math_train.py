@@ -3,32 +3,19 @@
 ``source=hub`` loads it with ``datasets.load_dataset`` (for users with network access);
 ``source=local`` reads a JSONL file of MATH-style records (``problem`` plus ``answer`` or a
 ``solution`` with a final ``\\boxed{}``), which is how tests and offline clusters use it. Both go
-through the benchmark row normaliser of :mod:`evaluation.benchmarks`, so gold answers are parsed
-exactly as in evaluation.
+through the benchmark row normaliser of :mod:`core.tasks.math`, so gold answers are parsed
+exactly as in evaluation. Registered as the task ``math`` (``data=math``; its ``n_eval`` held-out rows are
+the benchmark ``math``).
 """
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
-from evaluation.benchmarks import rows_from_records
+from .base import read_jsonl, register_task
+from .math import MathScored, rows_from_records
 
 DEFAULT_TEMPLATE = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        raise FileNotFoundError(f"data.path={str(path)!r}: file does not exist")
-    out = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if line.strip():
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{lineno}: not valid JSON ({e})") from None
-    return out
 
 
 def load_math_train(source: str = "hub", path: str | None = None, hub_path: str = "DigitalLearningGmbH/MATH-lighteval",
@@ -56,7 +43,9 @@ def load_math_train(source: str = "hub", path: str | None = None, hub_path: str 
     if source == "local":
         if not path:
             raise ValueError("data.source=local needs data.path (a JSONL file of MATH records)")
-        records, where = _read_jsonl(Path(path)), str(path)
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"data.path={str(path)!r}: file does not exist")
+        records, where = read_jsonl(path), str(path)
     elif source == "hub":
         from datasets import load_dataset
 
@@ -79,3 +68,41 @@ def load_math_train(source: str = "hub", path: str | None = None, hub_path: str 
     if not train:
         raise ValueError(f"data: no MATH training rows left from {where} (levels={levels}, n_eval={n_eval})")
     return train, held_out
+
+
+@register_task
+class MathTrain(MathScored):
+    """The MATH training set as a task: ``load("train" | "eval", data_cfg)`` (see :func:`load_math_train`)."""
+
+    name = "math"
+    heldout_from_data = True
+
+    def load(self, split: str, cfg) -> list[dict]:
+        from omegaconf import OmegaConf
+
+        params = {k: v for k, v in (OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict)
+                                    else dict(cfg)).items() if k != "name"}
+        train, held_out = load_math_train(**params)
+        rows = train if split == "train" else held_out
+        return [dict(r, task=self.name) for r in rows]
+
+    def validate(self, cfg, role: str) -> None:
+        if role != "data":
+            return
+        if cfg.get("source") not in ("hub", "local"):
+            raise ValueError(f"data.source={cfg.get('source')!r}: expected 'hub' or 'local'")
+        if cfg.get("source") == "local" and (not cfg.get("path") or not Path(str(cfg.path)).is_file()):
+            raise ValueError(f"data.path={cfg.get('path')!r}: data.source=local needs an existing JSONL file")
+        if "{problem}" not in str(cfg.get("template", "")):
+            raise ValueError(f"data.template={cfg.get('template')!r}: must contain {{problem}}")
+        n_eval, cap, levels = cfg.get("n_eval", 0), cfg.get("max_prompts"), cfg.get("levels")
+        if not isinstance(n_eval, int) or n_eval < 0:
+            raise ValueError(f"data.n_eval={n_eval!r}: expected an integer >= 0")
+        if cap is not None and (not isinstance(cap, int) or cap < 1):
+            raise ValueError(f"data.max_prompts={cap!r}: expected null or an integer >= 1")
+        if levels is not None:
+            if isinstance(levels, str) or not hasattr(levels, "__len__"):
+                raise ValueError(f"data.levels={levels!r}: expected a list of levels 1-5, e.g. [3, 4, 5]")
+            bad = [lv for lv in levels if not isinstance(lv, int) or not 1 <= lv <= 5]
+            if bad:
+                raise ValueError(f"data.levels={list(levels)}: MATH levels are integers 1-5; bad: {bad}")

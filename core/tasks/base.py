@@ -1,0 +1,167 @@
+"""The task registry: one owner for everything about a kind of problem.
+
+A task knows where its prompts come from (``load``), how they are rendered (``template``), how a response
+is checked (``score``), whether its evaluation rows are the held-out split of the training data set of the
+same name (``heldout_from_data``), and which settings it needs (``validate``). Training rewards, evaluation,
+the verl reward function and pre-flight all ask the registry; nothing else branches on a task name.
+
+Rows are plain dicts: ``id``, ``prompt`` (the rendered model input), ``problem`` (the raw text, re-rendered
+when ``eval.prompt_template`` is set), ``gold`` (or ``tests`` for code), ``task`` (the registered name), and
+optional ``subset`` plus task-specific metadata.
+
+Register a task with ``register_task(MyTask())`` (or ``@register_task`` on a class), in a module this suite
+imports or one named in the ``plugins`` config key (``python sweep.py 'plugins=[mypkg.tasks]' ...``).
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Sequence
+
+
+@dataclass(frozen=True)
+class Score:
+    """The verdict on one response: ``reward`` (what training optimises), ``correct`` (what pass@k counts) and
+    ``extracted`` (the answer read from the response, for the samples table and answer modes; None when none)."""
+
+    reward: float
+    correct: bool
+    extracted: str | None = None
+
+
+class Task:
+    """Base class of a registered task. Subclasses set ``name``, ``kind`` and implement :meth:`load` and
+    :meth:`score` (or :meth:`score_many` for batched checkers)."""
+
+    name: str = ""
+    kind: str = "math"                 # the report groups benchmarks by kind: math, multiple_choice, code, logic
+    heldout_from_data: bool = False    # eval rows = load("eval", <training data config of this name>)
+    template: str = "{problem}"        # default rendering of ``problem`` (``eval.prompt_template`` overrides)
+
+    def load(self, split: str, cfg) -> list[dict]:
+        """Rows of ``split``: ``train``/``eval`` from a ``data`` config (training sets), ``test`` from an ``eval``
+        config (benchmarks: ``data_dir``, ``max_prompts``).
+
+        Raises:
+            ValueError / FileNotFoundError: naming the bad file, record or setting.
+        """
+        raise NotImplementedError(f"task {self.name!r} has no {split!r} split")
+
+    def score(self, response: str, row: dict) -> Score:
+        """Score one response to ``row``. Never raises on model output (a bad one scores the lowest reward)."""
+        raise NotImplementedError
+
+    def score_many(self, responses: Sequence[str], rows: Sequence[dict]) -> list[Score]:
+        """Score responses to rows (same length), in order. Override for checkers that batch."""
+        return [self.score(r, row) for r, row in zip(responses, rows)]
+
+    def validate(self, cfg, role: str) -> None:
+        """Check the settings this task will read, before any work: ``role`` is ``data`` (``cfg`` is the training
+        data config) or ``eval`` (``cfg`` is the eval config). Raises ValueError naming the key and value."""
+
+    def render(self, problem: str, template: str | None = None) -> str:
+        """``template`` (or the task's own) with ``{problem}`` filled in; ``{{``/``}}`` are literal braces."""
+        return (template or self.template).format(problem=problem)
+
+
+def read_jsonl(path) -> list:
+    """The records of a JSONL file (blank lines skipped).
+
+    Raises:
+        FileNotFoundError: naming the path; ValueError: a line that is not JSON, naming file and line.
+    """
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
+    out = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if line.strip():
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{lineno}: not valid JSON ({e})") from None
+    return out
+
+
+TASKS: dict[str, Task] = {}
+
+
+def register_task(task):
+    """Register a :class:`Task` instance (or, as a class decorator, an instance of the class) under its ``name``.
+
+    Raises:
+        ValueError: the name is empty or already taken by another task.
+    """
+    obj = task() if isinstance(task, type) else task
+    if not obj.name:
+        raise ValueError(f"task {obj!r} has no name")
+    if obj.name in TASKS and type(TASKS[obj.name]) is not type(obj):
+        raise ValueError(f"task {obj.name!r} is registered twice ({type(TASKS[obj.name]).__name__}, {type(obj).__name__})")
+    TASKS[obj.name] = obj
+    return task
+
+
+def get_task(name: str) -> Task:
+    """The task registered as ``name``.
+
+    Raises:
+        KeyError: naming the unknown task and listing the registered ones.
+    """
+    try:
+        return TASKS[str(name)]
+    except KeyError:
+        raise KeyError(f"unknown task {name!r}; registered: {sorted(TASKS)}") from None
+
+
+def task_names() -> list[str]:
+    """Registered task names, sorted."""
+    return sorted(TASKS)
+
+
+def load_plugins(modules) -> None:
+    """Import the modules named in the ``plugins`` config key (their ``register_task`` calls run on import).
+
+    Raises:
+        ImportError: naming the module that failed to import.
+    """
+    for m in modules or []:
+        try:
+            importlib.import_module(str(m))
+        except Exception as e:
+            raise ImportError(f"plugins: cannot import {m!r}: {type(e).__name__}: {e}") from None
+
+
+def load_prompts(data_cfg, split: str) -> list[dict]:
+    """Rows of the training data set ``data_cfg.name`` for ``split`` (``train``, or ``eval``: its held-out split).
+
+    Raises:
+        KeyError: no task of that name; ValueError: a split the task does not have.
+    """
+    if split not in ("train", "eval"):
+        raise ValueError(f"split={split!r}: expected 'train' or 'eval'")
+    return get_task(data_cfg.name).load(split, data_cfg)
+
+
+def score_responses(responses: Sequence[str], rows: Sequence[dict]) -> list[Score]:
+    """Score each response against the row beside it, by the row's ``task``; rows of one task are scored
+    together (batched checkers such as math-verify's worker pool see them at once).
+
+    Raises:
+        ValueError: the lengths differ, or a row without a registered ``task`` (a data error, not a model error).
+    """
+    if len(responses) != len(rows):
+        raise ValueError(f"{len(responses)} responses but {len(rows)} rows")
+    by_task: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        by_task.setdefault(r.get("task"), []).append(i)
+    out: list = [None] * len(rows)
+    for name, idx in by_task.items():
+        if name not in TASKS:
+            raise ValueError(f"row {rows[idx[0]].get('id')!r}: task {name!r} is not registered; registered: {sorted(TASKS)}")
+        for i, s in zip(idx, TASKS[name].score_many([responses[i] for i in idx], [rows[i] for i in idx])):
+            out[i] = s
+    return out

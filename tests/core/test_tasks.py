@@ -1,0 +1,230 @@
+"""The task registry: layering, multiple choice (GPQA Diamond's 198 gold letters), code in the sandbox
+(HumanEval's 164 canonical solutions and adversarial programs), loaders on local files, and a plugin task."""
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+from core.sandbox import run_tests, sandbox_missing
+from core.tasks import get_task, score_responses
+from core.tasks.choice import chosen_letter
+from tests.conftest import REPO
+
+needs_sandbox = pytest.mark.skipif(sandbox_missing() is not None, reason=f"no sandbox: {sandbox_missing()}")
+
+
+def _imports(package: str) -> dict[str, set[str]]:
+    out = {}
+    for path in (REPO / package).rglob("*.py"):
+        mods = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                mods |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                mods.add(node.module.split(".")[0])
+        out[str(path.relative_to(REPO))] = mods
+    return out
+
+
+ENTRY_POINTS = {"evaluation/__main__.py": {"orchestrator"}}  # `python -m evaluation` logs a run: it sits on top
+
+
+def test_the_stages_import_downward_only():
+    """training and evaluation never import each other; core imports neither, nor anything above them (the
+    evaluation CLI, an entry point, may use the orchestrator's MLflow plumbing)."""
+    bad = []
+    for package, forbidden in (("training", {"evaluation", "orchestrator", "reports"}),
+                               ("evaluation", {"training", "orchestrator", "reports"}),
+                               ("core", {"training", "evaluation", "orchestrator", "reports"})):
+        for path, mods in _imports(package).items():
+            bad += [f"{path} imports {m}" for m in sorted(mods & forbidden - ENTRY_POINTS.get(path, set()))]
+    assert not bad, bad
+
+
+# ------------------------------------------------------------------------------------- multiple choice
+
+def _gpqa_rows(benchmark_dir):
+    return get_task("gpqa_diamond").load("test", OmegaConf.create({"data_dir": str(benchmark_dir)}))
+
+
+def test_every_gpqa_diamond_gold_letter_scores_right_in_five_phrasings_and_a_hedge_scores_wrong(benchmark_dir):
+    rows = _gpqa_rows(benchmark_dir)
+    assert len(rows) == 198 and all(r["gold"] in "ABCD" and r["task"] == "gpqa_diamond" for r in rows)
+    responses, expect, table = [], [], []
+    for r in rows:
+        g = r["gold"]
+        text = re.search(rf"^\s*{g}\)\s*(.*)$", r["problem"], flags=re.MULTILINE).group(1).strip()
+        other = next(x for x in "ABCD" if x != g)
+        for resp, ok in [(f"\\boxed{{{g}}}", True), (f"So the energy is that one.\n\\boxed{{{g}) {text}}}", True),
+                         (f"The answer is ({g}).", True), (f"Reasoning...\nAnswer: {g}", True),
+                         (f"Weighing the options, the correct option is {g}.", True),
+                         (f"The answer is {g} or {other}.", False), (f"\\boxed{{{g}}} or maybe \\boxed{{{other}}}", False),
+                         (f"\\boxed{{{other}}}", False)]:
+            responses.append(resp)
+            expect.append(ok)
+            table.append(r)
+    got = [s.correct for s in score_responses(responses, table)]
+    wrong = [(t["id"], resp) for t, resp, g, e in zip(table, responses, got, expect) if g != e]
+    assert not wrong, wrong[:5]
+
+
+@pytest.mark.parametrize("response,letter", [
+    ("\\boxed{\\text{(C)}}", "C"), ("**Answer:** D", "D"), ("(B)", "B"), ("If the answer is A, then... The answer is C.", "C"),
+    ("The answer is (A) or (B)", None), ("\\boxed{A, C}", None), ("Answer: I think it is B", None),
+    ("the answer is a function of x", None), ("Answer: E", None), (None, None), ("", None),
+])
+def test_letter_reading_by_hand(response, letter):
+    assert chosen_letter(response, 4) == letter
+
+
+def test_mmlu_pro_and_truthfulqa_loaders_on_local_files_in_the_hubs_layout(tmp_path):
+    (tmp_path / "mmlu_pro").mkdir()
+    opts = [f"option {i}" for i in range(10)]
+    (tmp_path / "mmlu_pro" / "test.jsonl").write_text("\n".join(json.dumps(r) for r in [
+        {"question_id": 7, "question": "Pick seven.", "options": opts, "answer": "H", "answer_index": 7},
+        {"question_id": 8, "question": "Pick two.", "options": opts[:4], "answer_index": 2}]) + "\n")
+    cfg = OmegaConf.create({"data_dir": str(tmp_path)})
+    rows = get_task("mmlu_pro").load("test", cfg)
+    assert [r["gold"] for r in rows] == ["H", "C"] and rows[0]["n_options"] == 10
+    assert "H) option 7" in rows[0]["problem"] and "J) option 9" in rows[0]["problem"]
+    assert score_responses(["The answer is (H)", "\\boxed{H}"], rows) [0].correct
+    assert not score_responses(["\\boxed{H}"], rows[1:])[0].correct  # H is not an option of a 4-option question
+    (tmp_path / "truthfulqa_mc1").mkdir()
+    recs = [{"question": f"Q{i}?", "mc1_targets": {"choices": [f"true {i}", "false a", "false b", "false c"], "labels": [1, 0, 0, 0]}}
+            for i in range(20)]
+    (tmp_path / "truthfulqa_mc1" / "test.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    rows = get_task("truthfulqa_mc1").load("test", cfg)
+    for r in rows:  # shuffled per question, and the gold letter marks the true answer
+        assert re.search(rf"^{r['gold']}\) true \d+$", r["problem"], flags=re.MULTILINE)
+    assert len({r["gold"] for r in rows}) > 1  # not always the first option
+    with pytest.raises(ValueError, match="truthfulqa_mc1/test.jsonl:1"):
+        (tmp_path / "truthfulqa_mc1" / "test.jsonl").write_text(json.dumps({"question": "x", "mc1_targets": {"choices": ["a"], "labels": [0]}}) + "\n")
+        get_task("truthfulqa_mc1").load("test", cfg)
+
+
+# ------------------------------------------------------------------------------------- code in the sandbox
+
+@needs_sandbox
+def test_all_humaneval_canonical_solutions_pass_and_a_wrong_variant_of_each_fails():
+    rows = get_task("humaneval").load("test", OmegaConf.create({}))
+    assert len(rows) == 164
+    good = score_responses([f"```python\n{r['code_prefix']}{r['gold']}```" for r in rows], rows)  # whole function, fenced
+    assert sum(s.correct for s in good) == 164 and all(s.reward == 1.0 for s in good)
+    cont = score_responses([r["gold"] for r in rows], rows)  # the bare completion, HumanEval's own format
+    assert sum(s.correct for s in cont) == 164
+    wrong = score_responses(["    return None\n" + r["gold"] for r in rows], rows)
+    assert not any(s.correct for s in wrong)
+
+
+@needs_sandbox
+def test_share_of_tests_and_all_pass_rewards_on_a_local_mbpp_file(tmp_path):
+    (tmp_path / "mbpp").mkdir()
+    rec = {"task_id": 2, "text": "Write a function to find the shared elements of two tuples.",
+           "code": "def similar_elements(a, b):\n    return tuple(set(a) & set(b))",
+           "test_list": ["assert set(similar_elements((3, 4, 5, 6), (5, 7, 4, 10))) == {4, 5}",
+                         "assert set(similar_elements((1, 2, 3, 4), (5, 4, 3, 7))) == {3, 4}",
+                         "assert set(similar_elements((11, 12, 14, 13), (17, 15, 14, 13))) == {13, 14}"],
+           "test_setup_code": "", "challenge_test_list": []}
+    (tmp_path / "mbpp" / "test.jsonl").write_text(json.dumps(rec) + "\n")
+    [row] = get_task("mbpp").load("test", OmegaConf.create({"data_dir": str(tmp_path)}))
+    assert row["entry_point"] == "similar_elements" and len(row["tests"]) == 3
+    partial = "```python\ndef similar_elements(a, b):\n    return (4, 5)\n```"  # right for the first test only
+    s_ref, s_part = score_responses([f"```python\n{rec['code']}\n```", partial], [row, row])
+    assert (s_ref.reward, s_ref.correct) == (1.0, True)
+    assert s_part.reward == pytest.approx(1 / 3) and not s_part.correct
+    [s_all] = score_responses([partial], [dict(row, code_reward="all_pass")])
+    assert s_all.reward == 0.0
+
+
+ADVERSARIAL = {
+    "loops forever": "while True:\n    pass",
+    "forks without end": "import os\nwhile True:\n    os.fork()",
+    "allocates 10 GB": "x = bytearray(10 * 2**30)",
+    "opens a socket": "import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=5)\nsocket.create_connection(('127.0.0.1', 22), timeout=5)",
+    "sleeps past the wall clock": "import time\ntime.sleep(3600)",
+    "floods its output": "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)",
+}
+
+
+@needs_sandbox
+@pytest.mark.parametrize("what", list(ADVERSARIAL))
+def test_hostile_programs_score_zero_in_bounded_time(what):
+    t0 = time.time()
+    res = run_tests(ADVERSARIAL[what] + "\ndef f():\n    return 1", ["assert f() == 1"], wall_s=5)
+    assert res.share == 0.0 and not res.all_passed, res
+    assert time.time() - t0 < 5 + 10
+
+
+@needs_sandbox
+def test_writes_outside_the_sandbox_folder_fail_and_leave_the_machine_as_it_was(tmp_path):
+    target = tmp_path / "escaped.txt"
+    before_tmp = set(os.listdir("/tmp"))
+    res = run_tests(f"open({str(target)!r}, 'w').write('x')\n", ["pass"])
+    assert res.passed == 0 and not target.exists()
+    res = run_tests("open('/tmp/rlvr-escape-test', 'w').write('x')\nimport os\nos.makedirs('/root/rlvr-x', exist_ok=True)", ["pass"])
+    assert res.passed == 0 and not Path("/root/rlvr-x").exists()
+    assert not Path("/tmp/rlvr-escape-test").exists()  # the sandbox's /tmp is its own and is discarded
+    assert set(os.listdir("/tmp")) - before_tmp == set() or all(not n.startswith("rlvr-sbx-") for n in set(os.listdir("/tmp")) - before_tmp)
+    # no process of any sandbox survives it (zombies left for init to reap run nothing and are not counted)
+    ps = [ln.split() for ln in subprocess.run(["ps", "-eo", "uid=,stat="], capture_output=True, text=True).stdout.splitlines()]
+    assert not [u for u, st in ps if int(u) >= 1_600_000 and not st.startswith("Z")]
+
+
+def test_without_bubblewrap_code_tasks_refuse_to_start(monkeypatch):
+    import shutil
+
+    from core import sandbox
+
+    monkeypatch.setattr(sandbox, "_CHECKED", {})
+    real = shutil.which
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None if name == "bwrap" else real(name))
+    assert "bubblewrap (bwrap)" in sandbox.sandbox_missing()
+    with pytest.raises(ValueError, match="needs the sandbox"):
+        get_task("humaneval").validate(OmegaConf.create({}), "eval")
+
+
+# ------------------------------------------------------------------------------------- a plugin task in a sweep
+
+def test_a_plugin_registers_a_math_benchmark_and_a_new_task_kind_and_a_sweep_point_evaluates_them(tmp_path):
+    from tests.e2e.test_sweep import TINY, _runs, _sweep
+
+    data = tmp_path / "data" / "toy_math"
+    data.mkdir(parents=True)
+    data.joinpath("test.jsonl").write_text("\n".join(json.dumps({"problem": f"What is {a} + 1?", "answer": str(a + 1)})
+                                                    for a in range(3)) + "\n")
+    proc = _sweep(tmp_path, "plugins=[tests.plugins.toy_tasks]", "eval.benchmarks=[toy_math,toy_echo]",
+                  f"eval.data_dir={tmp_path / 'data'}", *TINY, "eval.base=false", "report.enabled=false")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client, [run] = _runs(tmp_path)
+    m = run.data.metrics
+    for key in ("eval/toy_math/pass_at_1", "eval/toy_echo/pass_at_4", "eval/kind/math/pass_at_1", "eval/kind/echo/avg_at_4"):
+        assert key in m, key
+    df = pd.read_parquet(client.download_artifacts(run.info.run_id, "samples.parquet", str(tmp_path / "dl")))
+    assert set(df["benchmark"]) == {"toy_math", "toy_echo"} and len(df) == (3 + 4) * 4
+    proc = _sweep(tmp_path, "eval.benchmarks=[toy_echo]", *TINY, timeout=120)  # without the plugin: refused up front
+    assert proc.returncode == 2 and "unknown benchmark 'toy_echo'" in proc.stderr
+
+
+@needs_sandbox
+def test_cli_evaluates_code_and_multiple_choice_tasks_side_by_side(tmp_path, benchmark_dir, tiny_cfg):
+    from core.models import model_path
+
+    proc = subprocess.run([sys.executable, "-m", "evaluation", "--checkpoint", model_path(tiny_cfg.model), "--eval", "code",
+                           "benchmarks=[humaneval,gpqa_diamond]", f"data_dir={benchmark_dir}", "max_prompts=2", "n=2",
+                           "ks=[1,2]", "ucc_ks=[2]", "max_new_tokens=8", "--out", str(tmp_path / "out")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kinds = pd.read_csv(tmp_path / "out" / "kinds.csv", index_col=0)
+    assert set(kinds.index) == {"code", "multiple_choice"} and (kinds["benchmarks"] == 1).all()
+    df = pd.read_parquet(tmp_path / "out" / "samples.parquet")
+    code = df[df["benchmark"] == "humaneval"]
+    assert len(code) == 4 and code["extracted_answer"].str.contains("tests").all()  # random tokens: run, and failed
+    assert "Complete the following Python function" in code["prompt"].iloc[0]  # the task's own template
