@@ -1,21 +1,38 @@
-"""Answer checking: extraction, math-verify in a process pool with timeouts, exact comparison, caching.
+"""Answer checking: math-verify's reading of a response, with three fixes, in a process pool with timeouts.
 
 ``is_correct(response, gold)`` and :class:`Verifier.check_many` score model outputs against gold
-answers. The pipeline per response:
+answers. Every check returns two verdicts: this project's (``correct``) and plain math-verify's
+(``reference``: ``verify(parse(G), parse(tail))`` with ``G`` the gold as written, or ``$gold$`` when it
+has no math delimiters), so an evaluation can report how often the grader choice moves a number (the
+disagreement audit, :mod:`evaluation.tables`). The pipeline per response:
 
-1. only the last ``MAX_RESPONSE_CHARS`` characters are kept (a 1 MB output costs nothing more);
-2. the candidate answer is the content of the last ``\\boxed{}``/``\\fbox{}`` (nested braces kept),
-   or, without one, the whitespace-normalised tail, from which math-verify extracts the final
-   expression itself;
-3. (candidate, gold) pairs are deduplicated and cached, so 256 samples with few distinct answers
-   cost few verifications;
-4. math-verify runs in worker *processes* (it times out with ``signal.alarm``, which does not work in
-   threads): each item has its own timeout, and a worker stuck in C code (``9^{9^{9^{9}}}``) is
-   killed and replaced, the item scoring incorrect;
-5. where both sides parse to exact numbers (integers, rationals, factorials...), equality is exact:
-   math-verify's float tolerance would accept 1/2004! for 1/2006!.
+1. only the last ``MAX_RESPONSE_CHARS`` characters are kept (a 1 MB output costs nothing more); a tail
+   nested deeper than ``MAX_BRACE_DEPTH`` braces is adversarial and scores incorrect unparsed;
+2. the gold is parsed the way it is written: ``$gold$`` first (or as written when it has ``$``,
+   ``\\(``, ``\\[`` or ``\\boxed``), then ``\\boxed{gold}``, then the bare text. ``\\boxed{...}`` around a
+   gold such as ``\\frac{1}{3}E_1+\\frac{2}{3}E_2`` parses to the fragment ``2/3``, and ``\\boxed{28\\%}``
+   to a string;
+3. the response is read by math-verify's own extraction (boxed answers first, then "final answer is",
+   then the last expression), after two rewrites: ``\\fbox{`` is read as ``\\boxed{`` and a brace-less
+   ``\\boxed 5`` as ``\\boxed{5}`` (math-verify skips both and reads a later expression instead);
+4. several boxed answers: math-verify reads every box of a response as one set. That reading is kept when
+   the gold is itself a set or a list of tuples (``(2,1),(1,2)`` against ``\\boxed{(1, 2)}, \\boxed{(2, 1)}``);
+   otherwise only the last box is the answer (a response that boxes an intermediate value and then its
+   final answer is judged by the final one);
+5. where math-verify accepts and both sides are exact numbers (integers, rationals, factorials, radicals),
+   equality is checked exactly, because math-verify's float tolerance accepts ``1/2004!`` for ``1/2006!``:
+   equal objects (infinities included) are equal at once, two rationals compare exactly, anything else by
+   a 60-digit evaluation of the difference and, when that vanishes, its minimal polynomial, all under a
+   1 s alarm; a check that runs out of time keeps math-verify's verdict. No unbounded ``simplify()`` runs.
+   Numerals written in a base (``52_8``) must name the same base digits as the gold: math-verify reads
+   ``52_9`` as 52 and accepts it;
+6. (tail, gold) pairs are deduplicated and cached; math-verify runs in worker *processes* (its timeouts
+   use ``signal.alarm``, which does not work in threads), each item with a wall-clock bound; a worker stuck
+   in C code (``9^{9^{9^{9}}}``) is killed and replaced, the item scoring incorrect.
 
 A malformed, adversarial or timed-out response scores incorrect; nothing here raises on model output.
+Source: math-verify (Hugging Face, https://github.com/huggingface/Math-Verify) for parsing and equality;
+the rewrites, the box reading and the exact check are this project's (README, "Answer verification").
 """
 from __future__ import annotations
 
@@ -23,37 +40,73 @@ import atexit
 import logging
 import multiprocessing as mp
 import re
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 MAX_RESPONSE_CHARS = 4000      # only the tail of a response can hold its final answer
-MAX_CANDIDATE_CHARS = 1000     # a boxed answer longer than this is not an answer
 MAX_BRACE_DEPTH = 50           # deeper nesting is adversarial: incorrect without parsing
 PARSE_TIMEOUT_S = 2
 VERIFY_TIMEOUT_S = 2
-ITEM_TIMEOUT_S = 6.0           # wall-clock bound per item, enforced by killing the worker
+EXACT_TIMEOUT_S = 1            # the exact comparison's budget; past it, math-verify's verdict stands
+EXACT_DIGITS = 60              # digits of the numerical check of two non-rational exact numbers
+ITEM_TIMEOUT_S = 10.0          # wall-clock bound per item (two parses and verifies at most), by killing the worker
 
 logging.getLogger("math_verify").setLevel(logging.CRITICAL)
 
+_BOX_TAG = re.compile(r"\\(?:boxed|fbox)\b")
+_FBOX = re.compile(r"\\fbox(?=\s*\{)")
+_BARE_BOXED = re.compile(r"\\boxed[ \t]+(-?[0-9A-Za-z]+(?:\.[0-9]+)?)")
+_PERCENT = re.compile(r"\\?%\s*$")
+_BASE_NUMBER = re.compile(r"(\d+)_\{?(\d+)\}?")   # 52_8, 4210_{5}: a numeral in a base
+
+
+class Check(NamedTuple):
+    """One verdict: ``correct`` (this project's), ``extracted`` (the answer read, for the samples table and
+    answer modes; None when none), ``reference`` (plain math-verify's verdict; None when not computed)."""
+
+    correct: bool
+    extracted: str | None
+    reference: bool | None = None
+
+
+INCORRECT = Check(False, None, False)
+
+
+def _box_spans(text: str) -> list[tuple[int, int, str, bool]]:
+    """(start, end, content, braced) of every ``\\boxed{...}``/``\\fbox{...}`` (brace right after the tag, nested braces
+    kept) and brace-less ``\\boxed 5`` in ``text``, in order."""
+    spans, pos = [], 0
+    while True:
+        m = _BOX_TAG.search(text, pos)
+        if m is None:
+            return spans
+        j = m.end()
+        while j < len(text) and text[j] in " \t":
+            j += 1
+        if j < len(text) and text[j] == "{":
+            depth = 0
+            for k in range(j, len(text)):
+                if text[k] == "{":
+                    depth += 1
+                elif text[k] == "}":
+                    depth -= 1
+                    if depth == 0:
+                        spans.append((m.start(), k + 1, text[j + 1:k], True))
+                        break
+            else:
+                return spans          # unclosed box: nothing after it is a box either
+            pos = spans[-1][1]
+        else:
+            bare = _BARE_BOXED.match(text, m.start())
+            if bare:
+                spans.append((m.start(), bare.end(), bare.group(1), False))
+            pos = m.end()
+
 
 def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` or ``\\fbox{...}`` in ``text`` with nested braces kept, or None."""
-    starts = [text.rfind(tag) for tag in ("\\boxed", "\\fbox")]
-    i = max(starts)
-    if i < 0:
-        return None
-    j = text.find("{", i)
-    if j < 0:
-        return None
-    depth = 0
-    for pos in range(j, len(text)):
-        ch = text[pos]
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return text[j + 1:pos]
-    return None
+    """Content of the last ``\\boxed{...}``/``\\fbox{...}`` (or brace-less ``\\boxed 5``) in ``text``, nested braces
+    kept, or None. The brace must follow the tag: ``\\boxed 5. Then $\\frac{1}{2}$`` is ``5``, not ``1``."""
+    spans = _box_spans(text)
+    return spans[-1][2] if spans else None
 
 
 def _max_brace_depth(s: str) -> int:
@@ -67,23 +120,79 @@ def _max_brace_depth(s: str) -> int:
     return best
 
 
-def candidate_answer(response) -> tuple[str | None, bool]:
-    """(candidate text, boxed?) for a response; (None, False) when there is nothing to check."""
+def response_tail(response) -> str | None:
+    """The part of ``response`` that is checked (its last ``MAX_RESPONSE_CHARS`` characters), or None when there
+    is nothing to check: not a string, blank, or nested deeper than ``MAX_BRACE_DEPTH`` braces."""
     if not isinstance(response, str) or not response.strip():
-        return None, False
+        return None
     tail = response[-MAX_RESPONSE_CHARS:]
-    boxed = last_boxed(tail)
-    if boxed is not None:
-        boxed = boxed.strip()
-        if not boxed or len(boxed) > MAX_CANDIDATE_CHARS or _max_brace_depth(boxed) > MAX_BRACE_DEPTH:
-            return None, True
-        return boxed, True
     if _max_brace_depth(tail) > MAX_BRACE_DEPTH:
-        return None, False
-    return re.sub(r"\s+", " ", tail).strip(), False
+        return None
+    return tail
+
+
+_DELIMITED = re.compile(r"^\s*(?:\$|\\\(|\\\[)|\\boxed")
+_PROSE = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}'?[a-z]*[.,;:]?\s+[A-Za-z]{2,}\s+[A-Za-z]{2,}")  # three words in a row
+
+
+def gold_texts(gold: str) -> list[str]:
+    """The gold's readings in the order they are tried: as written when it is delimited LaTeX (starts with
+    ``$``, ``\\(`` or ``\\[``, or holds ``\\boxed``) or prose with math inside (``The answer is $5$``),
+    else ``$gold$`` with the gold's own stray ``$`` removed (OlympiadBench writes lists as ``69$,$84``, and
+    some golds end in ``$.``); then ``\\boxed{gold}``; then the bare text."""
+    g = str(gold).strip()
+    as_written = _DELIMITED.search(g) or (re.search(r"(?<!\\)\$", g) and _PROSE.search(g))
+    first = g if as_written else "$" + re.sub(r"(?<!\\)\$", "", g) + "$"
+    return list(dict.fromkeys([first, f"\\boxed{{{g}}}", g]))
 
 
 # ----------------------------------------------------------------------------- worker side
+
+_GOLD_CACHE: dict[str, tuple[list, list]] = {}
+
+
+def _parse(text: str) -> list:
+    from math_verify import parse
+
+    try:
+        return parse(text, parsing_timeout=PARSE_TIMEOUT_S)
+    except BaseException:
+        return []
+
+
+def _verify(gold: list, pred: list) -> bool:
+    from math_verify import verify
+
+    if not gold or not pred:
+        return False
+    try:
+        return bool(verify(gold, pred, timeout_seconds=VERIFY_TIMEOUT_S))
+    except BaseException:
+        return False
+
+
+def _golds(gold: str) -> tuple[list, list]:
+    """(this project's parse, plain math-verify's parse) of a gold, cached per worker."""
+    if gold not in _GOLD_CACHE:
+        texts = gold_texts(gold)
+        plain = _parse(texts[0])
+        ours = plain
+        for text in texts[1:]:
+            if ours:
+                break
+            ours = _parse(text)
+        if len(_GOLD_CACHE) > 10_000:
+            _GOLD_CACHE.clear()
+        _GOLD_CACHE[gold] = (ours, plain)
+    return _GOLD_CACHE[gold]
+
+
+def _is_set_answer(parsed: list) -> bool:
+    """True when a parsed gold is a set of several elements (``1, 2``; ``(2,1),(1,2)``)."""
+    import sympy
+
+    return bool(parsed) and isinstance(parsed[0], sympy.FiniteSet) and len(parsed[0].args) > 1
+
 
 def _exact_value(obj):
     """A sympy number without floats (exactly comparable), else None."""
@@ -97,40 +206,92 @@ def _exact_value(obj):
     return None
 
 
-def _check_one(item: tuple[str, bool, str]) -> tuple[bool, str | None]:
-    """Worker: (candidate, boxed, gold) -> (correct, extracted answer)."""
-    from math_verify import parse, verify
+class _Alarm(Exception):
+    pass
 
-    candidate, boxed, gold = item
+
+def _exactly_equal(g, p) -> bool | None:
+    """Exact equality of two exact sympy numbers: True/False, or None when it cannot be decided within
+    ``EXACT_TIMEOUT_S`` (the caller keeps math-verify's verdict). Never calls ``simplify()``.
+
+    Order: equal objects (infinities included: ``oo - oo`` is nan) are equal; two rationals compare exactly
+    (``1/2004!`` and ``1/2006!`` differ); otherwise the difference is evaluated to ``EXACT_DIGITS`` digits
+    (a relative difference above ``10^(10 - EXACT_DIGITS)`` is a difference), and a difference that vanishes
+    to that precision is proved zero by its minimal polynomial when the numbers are algebraic (radicals);
+    a transcendental difference that vanishes numerically counts as equal.
+    """
+    import signal
+
+    import sympy
+
     try:
-        pred = parse(f"\\boxed{{{candidate}}}" if boxed else candidate, parsing_timeout=PARSE_TIMEOUT_S)
-    except BaseException:
-        return False, None
-    extracted = str(pred[-1]) if pred else None
-    if not pred:
-        return False, extracted
-    gold_parsed = []
-    for text in (f"\\boxed{{{gold}}}", f"${gold}$", gold):
+        if g == p:
+            return True
+        if g.is_Rational and p.is_Rational:
+            return False
+    except Exception:
+        return None
+
+    def on_alarm(signum, frame):
+        raise _Alarm
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    try:
         try:
-            gold_parsed = parse(text, parsing_timeout=PARSE_TIMEOUT_S)
-        except BaseException:
-            gold_parsed = []
-        if gold_parsed:
-            break
-    if not gold_parsed:
-        return False, extracted
-    try:
-        ok = bool(verify(gold_parsed, pred, timeout_seconds=VERIFY_TIMEOUT_S))
-    except BaseException:
-        return False, extracted
-    if ok:  # exact numbers on both sides: no float tolerance
-        g, p = _exact_value(gold_parsed[0]), _exact_value(pred[0])
-        if g is not None and p is not None:
+            signal.setitimer(signal.ITIMER_REAL, EXACT_TIMEOUT_S)
+            diff = sympy.N(g - p, EXACT_DIGITS)
+            scale = max(abs(sympy.N(g, EXACT_DIGITS)), abs(sympy.N(p, EXACT_DIGITS)))
+            if not (diff.is_number and scale.is_number) or diff.has(sympy.nan, sympy.zoo, sympy.oo, -sympy.oo):
+                return None
+            if abs(diff) > scale * sympy.Float(10) ** (10 - EXACT_DIGITS):
+                return False
+            x = sympy.Dummy("x")
             try:
-                ok = bool((g - p).simplify() == 0)
-            except BaseException:
-                ok = False
-    return ok, extracted
+                return sympy.minimal_polynomial(g - p, x) == x
+            except (sympy.polys.polyerrors.NotAlgebraic, NotImplementedError):
+                return True
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except BaseException:   # out of time (_Alarm) or sympy failed: undecided
+        return None
+    finally:
+        signal.signal(signal.SIGALRM, old)
+
+
+def _check_one(item: tuple[str, str]) -> Check:
+    """Worker: (response tail, gold) -> :class:`Check`."""
+    tail, gold = item
+    gold_ours, gold_plain = _golds(gold)
+    pred_plain = _parse(tail)
+    reference = _verify(gold_plain, pred_plain)
+
+    text = _FBOX.sub(r"\\boxed", tail)
+    spans = _box_spans(text)
+    if len(spans) > 1 and _is_set_answer(gold_ours):
+        # a set gold: every box is read, as math-verify reads them (one set)
+        text = _BARE_BOXED.sub(lambda m: f"\\boxed{{{m.group(1)}}}", text)
+    elif spans:
+        _, end, content, braced = spans[-1]
+        percent = _PERCENT.search(content) is not None
+        if len(spans) > 1 or not braced or percent:
+            # the last box alone, with what follows it; a percentage as inline math (math-verify 0.9 reads
+            # \boxed{28\%} as a string, $28\%$ as the number 28)
+            text = (f"${content}$" if percent else f"\\boxed{{{content}}}") + text[end:]
+    pred = pred_plain if text == tail else _parse(text)
+    extracted = str(pred[-1]) if pred else None
+    ok = reference if (pred is pred_plain and gold_ours is gold_plain) else _verify(gold_ours, pred)
+    if ok and extracted is not None:
+        # math-verify drops a base subscript (52_8 reads as 52): numerals in bases must name the same bases
+        gold_bases, pred_bases = _BASE_NUMBER.findall(gold), _BASE_NUMBER.findall(extracted)
+        if gold_bases and pred_bases and gold_bases != pred_bases:
+            ok = False
+    if ok:  # exact numbers on both sides: no float tolerance
+        g, p = _exact_value(gold_ours[0]), _exact_value(pred[0])
+        if g is not None and p is not None:
+            exact = _exactly_equal(g, p)
+            if exact is not None:
+                ok = exact
+    return Check(bool(ok), extracted, bool(reference))
 
 
 def _worker_init():
@@ -148,14 +309,18 @@ class Verifier:
 
     Args:
         workers: worker processes (default 1: verification is cheap next to sampling).
-        item_timeout_s: wall-clock bound per distinct (candidate, gold) pair.
+        item_timeout_s: wall-clock bound per distinct (response tail, gold) pair.
+    Attributes:
+        cache: {(tail, gold): Check}; ``lookups`` and ``hits`` count :meth:`check_many`'s pairs and those
+            answered from the cache (or by another identical pair of the same call); ``timeouts`` the items
+            whose worker was killed.
     """
 
     def __init__(self, workers: int = 1, item_timeout_s: float = ITEM_TIMEOUT_S):
         self.workers, self.item_timeout_s = workers, item_timeout_s
         self._pool = None
-        self.cache: dict[tuple, tuple[bool, str | None]] = {}
-        self.timeouts = 0
+        self.cache: dict[tuple[str, str], Check] = {}
+        self.timeouts = self.lookups = self.hits = 0
 
     def _get_pool(self):
         if self._pool is None:
@@ -171,15 +336,20 @@ class Verifier:
             self._pool.join()
             self._pool = None
 
-    def check_many(self, responses: Iterable, golds: Iterable) -> list[tuple[bool, str | None]]:
-        """[(correct, extracted answer)] for each (response, gold) pair, in order. Never raises on model output."""
-        pairs = list(zip(responses, golds))
+    def check_many(self, responses: Iterable, golds: Iterable) -> list[Check]:
+        """A :class:`Check` for each (response, gold) pair, in order. Never raises on model output: a response
+        that is not a string, is blank, adversarially nested or times out gets ``Check(False, None, False)``."""
         keys, todo = [], {}
-        for response, gold in pairs:
-            cand, boxed = candidate_answer(response)
-            key = None if cand is None or gold is None else (cand, boxed, str(gold))
+        for response, gold in zip(responses, golds):
+            tail = response_tail(response)
+            key = None if tail is None or gold is None else (tail, str(gold))
             keys.append(key)
-            if key is not None and key not in self.cache:
+            if key is None:
+                continue
+            self.lookups += 1
+            if key in self.cache or key in todo:
+                self.hits += 1
+            else:
                 todo[key] = None
         remaining = list(todo)
         while remaining:
@@ -193,7 +363,7 @@ class Verifier:
                 except mp.TimeoutError:
                     # a worker is stuck (math-verify's own alarms cannot interrupt C code such as a
                     # huge power): incorrect; kill the pool and resubmit what had not finished
-                    self.cache[key] = (False, None)
+                    self.cache[key] = INCORRECT
                     self.timeouts += 1
                     for other, r in pending[i + 1:]:
                         if r.ready() and r.successful():
@@ -203,8 +373,8 @@ class Verifier:
                     self.close()
                     break
                 except Exception:
-                    self.cache[key] = (False, None)
-        return [(False, None) if key is None else self.cache[key] for key in keys]
+                    self.cache[key] = INCORRECT
+        return [INCORRECT if key is None else self.cache[key] for key in keys]
 
 
 _DEFAULT: Verifier | None = None
@@ -219,8 +389,9 @@ def default_verifier() -> Verifier:
     return _DEFAULT
 
 
-def check_answer(response: str, gold: str) -> tuple[bool, str | None]:
-    """(correct, extracted answer or None) for one response; see :func:`is_correct`."""
+def check_answer(response: str, gold: str) -> Check:
+    """The :class:`Check` of one response (correct, extracted answer, plain math-verify's verdict); see
+    :func:`is_correct`."""
     return default_verifier().check_many([response], [gold])[0]
 
 
@@ -229,9 +400,10 @@ def is_correct(response: str, gold: str) -> bool:
 
     Args:
         response: model output, any string (only its tail is read).
-        gold: the reference answer (``"7"``, ``"\\frac{1}{2}"``, ``"1331 and 1728"``).
+        gold: the reference answer (``"7"``, ``"\\frac{1}{2}"``, ``"1331 and 1728"``, ``"$x=5$"``).
     Returns:
         bool; False for empty, unparsable, adversarial or timed-out output (never raises).
-    Source: math-verify (Hugging Face) for parsing and symbolic equality; exact comparison of exact numbers.
+    Source: math-verify (Hugging Face) for parsing and symbolic equality; the module docstring lists where
+    this differs from plain math-verify.
     """
-    return check_answer(response, gold)[0]
+    return check_answer(response, gold).correct

@@ -28,13 +28,14 @@ log = logging.getLogger("rlvr")
 
 SAMPLE_COLUMNS = [
     "benchmark", "prompt_id", "sample_idx", "prompt", "gold", "response", "n_tokens", "finish_reason",
-    "extracted_answer", "correct", "mean_token_entropy", "seed", "subset",
+    "extracted_answer", "correct", "reference_correct", "mean_token_entropy", "seed", "subset",
 ]
 
 
-def check_rows(rows: list[dict], responses: list[str]) -> list[tuple[bool, str | None]]:
-    """(correct, extracted answer) for each response to the row beside it, by the row's registered task."""
-    return [(s.correct, s.extracted) for s in score_responses(responses, rows)]
+def check_rows(rows: list[dict], responses: list[str]) -> list[tuple[bool, str | None, bool | None]]:
+    """(correct, extracted answer, reference verdict) for each response to the row beside it, by the row's
+    registered task; the reference verdict is plain math-verify's for math tasks, None for the others."""
+    return [(s.correct, s.extracted, s.reference) for s in score_responses(responses, rows)]
 
 
 SAMPLING_KEYS = ("temperature", "top_p", "max_new_tokens", "n", "seed", "prompt_template", "dtype")
@@ -152,11 +153,12 @@ def sample_benchmarks(sampler, rows_by_bench: dict, n: int, seed: int, samples_p
             records = []
             for (bench, row), samples in zip(chunk, outs):
                 checks = check_rows([row] * len(samples), [s["response"] for s in samples])
-                for j, (s, (correct, extracted)) in enumerate(zip(samples, checks)):
+                for j, (s, (correct, extracted, reference)) in enumerate(zip(samples, checks)):
                     records.append({
                         "benchmark": bench, "prompt_id": row["id"], "sample_idx": j, "prompt": row["prompt"],
                         "gold": row["gold"], "response": s["response"], "n_tokens": s["n_tokens"],
                         "finish_reason": s["finish_reason"], "extracted_answer": extracted, "correct": bool(correct),
+                        "reference_correct": None if reference is None else bool(reference),
                         "mean_token_entropy": s.get("mean_token_entropy"), "seed": int(s.get("seed", seeds[0])),
                         "subset": row.get("subset"),
                     })
@@ -212,7 +214,7 @@ def evaluate(sampler, eval_cfg, out_dir, heldout_rows=None, chat_template: bool 
         tables["entropy"] = tables["entropy"].assign(method=sampler.entropy_method)
     files = {"samples.parquet": out_dir / "samples.parquet"}
     for name, table in tables.items():
-        if len(table):
+        if len(table) or name == "verifier_disagreements":
             table.to_csv(out_dir / f"{name}.csv")
             files[f"{name}.csv"] = out_dir / f"{name}.csv"
     return metrics, files

@@ -138,6 +138,37 @@ def kind_table(passk: pd.DataFrame, kinds: dict) -> pd.DataFrame:
     return table
 
 
+VERIFIER_COLUMNS = ["benchmark", "prompt_id", "sample_idx", "gold", "extracted_answer", "correct",
+                    "reference_correct", "response_tail"]
+
+
+def verifier_tables(samples: pd.DataFrame, tail_chars: int = 400) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The disagreement audit: how often this suite's verdict differs from plain math-verify's.
+
+    Args:
+        samples: the samples table; only rows with a ``reference_correct`` verdict count (math tasks; rows
+            of other tasks, or sampled before the audit existed, have none).
+        tail_chars: characters of each disagreeing response kept in the listing.
+    Returns:
+        (table, listing): ``table`` per benchmark (and ``mean``, unweighted): ``verifier_disagreement`` (the
+        share of samples whose two verdicts differ), ``verifier_only_suite`` (correct here, wrong for plain
+        math-verify) and ``verifier_only_math_verify`` (the reverse), all in [0, 1]; ``listing`` the
+        disagreeing samples (:data:`VERIFIER_COLUMNS`). Both empty when no sample has a reference verdict.
+    Source: this suite (no peer reports it); the reference grader is :mod:`core.verify`'s plain reading.
+    """
+    if "reference_correct" not in samples or samples["reference_correct"].isna().all():
+        return pd.DataFrame(), pd.DataFrame(columns=VERIFIER_COLUMNS)
+    rows = samples[samples["reference_correct"].notna()]
+    ours, ref = rows["correct"].astype(bool), rows["reference_correct"].astype(bool)
+    frame = pd.DataFrame({"benchmark": rows["benchmark"], "verifier_disagreement": (ours != ref).astype(float),
+                          "verifier_only_suite": (ours & ~ref).astype(float),
+                          "verifier_only_math_verify": (~ours & ref).astype(float)})
+    table = _with_mean(frame.groupby("benchmark").mean())
+    listing = rows[ours != ref].assign(response_tail=lambda d: d["response"].astype(str).str[-tail_chars:])
+    listing = listing.sort_values(["benchmark", "prompt_id", "sample_idx"]).reindex(columns=VERIFIER_COLUMNS)
+    return table, listing.reset_index(drop=True)
+
+
 def flip_metrics(base_samples: pd.DataFrame, samples: pd.DataFrame, k: int | None = None) -> tuple[pd.DataFrame, dict]:
     """Flip-rate table (see :func:`evaluation.metrics.difficulty.flip_rates`) and its MLflow metrics
     ``eval/<benchmark>/flip/<bucket>/<measure>`` (benchmark ``all``: every prompt pooled)."""
@@ -162,6 +193,8 @@ def compute_tables(samples: pd.DataFrame, ks, ucc_ks=None, similarity_metric: st
         base_samples: the base model's samples on the same prompts, for flip rates.
         flip_k: None for the literal flip rule, else the budget-k reading.
         kinds: {benchmark: task kind}; adds the ``kinds`` table (``eval/kind/<kind>/<metric>``).
+    Tables ``verifier`` (``eval/<benchmark>/verifier_disagreement``...) and ``verifier_disagreements`` (the
+    samples) appear when samples carry plain math-verify's verdict (:func:`verifier_tables`).
     Returns:
         (tables {name: DataFrame}, metrics {"eval/<benchmark>/<metric>": float}).
     """
@@ -179,6 +212,9 @@ def compute_tables(samples: pd.DataFrame, ks, ucc_ks=None, similarity_metric: st
     tables["passk"].index.name = "benchmark"
     if tables["subsets"].empty:
         del tables["subsets"]
+    verifier, disagreements = verifier_tables(samples)
+    if len(verifier):
+        tables["verifier"] = verifier
     metrics = {}
     if kinds:
         tables["kinds"] = kind_table(tables["passk"], kinds)
@@ -191,6 +227,8 @@ def compute_tables(samples: pd.DataFrame, ks, ucc_ks=None, similarity_metric: st
             for col, v in row.items():
                 if pd.notna(v):
                     metrics[f"eval/{bench}/{metric_key(col)}"] = float(v)
+    if len(verifier):
+        tables["verifier_disagreements"] = disagreements  # written even when empty: none is a result
     if base_samples is not None:
         tables["flip_rates"], flip = flip_metrics(base_samples, samples, flip_k)
         metrics.update(flip)

@@ -22,11 +22,14 @@ from typing import Sequence
 @dataclass(frozen=True)
 class Score:
     """The verdict on one response: ``reward`` (what training optimises), ``correct`` (what pass@k counts) and
-    ``extracted`` (the answer read from the response, for the samples table and answer modes; None when none)."""
+    ``extracted`` (the answer read from the response, for the samples table and answer modes; None when none)
+    and ``reference`` (a reference grader's verdict, for the disagreement audit: plain math-verify's for math
+    tasks; None where a task has no second grader)."""
 
     reward: float
     correct: bool
     extracted: str | None = None
+    reference: bool | None = None
 
 
 class Task:

@@ -150,7 +150,7 @@ class MathScored(Task):
 
     def score_many(self, responses: Sequence[str], rows: Sequence[dict]) -> list[Score]:
         checks = default_verifier().check_many(list(responses), [r["gold"] for r in rows])
-        return [Score(float(ok), bool(ok), extracted) for ok, extracted in checks]
+        return [Score(float(c.correct), bool(c.correct), c.extracted, c.reference) for c in checks]
 
     def score(self, response: str, row: dict) -> Score:
         return self.score_many([response], [row])[0]

@@ -306,3 +306,19 @@ if modes.empty:
     note("No answer-mode metrics were logged.")
 else:
     display(HTML(R.bold_best_html(modes)))
+
+# %% [markdown]
+# ## Grader check: this suite's verifier against plain math-verify
+#
+# Share of samples whose verdict differs between this suite's verifier and plain math-verify
+# (`verify(parse(gold), parse(response))`), per benchmark: *only suite* counts samples scored correct
+# here and wrong by plain math-verify, *only math-verify* the reverse. When the share is not small, a
+# grader choice moves the numbers above; the samples themselves are in each run's
+# `verifier_disagreements.csv` artifact (README, "Answer verification", says where the graders differ).
+
+# %%
+verifier = R.metric_table(shown, r"verifier_disagreement|verifier_only_suite|verifier_only_math_verify")
+if verifier.empty:
+    note("No math benchmark was graded in these runs (or they were evaluated before the audit existed).")
+else:
+    display(HTML(verifier.to_html(float_format=lambda v: f"{v:.4f}")))

@@ -155,3 +155,25 @@ def test_tables_report_the_issue_example_and_unweighted_means():
     assert metrics["eval/a/entropy"] == pytest.approx((0.6 + 0.5 * 3) / 4)
     assert metrics["eval/a/ucc_at_4"] == 1.0 and metrics["eval/a/coverage_at_4"] == 1.0
     assert "eval/a/observed_yield" in metrics and set(tables) >= {"passk", "ucc", "similarity", "entropy", "modes"}
+
+
+def test_verifier_disagreement_audit_by_hand():
+    """a: 8 samples, verdicts differ on 2 (one each way) -> 0.25; b: 4 samples, 1 suite-only -> 0.25 and
+    0.25/0; c (no reference verdicts: another task kind) is left out; mean = unweighted over a and b."""
+    a = _samples([[1, 1, 0, 0], [1, 0, 1, 0]], "a").assign(reference_correct=[1, 1, 0, 0, 0, 0, 1, 1])
+    b = _samples([[1, 1, 0, 0]], "b").assign(reference_correct=[0, 1, 0, 0])
+    c = _samples([[1, 0]], "c").assign(reference_correct=None)
+    samples = pd.concat([a, b, c], ignore_index=True)
+    samples["reference_correct"] = samples["reference_correct"].astype("boolean")
+    tables, metrics = compute_tables(samples, [1, 2])
+    assert metrics["eval/a/verifier_disagreement"] == 0.25 and metrics["eval/b/verifier_disagreement"] == 0.25
+    assert metrics["eval/a/verifier_only_suite"] == 0.125 and metrics["eval/a/verifier_only_math_verify"] == 0.125
+    assert metrics["eval/b/verifier_only_suite"] == 0.25 and metrics["eval/b/verifier_only_math_verify"] == 0.0
+    assert metrics["eval/mean/verifier_disagreement"] == 0.25 and "eval/c/verifier_disagreement" not in metrics
+    listing = tables["verifier_disagreements"]
+    assert list(zip(listing["benchmark"], listing["prompt_id"], listing["sample_idx"])) == [
+        ("a", "1", 0), ("a", "1", 3), ("b", "0", 0)]
+    assert list(listing["correct"]) == [True, False, True] and list(listing["reference_correct"]) == [False, True, False]
+    # samples without any reference verdict (older tables, other tasks): no audit tables, no metrics
+    tables, metrics = compute_tables(c, [1])
+    assert "verifier" not in tables and not any("verifier" in k for k in metrics)
