@@ -191,7 +191,7 @@ def evaluate(sampler, eval_cfg, out_dir, heldout_rows=None, chat_template: bool 
     Returns:
         (metrics, files): metrics keyed ``eval/<benchmark>/<metric>`` and ``eval/mean/<metric>``
         (``pass_at_<k>``, ``avg_at_<n>``, ``ucc_at_<k>``, ``ucr``, ``rouge_l_mean``..., ``entropy``,
-        ``effective_yield``..., ``flip/<bucket>/<measure>``); files {name: path}.
+        ``effective_yield``..., ``flip/<bucket>/<measure>``, ``verifier_disagreement``...); files {name: path}.
     Raises:
         ValueError: a k in ``eval_cfg.ks`` larger than ``eval_cfg.n`` (checked before sampling).
     """

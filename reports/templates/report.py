@@ -321,4 +321,6 @@ verifier = R.metric_table(shown, r"verifier_disagreement|verifier_only_suite|ver
 if verifier.empty:
     note("No math benchmark was graded in these runs (or they were evaluated before the audit existed).")
 else:
+    if "verifier_disagreement" in verifier and (verifier["verifier_disagreement"].fillna(0) == 0).all():
+        note("The two graders agree on every sample of every run.")
     display(HTML(verifier.to_html(float_format=lambda v: f"{v:.4f}")))

@@ -66,6 +66,9 @@ def test_every_step_metric_and_the_eval_metrics_are_logged(sweep_dir):
         for key in ("eval/arithmetic/flip/very_hard/solved_from_unsolved", "eval/all/flip/very_hard/n_prompts"):
             assert key in r.data.metrics, key
         assert r.data.tags["rlvr.sampler"] == "hf"  # auto on a machine without CUDA
+        # the grader audit: a share in [0, 1] per benchmark and its mean
+        for key in ("eval/arithmetic/verifier_disagreement", "eval/mean/verifier_disagreement"):
+            assert 0.0 <= r.data.metrics[key] <= 1.0, key
         if r.data.params["algo.name"] == "quatro":
             assert client.get_metric_history(r.info.run_id, "train/zero_variance_share")
         else:
@@ -78,7 +81,7 @@ def test_samples_parquet_is_an_artifact_with_the_documented_columns(sweep_dir, t
     client, runs = _runs(sweep_dir)
     run = next(r for r in runs if r.data.tags.get("rlvr.kind") == "trained")
     names = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"samples.parquet", "passk.csv", "config.yaml"} <= names
+    assert {"samples.parquet", "passk.csv", "config.yaml", "verifier.csv", "verifier_disagreements.csv"} <= names
     mlflow.set_tracking_uri(f"sqlite:///{sweep_dir}/mlflow.db")
     path = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="samples.parquet", dst_path=str(tmp_path))
     df = pd.read_parquet(path)
@@ -86,8 +89,12 @@ def test_samples_parquet_is_an_artifact_with_the_documented_columns(sweep_dir, t
                 "correct", "mean_token_entropy", "seed"):
         assert col in df.columns
     assert len(df) == 4 * 4  # smoke: 4 prompts x n = 4
-    # pass@1 logged equals the mean correctness recomputed from the artifact
+    # pass@1 logged equals the mean correctness recomputed from the artifact, and the disagreement share
+    # equals the share of samples whose two verdicts differ
     assert run.data.metrics["eval/arithmetic/pass_at_1"] == pytest.approx(df["correct"].mean())
+    assert df["reference_correct"].notna().all()
+    assert run.data.metrics["eval/arithmetic/verifier_disagreement"] == pytest.approx(
+        (df["correct"] != df["reference_correct"].astype(bool)).mean())
 
 
 @pytest.fixture(scope="module")

@@ -188,3 +188,17 @@ def test_hub_loader_normalises_rows_like_the_local_loader(benchmark_dir):
     hub = load_hub_benchmark("gsm8k", limit=5, path="json", config=None, split="train",
                              data_files=str(benchmark_dir / "gsm8k" / "test.jsonl"))
     assert [r["gold"] for r in hub] == [r["gold"] for r in local] and hub[0]["prompt"] == local[0]["prompt"]
+
+
+@pytest.mark.timeout(120)
+def test_verifier_benchmark_measures_both_graders():
+    """benchmarks/verifier.py's measuring functions on pairs whose verdicts and cache hits are known by hand."""
+    from benchmarks.verifier import side_by_side, time_plain_capped
+
+    r = side_by_side(["\\boxed{7}", "\\boxed{8}", "\\boxed{7}", "\\fbox{7}"], ["7", "7", "7", "7"])
+    # the third pair repeats the first (one cache hit in four); plain math-verify does not read \fbox
+    assert (r["n"], r["ours_correct"], r["plain_correct"], r["disagree"]) == (4, 3, 2, 1)
+    assert r["hit_rate"] == 0.25 and r["reference_matches_plain"] == 4
+    seconds, verdict = time_plain_capped("\\boxed{9^{9^{9^{9}}}}", "7", cap_s=2.0)
+    assert verdict == "killed" and 2.0 <= seconds < 10
+    assert time_plain_capped("\\boxed{7}", "7", cap_s=30.0)[1] == "True"

@@ -47,6 +47,11 @@ def test_sweep_ends_with_an_executed_report_whose_passk_table_matches_mlflow(swe
     # with no --baseline, the paired differences are against the base model
     diffs = html[html.index('id="Differences-against-the-baseline'):]
     assert "minus baseline <code>Initialization</code>" in diffs
+    # the grader audit's table: every run's logged disagreement share, to 4 decimals
+    grader = html[html.index('id="Grader-check'):]
+    for run in trained + [base]:
+        assert f"{run.data.metrics['eval/arithmetic/verifier_disagreement']:.4f}" in grader
+    assert "verifier_disagreement" in grader
     for png in (sweep_dir / "reports_out" / "rlvr" / "figures").glob("*.png"):
         img = mpimg.imread(png)
         assert img.shape[0] > 100 and img.shape[1] > 100 and img.std() > 0  # a real, non-blank picture
