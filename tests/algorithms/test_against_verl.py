@@ -34,20 +34,22 @@ def _batch(old, mask):
                         group_index=torch.zeros(B, dtype=torch.long), response_lengths=mask.sum(-1))
 
 
-def _actor_config(low=0.2, high=0.2):
+def _actor_config(low=0.2, high=0.2, clip_ratio_c=3.0):
     return ActorConfig(strategy="fsdp", rollout_n=1, clip_ratio_low=low, clip_ratio_high=high, ppo_mini_batch_size=1,
-                       ppo_micro_batch_size_per_gpu=1)
+                       ppo_micro_batch_size_per_gpu=1, clip_ratio_c=clip_ratio_c)
 
 
-def _compare(ours_name, ours_params, verl_fn, verl_mode, low, high, seed=0):
+def _compare(ours_name, ours_params, verl_fn, verl_mode, low, high, seed=0, spread=None, clip_ratio_c=3.0):
     old, new, adv, mask = _data(seed)
+    if spread is not None:   # wider ratios, so that verl's dual clip binds
+        new = old + spread * (new - old)
     new_ours = new.clone().requires_grad_(True)
     loss_ours, _ = get_policy_loss_fn(ours_name)(new_ours, _batch(old, mask), adv, **ours_params)
     loss_ours.backward()
     new_verl = new.clone().requires_grad_(True)
     adv_tok = adv.unsqueeze(-1).expand_as(mask) * mask
     loss_verl, _ = verl_fn(old_log_prob=old, log_prob=new_verl, advantages=adv_tok, response_mask=mask,
-                           loss_agg_mode=verl_mode, config=_actor_config(low, high))
+                           loss_agg_mode=verl_mode, config=_actor_config(low, high, clip_ratio_c))
     loss_verl.backward()
     assert float(loss_ours) == pytest.approx(float(loss_verl), rel=1e-5, abs=1e-7)
     assert torch.allclose(new_ours.grad * mask, new_verl.grad * mask, atol=1e-6)
@@ -58,6 +60,23 @@ def _compare(ours_name, ours_params, verl_fn, verl_mode, low, high, seed=0):
 def test_grpo_and_dapo_clipped_surrogate_match_verl_vanilla(mode, seed):
     _compare("grpo", dict(clip_ratio_low=0.2, clip_ratio_high=0.2, loss_agg_mode=mode), core_algos.compute_policy_loss_vanilla, mode, 0.2, 0.2, seed)
     _compare("grpo", dict(clip_ratio_low=0.2, clip_ratio_high=0.28, loss_agg_mode=mode), core_algos.compute_policy_loss_vanilla, mode, 0.2, 0.28, seed)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_dual_clip_matches_verl_vanilla_where_it_binds(mode, seed):
+    """verl's built-in vanilla loss caps a negative-advantage token's loss at -c A (clip_ratio_c = 3): with ratios
+    spread 8x wider some tokens pass r = 3 and the cap binds; ours with dual_clip=3 matches values and gradients."""
+    old, new, adv, mask = _data(seed)
+    assert float(((old + 8 * (new - old)).exp() / old.exp() * mask).max()) > 3.0   # the cap binds somewhere
+    _compare("grpo", dict(clip_ratio_low=0.2, clip_ratio_high=0.2, loss_agg_mode=mode, dual_clip=3.0),
+             core_algos.compute_policy_loss_vanilla, mode, 0.2, 0.2, seed, spread=8.0)
+    _compare("grpo", dict(clip_ratio_low=0.2, clip_ratio_high=0.2, loss_agg_mode=mode, dual_clip=2.0),
+             core_algos.compute_policy_loss_vanilla, mode, 0.2, 0.2, seed, spread=8.0, clip_ratio_c=2.0)
+    # and without our dual clip the two differ there (the test can fail)
+    with pytest.raises(AssertionError):
+        _compare("grpo", dict(clip_ratio_low=0.2, clip_ratio_high=0.2, loss_agg_mode=mode),
+                 core_algos.compute_policy_loss_vanilla, mode, 0.2, 0.2, seed, spread=8.0)
 
 
 @pytest.mark.parametrize("seed", [0, 1])

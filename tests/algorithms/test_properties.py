@@ -155,40 +155,90 @@ def test_exppo_by_hand_on_one_group():
         exppo_advantages(rewards, surprisal, lam=1.5)
 
 
+def test_exppo_lambda_one_keeps_every_advantage_sign():
+    """Table 9 ablates lambda up to 1.00: the multiplier 1 + g tanh(u) sign(A) stays positive (g < 1 when A != 0)."""
+    g = torch.Generator().manual_seed(0)
+    rewards = (torch.rand(64, 8, generator=g) < 0.5).double()
+    surprisal = torch.randn(64, 8, generator=g, dtype=torch.float64) * 30   # tanh saturates
+    a = (rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-6)
+    got, _ = exppo_advantages(rewards, surprisal, lam=1.0)
+    nz = a.abs() > 1e-9
+    assert bool((torch.sign(got[nz]) == torch.sign(a[nz])).all()) and bool((got[~nz] == 0).all())
+    assert validate_params("advantage", "exppo", {"lam": 1.0}) == []
+
+
 # ---------- TR-GRPO
 
-def test_tr_grpo_paper_defaults_give_constant_weight_and_warn():
+def _sig(x):
+    return 1 / (1 + math.exp(-x))
+
+
+def test_tr_grpo_printed_formula_gives_constant_weight_and_warns():
     p = torch.linspace(0, 1, 101)
-    assert torch.equal(token_weights(p), torch.ones(101))
-    assert weight_range() == (1.0, 1.0)
-    warnings = validate_params("policy_loss", "tr_grpo", {"tau": 9.0})
+    assert torch.equal(token_weights(p, weight_reading="literal"), torch.ones(101))
+    assert weight_range(weight_reading="literal") == (1.0, 1.0)
+    warnings = validate_params("policy_loss", "tr_grpo", {"tau": 9.0, "weight_reading": "literal"})
     assert len(warnings) == 1 and "constant" in warnings[0]
+    # the printed placement warns when a weight can exceed 1 + eps_high (here with the default reading)
+    warnings = validate_params("policy_loss", "tr_grpo", {"weight_placement": "inside_clip"})
+    assert len(warnings) == 1 and "no gradient" in warnings[0]
+    assert validate_params("policy_loss", "tr_grpo", {}) == []
 
 
-def test_tr_grpo_inverse_temperature_weights():
-    w = token_weights(torch.tensor([0.05, 0.9, 0.2]), tau=1 / 9)
-    assert float(w[0]) == 1.0 and float(w[1]) == pytest.approx(1.4)
-    assert float(w[2]) == pytest.approx(2 * (1 / (1 + math.exp(-1.8)) - 0.25), rel=1e-6)  # inside (1, 1.4)
-    assert validate_params("policy_loss", "tr_grpo", {"tau": 1 / 9}) == []
-    assert torch.allclose(token_weights(torch.tensor([0.9]), tau=1 / 9, weighting="reverse"), torch.tensor([0.6]))
-    assert torch.equal(token_weights(torch.tensor([0.9]), tau=1 / 9, weighting="equal"), torch.tensor([1.0]))
+def test_tr_grpo_default_weight_takes_many_values_by_hand():
+    p = torch.linspace(0, 1, 1001, dtype=torch.float64)
+    w = token_weights(p)
+    assert len(torch.unique(w)) >= 10 and float(w.min()) == 1.0 and float(w.max()) == pytest.approx(1.4)
+    assert bool((w[1:] >= w[:-1]).all())   # monotone in p
+    # by hand: w = clip(2 (sigmoid(9 p) - 0.25), 1, 1.4)
+    for prob, expect in [(0.05, 1.0), (0.15, 2 * (_sig(1.35) - 0.25)), (0.2, 2 * (_sig(1.8) - 0.25)),
+                         (0.25, 2 * (_sig(2.25) - 0.25)), (0.5, 1.4), (0.9, 1.4)]:
+        assert float(token_weights(torch.tensor([prob]))[0]) == pytest.approx(expect, rel=1e-6), prob
+    assert torch.allclose(token_weights(torch.tensor([0.9]), weighting="reverse"), torch.tensor([0.6]))
+    assert torch.equal(token_weights(torch.tensor([0.9]), weighting="equal"), torch.tensor([1.0]))
     r = token_weights(torch.rand(1000), weighting="random", generator=torch.Generator().manual_seed(0))
     assert 0.5 <= float(r.min()) and float(r.max()) <= 1.5 and float(r.std()) > 0.2
 
 
+@pytest.mark.parametrize("prob", [0.05, 0.15, 0.2, 0.25, 0.5, 0.9, 0.99])
+def test_tr_grpo_gradient_on_fresh_data_is_w_times_grpo(prob):
+    """Fresh data (pi_theta = pi_old, r = 1), one token, A = +1, token-mean: GRPO's loss is -r A, so
+    d loss / d log pi = -1; TR-GRPO's (outside the clip, Eq. 13) is -w r A, gradient -w(p). The printed
+    placement (inside the clip) gives 0 once w > 1.24 (p > 0.21): the clipped branch has no gradient."""
+    old = torch.log(torch.tensor([[prob]], dtype=torch.float64))
+    b = _batch(old, torch.ones(1, 1))
+    grads = {}
+    for name, params in [("grpo", {"clip_ratio_low": 0.2, "clip_ratio_high": 0.24}), ("tr_grpo", {}),
+                         ("inside", {"weight_placement": "inside_clip"})]:
+        new = old.clone().requires_grad_(True)
+        fn = get_policy_loss_fn("grpo" if name == "grpo" else "tr_grpo")
+        loss, _ = fn(new, b, torch.tensor([1.0], dtype=torch.float64), loss_agg_mode="token-mean", **params)
+        loss.backward()
+        grads[name] = float(new.grad[0, 0])
+    w = min(max(2 * (_sig(9 * prob) - 0.25), 1.0), 1.4)
+    assert grads["grpo"] == pytest.approx(-1.0)
+    assert grads["tr_grpo"] == pytest.approx(-w, rel=1e-9)
+    assert grads["inside"] == (pytest.approx(-w, rel=1e-9) if w <= 1.24 else 0.0)
+
+
 def test_tr_grpo_loss_by_hand_with_weights_and_weighted_kl():
     old = torch.log(torch.tensor([[0.9, 0.05]]))
-    new = old.clone().requires_grad_(True)  # r = 1; weights at p = 0.9 -> 1.4, p = 0.05 -> 1.0 (tau = 1/9)
+    new = old.clone().requires_grad_(True)  # r = 1; weights at p = 0.9 -> 1.4, p = 0.05 -> 1.0 (sigmoid(9 p))
     ref = torch.log(torch.tensor([[0.8, 0.1]]))
     b = _batch(old, torch.ones(1, 2))
     b.ref_logprobs = ref
-    loss, m = get_policy_loss_fn("tr_grpo")(new, b, torch.tensor([1.0]), tau=1 / 9, kl_beta=0.5, loss_agg_mode="token-mean")
     w = torch.tensor([1.4, 1.0])
-    pg = torch.maximum(-w, -w.clamp(0.8, 1.24))  # A = 1: -min(w r A, clip(w r) A)
     x = w * torch.tensor([0.8 / 0.9, 0.1 / 0.05])
     kl = x - x.log() - 1
-    assert float(loss) == pytest.approx(float(pg.mean() + 0.5 * kl.mean()), rel=1e-5)
+    # outside the clip (default): w * max(-r A, -clip(r) A) = -w at r = 1, A = 1
+    loss, m = get_policy_loss_fn("tr_grpo")(new, b, torch.tensor([1.0]), kl_beta=0.5, loss_agg_mode="token-mean")
+    assert float(loss) == pytest.approx(float((-w).mean() + 0.5 * kl.mean()), rel=1e-5)
     assert m["weight_mean"] == pytest.approx(1.2) and m["weight_std"] == pytest.approx(0.2)
+    # inside the clip (Eq. 10 as printed): -min(w r A, clip(w r) A)
+    loss, _ = get_policy_loss_fn("tr_grpo")(new, b, torch.tensor([1.0]), kl_beta=0.5, loss_agg_mode="token-mean",
+                                            weight_placement="inside_clip")
+    pg = torch.maximum(-w, -w.clamp(0.8, 1.24))
+    assert float(loss) == pytest.approx(float(pg.mean() + 0.5 * kl.mean()), rel=1e-5)
 
 
 # ---------- DAPO pieces

@@ -3,7 +3,7 @@ import pytest
 
 from tests.e2e.test_sweep import TINY, _runs, _sweep
 
-ALGOS = ["grpo", "dr_grpo", "dapo", "gspo", "cispo", "gpg", "gmpo", "quatro", "tr_grpo", "tr_grpo_invtemp", "exppo",
+ALGOS = ["grpo", "dr_grpo", "dapo", "gspo", "cispo", "gpg", "gmpo", "quatro", "tr_grpo", "tr_grpo_literal", "exppo",
          "grpo_h", "grpo_ur", "f_grpo"]
 
 # metrics that only the algorithm's own estimator, loss or engine feature logs
@@ -17,7 +17,7 @@ OWN_METRICS = {
     "gmpo": ["train/seq_ratio_mean", "train/clip_fraction"],
     "quatro": ["train/reversed_share", "train/lambda_floored_groups", "train/solver_ms"],
     "tr_grpo": ["train/weight_mean", "train/weight_std"],
-    "tr_grpo_invtemp": ["train/weight_mean", "train/weight_std"],
+    "tr_grpo_literal": ["train/weight_mean", "train/weight_std"],
     "exppo": ["train/audit_correct_rare", "train/audit_wrong_common", "train/multiplier_mean"],
     "grpo_h": ["train/entropy_bonus"],
     "grpo_ur": ["train/clip_fraction"],
@@ -44,10 +44,14 @@ def test_algorithm_runs_one_step_and_logs_its_metrics(all_algos_dir, algo):
         assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [0], key
 
 
-def test_tr_grpo_paper_defaults_warn_loudly(all_algos_dir):
+def test_tr_grpo_printed_formulas_warn_loudly(all_algos_dir):
     cwd, proc = all_algos_dir
-    assert "WARNING (algo=tr_grpo " in proc.stderr and "constant" in proc.stderr
-    assert "WARNING (algo=tr_grpo_invtemp" not in proc.stderr
-    _, runs = _runs(cwd)
-    [run] = [r for r in runs if r.data.tags.get("rlvr.kind") == "trained" and r.data.params["algo.name"] == "tr_grpo"]
-    assert "constant" in run.data.tags.get("rlvr.warnings", "")
+    assert "WARNING (algo=tr_grpo_literal" in proc.stderr and "constant" in proc.stderr
+    assert "WARNING (algo=tr_grpo " not in proc.stderr   # the RECONSTRUCTED default reading is a real weight
+    client, runs = _runs(cwd)
+    trained = {r.data.params["algo.name"]: r for r in runs if r.data.tags.get("rlvr.kind") == "trained"}
+    assert "constant" in trained["tr_grpo_literal"].data.tags.get("rlvr.warnings", "")
+    # the printed reading weighs every token 1.0; the default's weights vary over the step's tokens
+    literal = client.get_metric_history(trained["tr_grpo_literal"].info.run_id, "train/weight_std")
+    default = client.get_metric_history(trained["tr_grpo"].info.run_id, "train/weight_std")
+    assert literal[0].value == 0.0 and default[0].value > 0.0

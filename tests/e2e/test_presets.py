@@ -14,12 +14,12 @@ PRESETS = sorted(p.stem for p in (REPO / "sweeps" / "experiment").glob("*.yaml")
 # sweep points per preset (Hydra's basic sweeper: the cartesian product of hydra.sweeper.params)
 POINTS = {
     "quatro_main": 14, "quatro_main_cpu": 14, "quatro_staleness": 32, "quatro_staleness_cpu": 8,
-    "quatro_log_ratio_ablation": 2, "quatro_log_ratio_ablation_cpu": 2, "exppo_core": 20, "exppo_core_cpu": 10,
-    "trgrpo_kk": 6, "trgrpo_kk_cpu": 6, "quatro_paper_verl": 1,
+    "quatro_log_ratio_ablation": 2, "quatro_log_ratio_ablation_cpu": 2, "exppo_core": 25, "exppo_core_cpu": 10,
+    "trgrpo_kk": 6, "trgrpo_kk_cpu": 6, "trgrpo_sensitivity": 9, "trgrpo_sensitivity_cpu": 9, "quatro_paper_verl": 1,
 }
 # distinct trainings (points whose effective configs are equal train once; the rest are duplicates)
 TRAINED = {"quatro_main_cpu": 8, "quatro_staleness_cpu": 8, "quatro_log_ratio_ablation_cpu": 2,
-           "exppo_core_cpu": 6, "trgrpo_kk_cpu": 6}
+           "exppo_core_cpu": 6, "trgrpo_kk_cpu": 6, "trgrpo_sensitivity_cpu": 9}
 
 
 def test_every_preset_is_listed_and_every_twin_has_a_full_preset():
@@ -43,6 +43,54 @@ def test_every_sweep_point_composes_and_validates(name):
         assert cfg.experiment_name == name
     if name in TRAINED:
         assert len({config_hash(cfg) for _, cfg in points}) == TRAINED[name]
+
+
+def _points(name):
+    from orchestrator.preflight import sweep_points
+
+    return [cfg for _, cfg in sweep_points([f"experiment={name}"], multirun=True)]
+
+
+def _kl(cfg) -> float:
+    """The KL coefficient a run trains with: the engine's k3 term, or TR-GRPO's weighted term in its loss."""
+    return float(cfg.algo.kl_beta) or float(cfg.algo.policy_loss.get("kl_beta", 0.0) or 0.0)
+
+
+def test_paper_presets_carry_their_papers_protocols():
+    """The protocol values the papers state (QUATRO appendix B, TR-GRPO Tables 6 and 7, ExPPO Table 9)."""
+    # QUATRO main comparison (and its verl setup): identical KL 0.001 for every method, batch 256 prompts,
+    # baselines as verl's built-ins run them with verl's defaults
+    for name in ("quatro_main", "quatro_main_cpu"):
+        cfgs = _points(name)
+        assert sorted({c.algo.name for c in cfgs}) == ["cispo", "dapo", "gmpo", "gpg", "grpo", "gspo", "quatro"]
+        assert {_kl(c) for c in cfgs} == {0.001}
+        by_algo = {c.algo.name: c.algo.policy_loss for c in cfgs}
+        assert by_algo["grpo"].dual_clip == 3.0 and by_algo["dapo"].dual_clip == 3.0
+        for algo in ("grpo", "dapo", "gspo", "cispo", "gpg"):
+            assert by_algo[algo].loss_agg_mode == "token-mean", algo
+        assert (by_algo["cispo"].clip_ratio_low, by_algo["cispo"].clip_ratio_high) == (0.2, 0.2)
+    main = _points("quatro_main")
+    assert {(c.train.prompts_per_step, c.train.group_size, c.train.minibatch_size, c.train.lr) for c in main} == {
+        (256, 8, 2048, 1e-6)}
+    [verl] = _points("quatro_paper_verl")
+    assert (verl.train.prompts_per_step, verl.algo.kl_beta) == (256, 0.001)
+    # TR-GRPO on K&K, Table 6: temperature 0.7, clip 0.20/0.24, KL 0.001, G = 8, lr 1e-6, token-mean
+    kk = _points("trgrpo_kk")
+    assert {(c.train.temperature, c.train.group_size, c.train.lr, c.algo.policy_loss.loss_agg_mode, _kl(c))
+            for c in kk} == {(0.7, 8, 1e-6, "token-mean", 0.001)}
+    for c in kk:
+        if c.algo.policy_loss.name == "tr_grpo":
+            pl = c.algo.policy_loss
+            assert (pl.clip_ratio_low, pl.clip_ratio_high, pl.alpha, pl.mu, pl.tau) == (0.2, 0.24, 2.0, 0.25, 9.0)
+            expect = ("literal", "inside_clip") if c.algo.name == "tr_grpo_literal" else ("inverse_temperature", "outside_clip")
+            assert (pl.weight_reading, pl.weight_placement) == expect, c.algo.name
+    # Table 7: tau at (1.0, 1.4), bounds at tau 9, one factor at a time
+    points = {(float(c.algo.policy_loss.tau), float(c.algo.policy_loss.low), float(c.algo.policy_loss.high))
+              for c in _points("trgrpo_sensitivity")}
+    assert points == {(t, 1.0, 1.4) for t in (0.5, 2, 7, 9, 10, 20)} | {(9.0, 1.0, 1.2), (9.0, 0.8, 1.5), (9.0, 0.5, 1.5)}
+    # ExPPO Table 9's lambda grid, 1.0 included
+    assert sorted({float(c.algo.advantage.lam) for c in _points("exppo_core") if c.algo.name == "exppo"}) == [
+        0.1, 0.3, 0.5, 0.75, 1.0]
 
 
 @pytest.mark.parametrize("name", PRESETS)

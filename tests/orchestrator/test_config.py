@@ -40,6 +40,9 @@ def test_identity_ignores_delta_where_the_algorithm_does_not_use_it():
     (["algo=grpo", "algo.policy_loss.clip_ratio_low=1.5"], "clip_ratio_low=1.5"),
     (["algo=tr_grpo", "algo.policy_loss.weighting=inverse"], "weighting='inverse'"),
     (["algo=tr_grpo", "algo.policy_loss.tau=0"], "tau=0"),
+    (["algo=tr_grpo", "algo.policy_loss.weight_reading=divide"], "weight_reading='divide'"),
+    (["algo=tr_grpo", "algo.policy_loss.weight_placement=inside"], "weight_placement='inside'"),
+    (["algo=grpo_verl", "algo.policy_loss.dual_clip=0.5"], "dual_clip=0.5"),
     (["algo=exppo", "algo.advantage.lam=1.2"], "lam=1.2"),
     (["algo=grpo_ur", "algo.advantage.beta=-0.1"], "beta=-0.1"),
     (["algo=f_grpo", "algo.advantage.gamma=-1"], "gamma=-1"),
@@ -47,7 +50,7 @@ def test_identity_ignores_delta_where_the_algorithm_does_not_use_it():
     (["algo=dapo", "algo.dynamic_sampling.max_num_gen_batches=0"], "max_num_gen_batches=0"),
     (["algo=dapo", "algo.overlong_buffer.length=100"], "overlong_buffer.length=100"),
     (["algo=grpo_h", "algo.entropy_coef=-0.001"], "entropy_coef=-0.001"),
-    (["algo=exppo", "exppo_lambda=1.0"], "lam=1.0"),
+    (["algo=exppo", "exppo_lambda=1.5"], "lam=1.5"),
     (["eval.extra_temperatures=[1.5,-1]"], "eval.extra_temperatures=[1.5, -1]"),
     (["eval.benchmarks=[kk]"], "'kk' is the held-out split of data=kk, but data=arithmetic"),
     (["data=kk", "data.train_sizes=[2,9]"], "n_people=9"),
@@ -76,14 +79,14 @@ def test_bad_values_are_named(overrides, fragment):
     assert fragment in msg and "\n" not in msg
 
 
-ALGOS = ["grpo", "dr_grpo", "dapo", "gspo", "cispo", "gpg", "gmpo", "quatro", "tr_grpo", "tr_grpo_invtemp", "exppo",
+ALGOS = ["grpo", "dr_grpo", "dapo", "gspo", "cispo", "gpg", "gmpo", "quatro", "tr_grpo", "tr_grpo_literal", "tr_grpo_equal", "tr_grpo_random", "tr_grpo_reverse", "exppo",
          "grpo_h", "grpo_ur", "f_grpo"]
 
 
 def test_defaults_and_every_algorithm_validate():
     for algo in ALGOS:
         warnings = validate_config(_cfg(f"algo={algo}"))
-        assert (len(warnings) == 1) == (algo == "tr_grpo"), (algo, warnings)
+        assert (len(warnings) == 1) == (algo == "tr_grpo_literal"), (algo, warnings)
 
 
 def test_presets_carry_the_papers_defaults():
@@ -93,5 +96,11 @@ def test_presets_carry_the_papers_defaults():
     assert _cfg("algo=dr_grpo").algo.advantage.norm_by_std is False
     assert _cfg("algo=dr_grpo", "train.max_new_tokens=64").algo.policy_loss.norm_constant == 64
     assert _cfg("algo=gmpo").algo.policy_loss.clip_ratio_low == 0.4
-    assert _cfg("algo=tr_grpo_invtemp").algo.policy_loss.tau == pytest.approx(1 / 9)
+    tr = _cfg("algo=tr_grpo").algo.policy_loss
+    assert (tr.tau, tr.weight_reading, tr.weight_placement) == (9.0, "inverse_temperature", "outside_clip")
+    literal = _cfg("algo=tr_grpo_literal").algo.policy_loss
+    assert (literal.tau, literal.weight_reading, literal.weight_placement) == (9.0, "literal", "inside_clip")
+    grpo_verl = _cfg("algo=grpo_verl").algo
+    assert (grpo_verl.policy_loss.dual_clip, grpo_verl.policy_loss.loss_agg_mode, grpo_verl.kl_beta) == (3.0, "token-mean", 0.001)
+    assert _cfg("algo=grpo").algo.policy_loss.get("dual_clip") is None   # the suite's own preset is unchanged
     assert _cfg("algo=exppo").algo.advantage.lam == 0.2

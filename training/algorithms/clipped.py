@@ -6,7 +6,7 @@ import torch
 from training.batch import RolloutBatch
 
 from .aggregation import agg_loss, masked_mean
-from .common import check_clip_loss
+from .common import check_clip_loss, check_number
 from .registry import register_policy_loss, register_validator
 
 
@@ -28,11 +28,14 @@ def clipped_surrogate_loss(
     clip_ratio_high: float = 0.2,
     loss_agg_mode: str = "seq-mean-token-mean",
     norm_constant: float | None = None,
+    dual_clip: float | None = None,
 ):
     """PPO's clipped surrogate on token ratios, as used by GRPO.
 
     Per token: loss_t = max(-A r_t, -A clip(r_t, 1 - eps_low, 1 + eps_high)), r_t = pi_theta/pi_old
-    (Schulman et al. 2017, eq. 7; GRPO, Shao et al. 2024, eq. 3; clip-higher: DAPO, Yu et al. 2025, eq. 10).
+    (Schulman et al. 2017, eq. 7; GRPO, Shao et al. 2024, eq. 3; clip-higher: DAPO, Yu et al. 2025, eq. 10);
+    with ``dual_clip`` = c, a token with A < 0 has its loss capped at -c A (dual-clip PPO, Ye et al. 2020,
+    eq. 5; verl's built-in ``vanilla`` loss does this with ``clip_ratio_c`` = 3).
 
     Args:
         logprobs: (B, L) log pi_theta of the sampled tokens, with gradient.
@@ -40,6 +43,7 @@ def clipped_surrogate_loss(
         advantages: (B,) or (B, L).
         clip_ratio_low, clip_ratio_high: eps_low, eps_high (>= 0).
         loss_agg_mode: see ``aggregation.agg_loss``.
+        dual_clip: c > 1, or None (no dual clip).
     Returns:
         (scalar loss, metrics): ``clip_fraction`` = share of tokens whose ratio left
         [1 - eps_low, 1 + eps_high]; ``clip_fraction_active`` = share where the clipped branch is
@@ -52,6 +56,10 @@ def clipped_surrogate_loss(
     loss1 = -adv * ratio
     loss2 = -adv * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
     loss_mat = torch.maximum(loss1, loss2)
+    if dual_clip is not None:
+        capped = torch.minimum(loss_mat, -adv * dual_clip)
+        dual = (adv < 0) & (capped < loss_mat)
+        loss_mat = torch.where(adv < 0, capped, loss_mat)
     loss = agg_loss(loss_mat, mask, loss_agg_mode, norm_constant)
     with torch.no_grad():
         outside = ((ratio < 1.0 - clip_ratio_low) | (ratio > 1.0 + clip_ratio_high)).float()
@@ -61,10 +69,15 @@ def clipped_surrogate_loss(
             "ppo_kl": float(masked_mean(-log_ratio, mask)),
             **ratio_stats(log_ratio, mask),
         }
+        if dual_clip is not None:
+            metrics["dual_clip_fraction"] = float(masked_mean(dual.expand_as(mask).float(), mask))
     return loss, metrics
 
 
-register_validator("policy_loss", "grpo")(check_clip_loss)
+@register_validator("policy_loss", "grpo")
+def _check_grpo(dual_clip=None, **params):
+    check_number("dual_clip", dual_clip, 1, low_open=True, allow_none=True)
+    return check_clip_loss(**params)
 
 
 @register_policy_loss("cispo")
