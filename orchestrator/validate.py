@@ -148,10 +148,16 @@ def validate_config(cfg: DictConfig) -> list[str]:
         _require(int(v) == v and v >= 1, f"algo.dynamic_sampling.max_num_gen_batches={v!r}: expected an integer >= 1")
     over = algo.get("overlong_buffer")
     if over and over.get("enabled", False):
-        v = _num(cfg, "algo.overlong_buffer.length")
-        max_new = _num(cfg, "train.max_new_tokens")
-        _require(int(v) == v and 1 <= v <= max_new,
-                 f"algo.overlong_buffer.length={v!r}: expected an integer in [1, train.max_new_tokens={max_new}]")
+        from training.rewards import overlong_buffer_length
+
+        if over.get("length") is not None:
+            _num(cfg, "algo.overlong_buffer.length")
+        if over.get("fraction") is not None:
+            _num(cfg, "algo.overlong_buffer.fraction")
+        try:
+            overlong_buffer_length(over, int(_num(cfg, "train.max_new_tokens")))
+        except ValueError as e:   # names the bad key and value
+            raise ConfigError(str(e)) from None
         _require(_num(cfg, "algo.overlong_buffer.penalty_factor") >= 0,
                  f"algo.overlong_buffer.penalty_factor={over.penalty_factor!r}: must be >= 0")
 

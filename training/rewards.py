@@ -40,3 +40,40 @@ def overlong_penalty(lengths: torch.Tensor, max_length: int, buffer: int, factor
         raise ValueError(f"overlong buffer={buffer}: must be in [1, max_length={max_length}]")
     excess = lengths.float() - (max_length - buffer)
     return factor * torch.clamp(-excess / buffer, max=0.0)
+
+
+def overlong_buffer_length(overlong, max_new_tokens: int) -> int:
+    """DAPO's overlong buffer B in tokens: ``overlong.length`` when set, else ``overlong.fraction`` (default 0.2:
+    DAPO's 4,096 of 20,480) of the maximum response length, rounded, at least 1.
+
+    Raises:
+        ValueError: a fraction outside (0, 1] or a length outside [1, max_new_tokens] (names the key).
+    """
+    length = overlong.get("length")
+    if length is None:
+        fraction = float(overlong.get("fraction", 0.2))
+        if not 0 < fraction <= 1:
+            raise ValueError(f"algo.overlong_buffer.fraction={fraction!r}: must be in (0, 1]")
+        length = max(1, round(fraction * int(max_new_tokens)))
+    if not (int(length) == length and 1 <= length <= int(max_new_tokens)):
+        raise ValueError(f"algo.overlong_buffer.length={length!r}: expected an integer in [1, train.max_new_tokens="
+                         f"{int(max_new_tokens)}]")
+    return int(length)
+
+
+def informative_rows(correct: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
+    """DAPO's dynamic-sampling filter (Yu et al. 2025, eq. 11): rows of groups with 0 < #correct < G.
+
+    The filter reads correctness, not the shaped reward: an all-correct group whose rewards differ only by
+    the overlong penalty carries no signal about the answer and is dropped.
+
+    Args:
+        correct: (B,) bool; group_index: (B,) group id of each row.
+    Returns:
+        (B,) bool, True for the rows to keep.
+    """
+    ids, inverse = torch.unique(group_index, return_inverse=True)
+    n_correct = torch.zeros(len(ids), dtype=torch.long).index_add_(0, inverse.cpu(), correct.long().cpu())
+    size = torch.zeros(len(ids), dtype=torch.long).index_add_(0, inverse.cpu(), torch.ones_like(inverse.cpu()))
+    keep = (n_correct > 0) & (n_correct < size)
+    return keep[inverse.cpu()].to(correct.device)

@@ -243,6 +243,26 @@ def test_tr_grpo_loss_by_hand_with_weights_and_weighted_kl():
 
 # ---------- DAPO pieces
 
+def test_dynamic_sampling_filters_on_correctness_not_shaped_reward():
+    """Groups: 0 all correct (shaped rewards differ by the overlong penalty: dropped, DAPO eq. 11), 1 mixed
+    (kept), 2 all wrong (dropped), 3 one of three correct (kept)."""
+    from training.rewards import informative_rows
+
+    correct = torch.tensor([1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1, 0], dtype=torch.bool)
+    group = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3])
+    assert informative_rows(correct, group).tolist() == [False] * 3 + [True] * 3 + [False] * 3 + [True] * 3
+
+
+def test_overlong_buffer_is_a_fraction_of_the_maximum_length_by_default():
+    from training.rewards import overlong_buffer_length
+
+    assert overlong_buffer_length({"fraction": 0.2}, 20480) == 4096          # DAPO's own numbers
+    assert overlong_buffer_length({}, 48) == 10                              # default 0.2: 9.6 -> 10
+    assert overlong_buffer_length({"fraction": 0.2, "length": 16}, 48) == 16  # an explicit length wins
+    with pytest.raises(ValueError, match="fraction=0"):
+        overlong_buffer_length({"fraction": 0}, 48)
+
+
 def test_overlong_penalty_by_hand():
     got = overlong_penalty(torch.tensor([10, 40, 44, 48]), max_length=48, buffer=8)
     assert torch.allclose(got, torch.tensor([0.0, 0.0, -0.5, -1.0]))

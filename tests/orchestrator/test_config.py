@@ -49,6 +49,8 @@ def test_identity_ignores_delta_where_the_algorithm_does_not_use_it():
     (["algo=gmpo", "algo.policy_loss.loss_agg_mode=token-mean"], "loss_agg_mode='token-mean'"),
     (["algo=dapo", "algo.dynamic_sampling.max_num_gen_batches=0"], "max_num_gen_batches=0"),
     (["algo=dapo", "algo.overlong_buffer.length=100"], "overlong_buffer.length=100"),
+    (["algo=dapo", "algo.overlong_buffer.fraction=0"], "overlong_buffer.fraction=0"),
+    (["algo=dapo", "algo.overlong_buffer.fraction=1.5"], "overlong_buffer.fraction=1.5"),
     (["algo=grpo_h", "algo.entropy_coef=-0.001"], "entropy_coef=-0.001"),
     (["algo=exppo", "exppo_lambda=1.5"], "lam=1.5"),
     (["eval.extra_temperatures=[1.5,-1]"], "eval.extra_temperatures=[1.5, -1]"),

@@ -26,9 +26,9 @@ from tqdm.auto import trange
 from core.lifecycle import STOP_REQUESTED, Preempted, final_checkpoint_dir, save_atomically, step_checkpoint_dir
 from core.models import load_policy
 from training.algorithms import agg_loss, get_advantage_fn, get_policy_loss_fn, kl_k3, masked_mean, needs_of
-from training.batch import concat_batches, to_groups
+from training.batch import concat_batches
 from core.tasks import load_prompts
-from training.rewards import overlong_penalty
+from training.rewards import informative_rows, overlong_buffer_length, overlong_penalty
 from training.rollout import collect_rollouts, compute_logprobs
 
 __all__ = ["STOP_REQUESTED", "Preempted", "train", "update_policy", "policy_objective"]  # the flag lives in core.lifecycle
@@ -215,8 +215,8 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
                        disable=None):
         t_step = time.perf_counter()
         # ---- rollout: G responses per prompt from the current (old) policy, with old log-probs;
-        # rewards from the verifier (+ DAPO's overlong shaping); with dynamic sampling, groups whose
-        # rewards are all equal are dropped and new prompts sampled, for at most max_num_gen_batches rounds
+        # rewards from the verifier (+ DAPO's overlong shaping); with dynamic sampling, groups that are all
+        # correct or all wrong are dropped and new prompts sampled, for at most max_num_gen_batches rounds
         kept, sampled, n_kept, rounds = [], [], 0, 0
         while True:
             batch, _texts = collect_rollouts(
@@ -225,18 +225,17 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
             )
             rounds += 1
             if overlong.get("enabled", False):
-                batch.rewards = batch.rewards + overlong_penalty(batch.response_lengths, int(t_cfg.max_new_tokens),
-                                                                 int(overlong.length), float(overlong.get("penalty_factor", 1.0)))
+                batch.rewards = batch.rewards + overlong_penalty(
+                    batch.response_lengths, int(t_cfg.max_new_tokens),
+                    overlong_buffer_length(overlong, int(t_cfg.max_new_tokens)), float(overlong.get("penalty_factor", 1.0)))
             sampled.append(batch)
             if not dyn.get("enabled", False):
                 kept = [batch]
                 break
-            rewards, order_g = to_groups(batch.rewards, batch.group_index)
-            informative = rewards.max(-1).values > rewards.min(-1).values
-            keep_rows = torch.isin(batch.group_index, torch.unique(batch.group_index)[informative])
+            keep_rows = informative_rows(batch.correct, batch.group_index)   # 0 < #correct < G (DAPO eq. 11)
             if keep_rows.any():
                 kept.append(batch.select(torch.nonzero(keep_rows).squeeze(-1)))
-                n_kept += int(informative.sum())
+                n_kept += len(torch.unique(batch.group_index[keep_rows]))
             if n_kept >= n_prompts or rounds >= int(dyn.get("max_num_gen_batches", 1)):
                 break
         if not kept:  # dynamic sampling found no informative group: nothing to learn from this step
