@@ -133,7 +133,8 @@ def validate_config(cfg: DictConfig) -> list[str]:
             raise ConfigError(f"algo.{kind}: {e}") from None
         _check_params(kind, fn, params)
         try:
-            warnings += validate_params(kind, node.name, params)
+            warnings += validate_params(kind, node.name, params,
+                                        context={"group_size": OmegaConf.select(cfg, "train.group_size")})
         except ValueError as e:
             raise ConfigError(f"algo.{kind} ({node.name}): {e}") from None
     delta = _num(cfg, "delta")

@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 
 TRAIN_PANELS = ["train/reward_mean", "train/accuracy", "train/entropy", "train/kl_ref", "train/clip_fraction",
-                "train/ppo_kl", "train/grad_norm", "train/lambda_mean", "train/reversed_share"]
+                "train/ppo_kl", "train/grad_norm", "train/lambda_mean", "train/lambda_floored_groups",
+                "train/reversed_share"]
 _PASSK = re.compile(r"^eval/([^/]+)/pass_at_(\d+)$")
 BASE_LABEL = "Initialization"  # the papers' name for the starting model's row
 

@@ -288,3 +288,32 @@ def test_grpo_ur_leaves_negative_rewards_of_wrong_answers_unshaped():
     b = _batch(old, torch.ones(4, 3), rewards=torch.full((4,), -1.0), correct=torch.zeros(4, dtype=torch.bool))
     adv, _ = get_advantage_fn("grpo_ur")(b)
     assert torch.equal(adv, torch.zeros(4))
+
+
+# ---------- QUATRO's penalty scale and its pre-flight warning
+
+@pytest.mark.parametrize("scale,penalty", [("mean", 0.2), ("sum", 0.4)])
+def test_quatro_log_ratio_scale_by_hand(scale, penalty):
+    """One response of two tokens with log r = 0.1 and 0.3: log s = 0.2 (mean) and the trajectory log-ratio 0.4
+    (sum); A = 0.5, seq-mean-token-mean: loss = -s (A - penalty) with s = e^0.2 either way."""
+    old = torch.tensor([[-1.0, -2.0]], dtype=torch.float64)
+    new = (old + torch.tensor([[0.1, 0.3]], dtype=torch.float64)).requires_grad_(True)
+    loss, m = get_policy_loss_fn("quatro")(new, _batch(old, torch.ones(1, 2)), torch.tensor([0.5], dtype=torch.float64),
+                                           log_ratio_scale=scale)
+    assert float(loss) == pytest.approx(-math.exp(0.2) * (0.5 - penalty), rel=1e-9)
+    assert m["reversed_share"] == 0.0
+    # a penalty larger than the advantage reverses the sample's gradient: only the sum reading gets there
+    loss, m = get_policy_loss_fn("quatro")(new, _batch(old, torch.ones(1, 2)), torch.tensor([0.3], dtype=torch.float64),
+                                           log_ratio_scale=scale)
+    assert m["reversed_share"] == (1.0 if scale == "sum" else 0.0)
+
+
+def test_quatro_warns_when_delta_leaves_no_interior_solution():
+    """G = 8: log(8/7) = 0.1335. delta 0.2 floors lambda for a group with seven correct answers; the wrong answer's
+    advantage is then 0/1e-3 - log mean exp([1000] * 7 + [0]) = -(1000 + log(7/8)) = -999.87."""
+    assert validate_params("advantage", "quatro", {"delta": 0.1}, context={"group_size": 8}) == []
+    [w] = validate_params("advantage", "quatro", {"delta": 0.2}, context={"group_size": 8})
+    assert "log(G/(G-1)) = 0.1335" in w and "advantage is -1000" in w
+    adv, m = get_advantage_fn("quatro")(_batch(torch.zeros(8, 1), torch.ones(8, 1), rewards=torch.tensor([1.0] * 7 + [0.0]),
+                                                group_index=torch.zeros(8, dtype=torch.long)), delta=0.2)
+    assert float(adv[-1]) == pytest.approx(-(1000 + math.log(7 / 8)), rel=1e-4) and m["lambda_floored_groups"] == 1

@@ -14,11 +14,11 @@ PRESETS = sorted(p.stem for p in (REPO / "sweeps" / "experiment").glob("*.yaml")
 # sweep points per preset (Hydra's basic sweeper: the cartesian product of hydra.sweeper.params)
 POINTS = {
     "quatro_main": 14, "quatro_main_cpu": 14, "quatro_staleness": 32, "quatro_staleness_cpu": 8,
-    "quatro_log_ratio_ablation": 2, "quatro_log_ratio_ablation_cpu": 2, "exppo_core": 25, "exppo_core_cpu": 10,
+    "quatro_log_ratio_ablation": 3, "quatro_log_ratio_ablation_cpu": 3, "exppo_core": 25, "exppo_core_cpu": 10,
     "trgrpo_kk": 6, "trgrpo_kk_cpu": 6, "trgrpo_sensitivity": 9, "trgrpo_sensitivity_cpu": 9, "quatro_paper_verl": 1,
 }
 # distinct trainings (points whose effective configs are equal train once; the rest are duplicates)
-TRAINED = {"quatro_main_cpu": 8, "quatro_staleness_cpu": 8, "quatro_log_ratio_ablation_cpu": 2,
+TRAINED = {"quatro_main_cpu": 8, "quatro_staleness_cpu": 8, "quatro_log_ratio_ablation_cpu": 3,
            "exppo_core_cpu": 6, "trgrpo_kk_cpu": 6, "trgrpo_sensitivity_cpu": 9}
 
 
@@ -125,13 +125,14 @@ def _run_twin(name, cwd):
 @pytest.mark.slow
 def test_log_ratio_ablation_twin_runs_both_arms(tmp_path):
     client, trained = _run_twin("quatro_log_ratio_ablation_cpu", tmp_path)
-    arms = {r.data.params["algo.policy_loss.log_ratio_penalty"]: r for r in trained}
-    assert set(arms) == {"True", "False"}
+    arms = {(r.data.params["algo.policy_loss.log_ratio_penalty"], r.data.params["algo.policy_loss.log_ratio_scale"]): r
+            for r in trained}
+    assert set(arms) == {("True", "mean"), ("True", "sum"), ("False", "mean")}
     for arm, r in arms.items():
         steps = sorted(m.step for m in client.get_metric_history(r.info.run_id, "train/seq_ratio_mean"))
         assert steps == [0, 1] and "eval/arithmetic/pass_at_4" in r.data.metrics
     # without the penalty no sample can have its gradient reversed (the loss logs 0 by construction)
-    assert arms["False"].data.metrics["train/reversed_share"] == 0.0
+    assert arms[("False", "mean")].data.metrics["train/reversed_share"] == 0.0
 
 
 @pytest.mark.slow

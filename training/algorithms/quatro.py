@@ -179,6 +179,7 @@ def quatro_loss(
     ratio_level: str = "sequence",
     loss_agg_mode: str = "seq-mean-token-mean",
     norm_constant: float | None = None,
+    log_ratio_scale: str = "mean",
 ):
     """QUATRO policy loss (RECONSTRUCTED; see the module docstring).
 
@@ -193,14 +194,20 @@ def quatro_loss(
         advantages: (B,) QUATRO advantages.
         log_ratio_penalty: keep the -sg[log s] term (False: the paper's ablation, J = mean s A).
         ratio_level: ``sequence`` (s_i) or ``token`` (r_{i,t} = pi_theta/pi_old per token).
+        log_ratio_scale: the log-ratio in the penalty: ``mean`` (default: log s_i = mean_t log r_{i,t}, length-
+            normalised as the ratio itself; per token with ``ratio_level=token``) or ``sum`` (the trajectory
+            log-ratio log pi(tau|q)/pi_old(tau|q) = sum_t log r_{i,t}, as the paper's appendix A.3 writes it,
+            |y_i| times larger). RECONSTRUCTED: the two readings of the paper; the ablation preset runs both.
     Returns:
         (scalar loss, metrics): sequence-ratio mean/min/max, ``reversed_share`` (samples whose
         log-ratio exceeds their advantage on the side of its sign), ``ppo_kl``.
     Raises:
-        ValueError: unknown ``ratio_level``.
+        ValueError: unknown ``ratio_level`` or ``log_ratio_scale``.
     """
     if ratio_level not in ("sequence", "token"):
         raise ValueError(f"ratio_level={ratio_level!r}: expected 'sequence' or 'token'")
+    if log_ratio_scale not in ("mean", "sum"):
+        raise ValueError(f"log_ratio_scale={log_ratio_scale!r}: expected 'mean' or 'sum'")
     mask = batch.response_mask
     adv = advantages.reshape(-1, 1) if advantages.dim() == 1 else advantages
     log_s = sequence_log_ratio(logprobs, batch.old_logprobs, mask).clamp(-20.0, 20.0)
@@ -211,12 +218,16 @@ def quatro_loss(
         log_ratio = (logprobs - batch.old_logprobs).clamp(-20.0, 20.0)
         ratio = torch.exp(log_ratio)
         log_ratio = log_ratio.detach()
+    penalty_seq = log_s.detach()                                         # (B,) what the penalty subtracts
+    if log_ratio_scale == "sum":
+        penalty_seq = (log_s.detach() * mask.sum(-1)).clamp(-1e4, 1e4)   # sum_t log r = |y| mean_t log r
+        log_ratio = penalty_seq.unsqueeze(-1).expand_as(logprobs)
     weight = adv - log_ratio if log_ratio_penalty else adv.expand_as(ratio)
     loss = agg_loss(-ratio * weight, mask, loss_agg_mode, norm_constant)
     with torch.no_grad():
         s = torch.exp(log_s)
         a = adv.reshape(-1) if adv.shape[-1] == 1 else masked_mean(adv, mask, dim=-1)
-        reversed_ = ((a - log_s) * a < 0).float() if log_ratio_penalty else torch.zeros_like(s)
+        reversed_ = ((a - penalty_seq) * a < 0).float() if log_ratio_penalty else torch.zeros_like(s)
         metrics = {
             "seq_ratio_mean": float(s.mean()),
             "seq_ratio_min": float(s.min()),
@@ -228,16 +239,26 @@ def quatro_loss(
 
 
 @register_validator("advantage", "quatro")
-def _check_quatro_advantage(delta=None, lambda_min=1e-3, **_):
+def _check_quatro_advantage(delta=None, lambda_min=1e-3, context=None, **_):
     _check_delta(delta)
     check_number("lambda_min", lambda_min, 0, low_open=True)
+    G = (context or {}).get("group_size")
+    if isinstance(G, int) and G > 1 and delta >= math.log(G / (G - 1)):
+        lam = torch.tensor([lambda_min], dtype=torch.float64)
+        z = torch.tensor([[1.0] * (G - 1) + [0.0]], dtype=torch.float64) / lam
+        a_wrong = float(z[0, -1] - _log_mean_exp(z)[0])
+        return [f"QUATRO delta={delta} >= log(G/(G-1)) = {math.log(G / (G - 1)):.4f} (G={G}): a group with G-1 correct "
+                f"answers has no interior solution, lambda floors at lambda_min={lambda_min} and the wrong answer's "
+                f"advantage is {a_wrong:.0f} (train/lambda_floored_groups counts such groups each step)."]
     return []
 
 
 @register_validator("policy_loss", "quatro")
-def _check_quatro_loss(log_ratio_penalty=True, ratio_level="sequence", **agg):
+def _check_quatro_loss(log_ratio_penalty=True, ratio_level="sequence", log_ratio_scale="mean", **agg):
     if ratio_level not in ("sequence", "token"):
         raise ValueError(f"ratio_level={ratio_level!r}: expected 'sequence' or 'token'")
+    if log_ratio_scale not in ("mean", "sum"):
+        raise ValueError(f"log_ratio_scale={log_ratio_scale!r}: expected 'mean' or 'sum'")
     if not isinstance(log_ratio_penalty, bool):
         raise ValueError(f"log_ratio_penalty={log_ratio_penalty!r}: expected true or false")
     return check_clip_loss(**agg)

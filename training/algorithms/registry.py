@@ -26,14 +26,22 @@ def register_validator(kind: str, name: str) -> Callable[[Callable], Callable]:
     return deco
 
 
-def validate_params(kind: str, name: str, params: dict) -> list[str]:
+def validate_params(kind: str, name: str, params: dict, context: dict | None = None) -> list[str]:
     """Run the validator registered for (kind, name) on ``params``; [] when none is registered.
 
+    Args:
+        context: run settings a validator may read beside its own parameters (``group_size``), passed
+            to validators that declare a ``context`` parameter.
     Raises:
         ValueError: from the validator, naming the bad parameter.
     """
+    import inspect
+
     fn = _VALIDATORS.get((kind, name))
-    return list(fn(**params) or []) if fn else []
+    if fn is None:
+        return []
+    extra = {"context": dict(context or {})} if "context" in inspect.signature(fn).parameters else {}
+    return list(fn(**params, **extra) or [])
 
 
 def _check_needs(kind: str, name: str, needs: dict) -> dict:
