@@ -32,8 +32,11 @@ def main(argv=None) -> int:
         print(f"error: --ks {ks}: k={max(ks)} exceeds the n={n} samples per prompt", file=sys.stderr)
         return 2
     base = pd.read_parquet(args.base_samples) if args.base_samples else None
+    from core.tasks import get_task, task_names
+
+    same = {b: get_task(b).same_answer for b in samples["benchmark"].unique() if b in task_names()}
     tables, _ = compute_tables(samples, ks, similarity_metric=args.similarity_metric, ucc_threshold=args.ucc_threshold,
-                               base_samples=base)
+                               base_samples=base, same_answer=same)
     out = Path(args.out) if args.out else Path(args.samples).parent
     out.mkdir(parents=True, exist_ok=True)
     for name, table in tables.items():

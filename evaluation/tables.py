@@ -72,15 +72,17 @@ def entropy_table(samples: pd.DataFrame) -> pd.DataFrame:
     return _with_mean(pd.DataFrame(rows).T)
 
 
-def modes_table(samples: pd.DataFrame, ks) -> pd.DataFrame:
+def modes_table(samples: pd.DataFrame, ks, same_answer: dict | None = None) -> pd.DataFrame:
     """ExPPO's metrics per benchmark: coverage@k (= pass@k), response accuracy, observed and
-    effective yield, correct-pair disagreement D (prompts with >= 2 correct)."""
+    effective yield, correct-pair disagreement D (prompts with >= 2 correct); modes are classes of answers
+    the benchmark's task calls equal (``same_answer`` {benchmark: same(a, b)}; default: normalised strings)."""
     rows = {}
+    same_answer = same_answer or {}
     for bench, _pid, grp in _prompts(samples):
         r = rows.setdefault(bench, {"accuracy": [], "observed_yield": [], "effective_yield": [], "disagreement": [],
                                     **{f"coverage@{k}": [] for k in ks}})
         n, c = len(grp), int(grp["correct"].sum())
-        st = prompt_mode_stats(grp.loc[grp["correct"], "extracted_answer"].tolist())
+        st = prompt_mode_stats(grp.loc[grp["correct"], "extracted_answer"].tolist(), same_answer.get(bench))
         r["accuracy"].append(c / n)
         r["observed_yield"].append(st["observed_yield"])
         r["effective_yield"].append(st["effective_yield"])
@@ -183,7 +185,7 @@ def flip_metrics(base_samples: pd.DataFrame, samples: pd.DataFrame, k: int | Non
 
 def compute_tables(samples: pd.DataFrame, ks, ucc_ks=None, similarity_metric: str = "rouge_l", ucc_threshold: float = 0.7,
                    base_samples: pd.DataFrame | None = None, flip_k: int | None = None,
-                   kinds: dict | None = None) -> tuple[dict, dict]:
+                   kinds: dict | None = None, same_answer: dict | None = None) -> tuple[dict, dict]:
     """Every evaluation table and its flat MLflow metrics.
 
     Args:
@@ -193,6 +195,7 @@ def compute_tables(samples: pd.DataFrame, ks, ucc_ks=None, similarity_metric: st
         base_samples: the base model's samples on the same prompts, for flip rates.
         flip_k: None for the literal flip rule, else the budget-k reading.
         kinds: {benchmark: task kind}; adds the ``kinds`` table (``eval/kind/<kind>/<metric>``).
+        same_answer: {benchmark: same(a, b)}, the tasks' answer equivalences for the modes table.
     Tables ``verifier`` (``eval/<benchmark>/verifier_disagreement``...) and ``verifier_disagreements`` (the
     samples) appear when samples carry plain math-verify's verdict (:func:`verifier_tables`).
     Returns:
@@ -206,7 +209,7 @@ def compute_tables(samples: pd.DataFrame, ks, ucc_ks=None, similarity_metric: st
         "ucc": ucc_table(samples, [k for k in ucc_ks if k <= n], similarity_metric, ucc_threshold),
         "similarity": similarity_table(samples),
         "entropy": entropy_table(samples),
-        "modes": modes_table(samples, ks),
+        "modes": modes_table(samples, ks, same_answer),
         "subsets": subset_table(samples, ks),
     }
     tables["passk"].index.name = "benchmark"

@@ -367,3 +367,111 @@ def prompt_similarities(samples_by_run: dict) -> pd.DataFrame:
                 rows.append({"run": label, "benchmark": bench, "prompt_id": pid,
                              **{m: mean_pairwise_similarity(texts, m) for m in METRICS}})
     return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------- colours, seeds, paper figures
+
+def run_colors(labels) -> dict:
+    """{run label: colour}, one colour per run for every figure of the report (the base model grey, the
+    others from matplotlib's tab10/tab20 in the order given), so a run keeps its colour across figures."""
+    import matplotlib
+
+    labels = list(dict.fromkeys(labels))
+    others = [lab for lab in labels if lab != BASE_LABEL]
+    cmap = matplotlib.colormaps["tab10" if len(others) <= 10 else "tab20"]
+    colors = {lab: cmap(i % cmap.N) for i, lab in enumerate(others)}
+    colors[BASE_LABEL] = (0.45, 0.45, 0.45, 1.0)
+    return colors
+
+
+_SEED = re.compile(r"\s*\bseed=\S+")
+
+
+def seed_group(label: str) -> str:
+    """The label without its ``seed=N`` part: runs that differ only by seed share it."""
+    return _SEED.sub("", label).strip()
+
+
+def seed_aggregate(table: pd.DataFrame, digits: int = 4) -> pd.DataFrame:
+    """Mean +- std (sample std, n - 1) over runs that differ only by ``seed``, as the papers report three-seed
+    results. ``table`` is indexed by run label (or (run, ...) with the run first); the result is indexed by the
+    seed group (and the remaining levels), with a ``seeds`` column. Empty when no two runs share a group."""
+    if table.empty:
+        return pd.DataFrame()
+    runs = table.index.get_level_values(0)
+    groups = [seed_group(r) for r in runs]
+    if len(set(groups)) == len(set(runs)):
+        return pd.DataFrame()
+    df = table.copy()
+    rest = list(df.index.names[1:]) if df.index.nlevels > 1 else []
+    df.index = pd.MultiIndex.from_arrays([groups, *[df.index.get_level_values(n) for n in rest]], names=["run", *rest]) \
+        if rest else pd.Index(groups, name="run")
+    grouped = df.groupby(level=list(range(df.index.nlevels)), sort=False)
+    mean, std, count = grouped.mean(numeric_only=True), grouped.std(numeric_only=True), grouped.size()
+    out = mean.copy().astype(object)
+    for col in mean.columns:
+        out[col] = [("" if pd.isna(m) else f"{m:.{digits}f}" + ("" if pd.isna(s) else f" ± {s:.{digits}f}"))
+                    for m, s in zip(mean[col], std[col])]
+    out["seeds"] = count
+    return out
+
+
+def quatro_advantage_curves(runs: pd.DataFrame) -> pd.DataFrame:
+    """QUATRO's advantages against the number of correct answers c in a group (0/1 rewards), for every delta
+    and group size G of the sweep's QUATRO runs, from the closed form (:func:`training.algorithms.quatro.
+    quatro_advantages`; the QUATRO paper's Fig. 2). Columns ``delta``, ``G``, ``correct``, ``A_correct``,
+    ``A_wrong``; empty without QUATRO runs."""
+    import torch
+
+    from training.algorithms.quatro import quatro_advantages
+
+    rows = []
+    settings = set()
+    for _, r in runs.iterrows():
+        p = r["params"]
+        if p.get("algo.advantage.name") == "quatro":
+            try:
+                settings.add((float(p.get("algo.advantage.delta", p.get("delta"))), int(p.get("train.group_size", 8)),
+                              float(p.get("algo.advantage.lambda_min", 1e-3))))
+            except (TypeError, ValueError):
+                continue
+    for delta, G, lam_min in sorted(settings):
+        for c in range(1, G):
+            rewards = torch.tensor([[1.0] * c + [0.0] * (G - c)], dtype=torch.float64)
+            adv = quatro_advantages(rewards, delta, lam_min)[0]
+            rows.append({"delta": delta, "G": G, "correct": c, "A_correct": float(adv[0]), "A_wrong": float(adv[-1])})
+    return pd.DataFrame(rows, columns=["delta", "G", "correct", "A_correct", "A_wrong"])
+
+
+def staleness_axes(runs: pd.DataFrame) -> tuple[list, list] | None:
+    """(inner-epoch values, learning rates) when the sweep varies both (the QUATRO paper's staleness study,
+    its Fig. 1 and 4), else None."""
+    if runs.empty:
+        return None
+    epochs = sorted({int(p["train.ppo_epochs"]) for p in runs["params"] if p.get("train.ppo_epochs")})
+    lrs = sorted({float(p["train.lr"]) for p in runs["params"] if p.get("train.lr")})
+    return (epochs, lrs) if len(epochs) > 1 and len(lrs) > 1 else None
+
+
+def qualitative_examples(samples_by_run: dict, n_prompts: int = 3, per_run: int = 3, chars: int = 240) -> pd.DataFrame:
+    """A few prompts and, for each run, its distinct correct answers (up to ``per_run``, most frequent first)
+    with the end of one response giving each (the QUATRO paper's C.6). Prompts are those most runs solve,
+    taken in order. Columns ``prompt``, ``run``, ``answer``, ``count``, ``response_tail``."""
+    if not samples_by_run:
+        return pd.DataFrame()
+    solved = {}
+    for label, df in samples_by_run.items():
+        for key in df.loc[df["correct"].astype(bool), ["benchmark", "prompt_id"]].itertuples(index=False, name=None):
+            solved.setdefault(key, set()).add(label)
+    keys = sorted(solved, key=lambda k: (-len(solved[k]), str(k)))[:n_prompts]
+    rows = []
+    for bench, pid in keys:
+        for label, df in samples_by_run.items():
+            grp = df[(df["benchmark"] == bench) & (df["prompt_id"] == pid) & df["correct"].astype(bool)]
+            if grp.empty:
+                continue
+            prompt = str(grp["prompt"].iloc[0])[-300:] if "prompt" in grp else f"{bench}/{pid}"
+            for answer, sub in sorted(grp.groupby(grp["extracted_answer"].astype(str)), key=lambda kv: -len(kv[1]))[:per_run]:
+                rows.append({"prompt": f"{bench}/{pid}: {prompt}", "run": label, "answer": answer, "count": len(sub),
+                             "response_tail": str(sub["response"].iloc[0])[-chars:]})
+    return pd.DataFrame(rows)

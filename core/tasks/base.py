@@ -58,6 +58,13 @@ class Task:
         """Score responses to rows (same length), in order. Override for checkers that batch."""
         return [self.score(r, row) for r, row in zip(responses, rows)]
 
+    def same_answer(self, a: str | None, b: str | None) -> bool:
+        """True when two extracted answers are the same answer (one *mode* for ExPPO's yield and disagreement).
+        Default: equal after removing whitespace and case; tasks with a verifier override it."""
+        if a is None or b is None:
+            return a is b
+        return "".join(str(a).split()).lower() == "".join(str(b).split()).lower()
+
     def validate(self, cfg, role: str) -> None:
         """Check the settings this task will read, before any work: ``role`` is ``data`` (``cfg`` is the training
         data config) or ``eval`` (``cfg`` is the eval config). Raises ValueError naming the key and value."""

@@ -155,6 +155,18 @@ class MathScored(Task):
     def score(self, response: str, row: dict) -> Score:
         return self.score_many([response], [row])[0]
 
+    def same_answer(self, a: str | None, b: str | None) -> bool:
+        """Two extracted answers are one mode when math-verify reads them as equal (``\\frac{1}{2}``,
+        ``x=\\frac{1}{2}`` and ``0.5`` are one answer) with either as the reference (its reading of a relation
+        is not symmetric), through :mod:`core.verify`."""
+        if super().same_answer(a, b):
+            return True
+        if a is None or b is None:
+            return False
+        v = default_verifier()
+        ab, ba = v.check_many([f"\\boxed{{{a}}}", f"\\boxed{{{b}}}"], [b, a])
+        return bool(ab.correct or ba.correct)
+
 
 class MathBenchmark(MathScored):
     """A math benchmark read from ``<eval.data_dir>/<name>/test.jsonl``, or from the hub without a data_dir.

@@ -1,6 +1,9 @@
-"""ExPPO's answer-mode metrics and a paired prompt-bootstrap CI.
+"""ExPPO's answer-mode metrics, its Shared-set disagreement and a paired prompt-bootstrap CI.
 
-A *mode* is a distinct normalised final answer among a prompt's correct samples.
+A *mode* is an equivalence class of a prompt's correct final answers: two answers are one mode when the
+task's ``same_answer`` says so (math: math-verify reads them as equal, so ``\\frac{1}{2}`` and
+``x=\\frac{1}{2}`` are one mode), not when their strings differ (ExPPO paper, Sec. 3: yield counts distinct
+*answers*).
 """
 from __future__ import annotations
 
@@ -18,15 +21,44 @@ def normalize_answer(ans) -> str:
     return s.lower()
 
 
-def prompt_mode_stats(correct_answers) -> dict:
+def mode_counts(answers, same=None) -> list[int]:
+    """Sizes of the modes among ``answers``: answers are first grouped by :func:`normalize_answer`, then groups
+    whose representatives ``same(a, b)`` calls equal are merged (each new group is compared with the first
+    answer of every mode found so far; ``same=None``: the normalised strings alone).
+
+    Args:
+        answers: extracted answers (strings or None).
+        same: ``same(a, b) -> bool``, an equivalence (a task's ``same_answer``).
+    Returns:
+        Mode sizes, in order of first appearance; they sum to ``len(answers)``.
+    """
+    groups = Counter(normalize_answer(a) for a in answers)
+    first = {}
+    for a in answers:
+        first.setdefault(normalize_answer(a), a)
+    modes: list[list] = []      # [representative answer, count]
+    for key, count in groups.items():
+        for mode in modes:
+            if same is not None and same(mode[0], first[key]):
+                mode[1] += count
+                break
+        else:
+            modes.append([first[key], count])
+    return [count for _, count in modes]
+
+
+def prompt_mode_stats(correct_answers, same=None) -> dict:
     """Per-prompt mode statistics from the extracted answers of its *correct* samples.
 
+    Args:
+        correct_answers: the extracted answers of the prompt's correct samples.
+        same: the task's answer equivalence (see :func:`mode_counts`); None compares normalised strings.
     Returns:
         ``observed_yield`` (number of distinct modes), ``effective_yield`` (exp of the entropy of the
         mode distribution; 0 when nothing is correct), ``disagreement`` D = 1 - sum_m n_m (n_m - 1) /
-        (C (C - 1)) (None when C < 2), with C the number of correct samples.
+        (C (C - 1)) (None when C < 2), with C the number of correct samples (ExPPO, Sec. 3).
     """
-    counts = Counter(normalize_answer(a) for a in correct_answers)
+    counts = dict(enumerate(mode_counts(list(correct_answers), same)))
     c = sum(counts.values())
     if c == 0:
         return {"observed_yield": 0, "effective_yield": 0.0, "disagreement": None}
@@ -57,3 +89,51 @@ def paired_bootstrap_ci(a, b, n_boot: int = 10_000, alpha: float = 0.05, seed: i
     diffs = a[idx].mean(1) - b[idx].mean(1)
     lo, hi = np.quantile(diffs, [alpha / 2, 1 - alpha / 2])
     return {"diff": float(a.mean() - b.mean()), "ci_low": float(lo), "ci_high": float(hi), "n_prompts": int(len(a))}
+
+
+def shared_set_disagreement(samples_by_run: dict, baseline: str, same_by_benchmark: dict | None = None,
+                            n_boot: int = 10_000, seed: int = 0):
+    """ExPPO's Table 2B: disagreement D on the Shared set and Delta-D against a baseline, with a paired
+    prompt-bootstrap 95% CI.
+
+    The Shared set is the (benchmark, prompt) pairs where *every* compared run has at least 2 correct samples
+    (D is defined only there); each run's D is averaged over that same set, so the differences are paired.
+
+    Args:
+        samples_by_run: {run label: samples DataFrame} (``benchmark``, ``prompt_id``, ``correct``,
+            ``extracted_answer``).
+        baseline: the label Delta-D is taken against (must be a key of ``samples_by_run``).
+        same_by_benchmark: {benchmark: same(a, b)} answer equivalences (default: normalised strings).
+        n_boot, seed: bootstrap replicates and seed (:func:`paired_bootstrap_ci`).
+    Returns:
+        DataFrame indexed by run: ``n_shared``, ``D`` (mean over the Shared set), ``delta_D`` (D - D of the
+        baseline), ``ci_low``, ``ci_high`` (0 for the baseline itself). Empty when the Shared set is empty.
+    Raises:
+        KeyError: ``baseline`` is not one of the runs.
+    """
+    import pandas as pd
+
+    if baseline not in samples_by_run:
+        raise KeyError(f"baseline {baseline!r} is not one of the runs {sorted(samples_by_run)}")
+    same_by_benchmark = same_by_benchmark or {}
+    per_run = {}
+    for label, samples in samples_by_run.items():
+        d = {}
+        for (bench, pid), grp in samples.groupby(["benchmark", "prompt_id"], sort=True):
+            answers = grp.loc[grp["correct"].astype(bool), "extracted_answer"].tolist()
+            if len(answers) >= 2:
+                d[(bench, pid)] = prompt_mode_stats(answers, same_by_benchmark.get(bench))["disagreement"]
+        per_run[label] = d
+    shared = sorted(set.intersection(*(set(d) for d in per_run.values())))
+    if not shared:
+        return pd.DataFrame(columns=["n_shared", "D", "delta_D", "ci_low", "ci_high"])
+    base = np.array([per_run[baseline][k] for k in shared])
+    rows = {}
+    for label, d in per_run.items():
+        vals = np.array([d[k] for k in shared])
+        ci = paired_bootstrap_ci(vals, base, n_boot=n_boot, seed=seed)
+        rows[label] = {"n_shared": len(shared), "D": float(vals.mean()), "delta_D": ci["diff"],
+                       "ci_low": ci["ci_low"], "ci_high": ci["ci_high"]}
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "run"
+    return table

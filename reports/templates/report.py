@@ -69,6 +69,12 @@ runs = R.short_labels(R.load_runs(tracking_uri, experiment))
 done = R.finished(runs)  # trained runs: training curves
 shown = R.evaluated(runs)  # the base model ("Initialization") and the trained runs: evaluation tables
 n_base = int(((runs["kind"] == "base") & (runs["status"] == "FINISHED")).sum()) if len(runs) else 0
+COLORS = R.run_colors(list(shown["label"]) + list(done["label"])) if len(runs) else {}
+
+
+def color(label):
+    """The run's colour, the same in every figure."""
+    return COLORS.get(label)
 display(Markdown(f"**Experiment** `{experiment}` at `{tracking_uri}`: {len(runs)} runs, "
                  f"{len(done)} trained and finished, {n_base} base-model evaluation(s) (the *Initialization* rows), "
                  f"{int((runs['kind'] == 'duplicate').sum()) if len(runs) else 0} recorded as duplicates, "
@@ -101,7 +107,7 @@ else:
     fig, axes = plt.subplots(rows_, cols, figsize=(4.6 * cols, 3.2 * rows_), squeeze=False)
     for ax, key in zip(axes.flat, keys):
         for label, (steps, values) in hist[key].items():
-            ax.plot(steps, values, marker="o", ms=3, label=label)
+            ax.plot(steps, values, marker="o", ms=3, label=label, color=color(label))
         ax.set_title(key.removeprefix("train/"))
         ax.set_xlabel("step")
         ax.ticklabel_format(axis="y", useOffset=False)
@@ -111,6 +117,72 @@ else:
     axes.flat[0].legend(fontsize=7)
     save(fig, "training_curves")
     display(HTML(R.train_summary(hist).to_html(float_format=lambda v: f"{v:.4g}")))
+
+# %% [markdown]
+# ## Staleness: inner epochs x learning rate
+#
+# The QUATRO paper's Fig. 1 and 4: rows clip fraction, entropy and reward; one column per number of inner
+# epochs; colour by learning rate, line style by algorithm.
+
+# %%
+axes_ = R.staleness_axes(done)
+if axes_ is None or not hist:
+    note("The sweep does not vary both train.ppo_epochs and train.lr (experiment=quatro_staleness does).")
+else:
+    epochs, lrs = axes_
+    panels = [k for k in ("train/clip_fraction", "train/entropy", "train/reward_mean") if k in hist]
+    cmap = plt.get_cmap("viridis")
+    lr_color = {lr: cmap(i / max(1, len(lrs) - 1)) for i, lr in enumerate(lrs)}
+    styles = dict(zip(sorted(set(done["algo"])), ["-", "--", ":", "-."]))
+    fig, axs = plt.subplots(len(panels), len(epochs), figsize=(3.2 * len(epochs), 2.5 * len(panels)), squeeze=False,
+                            sharex=True)
+    for _, r in done.iterrows():
+        e, lr = int(r["params"].get("train.ppo_epochs", 0)), float(r["params"].get("train.lr", 0))
+        if e not in epochs:
+            continue
+        for row, key in enumerate(panels):
+            if r["label"] in hist[key]:
+                steps, values = hist[key][r["label"]]
+                axs[row, epochs.index(e)].plot(steps, values, color=lr_color.get(lr), ls=styles.get(r["algo"], "-"),
+                                               label=f"{r['algo']} lr={lr:g}")
+    for col, e in enumerate(epochs):
+        axs[0, col].set_title(f"{e} inner epoch(s)")
+        axs[-1, col].set_xlabel("step")
+    for row, key in enumerate(panels):
+        axs[row, 0].set_ylabel(key.removeprefix("train/"))
+    by_label = {}
+    for ax in axs[0]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            by_label.setdefault(lab, h)
+    if by_label:
+        axs[0, -1].legend(list(by_label.values()), list(by_label.keys()), fontsize=6)
+    save(fig, "staleness")
+
+# %% [markdown]
+# ## QUATRO's advantage against the number of correct answers
+#
+# For each delta of the sweep's QUATRO runs, the advantage of a correct and of a wrong answer in a group of G
+# with 0/1 rewards (closed form from the dual; the QUATRO paper's Fig. 2). Larger delta, larger |A|; at
+# delta >= log(G/(G-1)) a group with G-1 correct answers floors lambda and its wrong answer's advantage explodes.
+
+# %%
+adv_curves = R.quatro_advantage_curves(done)
+if adv_curves.empty:
+    note("No QUATRO run in this sweep.")
+else:
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for i, ((delta, G), grp) in enumerate(adv_curves.groupby(["delta", "G"])):
+        c = plt.get_cmap("tab10")(i)
+        ax.plot(grp["correct"], grp["A_correct"], marker="o", color=c, label=f"delta={delta:g}, correct")
+        ax.plot(grp["correct"], grp["A_wrong"], marker="s", ls="--", color=c, label=f"delta={delta:g}, wrong")
+    ax.axhline(0, color="0.6", lw=0.8)
+    ax.set_xlabel(f"correct answers in the group (G = {int(adv_curves['G'].iloc[0])})")
+    ax.set_ylabel("advantage")
+    ax.set_ylim(max(-5.0, float(adv_curves["A_wrong"].min()) * 1.1), None)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.legend(fontsize=7)
+    save(fig, "quatro_advantage")
+    display(HTML(adv_curves.set_index(["delta", "G", "correct"]).to_html(float_format=lambda v: f"{v:.4f}")))
 
 # %% [markdown]
 # ## pass@k
@@ -134,11 +206,29 @@ else:
         ks = [c for c in mean.columns if c.startswith("pass@")]
         fig, ax = plt.subplots(figsize=(6, 3.6))
         for label, row in mean.iterrows():
-            ax.plot([np.log2(int(c.split("@")[1])) for c in ks], [row[c] for c in ks], marker="o", label=label)
+            ax.plot([np.log2(int(c.split("@")[1])) for c in ks], [row[c] for c in ks], marker="o", label=label,
+                    color=color(label))
         ax.set_xlabel("log2 k")
         ax.set_ylabel("pass@k (mean over benchmarks)")
         ax.legend(fontsize=7)
         save(fig, "passk_curves")
+
+# %% [markdown]
+# ## Mean ± std over seeds
+#
+# Runs that differ only by `seed` (add `seed=0,1,2` to a sweep), as the papers report their results: pass@k
+# and ExPPO's answer-mode metrics, mean ± sample standard deviation.
+
+# %%
+seed_tables = {"pass@k": R.passk_table(shown), "answer modes": R.metric_table(shown, r"effective_yield|disagreement|observed_yield")}
+aggregated = {name: R.seed_aggregate(t) for name, t in seed_tables.items()}
+if all(t.empty for t in aggregated.values()):
+    note("No runs differ only by seed: nothing to aggregate.")
+else:
+    for name, t in aggregated.items():
+        if not t.empty:
+            display(Markdown(f"**{name}**"))
+            display(HTML(t.to_html()))
 
 # %% [markdown]
 # ## By task kind
@@ -213,7 +303,8 @@ else:
     measures = [("solved_from_unsolved", "flipped to solved"), ("improved", "pass rate improved"), ("regressed", "regressed to unsolved")]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), sharey=True)
     for ax, (col, title) in zip(axes, measures):
-        flips[col].unstack("run").reindex(index=buckets, columns=run_order).plot.bar(ax=ax, rot=0, legend=False)
+        flips[col].unstack("run").reindex(index=buckets, columns=run_order).plot.bar(
+            ax=ax, rot=0, legend=False, color=[color(r) for r in run_order])
         ax.set_title(f"share {title}")
         ax.set_xlabel("difficulty under the base model")
     axes[0].set_ylim(0, max(0.05, float(flips[[c for c, _ in measures]].max().max()) * 1.15))
@@ -240,7 +331,7 @@ if not traj:
 else:
     fig, ax = plt.subplots(figsize=(6.5, 3.6))
     for label, (steps, values) in traj.items():
-        ax.plot(steps, values, marker="o", label=label)
+        ax.plot(steps, values, marker="o", label=label, color=color(label))
     ax.set_xlabel("training step")
     ax.set_ylabel(R.display_name(traj_key.split("/")[-1]) + " (mean over benchmarks)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -279,7 +370,7 @@ else:
     fig, ax = plt.subplots(figsize=(6.5, 3.4))
     xs = [int(re.findall(r"\d+", c)[0]) if re.findall(r"\d+", c) else i for i, c in enumerate(subsets.columns)]
     for label, row in subsets.iterrows():
-        ax.plot(xs, row.to_numpy(dtype=float), marker="o", label=label)
+        ax.plot(xs, row.to_numpy(dtype=float), marker="o", label=label, color=color(label))
     ax.set_xlabel("people per puzzle" if all("people" in c for c in subsets.columns) else "subset")
     ax.set_ylabel("accuracy")
     ax.set_ylim(-0.02, 1.02)
@@ -306,6 +397,38 @@ if modes.empty:
     note("No answer-mode metrics were logged.")
 else:
     display(HTML(R.bold_best_html(modes)))
+# ExPPO's Table 2B: D on the Shared set (prompts where every run has >= 2 correct), Delta-D against the baseline
+shared_label = baseline or R.base_label(runs)
+if shared_label is not None and shared_label not in samples_by_run and shared_label in set(done["algo"]):
+    shared_label = done[done["algo"] == shared_label]["label"].iloc[0]
+if not samples_by_run or shared_label not in samples_by_run:
+    note("No disagreement on the Shared set: no baseline run with samples.")
+else:
+    from core.tasks import get_task, task_names
+    from evaluation.metrics.modes import shared_set_disagreement
+
+    benches = {b for df in samples_by_run.values() for b in df["benchmark"].unique()}
+    same = {b: get_task(b).same_answer for b in benches if b in task_names()}
+    shared = shared_set_disagreement(samples_by_run, shared_label, same)
+    if shared.empty:
+        note("The Shared set is empty: no prompt has two or more correct samples in every run.")
+    else:
+        display(Markdown(f"Disagreement D on the Shared set ({int(shared['n_shared'].iloc[0])} prompts), Delta-D against "
+                         f"`{shared_label}` with a paired prompt-bootstrap 95% CI (ExPPO's Table 2B):"))
+        display(HTML(shared.to_html(float_format=lambda v: f"{v:.4f}")))
+
+# %% [markdown]
+# ## Qualitative examples
+#
+# For a few prompts, each run's distinct correct answers (most frequent first) with the end of a response
+# that gives it (the QUATRO paper's C.6).
+
+# %%
+examples = R.qualitative_examples(samples_by_run)
+if examples.empty:
+    note("No run has a correct sample.")
+else:
+    display(HTML(examples.set_index(["prompt", "run"]).to_html()))
 
 # %% [markdown]
 # ## Grader check: this suite's verifier against plain math-verify

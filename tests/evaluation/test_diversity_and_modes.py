@@ -177,3 +177,44 @@ def test_verifier_disagreement_audit_by_hand():
     # samples without any reference verdict (older tables, other tasks): no audit tables, no metrics
     tables, metrics = compute_tables(c, [1])
     assert "verifier" not in tables and not any("verifier" in k for k in metrics)
+
+
+def test_modes_are_answers_the_verifier_calls_equal():
+    """\\frac{1}{2} and x=\\frac{1}{2} are the two correct answers of one prompt: one mode (observed yield 1,
+    D = 0), where string modes would count two (yield 2, D = 1 - 2/6 = 2/3 for counts 2 and 2)."""
+    from core.tasks import get_task
+
+    same = get_task("math500").same_answer
+    assert same("\\frac{1}{2}", "x=\\frac{1}{2}") and same("0.5", "\\frac{1}{2}") and not same("\\frac{1}{2}", "2")
+    samples = pd.DataFrame({"benchmark": "math500", "prompt_id": "0", "sample_idx": range(5),
+                            "response": ["r"] * 5, "correct": [True, True, True, True, False],
+                            "extracted_answer": ["\\frac{1}{2}", "x=\\frac{1}{2}", "\\frac{1}{2}", "x = \\frac{1}{2}", "3"],
+                            "mean_token_entropy": 0.5})
+    _, metrics = compute_tables(samples, [1], same_answer={"math500": same})
+    assert metrics["eval/math500/observed_yield"] == 1 and metrics["eval/math500/disagreement"] == 0.0
+    assert metrics["eval/math500/effective_yield"] == 1.0
+    _, strings = compute_tables(samples, [1])
+    assert strings["eval/math500/observed_yield"] == 2 and strings["eval/math500/disagreement"] == pytest.approx(2 / 3)
+
+
+def test_disagreement_on_the_shared_set_by_hand():
+    """Run A: p0 answers a, a, b (D = 1 - 2/6 = 2/3), p1 a, a (D = 0), p2 one correct (not shared).
+    Baseline B: p0 a, a, a (D = 0), p1 a, b (D = 1), p2 a, b (D = 1; not shared: A has one correct).
+    Shared = {p0, p1}: D_A = 1/3, D_B = 1/2, Delta-D = -1/6; the CI is the paired bootstrap of [2/3, 0] vs [0, 1]."""
+    from evaluation.metrics.modes import paired_bootstrap_ci, shared_set_disagreement
+
+    def table(prompts):
+        rows = [{"benchmark": "b", "prompt_id": pid, "correct": ans is not None, "extracted_answer": ans}
+                for pid, answers in prompts.items() for ans in answers]
+        return pd.DataFrame(rows)
+
+    a = table({"p0": ["a", "a", "b"], "p1": ["a", "a", None], "p2": ["a", None, None]})
+    b = table({"p0": ["a", "a", "a"], "p1": ["a", "b", None], "p2": ["a", "b", None]})
+    got = shared_set_disagreement({"A": a, "B": b}, baseline="B", n_boot=2000, seed=1)
+    assert got.loc["A", "n_shared"] == 2 and got.loc["A", "D"] == pytest.approx(1 / 3)
+    assert got.loc["B", "D"] == pytest.approx(0.5) and got.loc["A", "delta_D"] == pytest.approx(-1 / 6)
+    ci = paired_bootstrap_ci([2 / 3, 0.0], [0.0, 1.0], n_boot=2000, seed=1)
+    assert (got.loc["A", "ci_low"], got.loc["A", "ci_high"]) == (pytest.approx(ci["ci_low"]), pytest.approx(ci["ci_high"]))
+    assert got.loc["B", "delta_D"] == 0.0
+    with pytest.raises(KeyError, match="baseline 'C'"):
+        shared_set_disagreement({"A": a, "B": b}, baseline="C")

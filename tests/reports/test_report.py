@@ -38,7 +38,8 @@ def test_sweep_ends_with_an_executed_report_whose_passk_table_matches_mlflow(swe
     artifacts = {a.path for a in client.list_artifacts(reports[0].info.run_id)}
     assert {"report.html", "report.ipynb"} <= artifacts
     figures = [a.path for a in client.list_artifacts(reports[0].info.run_id, "figures")]
-    assert {"figures/training_curves.png", "figures/passk_curves.png", "figures/flip_rates.png"} <= set(figures)
+    assert {"figures/training_curves.png", "figures/passk_curves.png", "figures/flip_rates.png",
+            "figures/quatro_advantage.png"} <= set(figures)
     # the base model's row opens the pass@k tables, with its logged values; flip rates name their rule
     base = next(r for r in runs if r.data.tags.get("rlvr.kind") == "base")
     assert "Initialization" in section and f"{base.data.metrics['eval/mean/pass_at_1']:.4f}" in section
@@ -47,6 +48,11 @@ def test_sweep_ends_with_an_executed_report_whose_passk_table_matches_mlflow(swe
     # with no --baseline, the paired differences are against the base model
     diffs = html[html.index('id="Differences-against-the-baseline'):]
     assert "minus baseline <code>Initialization</code>" in diffs
+    # ExPPO's Shared-set disagreement against the base model, and qualitative examples naming every run
+    modes = html[html.index('id="Answer-modes'):html.index('id="Qualitative-examples')]
+    assert "Delta-D against <code>Initialization</code>" in modes or "The Shared set is empty" in modes
+    examples = html[html.index('id="Qualitative-examples'):html.index('id="Grader-check')]
+    assert all(r.info.run_name.split(",")[0].removeprefix("algo=") in examples for r in trained)
     # the grader audit's table: every run's logged disagreement share, to 4 decimals
     grader = html[html.index('id="Grader-check'):]
     for run in trained + [base]:
@@ -128,3 +134,45 @@ def test_subset_temperature_and_training_summary_tables():
     summ = R.train_summary(hist)
     assert summ.loc["gspo", "clip_fraction"] == pytest.approx(0.3) and summ.loc["quatro", "entropy"] == 2.5
     assert np.isnan(summ.loc["quatro", "clip_fraction"])
+
+
+def test_report_colours_seeds_and_quatro_advantages_by_hand():
+    colors = R.run_colors(["Initialization", "a", "b", "a"])
+    assert set(colors) == {"Initialization", "a", "b"} and colors["a"] != colors["b"]
+    table = pd.DataFrame({"pass@1": [0.5, 0.7, 0.2]}, index=pd.Index(["grpo seed=0", "grpo seed=1", "quatro seed=0"], name="run"))
+    agg = R.seed_aggregate(table)
+    assert agg.loc["grpo", "pass@1"] == "0.6000 ± 0.1414" and agg.loc["grpo", "seeds"] == 2   # std of 0.5, 0.7 (n - 1)
+    assert agg.loc["quatro", "pass@1"] == "0.2000" and R.seed_aggregate(table.iloc[[0, 2]]).empty
+    runs = pd.DataFrame({"params": [{"algo.advantage.name": "quatro", "algo.advantage.delta": "0.1", "train.group_size": "8"},
+                                    {"algo.advantage.name": "grpo", "train.group_size": "8"}]})
+    curves = R.quatro_advantage_curves(runs).set_index("correct")
+    # ALGORITHMS.md's check values (G = 8, delta = 0.1): one, four and seven correct answers
+    for c, a_correct, a_wrong in [(1, 0.8555, -0.2147), (4, 0.3644, -0.5791), (7, 0.1246, -2.6436)]:
+        assert curves.loc[c, "A_correct"] == pytest.approx(a_correct, abs=1e-4)
+        assert curves.loc[c, "A_wrong"] == pytest.approx(a_wrong, abs=1e-4)
+
+
+def test_staleness_sweep_report_has_the_faceted_figure_and_seed_means(tmp_path):
+    """A synthetic staleness sweep (GSPO and QUATRO x inner epochs 1, 2 x lr 1e-6, 2e-6, two seeds of one point)
+    logged to a real MLflow store: the report draws the faceted staleness figure and the seed table cleanly."""
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    exp = mlflow.create_experiment("stale", artifact_location=(tmp_path / "art").as_uri())
+    points = [(a, e, lr, 0) for a in ("gspo", "quatro") for e in (1, 2) for lr in (1e-6, 2e-6)] + [("gspo", 1, 1e-6, 1)]
+    for algo, epochs, lr, seed in points:
+        with mlflow.start_run(experiment_id=exp, run_name=f"algo={algo}", tags={"rlvr.kind": "trained"}):
+            mlflow.log_params({"algo.name": algo, "train.ppo_epochs": epochs, "train.lr": lr, "seed": seed,
+                               "train.steps": 2, "delta": 0.1, "train.group_size": 8,
+                               **({"algo.advantage.name": "quatro", "algo.advantage.delta": 0.1} if algo == "quatro" else {})})
+            for step in (0, 1):
+                mlflow.log_metrics({"train/clip_fraction": 0.1 * epochs + step * lr * 1e5, "train/entropy": 1.0 - 0.1 * step,
+                                    "train/reward_mean": 0.5 + 0.1 * step}, step=step)
+            mlflow.log_metrics({"eval/a/pass_at_1": 0.4 + 0.1 * seed, "eval/mean/pass_at_1": 0.4 + 0.1 * seed})
+    res = build("stale", f"sqlite:///{tmp_path}/mlflow.db", out_dir=tmp_path / "out", log_to_mlflow=False)
+    _assert_clean_notebook(res["notebook"])
+    html = res["html"].read_text()
+    assert (tmp_path / "out" / "figures" / "staleness.png").is_file()
+    assert (tmp_path / "out" / "figures" / "quatro_advantage.png").is_file()
+    seeds = html[html.index('id="Mean-'):html.index('id="By-task-kind')]
+    assert "0.4500 ± 0.0707" in seeds   # the two seeds of gspo, 1 epoch, lr 1e-6: 0.4 and 0.5
