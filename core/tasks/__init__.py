@@ -5,7 +5,7 @@ arithmetic (:mod:`.arithmetic`), Knights and Knaves (:mod:`.knights_knaves`), mu
 GPQA, MMLU-Pro, TruthfulQA-MC1) and code execution (:mod:`.code`: HumanEval, MBPP).
 """
 from .base import TASKS, Score, Task, get_task, load_plugins, load_prompts, register_task, score_responses, task_names
-from . import math, math_train, arithmetic, knights_knaves, choice, code  # noqa: E402,F401  (registrations)
+from . import math, math_train, arithmetic, knights_knaves, choice, code, multi_answer  # noqa: E402,F401  (registrations)
 
 __all__ = ["TASKS", "Score", "Task", "get_task", "load_plugins", "load_prompts", "register_task", "score_responses",
            "task_names"]

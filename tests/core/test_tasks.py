@@ -228,3 +228,30 @@ def test_cli_evaluates_code_and_multiple_choice_tasks_side_by_side(tmp_path, ben
     code = df[df["benchmark"] == "humaneval"]
     assert len(code) == 4 and code["extracted_answer"].str.contains("tests").all()  # random tokens: run, and failed
     assert "Complete the following Python function" in code["prompt"].iloc[0]  # the task's own template
+
+
+def test_products_task_has_several_correct_answers_each_one_mode():
+    """The generated multi-answer task (RECONSTRUCTED from ExPPO's controlled evaluation), by hand for N = 36:
+    pairs (2, 18), (3, 12), (4, 9), (6, 6); every pair is correct, each distinct pair is one mode."""
+    import pandas as pd
+
+    from core.tasks import get_task
+    from core.tasks.multi_answer import factor_pairs, make_products
+    from evaluation.tables import compute_tables
+
+    assert factor_pairs(36) == [(2, 18), (3, 12), (4, 9), (6, 6)] and factor_pairs(13) == []
+    rows = make_products(64, seed=0)
+    assert len(rows) == 64 == len({r["n"] for r in rows}) and all(len(factor_pairs(r["n"])) >= 3 for r in rows)
+    with pytest.raises(ValueError, match="max_prompts=100000"):
+        make_products(100_000)
+    task, row = get_task("products"), {"id": "36", "n": 36}
+    got = [task.score(r, row) for r in ("So \\boxed{4, 9}.", "\\boxed{9,4}", "\\boxed{6 \\times 6}", "\\boxed{1, 36}",
+                                        "\\boxed{2, 3, 6}", "4 and 9", None, "\\boxed{5, 7}")]
+    assert [s.correct for s in got] == [True, True, True, False, False, True, False, False]
+    assert [s.extracted for s in got[:3]] == ["4,9", "4,9", "6,6"]
+    assert task.same_answer("4,9", "9, 4") and not task.same_answer("4,9", "3,12")
+    samples = pd.DataFrame({"benchmark": "products", "prompt_id": "36", "sample_idx": range(4), "response": "r",
+                            "correct": True, "extracted_answer": ["4,9", "9,4", "3,12", "4,9"], "mean_token_entropy": 0.5})
+    _, metrics = compute_tables(samples, [1], same_answer={"products": task.same_answer})
+    # modes {4,9}: 3, {3,12}: 1 -> observed yield 2, D = 1 - (3*2 + 0) / (4*3) = 0.5
+    assert metrics["eval/products/observed_yield"] == 2 and metrics["eval/products/disagreement"] == 0.5

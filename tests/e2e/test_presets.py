@@ -16,10 +16,12 @@ POINTS = {
     "quatro_main": 14, "quatro_main_cpu": 14, "quatro_staleness": 32, "quatro_staleness_cpu": 8,
     "quatro_log_ratio_ablation": 3, "quatro_log_ratio_ablation_cpu": 3, "exppo_core": 25, "exppo_core_cpu": 10,
     "trgrpo_kk": 6, "trgrpo_kk_cpu": 6, "trgrpo_sensitivity": 9, "trgrpo_sensitivity_cpu": 9, "quatro_paper_verl": 1,
+    "exppo_multi_answer": 25, "exppo_multi_answer_cpu": 10,
 }
 # distinct trainings (points whose effective configs are equal train once; the rest are duplicates)
 TRAINED = {"quatro_main_cpu": 8, "quatro_staleness_cpu": 8, "quatro_log_ratio_ablation_cpu": 3,
-           "exppo_core_cpu": 6, "trgrpo_kk_cpu": 6, "trgrpo_sensitivity_cpu": 9}
+           "exppo_core_cpu": 6, "trgrpo_kk_cpu": 6, "trgrpo_sensitivity_cpu": 9,
+           "exppo_multi_answer_cpu": 6}
 
 
 def test_every_preset_is_listed_and_every_twin_has_a_full_preset():
