@@ -30,4 +30,7 @@ fi
 # current releases, hence --no-deps plus the few modules it needs at import time.
 .venv/bin/python -m pip install -q -c constraints.txt --no-deps "verl==0.9.1"
 .venv/bin/python -m pip install -q -c constraints.txt ray tensordict codetiming orjson
+# verl's trainer modules (ray_trainer, v1.utils: the compute_advantage path the verl adapter wraps) import three more
+# packages; installed without their dependencies, they are enough for the CPU proofs in tests/training/test_verl_engine.py
+.venv/bin/python -m pip install -q -c constraints.txt --no-deps "torchdata==0.11.0" "peft==0.21.2" "TransferQueue==0.1.11"
 echo "install.sh: ready (.venv)"

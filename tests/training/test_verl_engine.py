@@ -23,7 +23,7 @@ from tensordict import TensorDict  # noqa: E402
 from verl.trainer.ppo import core_algos  # noqa: E402
 from verl.utils import tensordict_utils as tu  # noqa: E402
 from verl.workers.config import ActorConfig, PolicyLossConfig  # noqa: E402
-from verl.workers.utils.losses import ppo_loss  # noqa: E402
+from verl.workers.utils import losses as verl_losses  # noqa: E402
 
 from orchestrator.preflight import sweep_points  # noqa: E402
 from training.algorithms import get_advantage_fn, get_policy_loss_fn  # noqa: E402
@@ -78,16 +78,21 @@ def _verl_loss(d, lp, ent, adv_tok, actor_cfg, micro_batches):
             "response_mask": mask[idx].long(), "old_log_probs": d["old"][idx], "advantages": adv_tok[idx],
             "ref_log_prob": d["ref"][idx]}, batch_size=[b])
         tu.assign_non_tensor(data, dp_size=1, batch_num_tokens=int(mask.sum()), global_batch_size=d["B"])
-        loss, metrics = ppo_loss(actor_cfg, {"log_probs": torch.cat(flat_lp), "entropy": torch.cat(flat_ent)}, data)
+        # through the module attribute, as verl's workers reach it (install_loss_context may have wrapped it)
+        loss, metrics = verl_losses.ppo_loss(actor_cfg, {"log_probs": torch.cat(flat_lp), "entropy": torch.cat(flat_ent)},
+                                             data)
         total = total + loss
     return total, metrics
 
 
 def _actor_config(cfg, params):
+    from training.algorithms import needs_of
+
     beta = float(cfg.algo.get("kl_beta", 0.0) or 0.0)
     norm = params.get("norm_constant")
+    needs_ref = "ref_logprobs" in needs_of("policy_loss", str(cfg.algo.policy_loss.name), params)
     return ActorConfig(strategy="fsdp", rollout_n=1, ppo_mini_batch_size=1, ppo_micro_batch_size_per_gpu=1,
-                       loss_agg_mode=params.get("loss_agg_mode", "token-mean"), use_kl_loss=beta > 0,
+                       loss_agg_mode=params.get("loss_agg_mode", "token-mean"), use_kl_loss=beta > 0 or needs_ref,
                        kl_loss_coef=beta, kl_loss_type="low_var_kl",
                        entropy_coeff=float(cfg.algo.get("entropy_coef", 0.0) or 0.0),
                        policy_loss=PolicyLossConfig(loss_mode=V.VERL_NAME),
@@ -101,9 +106,7 @@ EXTRA = {"dr_grpo+kl+entropy": ["algo=dr_grpo", "algo.kl_beta=0.01", "+algo.entr
 @pytest.mark.parametrize("algo", ALGOS + list(EXTRA))
 def test_verl_adapter_gives_the_local_engine_loss_and_gradient(algo):
     cfg = _cfg(*EXTRA.get(algo, [f"algo={algo}"]))
-    spec = V.algo_spec(cfg)
-    if spec["policy_loss"]["params"].get("kl_beta"):  # TR-GRPO's in-loss KL: refused on verl (checked below)
-        spec["policy_loss"]["params"]["kl_beta"] = 0.0
+    spec = V.algo_spec(cfg)   # TR-GRPO's weighted KL in its loss included: the ppo_loss wrapper hands it ref log-probs
     d = _data(seed=len(algo))
     batch = _batch(d)
     adv = get_advantage_fn(spec["advantage"]["name"])(batch, **spec["advantage"]["params"])[0].float()
@@ -152,22 +155,48 @@ def test_verl_advantage_adapter_equals_the_registered_estimator(name):
     assert ours.abs().sum() > 0
 
 
-@pytest.mark.parametrize("name", ["grpo", "gpg", "quatro", "exppo", "grpo_ur", "f_grpo"])
-def test_estimators_refused_on_verl_are_exactly_those_that_read_old_logprobs(name):
-    params = {"delta": 0.1} if name == "quatro" else {}
-    outs = []
-    for seed in (1, 2):  # same rewards and groups, different rollout log-probs (which verl does not pass)
-        batch = _batch(_data(seed=1))
-        batch.old_logprobs = -torch.rand(batch.old_logprobs.shape, generator=torch.Generator().manual_seed(seed)) * 3
-        outs.append(get_advantage_fn(name)(batch, **params)[0])
+@pytest.mark.parametrize("algo", ALGOS)
+def test_verls_own_compute_advantage_gives_the_local_engine_advantages(algo):
+    """Every preset's estimator through the code path verl's v1 trainer runs (``compute_advantage_for_multi_
+    trajectories`` -> ``compute_advantage`` -> the registered ``rlvr`` estimator) on a real ``DataProto`` (uid,
+    token-level rewards, response mask, old and reference log-probs) equals the local engine's advantages; the
+    estimators that read the rollout's old log-probs (ExPPO, GRPO-UR) get them through the one wrapper
+    (install_advantage_context), and would differ without them."""
+    v1_utils = pytest.importorskip("verl.trainer.ppo.v1.utils", reason="verl's trainer modules need torchdata and peft")
+    from verl import DataProto
+
     from training.algorithms import needs_of
 
-    assert (not torch.allclose(outs[0], outs[1])) == ("old_logprobs" in needs_of("advantage", name, params))
+    cfg = _cfg(f"algo={algo}")
+    spec = V.algo_spec(cfg)
+    V.register_with_verl(spec)
+    d = _data(seed=5)
+    ours = get_advantage_fn(spec["advantage"]["name"])(_batch(d), **spec["advantage"]["params"])[0]
+    token_rewards = torch.zeros(d["B"], d["L"])
+    token_rewards[torch.arange(d["B"]), d["lengths"] - 1] = d["rewards"]
+    data = DataProto.from_dict(
+        tensors={"token_level_rewards": token_rewards, "response_mask": d["mask"].long(), "old_log_probs": d["old"],
+                 "ref_log_prob": d["ref"]},
+        non_tensors={"uid": np.array([f"uid-{int(g)}" for g in d["group"]], dtype=object)})
+    out = v1_utils.compute_advantage_for_multi_trajectories(data, batch_keys=[], adv_estimator=V.VERL_NAME, config=None)
+    assert torch.allclose(out.batch["advantages"], ours.float().unsqueeze(-1) * d["mask"], atol=1e-6)
+    assert ours.abs().sum() > 0 and not V._ROLLOUT   # the context lives only for the call
+    if "old_logprobs" in needs_of("advantage", spec["advantage"]["name"], spec["advantage"]["params"]):
+        other = _data(seed=5)
+        other["old"] = -torch.rand(d["B"], d["L"], generator=torch.Generator().manual_seed(9)) * 3
+        assert not torch.allclose(get_advantage_fn(spec["advantage"]["name"])(_batch(other), **spec["advantage"]["params"])[0],
+                                  ours)   # the old log-probs matter to this estimator
+        with pytest.raises(RuntimeError, match="old log-probs"):   # called outside the wrapper: a clear error
+            core_algos.get_adv_estimator_fn(V.VERL_NAME)(token_level_rewards=token_rewards, response_mask=d["mask"],
+                                                        index=data.non_tensor_batch["uid"], config=None)
+
+
+@pytest.mark.parametrize("algo", ["exppo", "grpo_ur"])
+def test_estimators_reading_old_logprobs_pass_verl_preflight(algo):
+    assert V.check_verl_config(_cfg(f"algo={algo}", "engine=verl")) == []
 
 
 @pytest.mark.parametrize("overrides, needle", [
-    (["algo=exppo"], "algo.advantage.name='exppo'"),
-    (["algo=tr_grpo"], "algo.policy_loss.kl_beta=0.001"),
     (["algo=dapo"], "algo.dynamic_sampling.enabled=true"),
     (["algo=gspo", "train.minibatch_size=12"], "train.minibatch_size=12"),
     (["algo=gspo", "engine.n_gpus_per_node=3"], "engine.n_gpus_per_node x engine.nnodes = 3"),
@@ -395,7 +424,8 @@ def test_quatro_paper_preset_composes_validates_and_translates(tmp_path):
     a = c.actor_rollout_ref.actor
     assert (c.data.train_batch_size, c.actor_rollout_ref.rollout.n, a.optim.lr, c.data.max_response_length) == \
         (256, 8, pytest.approx(1e-6), 1024)
-    assert (a.ppo_mini_batch_size, c.trainer.n_gpus_per_node, c.trainer.save_freq) == (64, 8, 20)
+    # 2,048 responses per optimiser step = verl's default ppo_mini_batch_size of 256 prompts (one update per step)
+    assert (a.ppo_mini_batch_size, c.trainer.n_gpus_per_node, c.trainer.save_freq) == (256, 8, 20)
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
@@ -455,3 +485,17 @@ def test_reward_function_is_right_under_verls_thread_pool():
     assert scores == [1.0 if i % 3 else 0.0 for i in range(48)]
     kk = "<think>t</think><answer>Zoey is a knight, Oliver is a knave</answer>"
     assert compute_score("rlvr/kk", kk, "Zoey=knight,Oliver=knave") == 3.0
+
+
+def test_tr_grpo_weighted_kl_on_verl_turns_on_the_reference_policy_and_needs_the_wrapper(tmp_path):
+    """TR-GRPO's in-loss KL reads the reference log-probs: verl computes them when its KL loss is on, so the
+    translated config turns it on with coefficient 0; without the ppo_loss wrapper the adapter says so."""
+    cfg = _cfg("algo=tr_grpo", "engine=verl")
+    assert V.check_verl_config(cfg) == []
+    c = V.compose_verl_config(V.verl_overrides(cfg, "/models/m", tmp_path / "d", tmp_path / "r"))
+    a = c.actor_rollout_ref.actor
+    assert (a.use_kl_loss, float(a.kl_loss_coef)) == (True, 0.0)
+    V.register_with_verl(V.algo_spec(cfg))
+    d = _data(seed=2)
+    with pytest.raises(RuntimeError, match="reference log-probs"):
+        V.verl_policy_loss(d["old"], d["new"], torch.ones(d["B"], d["L"]), d["mask"], config=None)

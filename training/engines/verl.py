@@ -19,11 +19,13 @@ Data flow of ``engine=verl`` for one sweep point (:func:`train`):
 5. verl saves the actor in Hugging Face format (``checkpoint.save_contents`` includes ``hf_model``);
    :func:`export_hf_checkpoint` hands it to the evaluation stage.
 
-Not supported by verl 0.9.1's extension points, so refused by :func:`check_verl_config` before any work:
-advantage estimators that need the rollout's old log-probabilities (ExPPO, GRPO-UR: verl passes
-registered estimators only rewards, mask and group ids), TR-GRPO's weighted KL inside the loss (verl's
-loss signature has no reference log-probs; ``algo.kl_beta`` maps to verl's KL loss), DAPO's dynamic
-sampling and overlong shaping (engine features of the local engine), token-sum aggregation.
+Estimators that read the rollout's old log-probs (ExPPO, GRPO-UR, as declared at their registration) get
+them through :func:`install_advantage_context`, the one wrapper around verl's ``compute_advantage``; losses
+that read the reference log-probs (TR-GRPO's weighted KL) through :func:`install_loss_context`, the one
+wrapper around verl's ``ppo_loss``.
+
+Not supported yet, so refused by :func:`check_verl_config` before any work: DAPO's dynamic sampling and
+overlong shaping (engine features of the local engine), token-sum aggregation.
 """
 from __future__ import annotations
 
@@ -52,11 +54,15 @@ SPEC_ENV = "RLVR_VERL_ALGO"        # JSON {"advantage": {name, params}, "policy_
 SETUP_HOOK = "training.engines.verl.register_from_env"
 REWARD_FN = "pkg://training.engines.verl_reward"
 
-# estimators that read batch.old_logprobs: verl's compute_advantage does not pass them to registered estimators
-SUPPLIED = ("old_logprobs",)  # batch fields the adapters hand to registered functions: none beyond rewards yet,
-# and old log-probs only to the policy loss (verl 0.9.1's compute_advantage passes no log-probs to estimators)
+# batch fields the adapters hand to registered functions beyond rewards and groups: the rollout's old log-probs, to
+# the policy loss (verl's interface) and to estimators (through the compute_advantage wrapper below); the
+# reference log-probs to the policy loss (through the ppo_loss wrapper below)
+SUPPLIED = ("old_logprobs", "ref_logprobs")
+SUPPLIED_TO_ESTIMATORS = ("old_logprobs",)
 
 _SPEC: dict | None = None
+_ROLLOUT: dict = {}                # the batch fields of the compute_advantage call in progress (driver process)
+_LOSS_DATA: dict = {}              # the batch fields of the ppo_loss call in progress (actor worker processes)
 
 
 # ----------------------------------------------------------------------------------- algorithm spec
@@ -95,17 +101,19 @@ def check_verl_config(cfg) -> list[str]:
     """Refuse settings the verl engine cannot honour, before anything starts.
 
     Raises:
-        ValueError: naming the key and value (estimator needing old log-probs, TR-GRPO's in-loss KL,
-            dynamic sampling, overlong shaping, batch sizes verl cannot split, token-sum aggregation).
+        ValueError: naming the key and value (a registered function needing a batch field the adapters do not
+            supply, such as TR-GRPO's in-loss KL's reference log-probs; dynamic sampling, overlong shaping,
+            batch sizes verl cannot split, token-sum aggregation).
     Returns:
         Warnings (none at present).
     """
     algo, t = cfg.algo, cfg.train
     adv = str(algo.advantage.name)
     for field, why in needs_of("advantage", adv, _params(algo.advantage)).items():
-        raise ValueError(
-            f"algo.advantage.name={adv!r}: needs the rollout's {field} for {why}, which verl's compute_advantage "
-            "does not pass to registered estimators; use engine=local")
+        if field not in SUPPLIED_TO_ESTIMATORS:
+            raise ValueError(
+                f"algo.advantage.name={adv!r}: needs the rollout's {field} for {why}, which the verl adapter does "
+                "not supply to estimators; use engine=local")
     for field, why in needs_of("policy_loss", str(algo.policy_loss.name), _params(algo.policy_loss)).items():
         if field not in SUPPLIED:
             param = need_param("policy_loss", str(algo.policy_loss.name), field)
@@ -161,6 +169,92 @@ def register_with_verl(spec: dict) -> None:
         core_algos.register_adv_est(VERL_NAME)(verl_advantage)
     if core_algos.POLICY_LOSS_REGISTRY.get(VERL_NAME) is not verl_policy_loss:
         core_algos.register_policy_loss(VERL_NAME)(verl_policy_loss)
+    if needs_of("advantage", spec["advantage"]["name"], spec["advantage"]["params"]):
+        install_advantage_context()
+    if "ref_logprobs" in needs_of("policy_loss", spec["policy_loss"]["name"], spec["policy_loss"]["params"]):
+        install_loss_context()
+
+
+def _rebind(original, replacement, attribute: str) -> None:
+    """Point every loaded ``verl.*`` module that bound ``original`` under ``attribute`` at ``replacement``."""
+    import sys
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("verl") and getattr(module, attribute, None) is original:
+            setattr(module, attribute, replacement)
+
+
+def install_loss_context() -> None:
+    """Wrap verl's ``ppo_loss`` so that the ``rlvr`` policy loss can read the micro-batch's reference log-probs.
+
+    verl 0.9.1's ``ppo_loss`` (``verl.workers.utils.losses``, bound by name in ``engine_workers``) selects
+    ``ref_log_prob`` from the micro-batch for its own KL term but calls the policy loss without it. The wrapper
+    records it, padded as ``ppo_loss`` pads ``old_log_probs``, in :data:`_LOSS_DATA` for the call when the
+    loss mode is ``rlvr``, and calls the original unchanged. Installed once, like
+    :func:`install_advantage_context`.
+
+    Raises:
+        ImportError: verl's worker modules cannot be imported.
+    """
+    from verl.workers.utils import losses
+
+    original = losses.ppo_loss
+    if getattr(original, "_rlvr_wrapped", False):
+        return
+
+    def ppo_loss(config, model_output, data, dp_group=None):
+        ours = config.policy_loss.get("loss_mode", "vanilla") == VERL_NAME
+        if ours and "ref_log_prob" in data:
+            _LOSS_DATA["ref_log_prob"] = data.select("response_mask", "ref_log_prob").to_padded_tensor()["ref_log_prob"]
+        try:
+            return original(config, model_output, data, dp_group)
+        finally:
+            if ours:
+                _LOSS_DATA.clear()
+
+    ppo_loss._rlvr_wrapped = True
+    ppo_loss.__wrapped__ = original
+    ppo_loss.__doc__ = original.__doc__
+    losses.ppo_loss = ppo_loss
+    _rebind(original, ppo_loss, "ppo_loss")
+
+
+def install_advantage_context() -> None:
+    """Wrap verl's ``compute_advantage`` so that the ``rlvr`` estimator can read the batch's old log-probs.
+
+    verl 0.9.1's ``compute_advantage`` (``verl.trainer.ppo.ray_trainer``; the v1 trainer reaches it through
+    ``v1.utils.compute_advantage_for_multi_trajectories``) hands registered estimators only the token rewards,
+    the response mask and the group ids, although its ``data`` holds ``old_log_probs`` (it passes them to its
+    own ``optimal_token_baseline``). The wrapper records ``data.batch["old_log_probs"]`` in :data:`_ROLLOUT` for
+    the duration of the call when the estimator is ``rlvr`` and calls the original unchanged. It is installed
+    once, on every loaded ``verl.*`` module that bound the original function by name (so both trainers see it);
+    this is the suite's only patch of verl, tested against verl's own code path in
+    ``tests/training/test_verl_engine.py``.
+
+    Raises:
+        ImportError: verl's trainer module cannot be imported.
+    """
+    from verl.trainer.ppo import ray_trainer
+
+    original = ray_trainer.compute_advantage
+    if getattr(original, "_rlvr_wrapped", False):
+        return
+
+    def compute_advantage(data, adv_estimator, *args, **kwargs):
+        ours = str(getattr(adv_estimator, "value", adv_estimator)) == VERL_NAME
+        if ours:
+            keys = data.batch.keys() if data.batch is not None else ()
+            _ROLLOUT["old_log_probs"] = data.batch["old_log_probs"] if "old_log_probs" in keys else None
+        try:
+            return original(data, adv_estimator, *args, **kwargs)
+        finally:
+            if ours:
+                _ROLLOUT.clear()
+
+    compute_advantage._rlvr_wrapped = True
+    compute_advantage.__wrapped__ = original
+    compute_advantage.__doc__ = original.__doc__
+    _rebind(original, compute_advantage, "compute_advantage")
 
 
 def register_from_env() -> None:
@@ -213,12 +307,17 @@ def verl_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tenso
     spec = _current_spec()["advantage"]
     mask = response_mask.to(torch.float32)
     rewards = token_level_rewards.sum(-1).float()
+    old = _ROLLOUT.get("old_log_probs")
+    if "old_logprobs" in needs_of("advantage", spec["name"], spec["params"]) and old is None:
+        raise RuntimeError(f"the {spec['name']!r} estimator needs the rollout's old log-probs, and this compute_advantage "
+                           "call carried none (install_advantage_context wraps verl's compute_advantage)")
     if index is None:
         group_index = torch.zeros(rewards.shape[0], dtype=torch.long)
     else:
         _, inverse = np.unique(np.asarray(index, dtype=object).astype(str), return_inverse=True)
         group_index = torch.as_tensor(inverse, dtype=torch.long)
-    batch = _adapter_batch(response_mask, None, rewards.cpu(), group_index)
+    batch = _adapter_batch(response_mask.cpu(), None if old is None else old.detach().float().cpu(), rewards.cpu(),
+                           group_index)
     adv, _metrics = get_advantage_fn(spec["name"])(batch, **spec["params"])
     adv = adv.to(mask.device, torch.float32)
     adv_tok = adv.unsqueeze(-1) * mask if adv.dim() == 1 else adv * mask
@@ -278,6 +377,12 @@ def verl_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg
     if torch.allclose(adv * mask, seq_adv.unsqueeze(-1) * mask, atol=1e-6, rtol=1e-5):
         adv = seq_adv
     batch = _adapter_batch(mask, old_log_prob.to(log_prob.dtype))
+    ref = _LOSS_DATA.get("ref_log_prob")
+    if ref is not None:
+        batch.ref_logprobs = ref.to(log_prob.dtype)
+    elif "ref_logprobs" in needs_of("policy_loss", spec["name"], params):
+        raise RuntimeError(f"the {spec['name']!r} loss needs the reference log-probs, and this ppo_loss call carried none "
+                           "(install_loss_context wraps verl's ppo_loss; the reference policy must be on)")
     loss, metrics = get_policy_loss_fn(spec["name"])(log_prob, batch, adv, **params)
     info = dict(getattr(config, "global_batch_info", None) or {}) if config is not None else {}
     loss = loss * _global_rescale(params.get("loss_agg_mode", "token-mean"), mask, info)
@@ -352,7 +457,9 @@ def verl_overrides(cfg, model_path: str, data_dir: Path, run_dir: Path) -> list[
         f"{A}.shuffle=true",
         f"{A}.policy_loss.loss_mode={VERL_NAME}",
         f"{A}.loss_agg_mode={mode}",
-        f"{A}.use_kl_loss={str(beta > 0).lower()}",
+        # a loss that reads the reference log-probs itself (TR-GRPO's weighted KL) needs verl to compute them:
+        # verl does when its KL loss is on, so it is switched on with coefficient 0 (beta stays 0)
+        f"{A}.use_kl_loss={str(beta > 0 or 'ref_logprobs' in needs_of('policy_loss', str(algo.policy_loss.name), _params(algo.policy_loss))).lower()}",
         f"{A}.kl_loss_coef={beta}",
         f"{A}.kl_loss_type=low_var_kl",
         f"{A}.entropy_coeff={float(algo.get('entropy_coef', 0.0) or 0.0)}",
