@@ -197,7 +197,7 @@ def test_estimators_reading_old_logprobs_pass_verl_preflight(algo):
 
 
 @pytest.mark.parametrize("overrides, needle", [
-    (["algo=dapo"], "algo.dynamic_sampling.enabled=true"),
+    (["algo=dapo"], "algo.overlong_buffer.enabled=true"),
     (["algo=gspo", "train.minibatch_size=12"], "train.minibatch_size=12"),
     (["algo=gspo", "engine.n_gpus_per_node=3"], "engine.n_gpus_per_node x engine.nnodes = 3"),
 ])
@@ -258,12 +258,15 @@ def test_parquet_has_verls_rl_dataset_layout_and_reward_scores_with_the_verifier
     assert list(df.prompt[0]) == [{"role": "user", "content": "Compute 2 + 3."}]
     assert df.reward_model[1]["ground_truth"] == "2" and list(df.ability) == ["math", "math", "multiple_choice"]
     # the row travels in extra_info, so any task's checker scores it inside verl
-    assert compute_score("rlvr/arithmetic", "The answer is (B).", "B", dict(df.extra_info[2])) == 1.0
-    assert compute_score("rlvr/arithmetic", "The answer is (A).", "B", dict(df.extra_info[2])) == 0.0
-    assert compute_score("rlvr/arithmetic", "so \\boxed{5}", "5", dict(df.extra_info[0])) == 1.0
-    assert compute_score("rlvr/arithmetic", "so the answer is \\boxed{5}", "5") == 1.0
-    assert compute_score("rlvr/arithmetic", "\\boxed{6}", "5") == 0.0
-    assert compute_score("rlvr/arithmetic", "\\boxed{" * 5000, "5") == 0.0  # a bad output scores 0, no crash
+    def score(*args):
+        return compute_score(*args)["score"]
+
+    assert score("rlvr/arithmetic", "The answer is (B).", "B", dict(df.extra_info[2])) == 1.0
+    assert score("rlvr/arithmetic", "The answer is (A).", "B", dict(df.extra_info[2])) == 0.0
+    assert score("rlvr/arithmetic", "so \\boxed{5}", "5", dict(df.extra_info[0])) == 1.0
+    assert score("rlvr/arithmetic", "so the answer is \\boxed{5}", "5") == 1.0
+    assert score("rlvr/arithmetic", "\\boxed{6}", "5") == 0.0
+    assert compute_score("rlvr/arithmetic", "\\boxed{" * 5000, "5") == {"score": 0.0, "acc": 0.0}  # no crash
     with pytest.raises(ValueError, match="no prompts"):
         V.write_parquet([], tmp_path / "empty.parquet", "x")
 
@@ -481,10 +484,13 @@ def test_reward_function_is_right_under_verls_thread_pool():
 
     jobs = [(f"the answer is \\boxed{{{i}}}", str(i if i % 3 else i + 1)) for i in range(48)]
     with ThreadPoolExecutor(16) as ex:
-        scores = list(ex.map(lambda j: compute_score("rlvr/math", j[0], j[1]), jobs))
+        scores = list(ex.map(lambda j: compute_score("rlvr/math", j[0], j[1])["score"], jobs))
     assert scores == [1.0 if i % 3 else 0.0 for i in range(48)]
     kk = "<think>t</think><answer>Zoey is a knight, Oliver is a knave</answer>"
-    assert compute_score("rlvr/kk", kk, "Zoey=knight,Oliver=knave") == 3.0
+    # K&K: the reward is the paper's 3.0 (format + answer); acc, what DAPO's group filter reads, is correctness
+    assert compute_score("rlvr/kk", kk, "Zoey=knight,Oliver=knave") == {"score": 3.0, "acc": 1.0}
+    wrong = "<think>t</think><answer>Zoey is a knave, Oliver is a knave</answer>"
+    assert compute_score("rlvr/kk", wrong, "Zoey=knight,Oliver=knave") == {"score": -0.5, "acc": 0.0}
 
 
 def test_tr_grpo_weighted_kl_on_verl_turns_on_the_reference_policy_and_needs_the_wrapper(tmp_path):
@@ -499,3 +505,20 @@ def test_tr_grpo_weighted_kl_on_verl_turns_on_the_reference_policy_and_needs_the
     d = _data(seed=2)
     with pytest.raises(RuntimeError, match="reference log-probs"):
         V.verl_policy_loss(d["old"], d["new"], torch.ones(d["B"], d["L"]), d["mask"], config=None)
+
+
+def test_dapo_dynamic_sampling_maps_to_verls_group_filter_on_correctness(tmp_path):
+    """algo=dapo's dynamic sampling becomes verl's algorithm.filter_groups on the reward function's "acc"
+    (correctness, DAPO eq. 11), validated by verl's own FilterGroupsConfig; the overlong shaping is still refused."""
+    from verl.trainer.config import FilterGroupsConfig
+    from verl.utils.config import omega_conf_to_dataclass
+
+    cfg = _cfg("algo=dapo", "engine=verl", "algo.overlong_buffer.enabled=false")
+    assert V.check_verl_config(cfg) == []
+    c = V.compose_verl_config(V.verl_overrides(cfg, "/models/m", tmp_path / "d", tmp_path / "r"))
+    fg = omega_conf_to_dataclass(c.algorithm.filter_groups)
+    assert isinstance(fg, FilterGroupsConfig) and (fg.enable, fg.metric) == (True, "acc")
+    off = V.compose_verl_config(V.verl_overrides(_cfg("algo=grpo", "engine=verl"), "/m", tmp_path / "d2", tmp_path / "r2"))
+    assert off.algorithm.filter_groups.enable is False
+    with pytest.raises(ValueError, match="algo.overlong_buffer.enabled=true"):
+        V.check_verl_config(_cfg("algo=dapo", "engine=verl"))

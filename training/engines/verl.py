@@ -24,8 +24,10 @@ them through :func:`install_advantage_context`, the one wrapper around verl's ``
 that read the reference log-probs (TR-GRPO's weighted KL) through :func:`install_loss_context`, the one
 wrapper around verl's ``ppo_loss``.
 
-Not supported yet, so refused by :func:`check_verl_config` before any work: DAPO's dynamic sampling and
-overlong shaping (engine features of the local engine), token-sum aggregation.
+DAPO's dynamic sampling maps to verl's own group filter (``algorithm.filter_groups`` on the reward
+function's ``acc``, i.e. on correctness; verl refills evicted groups until the batch is full, where the local
+engine stops after ``max_num_gen_batches`` rounds). Not supported yet, so refused by
+:func:`check_verl_config` before any work: DAPO's overlong shaping, token-sum aggregation.
 """
 from __future__ import annotations
 
@@ -121,11 +123,10 @@ def check_verl_config(cfg) -> list[str]:
             raise ValueError(
                 f"{where}: needs {field} for {why}, which verl's policy-loss interface does not pass; set it to 0 "
                 "(algo.kl_beta gives verl's uniform k3 KL loss) or use engine=local")
-    for key in ("dynamic_sampling", "overlong_buffer"):
-        node = algo.get(key)
-        if node and node.get("enabled", False):
-            raise ValueError(f"algo.{key}.enabled=true: not available with engine=verl (a local-engine feature); "
-                             f"set algo.{key}.enabled=false or use engine=local")
+    node = algo.get("overlong_buffer")
+    if node and node.get("enabled", False):
+        raise ValueError("algo.overlong_buffer.enabled=true: not available with engine=verl yet (a local-engine "
+                         "feature); set algo.overlong_buffer.enabled=false or use engine=local")
     mode = algo.policy_loss.get("loss_agg_mode", "token-mean")
     if mode not in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"):
         raise ValueError(f"algo.policy_loss.loss_agg_mode={mode!r}: not supported by the verl adapter")
@@ -476,6 +477,10 @@ def verl_overrides(cfg, model_path: str, data_dir: Path, run_dir: Path) -> list[
         f"{R}.log_prob_micro_batch_size_per_gpu={int(e.micro_batch_size_per_gpu)}",
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={int(e.micro_batch_size_per_gpu)}",
         f"{R}.seed={int(cfg.seed)}",
+        # DAPO's dynamic sampling through verl's own group filter: groups whose samples all share one value of
+        # the reward function's "acc" (1.0 correct, 0.0 wrong) are evicted and refilled: 0 < #correct < G
+        f"algorithm.filter_groups.enable={str(bool((algo.get('dynamic_sampling') or {}).get('enabled', False))).lower()}",
+        "algorithm.filter_groups.metric=acc",
         f"reward.custom_reward_function.path={q(REWARD_FN)}",
         "reward.custom_reward_function.name=compute_score",
         f"trainer.project_name={q(str(cfg.experiment_name))}",

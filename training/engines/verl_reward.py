@@ -14,10 +14,14 @@ import threading
 _LOCK = threading.Lock()
 
 
-def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:
-    """verl's ``compute_score(data_source, solution_str, ground_truth, extra_info)`` -> the task's reward.
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> dict:
+    """verl's ``compute_score(data_source, solution_str, ground_truth, extra_info)`` -> the task's verdict.
 
-    Never raises on model output: any checker failure scores 0.0.
+    Returns:
+        ``{"score": reward, "acc": 1.0 or 0.0}``: verl uses ``score`` as the reward and keeps ``acc`` as reward
+        extra info, which its group filter (DAPO's dynamic sampling, ``algorithm.filter_groups.metric=acc``)
+        reads, so groups are filtered on correctness, not on the reward.
+    Never raises on model output: any checker failure scores 0.0 and acc 0.0.
     """
     from training.rewards import row_rewards
 
@@ -25,7 +29,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
         raw = (extra_info or {}).get("row") if isinstance(extra_info, dict) else None
         row = json.loads(raw) if raw else {"gold": str(ground_truth), "task": str(data_source).rsplit("/", 1)[-1]}
         with _LOCK:
-            rewards, _ = row_rewards([str(solution_str)], [row])
-        return float(rewards[0])
+            rewards, correct = row_rewards([str(solution_str)], [row])
+        return {"score": float(rewards[0]), "acc": float(bool(correct[0]))}
     except Exception:  # a bad model output gets reward 0, never a crash
-        return 0.0
+        return {"score": 0.0, "acc": 0.0}
