@@ -13,7 +13,7 @@ from verl.workers.config import ActorConfig  # noqa: E402
 from training.algorithms import agg_loss, get_advantage_fn, get_policy_loss_fn  # noqa: E402
 from training.batch import RolloutBatch  # noqa: E402
 
-MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+MODES = ["token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 
 
 def _data(seed=0, B=6, L=7):

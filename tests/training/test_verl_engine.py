@@ -431,7 +431,8 @@ def test_quatro_paper_preset_composes_validates_and_translates(tmp_path):
     assert (a.ppo_mini_batch_size, c.trainer.n_gpus_per_node, c.trainer.save_freq) == (256, 8, 20)
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("mode", ["token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum",
+                                  "seq-mean-token-sum-norm"])
 def test_micro_batch_rescaling_with_an_empty_padding_row_matches_verls_vanilla_loss(mode):
     """verl pads batches with response-less rows; the summed micro-batch losses must still equal verl's own
     clipped loss (same surrogate: GRPO, ratios far below verl's dual-clip bound) for every aggregation."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 
 def check_loss_agg_mode(mode: str) -> None:
@@ -39,6 +39,8 @@ def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, norm_constan
         mask: (B, L) response mask, 1 on generated tokens.
         mode: one of verl's names:
             ``token-mean``: sum over all tokens / number of tokens in the batch (DAPO);
+            ``token-sum``: sum over all tokens of the batch (no normalisation: the gradient grows with the
+            batch's token count; verl's ``token-sum``);
             ``seq-mean-token-mean``: mean over tokens per sequence, then mean over sequences (GRPO, GSPO);
             ``seq-mean-token-sum``: sum over tokens per sequence, then mean over sequences;
             ``seq-mean-token-sum-norm``: sum over all tokens / (B * norm_constant) (Dr. GRPO;
@@ -54,6 +56,8 @@ def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, norm_constan
     mask = mask.to(loss_mat.dtype)
     if mode == "token-mean":
         return masked_mean(loss_mat, mask)
+    if mode == "token-sum":
+        return (loss_mat * mask).sum()
     seq_sum = (loss_mat * mask).sum(-1)
     if mode == "seq-mean-token-mean":
         seq_len = mask.sum(-1)

@@ -27,7 +27,7 @@ wrapper around verl's ``ppo_loss``.
 DAPO's dynamic sampling maps to verl's own group filter (``algorithm.filter_groups`` on the reward
 function's ``acc``, i.e. on correctness; verl refills evicted groups until the batch is full, where the local
 engine stops after ``max_num_gen_batches`` rounds). Not supported yet, so refused by
-:func:`check_verl_config` before any work: DAPO's overlong shaping, token-sum aggregation.
+:func:`check_verl_config` before any work: DAPO's overlong shaping.
 """
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ def check_verl_config(cfg) -> list[str]:
         raise ValueError("algo.overlong_buffer.enabled=true: not available with engine=verl yet (a local-engine "
                          "feature); set algo.overlong_buffer.enabled=false or use engine=local")
     mode = algo.policy_loss.get("loss_agg_mode", "token-mean")
-    if mode not in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"):
+    if mode not in ("token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"):
         raise ValueError(f"algo.policy_loss.loss_agg_mode={mode!r}: not supported by the verl adapter")
     G, P = int(t.group_size), int(t.prompts_per_step)
     mb = int(t.get("minibatch_size") or G * P)
@@ -333,6 +333,8 @@ def _global_rescale(mode: str, mask: torch.Tensor, info: dict) -> float:
     (verl ``agg_loss``); this suite's aggregation normalises by the local count.
     """
     dp = int(info.get("dp_size") or 1)
+    if mode == "token-sum":   # verl: the local token sum times dp_size (ranks average gradients)
+        return float(dp)
     if mode == "token-mean":
         glob = info.get("batch_num_tokens")
         local = float(mask.sum())
