@@ -523,3 +523,40 @@ def test_dapo_dynamic_sampling_maps_to_verls_group_filter_on_correctness(tmp_pat
     assert off.algorithm.filter_groups.enable is False
     with pytest.raises(ValueError, match="algo.overlong_buffer.enabled=true"):
         V.check_verl_config(_cfg("algo=dapo", "engine=verl"))
+
+
+@pytest.mark.parametrize("algo,keys", [("quatro", ["lambda_mean", "lambda_floored_groups", "zero_variance_share"]),
+                                       ("exppo", ["audit_correct_rare", "audit_wrong_common", "multiplier_mean"]),
+                                       ("gpg", ["gpg_alpha"])])
+def test_estimator_metrics_reach_verls_step_metrics_and_mlflow_as_train_names(algo, keys):
+    """The estimator's metrics of a compute_advantage call (through verl's own path, as in the advantage proof)
+    are added to the step's metrics by the wrapped PPOTrainer._compute_advantage and stream to MLflow under the
+    local engine's names; the values equal the local engine's."""
+    v1_utils = pytest.importorskip("verl.trainer.ppo.v1.utils", reason="verl's trainer modules need torchdata and peft")
+    trainer_base = pytest.importorskip("verl.trainer.ppo.v1.trainer_base")
+    from verl import DataProto
+
+    cfg = _cfg(f"algo={algo}")
+    spec = V.algo_spec(cfg)
+    V.register_with_verl(spec)
+    assert trainer_base.PPOTrainer._compute_advantage._rlvr_wrapped   # installed on verl's own class
+    d = _data(seed=4)
+    _, local = get_advantage_fn(spec["advantage"]["name"])(_batch(d), **spec["advantage"]["params"])
+    token_rewards = torch.zeros(d["B"], d["L"])
+    token_rewards[torch.arange(d["B"]), d["lengths"] - 1] = d["rewards"]
+    data = DataProto.from_dict(tensors={"token_level_rewards": token_rewards, "response_mask": d["mask"].long(),
+                                        "old_log_probs": d["old"]},
+                               non_tensors={"uid": np.array([f"u{int(g)}" for g in d["group"]], dtype=object)})
+
+    def verl_step(self, batch, metrics):   # stands for verl's method body: it runs the advantage path
+        v1_utils.compute_advantage_for_multi_trajectories(batch, batch_keys=[], adv_estimator=V.VERL_NAME, config=None)
+        return batch
+
+    metrics = {"timing_s/step": 1.0}
+    V._metrics_wrapper(verl_step)(None, data, metrics)
+    logged = V.mlflow_metrics(metrics)
+    for key in keys:
+        assert logged[f"train/{key}"] == pytest.approx(float(local[key]), rel=1e-6), key
+    assert "train/solver_ms" in logged or algo != "quatro"
+    # a loss metric the adapter reports as actor/<name> is logged under the local engine's name too
+    assert V.mlflow_metrics({"actor/weight_mean": 1.2, "actor/entropy": 2.0})["train/weight_mean"] == 1.2

@@ -65,6 +65,7 @@ SUPPLIED_TO_ESTIMATORS = ("old_logprobs",)
 _SPEC: dict | None = None
 _ROLLOUT: dict = {}                # the batch fields of the compute_advantage call in progress (driver process)
 _LOSS_DATA: dict = {}              # the batch fields of the ppo_loss call in progress (actor worker processes)
+_ADV_METRICS: dict = {}            # the estimator's metrics of the last compute_advantage call (TaskRunner process)
 
 
 # ----------------------------------------------------------------------------------- algorithm spec
@@ -174,6 +175,37 @@ def register_with_verl(spec: dict) -> None:
         install_advantage_context()
     if "ref_logprobs" in needs_of("policy_loss", spec["policy_loss"]["name"], spec["policy_loss"]["params"]):
         install_loss_context()
+    install_metrics_context()
+
+
+def _metrics_wrapper(original):
+    """``PPOTrainer._compute_advantage`` that also adds the estimator's metrics of the call (QUATRO's lambda
+    statistics, ExPPO's audit, GPG's alpha...) to the step's metrics as ``rlvr/<name>``."""
+    def _compute_advantage(self, batch, metrics, *args, **kwargs):
+        _ADV_METRICS.clear()
+        out = original(self, batch, metrics, *args, **kwargs)
+        metrics.update({f"rlvr/{k}": v for k, v in _ADV_METRICS.items()})
+        _ADV_METRICS.clear()
+        return out
+
+    _compute_advantage._rlvr_wrapped = True
+    _compute_advantage.__wrapped__ = original
+    _compute_advantage.__doc__ = original.__doc__
+    return _compute_advantage
+
+
+def install_metrics_context() -> None:
+    """Wrap verl's v1 ``PPOTrainer._compute_advantage`` (the method that owns the step's metrics dict) so the
+    ``rlvr`` estimator's metrics reach verl's per-step metrics, and from there this run's MLflow run as
+    ``train/<name>`` (:func:`mlflow_metrics`), as the local engine logs them. A no-op where verl's v1 trainer
+    cannot be imported (it is not the process that computes advantages)."""
+    try:
+        from verl.trainer.ppo.v1 import trainer_base
+    except ImportError:
+        return
+    original = trainer_base.PPOTrainer._compute_advantage
+    if not getattr(original, "_rlvr_wrapped", False):
+        trainer_base.PPOTrainer._compute_advantage = _metrics_wrapper(original)
 
 
 def _rebind(original, replacement, attribute: str) -> None:
@@ -319,7 +351,9 @@ def verl_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tenso
         group_index = torch.as_tensor(inverse, dtype=torch.long)
     batch = _adapter_batch(response_mask.cpu(), None if old is None else old.detach().float().cpu(), rewards.cpu(),
                            group_index)
-    adv, _metrics = get_advantage_fn(spec["name"])(batch, **spec["params"])
+    adv, adv_metrics = get_advantage_fn(spec["name"])(batch, **spec["params"])
+    _ADV_METRICS.update({k: float(v) for k, v in (adv_metrics or {}).items()
+                         if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))})
     adv = adv.to(mask.device, torch.float32)
     adv_tok = adv.unsqueeze(-1) * mask if adv.dim() == 1 else adv * mask
     return adv_tok, adv_tok
@@ -609,7 +643,10 @@ def aliases_for(loss_agg_mode: str) -> dict:
 def mlflow_metrics(data: dict, aliases: dict | None = None) -> dict:
     """verl's per-step metrics as MLflow metrics: every finite number under ``verl/<name>`` with
     characters MLflow rejects replaced by ``_`` (``@`` -> ``_at_``), plus this suite's standard names
-    for the metrics in ``aliases`` (default :data:`ALIASES`: ``train/reward_mean``, ``train/entropy``, ...)."""
+    for the metrics in ``aliases`` (default :data:`ALIASES`: ``train/reward_mean``, ``train/entropy``, ...),
+    and ``train/<name>`` for the metrics the suite's own functions report through the adapters: the
+    estimator's ``rlvr/<name>`` and the loss's ``actor/<name>`` (those not in :data:`ALIASES`), the names the
+    local engine logs."""
     aliases = ALIASES if aliases is None else aliases
     out = {}
     for k, v in data.items():
@@ -618,6 +655,8 @@ def mlflow_metrics(data: dict, aliases: dict | None = None) -> dict:
         out["verl/" + _BAD_CHARS.sub("_", str(k).replace("@", "_at_"))] = float(v)
         if k in aliases:
             out[aliases[k]] = float(v)
+        elif str(k).startswith(("rlvr/", "actor/")) and k not in ALIASES:
+            out["train/" + _BAD_CHARS.sub("_", str(k).split("/", 1)[1])] = float(v)
     return out
 
 
