@@ -197,7 +197,6 @@ def test_estimators_reading_old_logprobs_pass_verl_preflight(algo):
 
 
 @pytest.mark.parametrize("overrides, needle", [
-    (["algo=dapo"], "algo.overlong_buffer.enabled=true"),
     (["algo=gspo", "train.minibatch_size=12"], "train.minibatch_size=12"),
     (["algo=gspo", "engine.n_gpus_per_node=3"], "engine.n_gpus_per_node x engine.nnodes = 3"),
 ])
@@ -510,19 +509,52 @@ def test_tr_grpo_weighted_kl_on_verl_turns_on_the_reference_policy_and_needs_the
 
 def test_dapo_dynamic_sampling_maps_to_verls_group_filter_on_correctness(tmp_path):
     """algo=dapo's dynamic sampling becomes verl's algorithm.filter_groups on the reward function's "acc"
-    (correctness, DAPO eq. 11), validated by verl's own FilterGroupsConfig; the overlong shaping is still refused."""
+    (correctness, DAPO eq. 11), validated by verl's own FilterGroupsConfig."""
     from verl.trainer.config import FilterGroupsConfig
     from verl.utils.config import omega_conf_to_dataclass
 
-    cfg = _cfg("algo=dapo", "engine=verl", "algo.overlong_buffer.enabled=false")
+    cfg = _cfg("algo=dapo", "engine=verl")
     assert V.check_verl_config(cfg) == []
     c = V.compose_verl_config(V.verl_overrides(cfg, "/models/m", tmp_path / "d", tmp_path / "r"))
     fg = omega_conf_to_dataclass(c.algorithm.filter_groups)
     assert isinstance(fg, FilterGroupsConfig) and (fg.enable, fg.metric) == (True, "acc")
     off = V.compose_verl_config(V.verl_overrides(_cfg("algo=grpo", "engine=verl"), "/m", tmp_path / "d2", tmp_path / "r2"))
-    assert off.algorithm.filter_groups.enable is False
-    with pytest.raises(ValueError, match="algo.overlong_buffer.enabled=true"):
-        V.check_verl_config(_cfg("algo=dapo", "engine=verl"))
+    assert off.algorithm.filter_groups.enable is False and off.reward.reward_manager.name == "naive"
+
+
+@pytest.mark.parametrize("length", [10, 13, 14, 16])
+def test_dapo_overlong_shaping_through_verls_own_reward_manager(tmp_path, monkeypatch, tiny_policy, length):
+    """verl's load_reward_manager on the translated config builds the suite's DAPO manager (verl's
+    DAPORewardManager with the spec's buffer); its reward for a correct response of ``length`` tokens equals the
+    local engine's: task reward 1 + overlong_penalty(length, 16, B = round(0.2 x 16) = 3)."""
+
+    from verl import DataProto
+    from verl.trainer.ppo.reward import load_reward_manager
+
+    from training.rewards import overlong_penalty
+
+    _, tok = tiny_policy
+    cfg = _cfg("algo=dapo", "engine=verl", "train.max_new_tokens=16")
+    spec = V.algo_spec(cfg)
+    assert spec["overlong"] == {"len": 3, "penalty_factor": 1.0, "max_resp_len": 16}
+    monkeypatch.setenv(V.SPEC_ENV, json.dumps(spec))
+    c = V.compose_verl_config(V.verl_overrides(cfg, "/models/m", tmp_path / "d", tmp_path / "r"))
+    assert (c.reward.reward_manager.source, c.reward.reward_manager.name) == ("importlib", V.OVERLONG_MANAGER)
+    manager = load_reward_manager(c, tok)
+    answer = tok("\\boxed{5}", add_special_tokens=False)["input_ids"]
+    filler = tok(" a", add_special_tokens=False)["input_ids"][-1]
+    ids = [filler] * (length - len(answer)) + answer
+    L, P = 16, 2
+    resp = torch.tensor(ids + [tok.pad_token_id or 0] * (L - length))
+    mask = torch.tensor([1] * P + [1] * length + [0] * (L - length))
+    data = DataProto.from_dict(tensors={"responses": resp[None], "attention_mask": mask[None]},
+                               non_tensors={"data_source": np.array(["rlvr/arithmetic"], dtype=object),
+                                            "reward_model": np.array([{"ground_truth": "5"}], dtype=object),
+                                            "extra_info": np.array([{}], dtype=object)})
+    out = manager.loop.run_until_complete(manager.run_single(data))   # the loop verl's manager runs on
+    expect = 1.0 + float(overlong_penalty(torch.tensor([length]), 16, 3, 1.0)[0])
+    assert out["reward_score"] == pytest.approx(expect) and out["reward_extra_info"]["acc"] == 1.0
+    assert (out["reward_score"] < 1.0) == (length > 13)
 
 
 @pytest.mark.parametrize("algo,keys", [("quatro", ["lambda_mean", "lambda_floored_groups", "zero_variance_share"]),
@@ -560,3 +592,23 @@ def test_estimator_metrics_reach_verls_step_metrics_and_mlflow_as_train_names(al
     assert "train/solver_ms" in logged or algo != "quatro"
     # a loss metric the adapter reports as actor/<name> is logged under the local engine's name too
     assert V.mlflow_metrics({"actor/weight_mean": 1.2, "actor/entropy": 2.0})["train/weight_mean"] == 1.2
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_engine_verl_accepts_every_algorithm_preset(algo):
+    cfg = _cfg(f"algo={algo}", "engine=verl")
+    assert V.check_verl_config(cfg) == []
+
+
+def test_every_paper_preset_with_engine_verl_composes_and_validates(tmp_path):
+    """Every point of every experiment preset, with engine=verl: our validation, verl's pre-flight, and the
+    translated config composed against verl's own schema (first point of each preset)."""
+    from orchestrator.validate import validate_config
+
+    for preset in sorted(p.stem for p in (REPO / "sweeps" / "experiment").glob("*.yaml")):
+        points = sweep_points([f"experiment={preset}", "engine=verl"], multirun=True)
+        for _, cfg in points:
+            validate_config(cfg)
+            assert V.check_verl_config(cfg) == [], preset
+        c = V.compose_verl_config(V.verl_overrides(points[0][1], "/models/m", tmp_path / preset / "d", tmp_path / preset / "r"))
+        assert c.actor_rollout_ref.actor.policy_loss.loss_mode == V.VERL_NAME, preset

@@ -26,8 +26,8 @@ wrapper around verl's ``ppo_loss``.
 
 DAPO's dynamic sampling maps to verl's own group filter (``algorithm.filter_groups`` on the reward
 function's ``acc``, i.e. on correctness; verl refills evicted groups until the batch is full, where the local
-engine stops after ``max_num_gen_batches`` rounds). Not supported yet, so refused by
-:func:`check_verl_config` before any work: DAPO's overlong shaping.
+engine stops after ``max_num_gen_batches`` rounds); its overlong shaping is verl's DAPO reward manager,
+configured from the spec (:mod:`training.engines.verl_reward`).
 """
 from __future__ import annotations
 
@@ -55,6 +55,7 @@ VERL_NAME = "rlvr"                 # the name of both registry entries inside ve
 SPEC_ENV = "RLVR_VERL_ALGO"        # JSON {"advantage": {name, params}, "policy_loss": {name, params}}
 SETUP_HOOK = "training.engines.verl.register_from_env"
 REWARD_FN = "pkg://training.engines.verl_reward"
+OVERLONG_MANAGER = "RlvrDAPORewardManager"   # verl's DAPO reward manager with the suite's overlong buffer
 
 # batch fields the adapters hand to registered functions beyond rewards and groups: the rollout's old log-probs, to
 # the policy loss (verl's interface) and to estimators (through the compute_advantage wrapper below); the
@@ -79,12 +80,20 @@ def _params(node) -> dict:
 def algo_spec(cfg) -> dict:
     """The algorithm part of a run config as plain JSON-able data: which registered advantage
     estimator and policy loss, with which parameters. This is what verl's workers receive."""
-    return {
+    from training.rewards import overlong_buffer_length
+
+    spec = {
         "plugins": [str(m) for m in (cfg.get("plugins") or [])],  # task/algorithm modules the workers import
         "algo": str(cfg.algo.name),
         "advantage": {"name": str(cfg.algo.advantage.name), "params": _params(cfg.algo.advantage)},
         "policy_loss": {"name": str(cfg.algo.policy_loss.name), "params": _params(cfg.algo.policy_loss)},
     }
+    over = cfg.algo.get("overlong_buffer")
+    if over and over.get("enabled", False):   # DAPO's overlong shaping, applied by the reward manager
+        max_new = int(cfg.train.max_new_tokens)
+        spec["overlong"] = {"len": overlong_buffer_length(over, max_new),
+                            "penalty_factor": float(over.get("penalty_factor", 1.0)), "max_resp_len": max_new}
+    return spec
 
 
 def validate(cfg) -> list[str]:
@@ -124,10 +133,6 @@ def check_verl_config(cfg) -> list[str]:
             raise ValueError(
                 f"{where}: needs {field} for {why}, which verl's policy-loss interface does not pass; set it to 0 "
                 "(algo.kl_beta gives verl's uniform k3 KL loss) or use engine=local")
-    node = algo.get("overlong_buffer")
-    if node and node.get("enabled", False):
-        raise ValueError("algo.overlong_buffer.enabled=true: not available with engine=verl yet (a local-engine "
-                         "feature); set algo.overlong_buffer.enabled=false or use engine=local")
     mode = algo.policy_loss.get("loss_agg_mode", "token-mean")
     if mode not in ("token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"):
         raise ValueError(f"algo.policy_loss.loss_agg_mode={mode!r}: not supported by the verl adapter")
@@ -518,6 +523,10 @@ def verl_overrides(cfg, model_path: str, data_dir: Path, run_dir: Path) -> list[
         f"algorithm.filter_groups.enable={str(bool((algo.get('dynamic_sampling') or {}).get('enabled', False))).lower()}",
         "algorithm.filter_groups.metric=acc",
         f"reward.custom_reward_function.path={q(REWARD_FN)}",
+        # DAPO's overlong shaping: verl's own DAPO reward manager, configured from the spec (verl_reward.py)
+        *(["reward.reward_manager.source=importlib", f"reward.reward_manager.name={OVERLONG_MANAGER}",
+           f"reward.reward_manager.module.path={q(REWARD_FN)}"]
+          if (algo.get("overlong_buffer") or {}).get("enabled", False) else []),
         "reward.custom_reward_function.name=compute_score",
         f"trainer.project_name={q(str(cfg.experiment_name))}",
         f"trainer.experiment_name={q(Path(run_dir).name)}",

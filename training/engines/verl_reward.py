@@ -33,3 +33,32 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
         return {"score": float(rewards[0]), "acc": float(bool(correct[0]))}
     except Exception:  # a bad model output gets reward 0, never a crash
         return {"score": 0.0, "acc": 0.0}
+
+
+def _overlong_manager():
+    """``RlvrDAPORewardManager``: verl's own ``DAPORewardManager`` (its overlong penalty on the valid response length,
+    eq. 13 of DAPO) with the buffer of this run's spec (``overlong`` in the ``RLVR_VERL_ALGO`` JSON: ``len``,
+    ``penalty_factor``, ``max_resp_len``) instead of ``reward.reward_kwargs``, which verl's reward schema does not
+    carry. verl loads it with ``reward.reward_manager.source=importlib``."""
+    import os
+    from types import SimpleNamespace
+
+    from verl.experimental.reward_loop.reward_manager.dapo import DAPORewardManager
+
+    class RlvrDAPORewardManager(DAPORewardManager):
+        def __init__(self, config, tokenizer, compute_score, reward_router_address=None, reward_model_tokenizer=None):
+            super().__init__(config, tokenizer, compute_score, reward_router_address, reward_model_tokenizer)
+            spec = json.loads(os.environ.get("RLVR_VERL_ALGO") or "{}").get("overlong")
+            if not spec:
+                raise RuntimeError("RlvrDAPORewardManager: the run's spec has no overlong buffer (RLVR_VERL_ALGO)")
+            self.overlong_buffer_cfg = SimpleNamespace(enable=True, len=int(spec["len"]),
+                                                       penalty_factor=float(spec["penalty_factor"]), log=True)
+            self.max_resp_len = int(spec["max_resp_len"])
+
+    return RlvrDAPORewardManager
+
+
+def __getattr__(name):
+    if name == "RlvrDAPORewardManager":   # built on first use: verl is imported only where it runs
+        return _overlong_manager()
+    raise AttributeError(name)
