@@ -37,6 +37,7 @@ def test_identity_ignores_delta_where_the_algorithm_does_not_use_it():
     (["eval.benchmarks=[math500]", "eval.data_dir=/nonexistent"], "eval.data_dir='/nonexistent'"),
     (["algo=quatro", "algo.advantage.lambda_min=0"], "lambda_min=0"),
     (["algo=quatro", "algo.policy_loss.ratio_level=word"], "ratio_level='word'"),
+    (["algo=quatro", "algo.policy_loss.log_ratio_scale=median"], "log_ratio_scale='median'"),
     (["algo=grpo", "algo.policy_loss.clip_ratio_low=1.5"], "clip_ratio_low=1.5"),
     (["algo=tr_grpo", "algo.policy_loss.weighting=inverse"], "weighting='inverse'"),
     (["algo=tr_grpo", "algo.policy_loss.tau=0"], "tau=0"),

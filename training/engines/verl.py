@@ -193,10 +193,7 @@ def _metrics_wrapper(original):
         _ADV_METRICS.clear()
         return out
 
-    _compute_advantage._rlvr_wrapped = True
-    _compute_advantage.__wrapped__ = original
-    _compute_advantage.__doc__ = original.__doc__
-    return _compute_advantage
+    return _as_wrapper(_compute_advantage, original)
 
 
 def install_metrics_context() -> None:
@@ -211,6 +208,15 @@ def install_metrics_context() -> None:
     original = trainer_base.PPOTrainer._compute_advantage
     if not getattr(original, "_rlvr_wrapped", False):
         trainer_base.PPOTrainer._compute_advantage = _metrics_wrapper(original)
+
+
+def _as_wrapper(wrapper, original):
+    """Mark ``wrapper`` as this suite's wrapper of verl's ``original`` (installed once; ``__wrapped__`` and the
+    docstring point at verl's function) and return it."""
+    wrapper._rlvr_wrapped = True
+    wrapper.__wrapped__ = original
+    wrapper.__doc__ = original.__doc__
+    return wrapper
 
 
 def _rebind(original, replacement, attribute: str) -> None:
@@ -250,10 +256,7 @@ def install_loss_context() -> None:
             if ours:
                 _LOSS_DATA.clear()
 
-    ppo_loss._rlvr_wrapped = True
-    ppo_loss.__wrapped__ = original
-    ppo_loss.__doc__ = original.__doc__
-    losses.ppo_loss = ppo_loss
+    losses.ppo_loss = _as_wrapper(ppo_loss, original)
     _rebind(original, ppo_loss, "ppo_loss")
 
 
@@ -266,8 +269,8 @@ def install_advantage_context() -> None:
     own ``optimal_token_baseline``). The wrapper records ``data.batch["old_log_probs"]`` in :data:`_ROLLOUT` for
     the duration of the call when the estimator is ``rlvr`` and calls the original unchanged. It is installed
     once, on every loaded ``verl.*`` module that bound the original function by name (so both trainers see it);
-    this is the suite's only patch of verl, tested against verl's own code path in
-    ``tests/training/test_verl_engine.py``.
+    one of the suite's three wrappers of verl functions (with :func:`install_loss_context` and
+    :func:`install_metrics_context`), tested against verl's own code path in ``tests/training/test_verl_engine.py``.
 
     Raises:
         ImportError: verl's trainer module cannot be imported.
@@ -289,9 +292,7 @@ def install_advantage_context() -> None:
             if ours:
                 _ROLLOUT.clear()
 
-    compute_advantage._rlvr_wrapped = True
-    compute_advantage.__wrapped__ = original
-    compute_advantage.__doc__ = original.__doc__
+    ray_trainer.compute_advantage = _as_wrapper(compute_advantage, original)
     _rebind(original, compute_advantage, "compute_advantage")
 
 
