@@ -1,8 +1,10 @@
 """Entry point: `python sweep.py -m algo=quatro,gspo delta=0.01,0.1`.
 
-Every sweep point is validated first (orchestrator.preflight); then Hydra runs each point through
-orchestrator.run, which trains, evaluates and logs to MLflow. A point that fails is recorded as FAILED
-in MLflow and the other points go on; the sweep prints a summary and exits 1 if any point failed.
+Every sweep point is validated first, and every place the sweep writes to is checked (orchestrator.preflight);
+then Hydra runs each point through orchestrator.run, which trains, evaluates and logs to MLflow. A point that
+fails is recorded as FAILED in MLflow and the other points go on; the sweep prints a summary and exits 1 if any
+point did not finish, for any reason. SIGTERM or Ctrl-C (outside SLURM) saves the training state at the end of
+the running step, marks the run KILLED and exits 128 + the signal's number; the same command resumes.
 """
 import logging
 import sys
@@ -18,26 +20,49 @@ log = logging.getLogger("rlvr")
 
 @hydra.main(version_base="1.3", config_path="sweeps", config_name="config")
 def main(cfg: DictConfig):
-    from core.lifecycle import Preempted
+    from core.lifecycle import Interrupted, Preempted
+    from orchestrator.callbacks import record_outcome
 
     try:
-        return run(cfg)
+        out = run(cfg)
     except Preempted:
         raise  # submitit requeues the job
+    except Interrupted as e:
+        record_outcome({"status": "killed", "error": f"stopped by {_signame(e.signum)}"})
+        raise
     except Exception as e:
         from orchestrator import ConfigError
 
+        record_outcome({"status": "failed", "error": f"{type(e).__name__}: {e}"})
         if isinstance(e, ConfigError):
             raise
         log.error("point failed: %s: %s", type(e).__name__, e)
         if "-m" not in sys.argv and "--multirun" not in sys.argv:
             raise
         return {"status": "failed", "error": f"{type(e).__name__}: {e}"}
+    record_outcome(out)
+    return out
+
+
+def _signame(signum: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 if __name__ == "__main__":
-    check_command_line(sys.argv[1:])
-    main()
-    from orchestrator.callbacks import FAILED_BASE, FAILED_POINTS
+    from core.lifecycle import Interrupted
+    from orchestrator import callbacks
 
-    sys.exit(1 if FAILED_POINTS or FAILED_BASE else 0)
+    callbacks.EXPECTED_POINTS = check_command_line(sys.argv[1:])
+    try:
+        main()
+    except Interrupted as e:
+        print(f"stopped by {_signame(e.signum)}" + (f": {e.where} marked KILLED" if e.where else "")
+              + ("; its training state was saved" if e.state_saved else "")
+              + ". Run the same command again to resume.", file=sys.stderr, flush=True)
+        sys.exit(128 + e.signum)
+    sys.exit(1 if callbacks.FAILED_POINTS or callbacks.FAILED_BASE else 0)

@@ -15,10 +15,20 @@ import threading
 from pathlib import Path
 
 STOP_REQUESTED = threading.Event()  # set by a preemption signal handler: save state and stop after this step
+TRAINING = threading.Event()  # set while an engine trains: a stop request is honoured at the end of its step
 
 
 class Preempted(Exception):
     """Training stopped at a step boundary after saving its full state (see :data:`STOP_REQUESTED`)."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """The process was asked to stop (SIGTERM or SIGINT outside SLURM); ``signum`` is the signal's number and
+    ``state_saved`` whether training saved its full state first."""
+
+    def __init__(self, signum: int, state_saved: bool = False, where: str = ""):
+        super().__init__(signum, state_saved, where)
+        self.signum, self.state_saved, self.where = int(signum), state_saved, where
 
 
 def final_checkpoint_dir(run_dir) -> Path:

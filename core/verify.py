@@ -294,10 +294,23 @@ def _check_one(item: tuple[str, str]) -> Check:
     return Check(bool(ok), extracted, bool(reference))
 
 
+def _die_with_parent() -> None:
+    """Linux: deliver SIGTERM to this worker when its parent dies (kill -9 of a sweep leaves no verifier behind)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
 def _worker_init():
     import signal
 
+    _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the sweep's stop handler is inherited by fork: not here
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)
     import math_verify  # noqa: F401  (import once per worker)
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm.auto import tqdm
 
+from core.progress import LineProgress
 from core.sampling import SamplerOptions, SamplingSettings, build_sampler, resolve_sampler
 
 from core.tasks import get_task, score_responses
@@ -131,7 +132,7 @@ def sample_benchmarks(sampler, rows_by_bench: dict, n: int, seed: int, samples_p
 
     Prompts already present in ``samples_path`` with n rows are skipped (resume). Each prompt's seed is
     :func:`prompt_seed`, so a resumed run draws the same samples. Progress: a tqdm bar on a terminal and
-    a log line every ~30 s otherwise (SLURM output files).
+    one log line per chunk of prompts otherwise (SLURM output files, ``> log``).
     """
     settings = settings or SamplingSettings()
     samples_path = Path(samples_path)
@@ -143,7 +144,7 @@ def sample_benchmarks(sampler, rows_by_bench: dict, n: int, seed: int, samples_p
         done = done[[(b, p) in finished for b, p in zip(done["benchmark"], done["prompt_id"])]]
     todo = [(b, r) for b, rows in rows_by_bench.items() for r in rows if (b, r["id"]) not in finished]
     frames = [done] if len(done) else []
-    t0 = last_log = time.time()
+    lines = LineProgress(f"eval sampling ({getattr(sampler, 'name', 'sampler')})", len(todo), unit="prompt")
     with tqdm(total=len(todo), desc=f"eval sampling ({getattr(sampler, 'name', 'sampler')})", unit="prompt",
               disable=None) as bar:
         for start in range(0, len(todo), batch_prompts):
@@ -165,10 +166,7 @@ def sample_benchmarks(sampler, rows_by_bench: dict, n: int, seed: int, samples_p
             frames.append(pd.DataFrame.from_records(records, columns=SAMPLE_COLUMNS))
             pd.concat(frames, ignore_index=True).to_parquet(samples_path, index=False)
             bar.update(len(chunk))
-            if bar.disable and time.time() - last_log > 30:
-                last_log = time.time()
-                done_n = start + len(chunk)
-                log.info("eval sampling: %d/%d prompts (%.0f s)", done_n, len(todo), last_log - t0)
+            lines.update(start + len(chunk), correct=sum(r["correct"] for r in records) / max(len(records), 1))
     if not frames:
         return pd.DataFrame(columns=SAMPLE_COLUMNS)
     table = pd.concat(frames, ignore_index=True)

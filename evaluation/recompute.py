@@ -25,13 +25,23 @@ def main(argv=None) -> int:
     ap.add_argument("--ucc-threshold", type=float, default=0.7)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    samples = pd.read_parquet(args.samples)
+    try:
+        samples = pd.read_parquet(args.samples)
+        base = pd.read_parquet(args.base_samples) if args.base_samples else None
+    except Exception as e:  # a truncated or foreign file: one line naming it
+        bad = args.base_samples if "samples" in locals() else args.samples
+        print(f"error: {bad}: cannot be read as a samples table ({type(e).__name__}: "
+              f"{str(e).splitlines()[0] if str(e) else ''})", file=sys.stderr)
+        return 2
+    missing = [c for c in ("benchmark", "prompt_id", "correct", "response") if c not in samples.columns]
+    if missing:
+        print(f"error: {args.samples}: not a samples table (columns {missing} are missing)", file=sys.stderr)
+        return 2
     n = int(samples.groupby(["benchmark", "prompt_id"]).size().min())
     ks = args.ks or [2 ** i for i in range(n.bit_length()) if 2 ** i <= n]
     if max(ks) > n:
         print(f"error: --ks {ks}: k={max(ks)} exceeds the n={n} samples per prompt", file=sys.stderr)
         return 2
-    base = pd.read_parquet(args.base_samples) if args.base_samples else None
     from core.tasks import get_task, task_names
 
     same = {b: get_task(b).same_answer for b in samples["benchmark"].unique() if b in task_names()}

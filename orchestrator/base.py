@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import socket
-import threading
 import time
 import traceback
 from pathlib import Path
@@ -36,7 +35,7 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from . import tracking
+from . import lease, tracking
 
 log = logging.getLogger("rlvr")
 
@@ -66,40 +65,9 @@ def base_hash(ident: dict) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def claim_is_live(run, now: float | None = None) -> bool:
-    """A RUNNING base run whose holder is alive: heartbeat fresher than :data:`STALE_S`, and when it was
-    claimed on this host, its process still exists."""
-    if run.info.status != "RUNNING":
-        return False
-    tags = run.data.tags
-    if tags.get("rlvr.host") == socket.gethostname() and tags.get("rlvr.pid", "").isdigit():
-        if not _pid_alive(int(tags["rlvr.pid"])):
-            return False
-    beat = float(tags.get("rlvr.heartbeat", "0") or 0)
-    return (now or time.time()) - beat < STALE_S
-
-
-class _Heartbeat(threading.Thread):
-    def __init__(self, client: MlflowClient, run_id: str):
-        super().__init__(daemon=True)
-        self.client, self.run_id, self.stop = client, run_id, threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.wait(HEARTBEAT_S):
-            try:
-                tracking.retry(self.client.set_tag, self.run_id, "rlvr.heartbeat", f"{time.time():.3f}")
-            except Exception as e:  # a missed beat is harmless; a run of them lets another job take over
-                log.warning("base evaluation heartbeat failed: %s", e)
+    """A RUNNING base run whose holder is alive (:func:`orchestrator.lease.is_live` with :data:`STALE_S`)."""
+    return lease.is_live(run, STALE_S, now)
 
 
 class BaseEvaluation:
@@ -230,7 +198,7 @@ class BaseEvaluation:
         from evaluation.evaluate import evaluate_checkpoint
 
         self.run_id = run_id
-        beat = _Heartbeat(self.client, run_id)
+        beat = lease.Heartbeat(self.client, run_id, HEARTBEAT_S)
         beat.start()
         try:
             folder.mkdir(parents=True, exist_ok=True)

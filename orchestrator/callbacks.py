@@ -1,7 +1,9 @@
 """Hydra callbacks of the sweep: create the MLflow store before jobs start; print a summary at the end."""
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 
 from hydra.experimental.callback import Callback
 
@@ -11,6 +13,41 @@ log = logging.getLogger("rlvr")
 
 FAILED_POINTS: list[str] = []  # read by sweep.py to set the exit status
 FAILED_BASE: list[str] = []  # failed base-model evaluations of the sweep: exit status 1 too
+EXPECTED_POINTS: int | None = None  # the number of points pre-flight composed (set by sweep.py)
+OUTCOMES: dict[str, dict] = {}  # job number -> outcome of the points run in this process
+OUTCOME_FILE = "rlvr_outcome.json"
+
+
+def record_outcome(outcome: dict) -> None:
+    """Remember how this job's point ended (``status``: finished, duplicate, failed, killed; ``error``; ``run_id``),
+    in this process and in ``<job output dir>/rlvr_outcome.json`` (read back when jobs run elsewhere:
+    submitit, SLURM). Never raises: a full disk must not hide the point's own error."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        hc = HydraConfig.get()
+        num, point, out_dir = str(hc.job.get("num")), hc.job.override_dirname or "", Path(hc.runtime.output_dir)
+    except Exception:
+        return
+    rec = {"job_num": num, "point": point, **{k: outcome.get(k) for k in ("status", "error", "run_id", "duplicate_of")}}
+    OUTCOMES[num] = rec
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / OUTCOME_FILE).write_text(json.dumps(rec))
+    except OSError as e:
+        log.error("could not record the outcome of point %s in %s: %s", point, out_dir, e)
+
+
+def read_outcomes(sweep_dir: Path) -> dict[str, dict]:
+    """Outcomes of every job of the sweep: the ones written to the job folders, then this process's own."""
+    out = {}
+    for f in sorted(Path(sweep_dir).glob(f"*/{OUTCOME_FILE}")):
+        try:
+            rec = json.loads(f.read_text())
+            out[str(rec["job_num"])] = rec
+        except (OSError, ValueError, KeyError):
+            continue
+    return out | OUTCOMES
 
 
 class SweepSummaryCallback(Callback):
@@ -26,29 +63,59 @@ class SweepSummaryCallback(Callback):
         from mlflow.tracking import MlflowClient
 
         sweep_id = str(config.hydra.sweep.dir)
+        outcomes = read_outcomes(Path(sweep_id))
+        runs, store_error = [], None
         try:
             exp_id = tracking.setup_experiment(str(config.tracking.uri), str(config.experiment_name), str(config.tracking.artifact_root))
             runs = MlflowClient().search_runs([exp_id], filter_string=f"tags.`rlvr.sweep_id` = '{sweep_id}'",
                                               order_by=["attributes.start_time ASC"], max_results=5000)
         except Exception as e:
-            log.error("could not read the sweep's runs back from MLflow: %s", e)
-            return
-        rows, failed_base = [], []
+            store_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            log.error("could not read the sweep's runs back from MLflow: %s", store_error)
+        rows, failed_base, seen_jobs = [], [], set()
         for r in runs:
             kind = r.data.tags.get(tracking.TAG_KIND, "?")
             status = "DUPLICATE" if kind == "duplicate" else r.info.status
-            wall = ((r.info.end_time or r.info.start_time) - r.info.start_time) / 1000 if r.info.start_time else 0.0
+            active = r.data.tags.get("rlvr.active_s")
+            wall = float(active) if active else (
+                ((r.info.end_time or r.info.start_time) - r.info.start_time) / 1000 if r.info.start_time else 0.0)
             point = "base model (Initialization)" if kind == "base" else (r.info.run_name or "")
-            rows.append((r.data.tags.get("rlvr.job_num", "?"), point, status, r.info.run_id,
-                         r.data.tags.get("rlvr.slurm_job_id", "") or "-", f"{wall:.1f}"))
-            if status == "FAILED":
-                (failed_base if kind == "base" else FAILED_POINTS).append(r.info.run_name or r.info.run_id)
-        header = ("#", "point", "status", "MLflow run", "job id", "wall s")
+            job = r.data.tags.get("rlvr.job_num", "?")
+            if kind != "base":
+                seen_jobs.add(job)
+            note = (outcomes.get(job) or {}).get("error") or "" if status not in ("FINISHED", "DUPLICATE") else ""
+            rows.append((job, point, status, r.info.run_id, r.data.tags.get("rlvr.slurm_job_id", "") or "-",
+                         f"{wall:.1f}", note[:120]))
+            if status in ("FAILED", "KILLED") and kind == "base":
+                failed_base.append(r.info.run_name or r.info.run_id)
+        # a point that did not end FINISHED or DUPLICATE, by its own word or because it left nothing behind
+        finished_jobs = {str(r.data.tags.get("rlvr.job_num")) for r in runs if r.data.tags.get(tracking.TAG_KIND) != "base"
+                         and (r.info.status == "FINISHED" or r.data.tags.get(tracking.TAG_KIND) == "duplicate")}
+        bad = {}
+        for job, rec in outcomes.items():
+            if rec.get("status") not in ("finished", "duplicate"):
+                bad[job] = rec
+        for r in runs:
+            job = str(r.data.tags.get("rlvr.job_num"))
+            if r.data.tags.get(tracking.TAG_KIND) != "base" and r.info.status in ("FAILED", "KILLED", "RUNNING") \
+                    and job not in finished_jobs:
+                bad.setdefault(job, {"job_num": job, "point": r.info.run_name, "status": r.info.status.lower()})
+        expected = EXPECTED_POINTS or 0
+        for i in range(expected):
+            if str(i) not in outcomes and str(i) not in finished_jobs and str(i) not in bad:
+                bad[str(i)] = {"job_num": str(i), "point": "?", "status": "no outcome",
+                               "error": store_error or "the job ended without recording an outcome (see its log)"}
+        for job, rec in sorted(bad.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 1 << 30):
+            if job not in seen_jobs:
+                rows.append((job, rec.get("point") or "?", str(rec.get("status", "?")).upper(), rec.get("run_id") or "-",
+                             "-", "-", str(rec.get("error") or "")[:120]))
+        FAILED_POINTS.extend(f"{rec.get('point') or job}: {rec.get('error') or rec.get('status')}" for job, rec in bad.items())
+        header = ("#", "point", "status", "MLflow run", "job id", "wall s", "error")
         widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)] if rows else [len(h) for h in header]
-        lines = ["  ".join(str(x).ljust(w) for x, w in zip(row, widths)) for row in [header, *rows]]
+        lines = ["  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip() for row in [header, *rows]]
         print("\nSweep summary (" + sweep_id + ")\n" + "\n".join(lines), flush=True)
         if FAILED_POINTS:
-            print(f"{len(FAILED_POINTS)} point(s) failed; their tracebacks are in MLflow (traceback.txt). "
+            print(f"{len(bad)} point(s) did not finish; tracebacks of failed runs are in MLflow (traceback.txt). "
                   "Re-running the same command trains only the points that did not finish.", flush=True)
         if failed_base:
             print("The base model's evaluation failed (traceback.txt in its MLflow run); the trained points have no "

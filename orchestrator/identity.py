@@ -12,11 +12,17 @@ def effective_config(cfg: DictConfig) -> dict:
 
     Top-level knobs such as ``delta`` are excluded because their effect is already captured where
     an algorithm interpolates them (``algo.advantage.delta`` for QUATRO): GSPO at delta=0.01 and at
-    delta=0.1 is the same run.
+    delta=0.1 is the same run. Dotted keys remove one key of a group: ``train.checkpoint_every`` (how often the
+    state is saved does not change what is computed, so turning checkpointing on keeps finished runs recognised).
     """
     container = OmegaConf.to_container(cfg, resolve=True)
     for key in list(cfg.get("identity_exclude", [])) + ["hydra"]:
-        container.pop(key, None)
+        *parents, leaf = str(key).split(".")  # dotted keys reach into a group (train.checkpoint_every)
+        node = container
+        for p in parents:
+            node = node.get(p) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
     return container
 
 

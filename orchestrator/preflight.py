@@ -91,8 +91,10 @@ def sweep_points(overrides: list[str], config_name: str = "config", multirun: bo
     return out
 
 
-def check_command_line(argv: list[str]) -> None:
-    """Validate all sweep points of ``argv`` (overrides and ``-m``); exit 2 with one line on error.
+def check_command_line(argv: list[str]) -> int | None:
+    """Validate all sweep points of ``argv`` (overrides and ``-m``) and the places they write to
+    (:func:`check_locations`); exit 2 with one line on error. Returns the number of points (None when the
+    command line is left to Hydra).
 
     Command lines with other Hydra flags (``--cfg``, ``--help``, ``--config-name``, ...) are left to Hydra.
     """
@@ -100,7 +102,7 @@ def check_command_line(argv: list[str]) -> None:
 
     flags = [a for a in argv if a.startswith("-")]
     if any(f not in ("-m", "--multirun") for f in flags):
-        return
+        return None
     overrides = [a for a in argv if not a.startswith("-")]
     try:
         points = sweep_points(overrides, multirun=bool(flags))
@@ -111,6 +113,40 @@ def check_command_line(argv: list[str]) -> None:
             except ConfigError as e:
                 where = f" (sweep point {' '.join(point)})" if len(points) > 1 else ""
                 raise ConfigError(f"{e}{where}") from None
+        check_locations(points, [a for a in argv if not a.startswith("-")], multirun=bool(flags))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    return len(points)
+
+
+def check_locations(points, overrides: list[str], multirun: bool = True) -> None:
+    """Every place the sweep writes, checked in seconds before any point starts: the tracking store (scheme,
+    reachability, writability, ``tracking.min_free_mb`` free; an SQLite store is created here, once, under a
+    file lock), the artifact root, and the folder Hydra writes the sweep's outputs to.
+
+    Raises:
+        ConfigError: one line naming the setting and the cause (disk full, read-only, unknown scheme, no answer).
+    """
+    from . import tracking
+
+    seen = set()
+    try:
+        for _, cfg in points:
+            key = (str(cfg.tracking.uri), str(cfg.tracking.artifact_root), float(cfg.tracking.get("min_free_mb", 100)))
+            if key in seen:
+                continue
+            seen.add(key)
+            tracking.check_store(*key)
+            tracking.ensure_store(key[0])
+        min_free = max((k[2] for k in seen), default=100.0)
+        dir_key = "hydra.sweep.dir=" if multirun else "hydra.run.dir="
+        given = next((o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith(dir_key)), None)
+        if given is None:
+            tracking.check_writable(Path.cwd(), f"the working directory {Path.cwd()} (Hydra writes the sweep's "
+                                    f"folder there; run elsewhere or set {dir_key}PATH)", min_free)
+        else:
+            fixed = given.split("${", 1)[0] or "."
+            tracking.check_writable(Path(fixed), f"{dir_key}{given}", min_free)
+    except tracking.StoreError as e:
+        raise ConfigError(str(e)) from None

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import tempfile
+import threading
+import time
 import traceback
 from pathlib import Path
 
@@ -24,11 +27,13 @@ import mlflow
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
-from . import tracking
+from . import integrity, lease, tracking
 from .identity import config_hash
 from .validate import validate_config
 
 log = logging.getLogger("rlvr")
+MAX_RUN_NAME = 240
+POLL_S = 3.0  # how often a point waits on another process that trains it
 
 
 def _hydra_job() -> tuple[Path | None, str, str, int | None]:
@@ -69,6 +74,30 @@ def _install_preemption_handler() -> None:
     _install_preemption_handler.previous = previous
 
 
+def _install_stop_handlers() -> dict:
+    """Outside SLURM, SIGTERM and SIGINT (``kill``, a container stop, Ctrl-C): while training, the first one asks
+    for the state to be saved at the end of the running step (as SIGUSR2 does on SLURM); a second one, or one
+    outside training, stops at once (:class:`core.lifecycle.Interrupted`). Returns the previous handlers."""
+    from core.lifecycle import STOP_REQUESTED, TRAINING, Interrupted
+
+    if "SLURM_JOB_ID" in os.environ or threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def handler(signum, frame):
+        if TRAINING.is_set() and not STOP_REQUESTED.is_set():
+            _install_stop_handlers.signum = signum
+            STOP_REQUESTED.set()
+            log.warning("%s received: saving the training state at the end of this step, then stopping "
+                        "(send it again to stop at once)", signal.Signals(signum).name)
+            return
+        raise Interrupted(signum)
+
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    for s in previous:
+        signal.signal(s, handler)
+    return previous
+
+
 def _record_duplicate(exp_id, name, tags, params, of_run_id, chash, why) -> dict:
     with mlflow.start_run(experiment_id=exp_id, run_name=name, tags={
         **tags, tracking.TAG_KIND: "duplicate", tracking.TAG_DUP_OF: of_run_id, "mlflow.note.content": why,
@@ -78,11 +107,138 @@ def _record_duplicate(exp_id, name, tags, params, of_run_id, chash, why) -> dict
     return {"status": "duplicate", "run_id": r.info.run_id, "duplicate_of": of_run_id, "config_hash": chash}
 
 
+def has_saved_state(cfg, run_dir: Path) -> bool:
+    """Whether the engine left a full training state in ``run_dir`` to resume from (engine's ``has_state``)."""
+    from training.engines import get_engine
+
+    fn = getattr(get_engine(str(cfg.engine.name)), "has_state", None)
+    return bool(fn(run_dir)) if callable(fn) else False
+
+
+def safe_run_dir(tagged: str | None, sweep_id: str) -> Path | None:
+    """The run folder named by a run's ``rlvr.run_dir`` tag, when it is safe to load a training state from: it
+    lies under the folder that holds this sweep's folder (``multirun/<experiment>`` by default) or under the
+    system's temporary folder (runs outside Hydra), after resolving links. Otherwise None: a tag anyone with
+    write access to the store can set must not point training at a file of their choosing."""
+    if not tagged:
+        return None
+    path = Path(tagged).resolve()
+    roots = [Path(tempfile.gettempdir()).resolve()]
+    if sweep_id:
+        roots.append(Path(sweep_id).resolve().parent)
+    return path if any(path == r or r in path.parents for r in roots) else None
+
+
+def _invalidate(client, run, why: str) -> None:
+    tracking.retry(client.set_tag, run.info.run_id, "rlvr.invalid", why[:4900])
+    tracking.retry(client.set_terminated, run.info.run_id, "KILLED")
+
+
+def _recover_from(prior, run_dir: Path) -> None:
+    """Copy (hard-link where possible) a corrupt run's good checkpoints into ``run_dir`` for re-evaluation."""
+    old = Path(prior.data.tags.get("rlvr.run_dir", ""))
+    for sub in ("checkpoint", "checkpoints"):
+        if (old / sub).is_dir() and not (run_dir / sub).exists():
+            def link(src, dst):
+                try:
+                    os.link(src, dst)
+                except OSError:
+                    shutil.copy2(src, dst)
+            shutil.copytree(old / sub, run_dir / sub, copy_function=link)
+
+
+def _copy_train_metrics(client, src_run_id: str, dst_run_id: str) -> int:
+    """Copy every ``train/`` metric history of ``src`` into ``dst`` (each step once); returns the last step."""
+    from mlflow.entities import Metric
+
+    last, items = -1, []
+    for key in client.get_run(src_run_id).data.metrics:
+        if key.startswith("train/"):
+            for m in tracking.retry(client.get_metric_history, src_run_id, key):
+                items.append(Metric(key, m.value, m.timestamp, m.step))
+                last = max(last, m.step)
+    for a in range(0, len(items), 500):
+        tracking.retry(client.log_batch, dst_run_id, metrics=items[a:a + 500])
+    return last
+
+
+def _claim_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_s, force, run_dir):
+    """Decide who trains this point (see the module docstring). Returns ``("duplicate", summary)``,
+    ``("resume", run, owner)`` or ``("new", owner, recover)`` where ``recover`` is a finished run whose results
+    are corrupt but whose checkpoint is good (re-evaluate it) or None."""
+    client = MlflowClient()
+    owner, recover, waited = lease.new_owner(), None, None
+    from core.lifecycle import STOP_REQUESTED
+
+    while not force:
+        if STOP_REQUESTED.is_set():
+            from core.lifecycle import Interrupted
+
+            raise Interrupted(getattr(_install_stop_handlers, "signum", signal.SIGTERM))
+        prior = tracking.retry(tracking.find_finished_run, exp_id, chash)
+        if prior is not None:
+            problems, ckpt_ok = integrity.verify_run(client, prior)
+            if not problems:
+                out = _record_duplicate(exp_id, name, tags, params, prior.info.run_id, chash,
+                                        f"identical effective config to finished run {prior.info.run_id}; not trained again")
+                if bool(cfg.eval.get("base", True)) and not prior.data.tags.get("rlvr.base_run_id"):
+                    _backfill_flips(cfg, exp_id, sweep_id, job_num, run_dir, prior)
+                return "duplicate", out
+            for p in problems:
+                log.warning("point %s: finished run %s is not trusted: %s", name, prior.info.run_id, p)
+            log.warning("point %s: %s", name, "re-evaluating its checkpoint in a new run" if ckpt_ok else
+                        "its checkpoint is bad: training again in a new run")
+            _invalidate(client, prior, "; ".join(problems))
+            recover = prior if ckpt_ok else None
+            continue
+        candidates = [r for r in tracking.retry(tracking.runs_with_hash, exp_id, chash)
+                      if r.info.status in ("RUNNING", "KILLED", "SCHEDULED") and not r.data.tags.get("rlvr.invalid")]
+        live = [r for r in candidates if lease.is_live(r, stale_s)]
+        for r in live:
+            same_sweep = r.data.tags.get("rlvr.sweep_id") == sweep_id
+            if same_sweep and r.data.tags.get("rlvr.job_num") != str(job_num):
+                return "duplicate", _record_duplicate(
+                    exp_id, name, tags, params, r.info.run_id, chash,
+                    f"identical to point {r.data.tags.get('rlvr.job_num')} of this sweep, run {r.info.run_id}")
+        if live:
+            r = live[0]
+            if waited != r.info.run_id:
+                log.info("point %s: run %s is being trained by %s (pid %s); waiting for it (its lease goes stale "
+                         "after %.0f s without a heartbeat)", name, r.info.run_id, r.data.tags.get("rlvr.host"),
+                         r.data.tags.get("rlvr.pid"), stale_s)
+                waited = r.info.run_id
+            time.sleep(POLL_S)
+            continue
+        if candidates:
+            r = candidates[-1]  # the newest unfinished run of this point: taken over
+            token = lease.claim(client, r.info.run_id, owner)
+            if token is None:
+                continue  # another process claimed it at the same moment: it is live now
+            for other in candidates[:-1]:
+                if other.info.status == "RUNNING":
+                    tracking.retry(client.set_terminated, other.info.run_id, "KILLED")
+            old_dir = safe_run_dir(r.data.tags.get("rlvr.run_dir"), sweep_id)
+            hist = tracking.retry(client.get_metric_history, r.info.run_id, "train/reward_mean")
+            if old_dir is not None and (has_saved_state(cfg, old_dir) or not hist):
+                return "resume", r, owner
+            why = ("its run folder lies outside this sweep's folders" if old_dir is None and r.data.tags.get("rlvr.run_dir")
+                   else "it logged training steps but left no saved state (set train.checkpoint_every=N to keep one)")
+            log.warning("point %s: not resuming run %s: %s; it is marked KILLED and the point starts again in a new run",
+                        name, r.info.run_id, why)
+            tracking.retry(client.set_tag, r.info.run_id, "rlvr.invalid", f"not resumed: {why}")
+            tracking.retry(client.set_terminated, r.info.run_id, "KILLED")
+            continue
+        break
+    return "new", owner, recover
+
+
 def run(cfg: DictConfig) -> dict:
     """Run one sweep point end to end and return a summary dict (status, run id, metrics).
 
     Raises:
         orchestrator.errors.ConfigError: the config is invalid (nothing has been started).
+        core.lifecycle.Interrupted: SIGTERM/SIGINT outside SLURM; the run is marked KILLED (its state saved
+            first when it was training).
         Exception: whatever training or evaluation raised; the MLflow run is then marked FAILED
         with the traceback saved as ``traceback.txt``.
     """
@@ -97,69 +253,92 @@ def run(cfg: DictConfig) -> dict:
     resolved.pop("hydra", None)
     params = {k: str(v)[:6000] for k, v in tracking.flatten(resolved).items()}
     name = point or str(cfg.algo.name)
+    if len(name) > MAX_RUN_NAME:  # MLflow refuses longer run names: shortened, the whole one kept as a tag
+        import hashlib
+
+        full, name = name, f"{name[:MAX_RUN_NAME - 20]}...{hashlib.sha256(name.encode()).hexdigest()[:12]}"
+        log.warning("point name shortened to %r (%d characters; the full name is in the tag rlvr.point)", name, len(full))
     tags = {tracking.TAG_HASH: chash, "rlvr.algo": str(cfg.algo.name), "rlvr.host": socket.gethostname(),
             "rlvr.git_commit": _git_commit(), "rlvr.sweep_id": sweep_id, "rlvr.job_num": str(job_num),
             "rlvr.slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
-            "rlvr.requeue_count": os.environ.get("SLURM_RESTART_COUNT", "0")}
+            "rlvr.requeue_count": os.environ.get("SLURM_RESTART_COUNT", "0"), "rlvr.point": (point or name)[:4900]}
     if warnings:
         tags["rlvr.warnings"] = " | ".join(warnings)[:5000]
     force = bool(cfg.get("force", False))
+    stale_s = float(cfg.tracking.get("lease_stale_s", 300))
+    previous_handlers = _install_stop_handlers()
+    try:
+        return _run_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_s, force, run_dir)
+    finally:
+        for s_, h in previous_handlers.items():
+            signal.signal(s_, h)
 
-    resume = None
-    if not force:
-        prior = tracking.retry(tracking.find_finished_run, exp_id, chash)
-        if prior is not None:
-            out = _record_duplicate(exp_id, name, tags, params, prior.info.run_id, chash,
-                                    f"identical effective config to finished run {prior.info.run_id}; not trained again")
-            if bool(cfg.eval.get("base", True)) and not prior.data.tags.get("rlvr.base_run_id"):
-                _backfill_flips(cfg, exp_id, sweep_id, job_num, run_dir, prior)
-            return out
-        for r in tracking.retry(tracking.runs_with_hash, exp_id, chash):
-            if r.info.status not in ("RUNNING", "KILLED", "SCHEDULED"):
-                continue
-            same_job = r.data.tags.get("rlvr.sweep_id") == sweep_id and r.data.tags.get("rlvr.job_num") == str(job_num)
-            if r.data.tags.get("rlvr.sweep_id") == sweep_id and not same_job:
-                return _record_duplicate(exp_id, name, tags, params, r.info.run_id, chash,
-                                         f"identical to point {r.data.tags.get('rlvr.job_num')} of this sweep, run {r.info.run_id}")
-            resume = r
-            break
+
+def _run_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_s, force, run_dir) -> dict:
+    decision = _claim_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_s, force, run_dir)
+    if decision[0] == "duplicate":
+        return decision[1]
 
     import training
-    from core.lifecycle import Preempted
+    from core.lifecycle import STOP_REQUESTED, TRAINING, Interrupted, Preempted, final_checkpoint_dir
     from evaluation.evaluate import benchmark_rows
     from core.tasks import load_prompts
 
     client = MlflowClient()
-    if resume is not None:
+    active_before, recover = 0.0, None
+    if decision[0] == "resume":
+        _, resume, owner = decision
         run_dir = Path(resume.data.tags.get("rlvr.run_dir") or run_dir)
         hist = tracking.retry(client.get_metric_history, resume.info.run_id, "train/reward_mean")
         logged_through = max((m.step for m in hist), default=-1)
         active = mlflow.start_run(run_id=resume.info.run_id)
         requeues = int(resume.data.tags.get("rlvr.requeue_count", "0") or 0) + 1
+        active_before = float(resume.data.tags.get("rlvr.active_s", "0") or 0)
         tracking.retry(mlflow.set_tags, {k: v for k, v in tags.items() if k != "rlvr.requeue_count"}
-                       | {"rlvr.requeue_count": str(max(requeues, int(tags["rlvr.requeue_count"])))})
+                       | {"rlvr.requeue_count": str(max(requeues, int(tags["rlvr.requeue_count"])))}
+                       | lease.owner_tags(owner))
         log.info("point %s: resuming MLflow run %s from %s (metrics logged through step %d)",
                  name, resume.info.run_id, run_dir, logged_through)
     else:
+        _, owner, recover = decision
         logged_through = -1
         active = mlflow.start_run(experiment_id=exp_id, run_name=name,
-                                  tags={**tags, tracking.TAG_KIND: "trained", "rlvr.run_dir": str(run_dir)})
+                                  tags={**tags, tracking.TAG_KIND: "trained", "rlvr.run_dir": str(run_dir),
+                                        **lease.owner_tags(owner)})
         tracking.retry(mlflow.log_params, params)
-        # an identical point of this sweep may have started at the same moment: the earliest run trains
-        twins = [r for r in tracking.retry(tracking.runs_with_hash, exp_id, chash)
-                 if r.data.tags.get("rlvr.sweep_id") == sweep_id and r.info.status != "FAILED"
-                 and r.info.run_id != active.info.run_id and not force]
-        earlier = [r for r in twins if (r.info.start_time, r.info.run_id) < (active.info.start_time, active.info.run_id)]
+        # an identical point may have started at the same moment, here or in another sweep: the earliest run trains
+        mine = (active.info.start_time, active.info.run_id)
+        earlier = [r for r in tracking.retry(tracking.runs_with_hash, exp_id, chash)
+                   if r.info.run_id != active.info.run_id and not force and r.info.status == "RUNNING"
+                   and lease.is_live(r, stale_s) and (r.info.start_time, r.info.run_id) < mine]
         if earlier:
-            mlflow.set_tags({tracking.TAG_KIND: "duplicate", tracking.TAG_DUP_OF: earlier[0].info.run_id})
+            if earlier[0].data.tags.get("rlvr.sweep_id") == sweep_id:
+                mlflow.set_tags({tracking.TAG_KIND: "duplicate", tracking.TAG_DUP_OF: earlier[0].info.run_id})
+                mlflow.end_run()
+                log.info("point %s: identical to run %s started just before: recorded as duplicate", name,
+                         earlier[0].info.run_id)
+                return {"status": "duplicate", "run_id": active.info.run_id, "duplicate_of": earlier[0].info.run_id,
+                        "config_hash": chash}
             mlflow.end_run()
-            log.info("point %s: identical to run %s started just before: recorded as duplicate", name, earlier[0].info.run_id)
-            return {"status": "duplicate", "run_id": active.info.run_id, "duplicate_of": earlier[0].info.run_id,
-                    "config_hash": chash}
+            tracking.retry(client.delete_run, active.info.run_id)  # another sweep owns the point: wait for it
+            return _run_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_s, force, run_dir)
+        if recover is not None:
+            tracking.retry(mlflow.set_tag, "rlvr.recovered_from", recover.info.run_id)
     run_id = active.info.run_id
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml({k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "hydra"}))
     _install_preemption_handler()
+    beat = lease.Heartbeat(client, run_id)
+    beat.start()
+    t0 = time.time()
+
+    def log_step(m, step):
+        beat.beat()
+        if step > logged_through:  # a step replayed from an older saved state is not logged twice
+            tracking.retry(mlflow.log_metrics, m, step=step)
+
+    def active_s() -> str:
+        return f"{active_before + time.time() - t0:.1f}"
     try:
         tracking.retry(mlflow.log_artifact, str(run_dir / "config.yaml"))
         heldout = load_prompts(cfg.data, "eval")
@@ -170,28 +349,84 @@ def run(cfg: DictConfig) -> dict:
 
             base = BaseEvaluation(cfg, exp_id, sweep_id, job_num, Path(sweep_id) if sweep_id else run_dir, heldout)
             base.ensure(wait=False)  # evaluated here now, unless another job already is
-        ckpt = training.train(cfg, run_dir, log_metrics=lambda m, step: tracking.retry(mlflow.log_metrics, m, step=step),
-                              logged_through=logged_through)
-        mlflow.set_tag("rlvr.checkpoint", str(ckpt))
+        if recover is not None:
+            _recover_from(recover, run_dir)
+            last = _copy_train_metrics(client, recover.info.run_id, run_id)
+            log.info("point %s: training metrics (steps 0-%d) and checkpoint taken from run %s", name, last,
+                     recover.info.run_id)
+            ckpt = final_checkpoint_dir(run_dir)
+        else:
+            TRAINING.set()
+            try:
+                ckpt = training.train(cfg, run_dir, log_metrics=log_step, logged_through=logged_through)
+            finally:
+                TRAINING.clear()
+        tracking.retry(mlflow.set_tag, "rlvr.checkpoint", str(ckpt))
         _free_memory()
         metrics = evaluate_run(cfg, run_dir, ckpt, heldout, base)
+        tracking.retry(mlflow.log_artifact, str(record_integrity(run_dir, ckpt)))
     except Preempted:
-        # state saved: leave the run RUNNING for the requeued job, and let submitit requeue us
-        log.warning("point %s preempted; state saved in %s", name, run_dir)
-        previous = getattr(_install_preemption_handler, "previous", None)
-        if callable(previous):
-            previous(signal.SIGUSR2, None)
-        raise
-    except BaseException:
-        (run_dir / "traceback.txt").write_text(traceback.format_exc())
+        tracking.retry(mlflow.set_tag, "rlvr.active_s", active_s())
+        if "SLURM_JOB_ID" in os.environ:
+            # state saved: leave the run RUNNING for the requeued job, and let submitit requeue us
+            log.warning("point %s preempted; state saved in %s", name, run_dir)
+            previous = getattr(_install_preemption_handler, "previous", None)
+            if callable(previous):
+                previous(signal.SIGUSR2, None)
+            raise
+        beat.stop.set()
+        STOP_REQUESTED.clear()
+        mlflow.end_run(status="KILLED")
+        raise Interrupted(getattr(_install_stop_handlers, "signum", signal.SIGTERM), state_saved=True,
+                          where=f"run {run_id}") from None
+    except BaseException as e:
+        beat.stop.set()
+        killed = isinstance(e, KeyboardInterrupt)
         try:
+            (run_dir / "traceback.txt").write_text(traceback.format_exc())
             tracking.retry(mlflow.log_artifact, str(run_dir / "traceback.txt"))
+        except Exception as e2:  # a full disk or a lost store: the original error is what matters
+            log.error("could not save the traceback of run %s: %s", run_id, e2)
         finally:
-            mlflow.end_run(status="FAILED")
+            try:
+                mlflow.set_tag("rlvr.active_s", active_s())
+            except Exception:
+                pass
+            try:
+                mlflow.end_run(status="KILLED" if killed else "FAILED")
+            except Exception as e3:
+                log.error("could not mark run %s %s: %s", run_id, "KILLED" if killed else "FAILED", e3)
+        if isinstance(e, KeyboardInterrupt) and not isinstance(e, Interrupted):
+            raise Interrupted(signal.SIGINT, where=f"run {run_id}") from None
+        if isinstance(e, Interrupted):
+            e.where = f"run {run_id}"
         raise
+    finally:
+        beat.stop.set()
+    tracking.retry(mlflow.set_tag, "rlvr.active_s", active_s())
     mlflow.end_run()
     log.info("point %s finished: MLflow run %s", name, run_id)
     return {"status": "finished", "run_id": run_id, "config_hash": chash, "metrics": metrics}
+
+
+def record_integrity(run_dir: Path, ckpt: Path) -> Path:
+    """Write ``run_dir/integrity.json`` (:mod:`orchestrator.integrity`) for the files this run logged and the
+    checkpoints and samples later stages read; returns its path."""
+    artifacts = {"config.yaml": run_dir / "config.yaml"}
+    run_files = integrity.hash_tree(Path(ckpt), "checkpoint") if Path(ckpt) == run_dir / "checkpoint" else {}
+    from core.lifecycle import saved_checkpoints
+
+    for step, path in saved_checkpoints(run_dir):
+        run_files |= integrity.hash_tree(path, f"checkpoints/step_{step}")
+    for marker in sorted((run_dir / "eval").rglob(".logged")) if (run_dir / "eval").is_dir() else []:
+        out_dir = marker.parent
+        rel = out_dir.relative_to(run_dir / "eval").as_posix()
+        prefix = "" if rel == "." else f"eval/{rel}/"
+        for f in sorted(out_dir.iterdir()):
+            if f.is_file() and not f.name.startswith(".") and f.suffix in (".parquet", ".csv"):
+                artifacts[prefix + f.name] = f
+        run_files[f"eval/{'' if rel == '.' else rel + '/'}samples.parquet"] = integrity.sha256(out_dir / "samples.parquet")
+    return integrity.write_record(run_dir, artifacts, run_files)
 
 
 def _free_memory() -> None:

@@ -1,7 +1,12 @@
-"""MLflow plumbing: store and experiment setup, parameter flattening, finished-run lookup."""
+"""MLflow plumbing: store checks and creation, experiment setup, parameter flattening, finished-run lookup."""
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import tempfile
 from pathlib import Path
+from urllib.parse import urlparse
 
 import mlflow
 from mlflow.tracking import MlflowClient
@@ -17,9 +22,144 @@ def _artifact_uri(root: str) -> str:
     return Path(root).resolve().as_uri()
 
 
+class StoreError(RuntimeError):
+    """The tracking store or a folder the sweep writes to cannot be used; the message is one line naming it."""
+
+
+SERVER_SCHEMES = ("http", "https", "databricks", "postgresql", "mysql", "mssql")
+DB_SCHEMES = ("postgresql", "mysql", "mssql")
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of an ``sqlite:///PATH`` URI (relative to the working directory), else None."""
+    if not uri.startswith("sqlite:"):
+        return None
+    rest = uri[len("sqlite:"):]
+    if not rest.startswith("///"):
+        raise StoreError(f"tracking.uri={uri!r}: expected sqlite:///PATH (three slashes, then the file's path)")
+    return Path(rest[3:] or ".")
+
+
+def local_path(uri_or_path: str) -> Path | None:
+    """The folder of a plain path or ``file:`` URI, else None (a remote location)."""
+    if "://" not in uri_or_path and not uri_or_path.startswith("file:"):
+        return Path(uri_or_path)
+    parsed = urlparse(uri_or_path)
+    return Path(parsed.path) if parsed.scheme == "file" else None
+
+
+def _existing_ancestor(path: Path) -> Path:
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_writable(path: Path, what: str, min_free_mb: float) -> None:
+    """Raise :class:`StoreError` unless a file can be created in ``path`` (or its nearest existing folder)
+    and its filesystem has ``min_free_mb`` MB free. ``what`` names the setting in the message."""
+    folder = _existing_ancestor(path)
+    if folder.is_file():
+        folder = folder.parent
+    free_mb = shutil.disk_usage(folder).free / 2**20
+    if free_mb < min_free_mb:
+        raise StoreError(f"{what}: disk full: {free_mb:.1f} MB free on the filesystem of {folder} "
+                         f"(need tracking.min_free_mb={min_free_mb:g}); free space and run again")
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".rlvr-write-test-") as f:
+            f.write(b"x")
+            f.flush()
+    except OSError as e:
+        raise StoreError(f"{what}: {folder} is not writable ({e.strerror or e})") from None
+
+
+def check_store(uri: str, artifact_root: str, min_free_mb: float = 100.0, timeout_s: float = 5.0) -> None:
+    """Pre-flight of the tracking store, in seconds: a known scheme; for SQLite, a writable folder and database
+    file with ``min_free_mb`` free; for a server, an answer to ``/health`` within ``timeout_s``; a writable local
+    artifact root with space.
+
+    Raises:
+        StoreError: one line naming ``tracking.uri`` or ``tracking.artifact_root`` and the cause.
+    """
+    db = sqlite_path(uri)
+    if db is not None:
+        check_writable(db.parent if not db.exists() else db, f"tracking.uri={uri!r}", min_free_mb)
+        if db.exists():
+            if db.is_dir():
+                raise StoreError(f"tracking.uri={uri!r}: {db} is a folder, not an SQLite file")
+            try:
+                with open(db, "r+b"):
+                    pass
+            except OSError as e:
+                raise StoreError(f"tracking.uri={uri!r}: {db} is not writable ({e.strerror or e})") from None
+    else:
+        scheme = urlparse(uri).scheme
+        if scheme in ("http", "https"):
+            import urllib.request
+
+            try:
+                urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s).read()
+            except Exception as e:
+                raise StoreError(f"tracking.uri={uri!r}: the tracking server does not answer ({e})") from None
+        elif scheme in ("", "file") or (len(scheme) == 1 and uri[1:3] == ":\\"):
+            check_writable(local_path(uri), f"tracking.uri={uri!r}", min_free_mb)
+        elif scheme.split("+")[0] not in SERVER_SCHEMES:
+            raise StoreError(f"tracking.uri={uri!r}: unknown scheme {scheme!r}; expected sqlite:///PATH, a folder, "
+                             f"http(s)://HOST:PORT or one of {list(DB_SCHEMES)}")
+    art = local_path(artifact_root)
+    if art is not None:
+        check_writable(art, f"tracking.artifact_root={artifact_root!r}", min_free_mb)
+
+
+@contextlib.contextmanager
+def file_lock(path: Path):
+    """An exclusive ``fcntl`` lock on ``path`` (created if missing) for the ``with`` block."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def ensure_store(uri: str) -> None:
+    """Create an SQLite store once, under a file lock, on a copy that is renamed into place when its schema is
+    complete: parallel jobs never race on the schema and a failure (a full disk) never leaves a half-migrated
+    database behind. Other stores are left to MLflow.
+
+    Raises:
+        StoreError: the schema could not be created (the cause, disk full named as such).
+    """
+    db = sqlite_path(uri)
+    if db is None or db.exists():
+        return
+    with file_lock(db.with_name(db.name + ".lock")):
+        if db.exists():
+            return
+        tmp = db.with_name(f".{db.name}.creating-{os.getpid()}")
+        tmp.unlink(missing_ok=True)
+        try:
+            from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+            store = SqlAlchemyStore(f"sqlite:///{tmp}", str(tempfile.gettempdir()))
+            store.engine.dispose()
+            os.replace(tmp, db)
+        except Exception as e:
+            tmp.unlink(missing_ok=True)
+            text = str(e)
+            cause = ("disk full (No space left on device)" if "No space left" in text or "disk is full" in text or
+                     "disk I/O error" in text else f"{type(e).__name__}: {text.splitlines()[0] if text else ''}")
+            raise StoreError(f"tracking.uri={uri!r}: could not create the MLflow store at {db}: {cause}; "
+                             "nothing was left behind, run again once the cause is fixed") from None
+
+
 def setup_experiment(tracking_uri: str, experiment_name: str, artifact_root: str) -> str:
-    """Point MLflow at ``tracking_uri`` and return the id of ``experiment_name`` (created if new,
-    with its artifacts under ``artifact_root``/<experiment>)."""
+    """Point MLflow at ``tracking_uri`` (creating an SQLite store with :func:`ensure_store`) and return the id of
+    ``experiment_name`` (created if new, with its artifacts under ``artifact_root``/<experiment>)."""
+    ensure_store(tracking_uri)
     mlflow.set_tracking_uri(tracking_uri)
     client = MlflowClient()
     exp = client.get_experiment_by_name(experiment_name)

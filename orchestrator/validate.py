@@ -117,7 +117,9 @@ def validate_config(cfg: DictConfig) -> list[str]:
     Returns:
         Warnings (legal but suspicious settings, e.g. TR-GRPO weights that are constant).
     """
-    warnings: list[str] = []
+    from .schema import check_schema
+
+    warnings: list[str] = check_schema(cfg)  # every key: type, range, choices; unknown keys refused
     # -- algorithm
     algo = cfg.algo
     for kind, getter in (("advantage", get_advantage_fn), ("policy_loss", get_policy_loss_fn)):

@@ -50,7 +50,18 @@ def build(experiment: str, tracking_uri: str = "sqlite:///mlflow.db", baseline: 
                                              figures_dir=str(out / "figures"), work_dir=str(out))
             break
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    NotebookClient(nb, timeout=timeout_s, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}).execute()
+    import shutil
+    import tempfile
+
+    from jupyter_client.manager import KernelManager
+
+    sockets = tempfile.mkdtemp(prefix="rlvr-kernel-")  # IPC sockets: the kernel listens on no TCP port at all
+    try:
+        km = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(sockets) / "kernel"))
+        NotebookClient(nb, km=km, timeout=timeout_s, kernel_name="python3",
+                       resources={"metadata": {"path": str(REPO)}}).execute()
+    finally:
+        shutil.rmtree(sockets, ignore_errors=True)
     nb_path, html_path = out / "report.ipynb", out / "report.html"
     nbformat.write(nb, nb_path)
     html, _ = HTMLExporter(exclude_input=True).from_notebook_node(nb)

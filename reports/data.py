@@ -43,7 +43,8 @@ def load_runs(tracking_uri: str, experiment: str) -> pd.DataFrame:
             "run_id": r.info.run_id, "label": BASE_LABEL if is_base else (r.info.run_name or r.info.run_id[:8]),
             "algo": "base model" if is_base else r.data.params.get("algo.name", "?"),
             "status": r.info.status, "kind": tags.get("rlvr.kind", "trained"), "duplicate_of": tags.get("rlvr.duplicate_of"),
-            "wall_time_s": (end - r.info.start_time) / 1000.0 if r.info.start_time else np.nan,
+            "wall_time_s": float(tags["rlvr.active_s"]) if tags.get("rlvr.active_s") else
+                           (end - r.info.start_time) / 1000.0 if r.info.start_time else np.nan,
             "steps": int(r.data.params.get("train.steps", 0) or 0) if tags.get("rlvr.kind") == "trained" else 0,
             "params": dict(r.data.params), "metrics": dict(r.data.metrics), "tags": dict(tags),
         })
@@ -316,19 +317,36 @@ def largest_k_key(runs: pd.DataFrame, benchmark: str = "mean") -> str | None:
     return f"eval/{benchmark}/pass_at_{max(ks)}" if ks else None
 
 
-def download_samples(tracking_uri: str, runs: pd.DataFrame, dst: Path) -> dict:
-    """{run label: samples DataFrame} for runs that logged ``samples.parquet``."""
+def download_samples(tracking_uri: str, runs: pd.DataFrame, dst: Path, problems: list | None = None) -> dict:
+    """{run label: samples DataFrame} for runs that logged ``samples.parquet``.
+
+    A file whose SHA-256 differs from the run's ``integrity.json`` record, or that cannot be read, is left out and
+    named, one line each, in ``problems`` (when given); a run that logged no samples is left out silently.
+    """
     import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.integrity import load_record, sha256
 
     mlflow.set_tracking_uri(tracking_uri)
+    client = MlflowClient(tracking_uri=tracking_uri)
     out = {}
     for _, r in runs.iterrows():
         try:
             path = mlflow.artifacts.download_artifacts(run_id=r["run_id"], artifact_path="samples.parquet",
                                                        dst_path=str(Path(dst) / r["run_id"]))
-            out[r["label"]] = pd.read_parquet(path)
         except Exception:
             continue
+        try:
+            record = load_record(client, client.get_run(r["run_id"])) or {}
+            want = record.get("artifacts", {}).get("samples.parquet")
+            if want and sha256(Path(path)) != want:
+                raise ValueError("its SHA-256 differs from the one recorded in integrity.json (corrupt)")
+            out[r["label"]] = pd.read_parquet(path)
+        except Exception as e:
+            if problems is not None:
+                problems.append(f"{r['label']} (run {r['run_id']}): samples.parquet is unreadable: "
+                                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     return out
 
 

@@ -78,7 +78,9 @@ def color(label):
 display(Markdown(f"**Experiment** `{experiment}` at `{tracking_uri}`: {len(runs)} runs, "
                  f"{len(done)} trained and finished, {n_base} base-model evaluation(s) (the *Initialization* rows), "
                  f"{int((runs['kind'] == 'duplicate').sum()) if len(runs) else 0} recorded as duplicates, "
-                 f"{int((runs['status'] == 'FAILED').sum()) if len(runs) else 0} failed."))
+                 f"{int((runs['status'] == 'FAILED').sum()) if len(runs) else 0} failed, "
+                 f"{int((runs['status'] == 'KILLED').sum()) if len(runs) else 0} stopped (killed, or superseded by "
+                 "a later run of the same point)."))
 if runs.empty:
     note("This experiment has no runs yet: there is nothing to report.")
 elif done.empty:
@@ -254,7 +256,10 @@ if ucc.empty:
     note("No UCC@k metrics were logged.")
 else:
     display(HTML(R.bold_best_html(ucc)))
-samples_by_run = R.download_samples(tracking_uri, shown, Path(work_dir) / "samples") if len(shown) else {}
+sample_problems = []
+samples_by_run = R.download_samples(tracking_uri, shown, Path(work_dir) / "samples", sample_problems) if len(shown) else {}
+for problem in sample_problems:  # named once here; the sections that need these samples leave the run out
+    note(f"Left out of every per-sample section: {problem}")
 sim = R.prompt_similarities(samples_by_run)
 if sim.empty:
     note("No similarity among correct answers: no prompt has two correct responses.")
@@ -352,7 +357,8 @@ else:
         label = done[done["algo"] == label]["label"].iloc[0]
     samples = samples_by_run
     if label not in samples:
-        note(f"Baseline {label!r} has no samples.parquet among the finished runs.")
+        bad = [p for p in sample_problems if p.startswith(f"{label} (run ")]
+        note(f"Baseline {label!r}: " + (bad[0] if bad else "no samples.parquet among the finished runs."))
     else:
         diffs = R.baseline_differences(samples, label)
         display(Markdown(f"Per-prompt accuracy minus baseline `{label}`:"))

@@ -71,7 +71,7 @@ def test_identity_ignores_delta_where_the_algorithm_does_not_use_it():
     (["eval.checkpoints=some"], "eval.checkpoints='some'"),
     (["train.save_every=-1"], "train.save_every=-1"),
     (["eval.vllm.gpu_memory_utilization=1.5"], "gpu_memory_utilization=1.5"),
-    (["+eval.vllm.swap_space=4"], "eval.vllm: unknown key(s) ['swap_space']"),
+    (["+eval.vllm.swap_space=4"], "eval.vllm.swap_space=4: unknown key"),
     (["eval.vllm.tensor_parallel_size=0"], "eval.vllm.tensor_parallel_size=0"),
     (["eval.score_tokens=0"], "eval.score_tokens=0"),
 ])

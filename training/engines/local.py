@@ -25,6 +25,7 @@ from tqdm.auto import trange
 
 from core.lifecycle import STOP_REQUESTED, Preempted, final_checkpoint_dir, save_atomically, step_checkpoint_dir
 from core.models import load_policy
+from core.progress import LineProgress
 from training.algorithms import agg_loss, get_advantage_fn, get_policy_loss_fn, kl_k3, masked_mean, needs_of
 from training.batch import concat_batches
 from core.tasks import load_prompts
@@ -50,6 +51,47 @@ def seed_everything(seed: int) -> None:
 def _mean_metrics(items: list[dict]) -> dict:
     keys = {k for m in items for k in m}
     return {k: float(np.mean([m[k] for m in items if k in m])) for k in keys}
+
+
+STATE_FILE = Path("state") / "train_state.pt"
+
+
+def has_state(run_dir) -> bool:
+    """Whether ``run_dir`` holds a saved training state to resume from (the orchestrator asks before resuming)."""
+    return (Path(run_dir) / STATE_FILE).is_file()
+
+
+def load_state(run_dir, device="cpu") -> dict:
+    """The saved training state of ``run_dir``, loaded with ``torch.load(weights_only=True)`` (tensors, numbers,
+    strings and containers only: a state file cannot run code when it is read).
+
+    Raises:
+        ValueError: the state file resolves (through links) outside ``run_dir``.
+    """
+    run_dir = Path(run_dir).resolve()
+    path = (run_dir / STATE_FILE).resolve()
+    if run_dir not in path.parents:
+        raise ValueError(f"training state {run_dir / STATE_FILE} resolves to {path}, outside the run folder {run_dir}")
+    return torch.load(path, map_location=device, weights_only=True)
+
+
+def _py_rng_to(state) -> dict:
+    version, internal, gauss = state
+    return {"version": int(version), "internal": torch.tensor(internal, dtype=torch.int64), "gauss": gauss}
+
+
+def _py_rng_from(d) -> tuple:
+    return int(d["version"]), tuple(int(x) for x in d["internal"].tolist()), d["gauss"]
+
+
+def _np_rng_to(state) -> dict:
+    name, keys, pos, has_gauss, cached = state
+    return {"name": str(name), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
+            "has_gauss": int(has_gauss), "cached": float(cached)}
+
+
+def _np_rng_from(d) -> tuple:
+    return d["name"], d["keys"].numpy().astype(np.uint32), d["pos"], d["has_gauss"], d["cached"]
 
 
 def policy_objective(logprobs, entropy, batch, advantages, loss_fn, loss_params: dict, beta: float = 0.0,
@@ -179,16 +221,16 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
         model.save_pretrained(path)
         tokenizer.save_pretrained(path)
     if state_path.exists():
-        st = torch.load(state_path, map_location=device, weights_only=False)
+        st = load_state(run_dir, device)
         model.load_state_dict(st["model"])
         optimizer.load_state_dict(st["optimizer"])
         scheduler.load_state_dict(st["scheduler"])
-        order[:] = st["order"]
-        order_rng.setstate(st["order_rng"])
-        random.setstate(st["py_rng"])
-        np.random.set_state(st["np_rng"])
+        order[:] = [int(i) for i in st["order"]]
+        order_rng.setstate(_py_rng_from(st["order_rng"]))
+        random.setstate(_py_rng_from(st["py_rng"]))
+        np.random.set_state(_np_rng_from(st["np_rng"]))
         torch.set_rng_state(st["torch_rng"])
-        start_step = st["step"] + 1
+        start_step = int(st["step"]) + 1
         for s_, m_ in st["pending"]:
             if s_ > logged_through:
                 log_metrics(m_, s_)
@@ -197,8 +239,8 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
         state_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = state_path.with_suffix(".tmp")
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                    "order": list(order), "order_rng": order_rng.getstate(), "py_rng": random.getstate(),
-                    "np_rng": np.random.get_state(), "torch_rng": torch.get_rng_state(), "step": step,
+                    "order": list(order), "order_rng": _py_rng_to(order_rng.getstate()), "py_rng": _py_rng_to(random.getstate()),
+                    "np_rng": _np_rng_to(np.random.get_state()), "torch_rng": torch.get_rng_state(), "step": step,
                     "pending": pending}, tmp)
         os.replace(tmp, state_path)  # atomic: a kill mid-save leaves the previous state intact
 
@@ -211,6 +253,7 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
             rows.append(prompts[order.pop()])
         return rows
 
+    lines = LineProgress(f"train {algo.name}", n_steps, start_step)
     for step in trange(start_step, n_steps, initial=start_step, total=n_steps, desc=f"train {algo.name}", unit="step",
                        disable=None):
         t_step = time.perf_counter()
@@ -289,6 +332,8 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
             **{k: float(v) for k, v in adv_metrics.items()},
             **_mean_metrics(update_metrics),
         }
+        lines.update(step + 1, reward=metrics["reward_mean"], accuracy=metrics["accuracy"],
+                     step_s=round(step_time, 1))
         pending.append((step, {f"train/{k}": v for k, v in metrics.items() if v is not None and math.isfinite(v)}))
         if save_every and (step + 1) % save_every == 0 and step + 1 < n_steps:  # a trajectory point (the last is final),
             save_atomically(step_checkpoint_dir(run_dir, step + 1), save_hf)  # kept before the state that skips it

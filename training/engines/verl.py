@@ -804,6 +804,11 @@ def export_hf_checkpoint(ckpt_root: Path, out_dir: Path, step_dir: Path | None =
 
 # ----------------------------------------------------------------------------------- the engine
 
+def has_state(run_dir) -> bool:
+    """Whether verl left a checkpoint in ``run_dir/verl_checkpoints`` to resume from (``resume_mode=auto``)."""
+    return (Path(run_dir) / "verl_checkpoints" / "latest_checkpointed_iteration.txt").is_file()
+
+
 def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: None, logged_through: int = -1) -> Path:
     """Train ``cfg.algo`` with verl and return the Hugging Face checkpoint directory.
 

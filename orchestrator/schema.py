@@ -1,0 +1,268 @@
+"""A type and range for every key of the config tree, checked before anything starts.
+
+:data:`SCHEMA` maps each dotted key (``train.lr``) to a :class:`Spec`. :func:`check_schema` walks the composed
+config: a key the schema does not know is refused (a typo given with ``+``), except under the free-form
+subtrees of :data:`FREE` and the parameters of a plug-in task's data config; a value of the wrong type, out of
+range or not among the choices is refused with one line naming the key and the value. The parameters of the
+algorithm's advantage estimator and policy loss are typed from the registered function's annotations
+(``float``, ``bool``, ``str``, ``float | None``), their ranges left to the function's registered validator.
+Keys whose meaning depends on other keys (``eval.ks`` within ``eval.n``, ...) keep their checks in
+:mod:`orchestrator.validate`.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+import re
+from dataclasses import dataclass, field
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from .errors import ConfigError
+
+MAX_NAME = 120  # experiment_name: MLflow shows it in URLs and the report's folder name is made of it
+
+
+@dataclass(frozen=True)
+class Spec:
+    """``kind``: int, float, bool, str, list, map or any; ``lo``/``hi``: inclusive bounds (``lo_open``: lo
+    excluded); ``choices``: allowed strings; ``pattern``: a regex strings must match in full; ``null``: None
+    allowed; ``item``: the Spec of each list element; ``min_len``/``max_len``: list length or string length."""
+    kind: str
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    choices: tuple = ()
+    pattern: str | None = None
+    null: bool = False
+    item: "Spec | None" = None
+    min_len: int | None = None
+    max_len: int | None = None
+    note: str = field(default="", compare=False)
+
+
+def I(lo=None, hi=None, null=False):  # noqa: E743
+    return Spec("int", lo, hi, null=null)
+
+
+def F(lo=None, hi=None, lo_open=False, null=False):
+    return Spec("float", lo, hi, lo_open=lo_open, null=null)
+
+
+def B(null=False):
+    return Spec("bool", null=null)
+
+
+def S(choices=(), null=False, pattern=None, max_len=None, min_len=None):
+    return Spec("str", choices=tuple(choices), null=null, pattern=pattern, max_len=max_len, min_len=min_len)
+
+
+def L(item=None, null=False, min_len=None, max_len=None):
+    return Spec("list", item=item, null=null, min_len=min_len, max_len=max_len)
+
+
+ANY = Spec("any")
+MAP = Spec("map")
+DEVICE = r"auto|cpu|cuda(:\d+)?"
+
+SCHEMA: dict[str, Spec] = {
+    # top level
+    "experiment_name": S(pattern=r"[A-Za-z0-9][A-Za-z0-9_.\-]*", max_len=MAX_NAME),
+    "seed": I(0, 2**31 - 1),
+    "delta": F(0, lo_open=True),
+    "exppo_lambda": F(),
+    "plugins": L(S(min_len=1), null=True),
+    "force": B(),
+    "identity_exclude": L(S()),
+    "report.enabled": B(),
+    "report.baseline": S(null=True),
+    "report.out_dir": S(null=True),
+    "tracking.uri": S(min_len=1),
+    "tracking.artifact_root": S(min_len=1),
+    "tracking.min_free_mb": F(0),
+    "tracking.lease_stale_s": F(1),
+    # training
+    "train.steps": I(1), "train.prompts_per_step": I(1), "train.group_size": I(1), "train.ppo_epochs": I(1),
+    "train.minibatch_size": I(1, null=True), "train.lr": F(0, 1, lo_open=True),
+    "train.betas": L(F(0, 1), min_len=2, max_len=2), "train.weight_decay": F(0), "train.warmup_steps": I(0),
+    "train.max_grad_norm": F(0, lo_open=True), "train.temperature": F(0, 10, lo_open=True), "train.top_p": F(0, 1, lo_open=True),
+    "train.max_new_tokens": I(1), "train.checkpoint_every": I(0), "train.save_every": I(0, null=True),
+    "train.bf16_autocast": B(), "train.device": S(pattern=DEVICE),
+    # model
+    "model.name": S(min_len=1), "model.source": S(("gguf_wheel", "tiny_random", "pretrained")),
+    "model.path": S(null=True), "model.package": S(), "model.gguf_file": S(), "model.tokenizer_name": S(),
+    "model.chat_template": B(), "model.hidden_size": I(1), "model.intermediate_size": I(1), "model.num_heads": I(1),
+    "model.num_layers": I(1), "model.init_seed": I(0), "model.dtype": S(null=True), "model.revision": S(null=True),
+    # data (the task's own validate() checks values against each other)
+    "data.name": S(min_len=1), "data.source": S(("hub", "local"), null=True), "data.path": S(null=True),
+    "data.hub_path": S(), "data.hub_config": S(null=True), "data.hub_split": S(), "data.levels": L(I(1, 5), null=True),
+    "data.max_prompts": I(1, null=True), "data.seed": I(0), "data.template": S(), "data.difficulty": I(1, 3),
+    "data.operations": L(S(("+", "-", "*")), min_len=1), "data.n_eval": I(0),
+    "data.train_sizes": L(I(1), min_len=1), "data.eval_sizes": L(I(1), min_len=1),
+    "data.train_per_size": I(1), "data.eval_per_size": I(0), "data.code_reward": S(("share", "all_pass")),
+    # evaluation
+    "eval.name": S(null=True), "eval.base": B(), "eval.batch_prompts": I(1, null=True),
+    "eval.benchmarks": L(S(min_len=1), min_len=1), "eval.checkpoints": S(("final", "all")),
+    "eval.code_reward": S(("share", "all_pass")), "eval.data_dir": S(null=True), "eval.device": S(pattern=DEVICE),
+    "eval.dtype": S(("auto", "float32", "bfloat16", "float16")), "eval.entropy": B(),
+    "eval.extra_temperatures": L(F(0.01, 10), null=True), "eval.flip_k": I(1, null=True), "eval.ks": L(I(1), min_len=1),
+    "eval.max_new_tokens": I(1), "eval.max_prompts": I(1, null=True), "eval.n": I(1), "eval.prompt_template": S(null=True),
+    "eval.sampler": S(min_len=1), "eval.score_rows": I(1), "eval.score_tokens": I(1), "eval.seed": I(0),
+    "eval.similarity_metric": S(("rouge_l", "jaccard", "tfidf_cosine", "edit")),
+    "eval.temperature": F(0, 10, lo_open=True), "eval.top_p": F(0, 1, lo_open=True), "eval.ucc_ks": L(I(1), null=True),
+    "eval.ucc_threshold": F(0, 1), "eval.vllm.dtype": S(("auto", "float32", "bfloat16", "float16"), null=True),
+    "eval.vllm.enforce_eager": B(null=True), "eval.vllm.gpu_memory_utilization": F(0, 1, lo_open=True, null=True),
+    "eval.vllm.kv_cache_memory_bytes": I(1, null=True), "eval.vllm.max_model_len": I(1, null=True),
+    "eval.vllm.tensor_parallel_size": I(1, null=True), "eval.vllm.extra": MAP,
+    # engine
+    "engine.name": S(min_len=1), "engine.dataloader_num_workers": I(0), "engine.device": S(pattern=DEVICE),
+    "engine.extra_overrides": L(S()), "engine.gradient_checkpointing": B(), "engine.keep_checkpoints": I(1),
+    "engine.max_prompt_length": I(1), "engine.micro_batch_size_per_gpu": I(1), "engine.n_gpus_per_node": I(1),
+    "engine.nnodes": I(1), "engine.optimizer_offload": B(), "engine.param_offload": B(),
+    "engine.rollout.gpu_memory_utilization": F(0, 1, lo_open=True), "engine.rollout.max_num_batched_tokens": I(1),
+    "engine.rollout.name": S(("vllm", "sglang", "hf")), "engine.rollout.tensor_model_parallel_size": I(1),
+    "engine.strategy": S(("fsdp", "fsdp2", "megatron")), "engine.use_remove_padding": B(),
+    # algorithm (advantage.* and policy_loss.* are typed from the registered functions)
+    "algo.name": S(min_len=1), "algo.kl_beta": F(0), "algo.entropy_coef": F(0),
+    "algo.advantage.name": S(min_len=1), "algo.policy_loss.name": S(min_len=1),
+    "algo.dynamic_sampling.enabled": B(), "algo.dynamic_sampling.max_num_gen_batches": I(1),
+    "algo.overlong_buffer.enabled": B(), "algo.overlong_buffer.fraction": F(0, 1, lo_open=True, null=True),
+    "algo.overlong_buffer.length": I(1, null=True), "algo.overlong_buffer.penalty_factor": F(0),
+}
+FREE = ("hydra", "eval.vllm.extra")  # subtrees passed through as they are
+BUILTIN_DATA = ("arithmetic", "kk", "math", "products")  # data tasks whose keys the schema lists
+
+
+def _type_name(v) -> str:
+    return "null" if v is None else type(v).__name__
+
+
+def check_value(key: str, value, spec: Spec) -> None:
+    """Raise :class:`ConfigError` naming ``key`` unless ``value`` fits ``spec``."""
+    def bad(why: str):
+        raise ConfigError(f"{key}={value!r}: {why}")
+
+    if value is None:
+        if not spec.null and spec.kind != "any":
+            bad("must not be null")
+        return
+    if spec.kind == "any":
+        return
+    if spec.kind == "bool":
+        if not isinstance(value, bool):
+            bad("expected true or false")
+    elif spec.kind in ("int", "float"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (spec.kind == "int" and not isinstance(value, int)):
+            bad(f"expected {'an integer' if spec.kind == 'int' else 'a number'}, got {_type_name(value)}")
+        if not math.isfinite(float(value)):
+            bad("expected a finite number")
+        lo_ok = spec.lo is None or (value > spec.lo if spec.lo_open else value >= spec.lo)
+        if not lo_ok or (spec.hi is not None and value > spec.hi):
+            lo = "" if spec.lo is None else f"{'(' if spec.lo_open else '['}{spec.lo:g}"
+            hi = "" if spec.hi is None else f"{spec.hi:g}]"
+            bad(f"out of range: expected a value in {lo or '(-inf'}, {hi or 'inf)'}")
+    elif spec.kind == "str":
+        if not isinstance(value, str):
+            bad(f"expected a string, got {_type_name(value)}")
+        if spec.choices and value not in spec.choices:
+            bad(f"expected one of {list(spec.choices)}")
+        if spec.pattern and not re.fullmatch(spec.pattern, value):
+            bad(f"does not match {spec.pattern}")
+        if spec.max_len is not None and len(value) > spec.max_len:
+            bad(f"{len(value)} characters; at most {spec.max_len}")
+        if spec.min_len is not None and len(value) < spec.min_len:
+            bad("must not be empty")
+    elif spec.kind == "list":
+        if not isinstance(value, (list, tuple, ListConfig)):
+            bad(f"expected a list, e.g. {key}=[{value}]")
+        if spec.min_len is not None and len(value) < spec.min_len or spec.max_len is not None and len(value) > spec.max_len:
+            bad(f"expected a list of {spec.min_len if spec.min_len == spec.max_len else f'at least {spec.min_len}'} item(s)")
+        if spec.item is not None:
+            for i, v in enumerate(value):
+                try:
+                    check_value(f"{key}[{i}]", v, spec.item)
+                except ConfigError as e:
+                    raise ConfigError(f"{key}={list(value)!r}: item {i}: {str(e).split(': ', 1)[1]}") from None
+    elif spec.kind == "map":
+        if not isinstance(value, (dict, DictConfig)):
+            bad("expected a mapping")
+
+
+def _annotation_spec(annotation, default) -> Spec:
+    text = str(annotation).replace("typing.", "")
+    null = "None" in text or default is None
+    base = text.split("|")[0].strip()
+    return {"float": F(null=null), "int": I(null=null), "bool": B(null=null), "str": S(null=null)}.get(base, Spec("any"))
+
+
+def algorithm_specs(cfg) -> dict[str, Spec]:
+    """Specs of ``algo.advantage.*`` and ``algo.policy_loss.*`` from the registered functions' signatures."""
+    from training.algorithms import get_advantage_fn, get_policy_loss_fn
+
+    out = {}
+    for kind, getter, skip in (("advantage", get_advantage_fn, 1), ("policy_loss", get_policy_loss_fn, 3)):
+        name = OmegaConf.select(cfg, f"algo.{kind}.name")
+        try:
+            fn = getter(name)
+        except (KeyError, TypeError):
+            continue  # validate_config names the unknown function
+        for p in list(inspect.signature(fn).parameters.values())[skip:]:
+            default = None if p.default is inspect.Parameter.empty else p.default
+            out[f"algo.{kind}.{p.name}"] = _annotation_spec(p.annotation, default)
+    return out
+
+
+def leaves(cfg) -> dict:
+    """``{dotted key: value}`` of every leaf of the config (lists are leaves; interpolations resolved)."""
+    out = {}
+
+    def walk(node, prefix):
+        for k in node.keys():
+            key = f"{prefix}{k}"
+            if key in FREE:
+                out[key] = OmegaConf.to_container(node[k], resolve=True) if isinstance(node[k], (DictConfig, ListConfig)) else node[k]
+                continue
+            try:
+                child = node[k]
+            except Exception as e:  # an interpolation that does not resolve
+                raise ConfigError(f"{key}: {e}") from None
+            if isinstance(child, DictConfig):
+                walk(child, key + ".")
+            else:
+                out[key] = OmegaConf.to_container(child, resolve=True) if isinstance(child, ListConfig) else child
+    walk(cfg, "")
+    return out
+
+
+def check_schema(cfg) -> list[str]:
+    """Check every key of ``cfg`` against :data:`SCHEMA` (and the algorithm's signatures).
+
+    Returns:
+        Warnings about legal settings that make training meaningless (a group of one).
+    Raises:
+        ConfigError: one line naming the first unknown key or bad value.
+    """
+    specs = {**SCHEMA, **algorithm_specs(cfg)}
+    data_name = OmegaConf.select(cfg, "data.name")
+    for key, value in leaves(cfg).items():
+        if key.split(".")[0] == "hydra":
+            continue
+        spec = specs.get(key)
+        if spec is None:
+            free = any(key == f or key.startswith(f + ".") for f in FREE)
+            plugin_data = key.startswith("data.") and data_name not in BUILTIN_DATA
+            if free or plugin_data:
+                continue
+            group = key.rsplit(".", 1)[0] if "." in key else ""
+            known = sorted(k.rsplit(".", 1)[-1] for k in specs if (k.rsplit(".", 1)[0] if "." in k else "") == group)
+            raise ConfigError(f"{key}={value!r}: unknown key (a typo?); known keys{f' of {group}' if group else ''}: {known}")
+        check_value(key, value, spec)
+    warnings = []
+    g = OmegaConf.select(cfg, "train.group_size")
+    if g == 1:
+        warnings.append("train.group_size=1: a group of one response per prompt; group-relative advantages are all 0, "
+                        "so the policy never changes")
+    steps, every = OmegaConf.select(cfg, "train.steps"), OmegaConf.select(cfg, "train.checkpoint_every")
+    if isinstance(every, int) and isinstance(steps, int) and every > steps:
+        warnings.append(f"train.checkpoint_every={every} > train.steps={steps}: the state is saved only at the end")
+    return warnings
