@@ -117,16 +117,19 @@ def has_saved_state(cfg, run_dir: Path) -> bool:
 
 def safe_run_dir(tagged: str | None, sweep_id: str) -> Path | None:
     """The run folder named by a run's ``rlvr.run_dir`` tag, when it is safe to load a training state from: it
-    lies under the folder that holds this sweep's folder (``multirun/<experiment>`` by default) or under the
-    system's temporary folder (runs outside Hydra), after resolving links. Otherwise None: a tag anyone with
+    lies under the folder that holds this sweep's folder (``multirun/<experiment>`` by default), or is a
+    ``rlvr-run-*`` folder of this user in the system's temporary folder (runs outside Hydra), after resolving links. Otherwise None: a tag anyone with
     write access to the store can set must not point training at a file of their choosing."""
     if not tagged:
         return None
     path = Path(tagged).resolve()
-    roots = [Path(tempfile.gettempdir()).resolve()]
-    if sweep_id:
-        roots.append(Path(sweep_id).resolve().parent)
-    return path if any(path == r or r in path.parents for r in roots) else None
+    if path.parent == Path(tempfile.gettempdir()).resolve() and path.name.startswith("rlvr-run-"):
+        try:
+            return path if path.stat().st_uid == os.getuid() else None  # a run outside Hydra, by this user
+        except OSError:
+            return None
+    root = Path(sweep_id).resolve().parent if sweep_id else None
+    return path if root is not None and root in path.parents else None
 
 
 def _invalidate(client, run, why: str) -> None:

@@ -8,7 +8,8 @@
 # with RAY_ADDRESS set, so each sweep point's verl trainer uses every GPU of every node. Points run one
 # after another (one cluster per allocation). Arguments are passed to sweep.py unchanged.
 #
-# Environment: RAY_PORT (6379), RLVR_PYTHON (python), RAY_CMD (ray, from the same environment as python),
+# Security: the Ray head's port is guarded only by the auth token in ~/.ray (whoever can read it can run code
+# on the cluster): run this only on a private cluster network. Environment: RAY_PORT (6379), RLVR_PYTHON (python), RAY_CMD (ray, from the same environment as python),
 # RLVR_RAY_WAIT_S (600), GPUS_PER_NODE and CPUS_PER_NODE (from SLURM). Ray's auth token (~/.ray) must be
 # on a home directory the nodes share.
 #SBATCH --job-name=rlvr-verl

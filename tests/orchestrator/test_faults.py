@@ -1,0 +1,361 @@
+"""Faults that clusters and laptops produce, on the tiny model, through the real sweep command and a real MLflow
+store: SIGTERM/SIGINT/kill -9 mid-training, two identical sweeps at once, unusable stores, a full disk,
+corrupt results, failures before a run exists, and unsafe resume inputs."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import REPO
+from tests.e2e.test_sweep import _runs
+
+STEPS = 6
+ARGS = ["-m", "algo=grpo", "model=tiny-random", "eval=smoke", f"train.steps={STEPS}", "train.prompts_per_step=2",
+        "train.group_size=4", "train.minibatch_size=4", "train.max_new_tokens=8", "report.enabled=false"]
+
+
+def _env():
+    return dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+
+
+def _sweep(cwd, *args, timeout=600):
+    return subprocess.run([sys.executable, str(REPO / "sweep.py"), *args], cwd=cwd, env=_env(), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _signal_after_two_steps(cwd, sig, *extra) -> tuple[int, str]:
+    """Start the sweep, send ``sig`` once its log says step 2 is done; return (exit status, output)."""
+    p = subprocess.Popen([sys.executable, str(REPO / "sweep.py"), *ARGS, *extra], cwd=cwd, env=_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, sent = [], False
+    for line in p.stdout:  # no terminal: one log line per training step (the progress a log file shows)
+        out.append(line)
+        if not sent and f"step 2/{STEPS}" in line:
+            p.send_signal(sig)
+            sent = True
+    p.wait(timeout=300)
+    assert sent, "".join(out)[-3000:]
+    return p.returncode, "".join(out)
+
+
+def _trained(cwd, experiment):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{cwd}/mlflow.db")
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id], filter_string="tags.`rlvr.kind` = 'trained'",
+                              order_by=["attributes.start_time ASC"])
+    return client, runs
+
+
+def _steps(client, run, key="train/reward_mean"):
+    return [m.step for m in client.get_metric_history(run.info.run_id, key)]
+
+
+def _history(client, run, key):
+    return [m.value for m in sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)]
+
+
+@pytest.fixture(scope="module")
+def straight(tiny_cfg):
+    """The uninterrupted run's per-step metrics, from the same composed config, in-process."""
+    from orchestrator.preflight import sweep_points
+    from training.engines import local
+
+    [(_, cfg)] = sweep_points(ARGS[1:], multirun=False)
+    logged = {}
+    import tempfile
+
+    local.train(cfg, Path(tempfile.mkdtemp()), lambda m, s: logged.setdefault(s, m))
+    return logged
+
+
+def _assert_equal_to_straight(client, run, straight):
+    for key in ("train/entropy", "train/grad_norm", "train/response_length_mean", "train/ratio_mean"):
+        if key not in straight[0]:
+            continue
+        got = _history(client, run, key)
+        want = [straight[s][key] for s in range(STEPS)]
+        assert got == pytest.approx(want, rel=1e-5, abs=1e-7), key
+
+
+@pytest.mark.slow
+def test_sigterm_sigint_and_kill9_mid_training_never_log_a_step_twice(tmp_path, straight):
+    # SIGTERM: state saved at the end of the running step, run KILLED, exit 143; the re-run resumes it exactly
+    rc, out = _signal_after_two_steps(tmp_path, signal.SIGTERM, "experiment_name=term")
+    assert rc == 143, out[-3000:]
+    assert "stopped by SIGTERM" in out and "training state was saved" in out
+    assert "ETA" in out and "eval sampling (hf): prompt" in out  # log-file progress lines
+    client, [run] = _trained(tmp_path, "term")
+    assert run.info.status == "KILLED"
+    done = _steps(client, run)
+    assert done == sorted(set(done)) and 2 <= len(done) < STEPS
+    proc = _sweep(tmp_path, *ARGS, "experiment_name=term")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client, [run] = _trained(tmp_path, "term")
+    assert run.info.status == "FINISHED" and _steps(client, run) == list(range(STEPS))
+    _assert_equal_to_straight(client, run, straight)
+
+    # Ctrl-C: KILLED, not FAILED; exit 130
+    rc, out = _signal_after_two_steps(tmp_path, signal.SIGINT, "experiment_name=int")
+    assert rc == 130, out[-3000:]
+    _, [run] = _trained(tmp_path, "int")
+    assert run.info.status == "KILLED"
+
+    # kill -9 without a saved state: the re-run starts a new run and marks the old one KILLED
+    rc, out = _signal_after_two_steps(tmp_path, signal.SIGKILL, "experiment_name=kill")
+    assert rc == -signal.SIGKILL
+    proc = _sweep(tmp_path, *ARGS, "experiment_name=kill")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "left no saved state" in proc.stdout + proc.stderr
+    client, runs = _trained(tmp_path, "kill")
+    assert [r.info.status for r in runs] == ["KILLED", "FINISHED"]
+    assert "no saved state" in runs[0].data.tags["rlvr.invalid"]
+    for r in runs:
+        steps = _steps(client, r)
+        assert steps == sorted(set(steps))  # no run holds a step twice
+    assert _steps(client, runs[1]) == list(range(STEPS))
+    _assert_equal_to_straight(client, runs[1], straight)
+
+    # kill -9 with train.checkpoint_every=1: resumed from the saved state, in the same run, equal to the straight run
+    rc, _ = _signal_after_two_steps(tmp_path, signal.SIGKILL, "experiment_name=killck", "train.checkpoint_every=1")
+    assert rc == -signal.SIGKILL
+    proc = _sweep(tmp_path, *ARGS, "experiment_name=killck", "train.checkpoint_every=1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client, [run] = _trained(tmp_path, "killck")
+    assert run.info.status == "FINISHED" and _steps(client, run) == list(range(STEPS))
+    _assert_equal_to_straight(client, run, straight)
+    # the killed processes left no verifier worker behind
+    time.sleep(1)
+    ps = subprocess.run(["ps", "-eo", "stat,args"], capture_output=True, text=True).stdout
+    assert not [ln for ln in ps.splitlines() if "multiprocessing" in ln and str(tmp_path) in ln]
+
+
+@pytest.mark.slow
+def test_two_identical_sweeps_at_once_train_each_point_once(tmp_path):
+    args = [*ARGS[:1], "algo=quatro,gspo", *ARGS[2:4], "train.steps=2", *ARGS[5:]]
+    procs = []
+    for i in range(2):
+        procs.append(subprocess.Popen([sys.executable, str(REPO / "sweep.py"), *args], cwd=tmp_path, env=_env(),
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        time.sleep(0.5)
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+        summary = out.split("Sweep summary", 1)[1]
+        for algo in ("algo=quatro", "algo=gspo"):  # both summaries list every point
+            assert algo in summary
+        assert "duplicate column name" not in err
+    client, runs = _runs(tmp_path)
+    trained = [r for r in runs if r.data.tags.get("rlvr.kind") == "trained"]
+    assert sorted(r.info.run_name.split(",")[0] for r in trained) == ["algo=gspo", "algo=quatro"]
+    assert all(r.info.status == "FINISHED" and _steps(client, r) == [0, 1] for r in trained)
+    dups = [r for r in runs if r.data.tags.get("rlvr.kind") == "duplicate"]
+    assert {d.data.tags["rlvr.duplicate_of"] for d in dups} == {r.info.run_id for r in trained}
+    assert len([r for r in runs if r.data.tags.get("rlvr.kind") == "base"]) == 1
+
+
+def test_unknown_scheme_and_unreachable_server_fail_in_seconds(tmp_path):
+    for uri, fragment in (("nosuch://x", "unknown scheme 'nosuch'"),
+                          ("http://127.0.0.1:9", "the tracking server does not answer")):
+        t0 = time.time()
+        proc = _sweep(tmp_path, *ARGS, f"tracking.uri={uri}", timeout=60)
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        assert proc.returncode == 2 and len(lines) == 1 and fragment in lines[0], proc.stderr
+        assert time.time() - t0 < 30
+    assert not (tmp_path / "multirun").exists()
+
+
+@pytest.fixture
+def mounts(tmp_path):
+    """``mount(name, options)``: a real tmpfs (needs root, as on CI), unmounted afterwards."""
+    made = []
+
+    def mount(name, options):
+        mnt = tmp_path / name
+        mnt.mkdir()
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mnt)], capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+        made.append(mnt)
+        return mnt
+    yield mount
+    for mnt in made:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_full_disk_and_read_only_store_fail_at_preflight_and_leave_no_half_made_store(mounts, tmp_path):
+    small_fs = mounts("small", "size=600k")
+    store = f"tracking.uri=sqlite:///{small_fs}/mlflow.db"
+    t0 = time.time()
+    proc = _sweep(tmp_path, *ARGS, store, f"tracking.artifact_root={tmp_path}/art", timeout=60)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and "disk full" in lines[0] and str(small_fs) in lines[0], proc.stderr
+    assert time.time() - t0 < 30
+    # let the store be created anyway: MLflow's schema (~1 MB) does not fit, and nothing is left half-made
+    proc = _sweep(tmp_path, *ARGS, store, "tracking.min_free_mb=0", f"tracking.artifact_root={tmp_path}/art", timeout=60)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "mlflow.store.db.utils" not in ln]
+    assert proc.returncode == 2 and len(lines) == 1 and "disk full (No space left on device)" in lines[0], proc.stderr
+    assert not list(small_fs.glob("*.db")) and not list(small_fs.glob(".mlflow.db.creating-*"))
+    # space freed: the store is created and works
+    subprocess.run(["mount", "-o", "remount,size=20m", str(small_fs)], check=True)
+    from orchestrator import tracking
+
+    tracking.check_store(f"sqlite:///{small_fs}/mlflow.db", str(tmp_path / "art"), min_free_mb=1)
+    exp = tracking.setup_experiment(f"sqlite:///{small_fs}/mlflow.db", "after", str(tmp_path / "art"))
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{small_fs}/mlflow.db")
+    run = client.create_run(exp)
+    client.log_metric(run.info.run_id, "x", 1.0)
+    assert client.get_run(run.info.run_id).data.metrics == {"x": 1.0}
+    # read-only: one line naming the cause, no retries
+    ro = mounts("ro", "ro,size=20m")
+    t0 = time.time()
+    proc = _sweep(tmp_path, *ARGS, f"tracking.uri=sqlite:///{ro}/mlflow.db", "tracking.min_free_mb=1",
+                  f"tracking.artifact_root={tmp_path}/art", timeout=60)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and "Read-only file system" in lines[0], proc.stderr
+    assert time.time() - t0 < 30
+    # a read-only working directory (where Hydra writes the sweep folder): one line, not a traceback
+    proc = subprocess.run([sys.executable, str(REPO / "sweep.py"), *ARGS, f"tracking.uri=sqlite:///{tmp_path}/m.db",
+                           f"tracking.artifact_root={tmp_path}/art", "tracking.min_free_mb=1"], cwd=ro, env=_env(), capture_output=True,
+                          text=True, timeout=60)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "mlflow.store.db.utils" not in ln]
+    assert proc.returncode == 2 and len(lines) == 1 and "the working directory" in lines[0], proc.stderr
+    assert "Read-only file system" in lines[0]
+
+
+def test_a_point_that_leaves_no_run_or_a_failed_outcome_fails_the_sweep(tmp_path, monkeypatch):
+    """The summary's exit status counts points that failed before any MLflow run existed (their outcome file)
+    and jobs that left no outcome at all, not only FAILED runs."""
+    from omegaconf import OmegaConf
+
+    from orchestrator import callbacks
+
+    sweep_dir = tmp_path / "multirun" / "s"
+    (sweep_dir / "0").mkdir(parents=True)
+    (sweep_dir / "0" / callbacks.OUTCOME_FILE).write_text(json.dumps(
+        {"job_num": "0", "point": "algo=grpo", "status": "failed", "error": "OSError: [Errno 28] No space left on device"}))
+    cfg = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep_dir)}}, "experiment_name": "e",
+                            "tracking": {"uri": f"sqlite:///{tmp_path}/m.db", "artifact_root": str(tmp_path / "a")}})
+    monkeypatch.setattr(callbacks, "EXPECTED_POINTS", 2)
+    monkeypatch.setattr(callbacks, "FAILED_POINTS", [])
+    monkeypatch.setattr(callbacks, "OUTCOMES", {})
+    callbacks.SweepSummaryCallback().on_multirun_end(cfg)
+    assert callbacks.FAILED_POINTS == ["algo=grpo: OSError: [Errno 28] No space left on device",
+                                       "?: the job ended without recording an outcome (see its log)"]
+
+
+@pytest.mark.slow
+def test_corrupt_samples_are_reevaluated_and_a_corrupt_checkpoint_retrained(tmp_path):
+    args = [*ARGS[:4], "train.steps=2", *ARGS[5:]]
+    assert _sweep(tmp_path, *args).returncode == 0
+    client, [run] = _trained(tmp_path, "rlvr")
+    run_dir = Path(run.data.tags["rlvr.run_dir"])
+    art = Path(run.info.artifact_uri.replace("file://", ""))
+    for f in (run_dir / "eval" / "samples.parquet", art / "samples.parquet"):
+        f.write_bytes(f.read_bytes()[:100])  # truncated
+    proc = _sweep(tmp_path, *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = proc.stdout + proc.stderr
+    assert f"{run_dir / 'eval' / 'samples.parquet'}: corrupt" in log and "re-evaluating its checkpoint" in log
+    client, runs = _trained(tmp_path, "rlvr")
+    old, new = runs
+    assert old.info.status == "KILLED" and "samples.parquet" in old.data.tags["rlvr.invalid"]
+    assert new.info.status == "FINISHED" and new.data.tags["rlvr.recovered_from"] == old.info.run_id
+    assert _steps(client, new) == [0, 1] and _history(client, new, "train/entropy") == _history(client, old, "train/entropy")
+    import pandas as pd
+
+    assert len(pd.read_parquet(Path(new.data.tags["rlvr.run_dir"]) / "eval" / "samples.parquet")) > 0
+    # the report's loader and the recompute CLI name the unreadable file in one line
+    from reports.data import download_samples, load_runs
+
+    problems = []
+    got = download_samples(f"sqlite:///{tmp_path}/mlflow.db", load_runs(f"sqlite:///{tmp_path}/mlflow.db", "rlvr"),
+                           tmp_path / "dl", problems)
+    assert len(problems) == 1 and old.info.run_id in problems[0] and "samples.parquet is unreadable" in problems[0]
+    assert any(len(v) for v in got.values())
+    cli = subprocess.run([sys.executable, "-m", "evaluation.recompute", str(run_dir / "eval" / "samples.parquet")],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    lines = [ln for ln in cli.stderr.splitlines() if ln.strip()]
+    assert cli.returncode == 2 and len(lines) == 1 and "samples.parquet: cannot be read" in lines[0], cli.stderr
+    # a truncated checkpoint: trained again
+    weights = Path(new.data.tags["rlvr.run_dir"]) / "checkpoint" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    proc = _sweep(tmp_path, *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"{weights}: corrupt" in proc.stdout + proc.stderr and "training again" in proc.stdout + proc.stderr
+    client, runs = _trained(tmp_path, "rlvr")
+    assert [r.info.status for r in runs] == ["KILLED", "KILLED", "FINISHED"]
+    assert "rlvr.recovered_from" not in runs[2].data.tags and _steps(client, runs[2]) == [0, 1]
+
+
+def test_the_lease_has_one_owner_and_a_dead_process_is_stale(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator import lease, tracking
+
+    uri = f"sqlite:///{tmp_path}/m.db"
+    exp = tracking.setup_experiment(uri, "lease", str(tmp_path / "a"))
+    client = MlflowClient(uri)
+    run = client.create_run(exp, tags=lease.owner_tags(lease.new_owner()))
+    assert lease.is_live(client.get_run(run.info.run_id), 300)
+    assert not lease.is_live(client.get_run(run.info.run_id), 300, now=time.time() + 400)  # silent too long
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    client.set_tag(run.info.run_id, "rlvr.pid", str(dead.pid))  # its process is gone, on this host
+    assert not lease.is_live(client.get_run(run.info.run_id), 300)
+    monkeypatch.setattr(lease, "SETTLE_S", 0.5)
+    won = []
+    threads = [threading.Thread(target=lambda: won.append(lease.claim(client, run.info.run_id))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len([w for w in won if w]) == 1  # three claims at once: exactly one owner
+    assert client.get_run(run.info.run_id).data.tags["rlvr.owner"] == next(w for w in won if w)
+
+
+def test_resume_loads_tensors_only_and_only_from_inside_the_run_folder(tmp_path):
+    from orchestrator.run import safe_run_dir
+    from training.engines.local import load_state
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path}/pwned",))
+
+    run_dir = tmp_path / "multirun" / "rlvr" / "s" / "0"
+    (run_dir / "state").mkdir(parents=True)
+    torch.save({"step": 1, "x": Evil()}, run_dir / "state" / "train_state.pt")
+    with pytest.raises(Exception, match="(?i)weights_only|unpickl|unsupported"):
+        load_state(run_dir)
+    assert not (tmp_path / "pwned").exists()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    torch.save({"step": 1}, elsewhere / "train_state.pt")
+    (run_dir / "state" / "train_state.pt").unlink()
+    (run_dir / "state").rmdir()
+    (run_dir / "state").symlink_to(elsewhere)
+    with pytest.raises(ValueError, match="outside the run folder"):
+        load_state(run_dir)
+    sweep = str(tmp_path / "multirun" / "rlvr" / "s2")
+    assert safe_run_dir(str(run_dir), sweep) == run_dir.resolve()
+    assert safe_run_dir("/etc", sweep) is None and safe_run_dir(str(tmp_path / "x"), sweep) is None
+
+
+def test_checkpoint_every_is_not_part_of_the_identity(tiny_cfg):
+    from omegaconf import OmegaConf
+
+    from orchestrator.identity import config_hash
+
+    a = config_hash(tiny_cfg)
+    assert config_hash(OmegaConf.merge(tiny_cfg, {"train": {"checkpoint_every": 5}})) == a
+    assert config_hash(OmegaConf.merge(tiny_cfg, {"train": {"lr": 1e-3}})) != a
