@@ -92,7 +92,7 @@ SCHEMA: dict[str, Spec] = {
     "model.name": S(min_len=1), "model.source": S(("gguf_wheel", "tiny_random", "pretrained")),
     "model.path": S(null=True), "model.package": S(), "model.gguf_file": S(), "model.tokenizer_name": S(),
     "model.chat_template": B(), "model.hidden_size": I(1), "model.intermediate_size": I(1), "model.num_heads": I(1),
-    "model.num_layers": I(1), "model.init_seed": I(0), "model.dtype": S(null=True), "model.revision": S(null=True),
+    "model.num_layers": I(1), "model.init_seed": I(0),
     # data (the task's own validate() checks values against each other)
     "data.name": S(min_len=1), "data.source": S(("hub", "local"), null=True), "data.path": S(null=True),
     "data.hub_path": S(), "data.hub_config": S(null=True), "data.hub_split": S(), "data.levels": L(I(1, 5), null=True),
@@ -244,7 +244,8 @@ def check_schema(cfg) -> list[str]:
     """
     specs = {**SCHEMA, **algorithm_specs(cfg)}
     data_name = OmegaConf.select(cfg, "data.name")
-    for key, value in leaves(cfg).items():
+    # shallow keys first: a bad top-level knob (delta) is named itself, not where it is interpolated
+    for key, value in sorted(leaves(cfg).items(), key=lambda kv: kv[0].count(".")):
         if key.split(".")[0] == "hydra":
             continue
         spec = specs.get(key)

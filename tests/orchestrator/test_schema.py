@@ -1,0 +1,105 @@
+"""Pre-flight covers every key: a walk over the config tree of every preset feeds each key bad values and
+expects one line naming that key; every key of every preset is known to the schema."""
+import glob
+import math
+import os
+
+import pytest
+from omegaconf import OmegaConf
+
+from orchestrator import ConfigError
+from orchestrator.preflight import sweep_points
+from orchestrator.schema import FREE, SCHEMA, algorithm_specs, leaves
+from orchestrator.validate import validate_config
+from tests.conftest import REPO
+
+GROUPS = ("algo", "model", "data", "eval", "engine", "experiment")
+# options that only compose together with another group's option (a held-out benchmark needs its data)
+PAIRS = {"data=kk": ["eval=kk"], "data=math": ["eval=quick", "eval.benchmarks=[math500]"], "eval=kk": ["data=kk"]}
+
+
+def _configs():
+    """(overrides, composed config) for the defaults and every option of every group."""
+    out = [([], sweep_points([], multirun=False)[0][1])]
+    for g in GROUPS:
+        for f in sorted(glob.glob(str(REPO / "sweeps" / g / "*.yaml"))):
+            o = f"{g}={os.path.basename(f)[:-5]}"
+            ov = [o, *PAIRS.get(o, [])]
+            out.append((ov, sweep_points(ov, multirun=False)[0][1]))
+    return out
+
+
+def bad_values(spec) -> list:
+    """Values that must be refused for a key of this spec."""
+    if spec.kind == "any":
+        return []
+    out = [] if spec.null else [None]
+    if spec.kind == "int":
+        out += ["abc", 1.5, True]
+        out += [spec.lo - 1] if spec.lo is not None else []
+        out += [spec.hi + 1] if spec.hi is not None else []
+    elif spec.kind == "float":
+        out += ["abc", math.inf, False]
+        out += [spec.lo if spec.lo_open else spec.lo - 1] if spec.lo is not None else []
+        out += [spec.hi + 1] if spec.hi is not None else []
+    elif spec.kind == "bool":
+        out += ["maybe", 2]
+    elif spec.kind == "str":
+        out += [5]
+        out += ["nosuch-choice"] if spec.choices else []
+        out += ["tpu!"] if spec.pattern else []
+        out += ["x" * (spec.max_len + 1)] if spec.max_len else []
+        out += [""] if spec.min_len else []
+    elif spec.kind == "list":
+        out += [5]
+        out += [[bad] for bad in bad_values(spec.item)[-1:]] if spec.item is not None else []
+    elif spec.kind == "map":
+        out += [5]
+    return out
+
+
+@pytest.fixture(scope="module")
+def configs():
+    return _configs()
+
+
+def test_every_key_of_every_preset_is_in_the_schema_and_the_presets_pass(configs):
+    for ov, cfg in configs:
+        validate_config(cfg)  # an unknown key or a bad value in a preset would raise here
+        specs = {**SCHEMA, **algorithm_specs(cfg)}
+        unknown = [k for k in leaves(cfg) if k.split(".")[0] != "hydra" and k not in specs and k not in FREE]
+        assert unknown == [], ov
+
+
+def test_each_key_refuses_bad_values_with_one_line_naming_it(configs):
+    tried, seen = 0, set()
+    for ov, cfg in configs:
+        specs = {**SCHEMA, **algorithm_specs(cfg)}
+        for key in leaves(cfg):
+            spec = specs.get(key)
+            if spec is None or key in seen:
+                continue
+            seen.add(key)
+            for bad in bad_values(spec):
+                c = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+                OmegaConf.update(c, key, bad, merge=False)
+                with pytest.raises(ConfigError) as e:
+                    validate_config(c)
+                msg = str(e.value)
+                assert msg.startswith(f"{key}=") or msg.startswith(f"{key}:"), (ov, key, bad, msg)
+                assert "\n" not in msg
+                tried += 1
+    assert seen >= {k for k in SCHEMA if not k.startswith(("model.", "data.", "engine.", "eval.vllm.")) and k != "force"
+                    and k not in ("report.baseline", "algo.dynamic_sampling.enabled")} - {"eval.code_reward", "eval.name"}
+    assert tried > 300
+
+
+def test_unknown_keys_long_names_and_a_group_of_one():
+    [(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke", "+train.lrr=1"], multirun=False)
+    with pytest.raises(ConfigError, match=r"^train\.lrr=1: unknown key .*'lr'"):
+        validate_config(cfg)
+    [(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke", f"experiment_name={'x' * 200}"], multirun=False)
+    with pytest.raises(ConfigError, match="200 characters; at most 120"):
+        validate_config(cfg)
+    [(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke", "train.group_size=1"], multirun=False)
+    assert any("a group of one" in w for w in validate_config(cfg))
