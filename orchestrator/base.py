@@ -35,7 +35,7 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from . import lease, tracking
+from . import integrity, lease, tracking
 
 log = logging.getLogger("rlvr")
 
@@ -128,8 +128,15 @@ class BaseEvaluation:
             runs = self._runs()
             done = [r for r in runs if r.info.status == "FINISHED"]
             if done:
-                self.run_id = done[0].info.run_id
-                return self.samples(done[0])
+                problems, _ = integrity.verify_run(self.client, done[0])
+                if not problems:
+                    self.run_id = done[0].info.run_id
+                    return self.samples(done[0])
+                for p in problems:
+                    log.warning("base model: finished run %s is not trusted: %s; evaluating again", done[0].info.run_id, p)
+                tracking.retry(self.client.set_tag, done[0].info.run_id, "rlvr.invalid", "; ".join(problems)[:4900])
+                tracking.retry(self.client.set_terminated, done[0].info.run_id, "KILLED")
+                continue
             running = [r for r in runs if r.info.status == "RUNNING"]
             own = [r for r in running if self._own(r)]
             if own:
@@ -211,6 +218,9 @@ class BaseEvaluation:
             for rel, path in files.items():
                 sub = str(Path(rel).parent)
                 tracking.retry(self.client.log_artifact, run_id, str(path), None if sub == "." else sub)
+            record = integrity.write_record(folder, {rel: Path(p) for rel, p in files.items()},
+                                            {"samples.parquet": integrity.sha256(folder / "samples.parquet")})
+            tracking.retry(self.client.log_artifact, run_id, str(record))
             tracking.retry(self.client.set_tag, run_id, "rlvr.entropy_method", str(info["entropy_method"]))
             beat.stop.set()
             tracking.retry(self.client.set_terminated, run_id, "FINISHED")

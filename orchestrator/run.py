@@ -196,7 +196,9 @@ def _claim_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stal
             continue
         candidates = [r for r in tracking.retry(tracking.runs_with_hash, exp_id, chash)
                       if r.info.status in ("RUNNING", "KILLED", "SCHEDULED") and not r.data.tags.get("rlvr.invalid")]
-        live = [r for r in candidates if lease.is_live(r, stale_s)]
+        # this job's own earlier incarnation (a requeued SLURM job: same sweep, same job number) is never waited for
+        live = [r for r in candidates if lease.is_live(r, stale_s) and not (
+            r.data.tags.get("rlvr.sweep_id") == sweep_id and r.data.tags.get("rlvr.job_num") == str(job_num))]
         for r in live:
             same_sweep = r.data.tags.get("rlvr.sweep_id") == sweep_id
             if same_sweep and r.data.tags.get("rlvr.job_num") != str(job_num):

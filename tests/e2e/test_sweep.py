@@ -123,6 +123,10 @@ def test_vllm_sampler_without_vllm_stops_before_training(tmp_path, without_vllm)
     (["eval.flip_k=5"], "eval.flip_k=5: larger than eval.n=4"),
     (["eval.checkpoints=all"], "set train.save_every"),
     (["eval.sampler=magic"], "eval.sampler='magic'"),
+    # values that once slipped past pre-flight (the schema of orchestrator/schema.py now types every key)
+    (["seed=abc"], "seed='abc': expected an integer"),
+    (["eval.ucc_threshold=5"], "eval.ucc_threshold=5: out of range"),
+    (["train.device=tpu"], "train.device='tpu'"),
 ])
 def test_bad_input_stops_before_training(tmp_path, args, fragment):
     proc = _sweep(tmp_path, "-m", *args, *TINY, timeout=120)
