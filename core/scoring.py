@@ -19,17 +19,48 @@ def autocast(model, enabled: bool):
     return torch.autocast(device_type=next(model.parameters()).device.type, dtype=torch.bfloat16)
 
 
+CHUNK_TOKENS = 128  # response positions per output-head call in training's log-prob pass
+
+
+def _separable(model) -> bool:
+    """Whether the decoder trunk (``base_model``) and output head (``get_output_embeddings``) can be called apart."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    trunk = getattr(model, "base_model", None)
+    return head is not None and trunk is not None and trunk is not model and \
+        getattr(getattr(model, "config", None), "logit_scale", None) is None
+
+
+def _head_chunk(head, softcap, temperature: float, with_entropy: bool, hidden, targets):
+    """Log-probs of ``targets`` (and entropies) from the hidden states of one chunk: (b, c) float32 each."""
+    logits = head(hidden).float()
+    if softcap:
+        logits = torch.tanh(logits / float(softcap)) * float(softcap)
+    logp = torch.log_softmax(logits / float(temperature), dim=-1)
+    lp = torch.gather(logp, -1, targets.unsqueeze(-1)).squeeze(-1)
+    if not with_entropy:
+        return lp, torch.zeros_like(lp)
+    return lp, -(logp.exp() * logp).sum(-1)
+
+
 def compute_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature: float = 1.0,
-                     with_entropy: bool = False, bf16: bool = False):
+                     with_entropy: bool = False, bf16: bool = False, chunk_tokens: int | None = CHUNK_TOKENS):
     """Log-probabilities (and optionally entropies) of response tokens under ``model``.
 
     The logits are divided by the sampling temperature, so that at fresh data the ratio to the
     rollout policy is exactly 1. Position ids follow the left padding, as ``generate`` does.
 
+    Memory: the decoder runs once; the output head runs over at most ``chunk_tokens`` response positions at a
+    time, and with gradients each chunk is checkpointed (its float32 logits are recomputed in the backward pass),
+    so the full (B, L, vocab) logits never exist: for SmolLM2 (49k vocabulary) at B=32, L=48 that is 300 MB of
+    logits plus as much again for the log-softmax, per pass. ``chunk_tokens=None`` (or a model whose trunk and
+    head cannot be separated) takes the one-call path with ``logits_to_keep``.
+
     Args:
         prompt_ids, prompt_mask: (B, P); response_ids, response_mask: (B, L).
         temperature: sampling temperature (> 0).
         with_entropy: also return the exact next-token entropy (nats) from the full distribution.
+        bf16: bf16 autocast for the decoder and head (their outputs are cast to float32 before the softmax).
+        chunk_tokens: response positions per output-head call (None: all at once).
     Returns:
         (logprobs (B, L) float32, entropy (B, L) float32 or None). Masked positions hold garbage;
         always use them with ``response_mask``.
@@ -40,15 +71,36 @@ def compute_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask
     attn_full = torch.cat([prompt_mask, torch.ones_like(response_mask)], dim=1)
     position_ids = (attn_full.long().cumsum(-1) - 1).clamp(min=0)
     resp_len = response_ids.shape[1]
+    if chunk_tokens is None or not _separable(model):
+        with autocast(model, bf16):
+            out = model(input_ids=input_ids, attention_mask=attn_full, position_ids=position_ids, logits_to_keep=resp_len + 1)
+        logits = out.logits[:, :-1, :].float() / float(temperature)
+        logp_all = torch.log_softmax(logits, dim=-1)
+        logprobs = torch.gather(logp_all, -1, response_ids.unsqueeze(-1)).squeeze(-1)
+        entropy = None
+        if with_entropy:
+            entropy = -(logp_all.exp() * logp_all).sum(-1)
+        return logprobs, entropy
+    head, trunk = model.get_output_embeddings(), model.base_model
+    softcap = getattr(model.config, "final_logit_softcapping", None)
+    P = prompt_ids.shape[1]
     with autocast(model, bf16):
-        out = model(input_ids=input_ids, attention_mask=attn_full, position_ids=position_ids, logits_to_keep=resp_len + 1)
-    logits = out.logits[:, :-1, :].float() / float(temperature)
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logprobs = torch.gather(logp_all, -1, response_ids.unsqueeze(-1)).squeeze(-1)
-    entropy = None
-    if with_entropy:
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logprobs, entropy
+        hidden = trunk(input_ids=input_ids, attention_mask=attn_full, position_ids=position_ids).last_hidden_state
+        hidden = hidden[:, P - 1:P - 1 + resp_len]  # the position before each response token predicts it
+        lps, ents = [], []
+        for a in range(0, resp_len, int(chunk_tokens)):
+            args = (head, softcap, float(temperature), with_entropy, hidden[:, a:a + int(chunk_tokens)],
+                    response_ids[:, a:a + int(chunk_tokens)])
+            if torch.is_grad_enabled() and hidden.requires_grad:
+                from torch.utils.checkpoint import checkpoint
+
+                lp, ent = checkpoint(_head_chunk, *args, use_reentrant=False)
+            else:
+                lp, ent = _head_chunk(*args)
+            lps.append(lp)
+            ents.append(ent)
+    logprobs = torch.cat(lps, dim=1)
+    return logprobs, (torch.cat(ents, dim=1) if with_entropy else None)
 
 
 def _left_right_pad(prompts, responses, pad_id: int, device):
@@ -86,25 +138,8 @@ def token_entropies(model, prompt_ids, prompt_mask, response_ids, response_mask,
     Returns:
         (B, L) float32 entropies; masked positions hold garbage (use with ``response_mask``).
     """
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    trunk = getattr(model, "base_model", None)
-    softcap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
-    if head is None or trunk is None or trunk is model or getattr(model.config, "logit_scale", None) is not None:
-        return compute_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature, with_entropy=True)[1]
-    input_ids = torch.cat([prompt_ids, response_ids], dim=1)
-    attn_full = torch.cat([prompt_mask, torch.ones_like(response_mask)], dim=1)
-    position_ids = (attn_full.long().cumsum(-1) - 1).clamp(min=0)
-    hidden = trunk(input_ids=input_ids, attention_mask=attn_full, position_ids=position_ids).last_hidden_state
-    P, L = prompt_ids.shape[1], response_ids.shape[1]
-    hidden = hidden[:, P - 1:P - 1 + L]  # the position before each response token predicts it
-    out = torch.empty(hidden.shape[:2], dtype=torch.float32, device=hidden.device)
-    for a in range(0, L, int(chunk_tokens)):
-        logits = head(hidden[:, a:a + int(chunk_tokens)]).float()
-        if softcap:
-            logits = torch.tanh(logits / float(softcap)) * float(softcap)
-        logp = torch.log_softmax(logits / float(temperature), dim=-1)
-        out[:, a:a + int(chunk_tokens)] = -(logp.exp() * logp).sum(-1)
-    return out
+    return compute_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature, with_entropy=True,
+                            chunk_tokens=chunk_tokens)[1]
 
 
 @torch.no_grad()

@@ -19,7 +19,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from core.progress import LineProgress
-from core.sampling import SamplerOptions, SamplingSettings, build_sampler, resolve_sampler
+from core.sampling import PHASES, SamplerOptions, SamplingSettings, build_sampler, resolve_sampler
 
 from core.tasks import get_task, score_responses
 
@@ -150,8 +150,11 @@ def sample_benchmarks(sampler, rows_by_bench: dict, n: int, seed: int, samples_p
         for start in range(0, len(todo), batch_prompts):
             chunk = todo[start:start + batch_prompts]
             seeds = [prompt_seed(seed, b, r["id"]) for b, r in chunk]
+            t0 = time.perf_counter()
             outs = sampler.sample([r["prompt"] for _, r in chunk], n, seeds, settings)
+            PHASES["sampling_s"] += time.perf_counter() - t0
             records = []
+            t0 = time.perf_counter()
             for (bench, row), samples in zip(chunk, outs):
                 checks = check_rows([row] * len(samples), [s["response"] for s in samples])
                 for j, (s, (correct, extracted, reference)) in enumerate(zip(samples, checks)):
@@ -163,6 +166,7 @@ def sample_benchmarks(sampler, rows_by_bench: dict, n: int, seed: int, samples_p
                         "mean_token_entropy": s.get("mean_token_entropy"), "seed": int(s.get("seed", seeds[0])),
                         "subset": row.get("subset"),
                     })
+            PHASES["verify_s"] += time.perf_counter() - t0
             frames.append(pd.DataFrame.from_records(records, columns=SAMPLE_COLUMNS))
             pd.concat(frames, ignore_index=True).to_parquet(samples_path, index=False)
             bar.update(len(chunk))
@@ -203,11 +207,13 @@ def evaluate(sampler, eval_cfg, out_dir, heldout_rows=None, chat_template: bool 
     rows = benchmark_rows(eval_cfg, heldout_rows)
     samples = sample_benchmarks(sampler, rows, n, int(eval_cfg.seed), out_dir / "samples.parquet",
                                 batch_size(eval_cfg, sampler), settings_from(eval_cfg, chat_template))
+    t0 = time.perf_counter()
     tables, metrics = compute_tables(
         samples, ks, ucc_ks=eval_cfg.get("ucc_ks"), similarity_metric=eval_cfg.get("similarity_metric", "rouge_l"),
         ucc_threshold=float(eval_cfg.get("ucc_threshold", 0.7)), base_samples=base_samples, flip_k=eval_cfg.get("flip_k"),
         kinds={b: get_task(b).kind for b in rows}, same_answer={b: get_task(b).same_answer for b in rows},
     )
+    PHASES["metrics_s"] += time.perf_counter() - t0
     if "entropy" in tables and len(tables["entropy"]) and getattr(sampler, "entropy_method", None):
         tables["entropy"] = tables["entropy"].assign(method=sampler.entropy_method)
     files = {"samples.parquet": out_dir / "samples.parquet"}
@@ -275,13 +281,17 @@ def evaluate_checkpoint(model_path, eval_cfg, out_dir, heldout_rows=None, chat_t
 
     Returns:
         (metrics, files, info): as :func:`evaluate_temperatures`; info = {"sampler": resolved name,
-        "entropy_method": how ``mean_token_entropy`` was computed or None, "eval_time_s": wall seconds}.
+        "entropy_method": how ``mean_token_entropy`` was computed or None, "eval_time_s": wall seconds,
+        "phases": wall seconds by phase (``engine_start_s``, ``sampling_s`` with ``entropy_s`` inside it,
+        ``verify_s``, ``metrics_s``)}.
     Raises:
         ValueError: the sampler cannot run here, or bad evaluation settings.
     """
     t0 = time.time()
+    PHASES.clear()
     name = resolve_sampler(str(sampler or eval_cfg.get("sampler", "auto")))
     smp = build_sampler(name, model_path, sampler_options(eval_cfg))
+    PHASES["engine_start_s"] += time.time() - t0
     try:
         if temperatures:
             metrics, files = evaluate_temperatures(smp, eval_cfg, out_dir, heldout_rows, chat_template, base_samples)
@@ -290,4 +300,4 @@ def evaluate_checkpoint(model_path, eval_cfg, out_dir, heldout_rows=None, chat_t
     finally:
         smp.close()
     return metrics, files, {"sampler": name, "entropy_method": getattr(smp, "entropy_method", None),
-                            "eval_time_s": time.time() - t0}
+                            "eval_time_s": time.time() - t0, "phases": dict(PHASES)}

@@ -214,7 +214,8 @@ class BaseEvaluation:
             metrics, files, info = evaluate_checkpoint(
                 model_path(self.cfg.model), self.cfg.eval, folder, self.heldout_rows,
                 chat_template=bool(self.cfg.model.get("chat_template", True)), sampler=self.sampler)
-            log_metrics(self.client, run_id, metrics, step=0)
+            log_metrics(self.client, run_id, metrics | {"time/eval_s": info["eval_time_s"]}
+                        | {f"time/eval_{k}": v for k, v in info.get("phases", {}).items()}, step=0)
             for rel, path in files.items():
                 sub = str(Path(rel).parent)
                 tracking.retry(self.client.log_artifact, run_id, str(path), None if sub == "." else sub)

@@ -494,7 +494,8 @@ def evaluate_run(cfg, run_dir: Path, final: Path, heldout, base=None) -> dict:
             final_metrics = dict(metrics)
             tracking.retry(mlflow.set_tags, {"rlvr.sampler": info["sampler"], "rlvr.entropy_method": str(info["entropy_method"])})
         if not (out_dir / ".logged").exists():
-            tracking.retry(mlflow.log_metrics, metrics | {"time/eval_s": info["eval_time_s"]}, step=step)
+            tracking.retry(mlflow.log_metrics, metrics | {"time/eval_s": info["eval_time_s"]}
+                           | {f"time/eval_{k}": v for k, v in info.get("phases", {}).items()}, step=step)
             _log_files(files, None if is_final else f"eval/step_{step}")
             (out_dir / ".logged").write_text(str(step))
         evaluated.append((step, out_dir, is_final))

@@ -87,7 +87,7 @@ SCHEMA: dict[str, Spec] = {
     "train.betas": L(F(0, 1), min_len=2, max_len=2), "train.weight_decay": F(0), "train.warmup_steps": I(0),
     "train.max_grad_norm": F(0, lo_open=True), "train.temperature": F(0, 10, lo_open=True), "train.top_p": F(0, 1, lo_open=True),
     "train.max_new_tokens": I(1), "train.checkpoint_every": I(0), "train.save_every": I(0, null=True),
-    "train.bf16_autocast": B(), "train.device": S(pattern=DEVICE),
+    "train.precision": S(("fp32", "bf16")), "train.gradient_checkpointing": B(), "train.device": S(pattern=DEVICE),
     # model
     "model.name": S(min_len=1), "model.source": S(("gguf_wheel", "tiny_random", "pretrained")),
     "model.path": S(null=True), "model.package": S(), "model.gguf_file": S(), "model.tokenizer_name": S(),

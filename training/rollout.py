@@ -1,6 +1,8 @@
 """Rollouts: sample G responses per prompt and score their tokens under a policy."""
 from __future__ import annotations
 
+import time
+
 import torch
 
 from core.sampling import generate_responses, prompt_texts
@@ -12,25 +14,35 @@ from .rewards import row_rewards
 
 @torch.no_grad()
 def collect_rollouts(model, tokenizer, rows: list[dict], group_size: int, temperature: float, top_p: float,
-                     max_new_tokens: int, seed: int, chat_template: bool = True, ref_model=None, bf16: bool = False):
+                     max_new_tokens: int, seed: int, chat_template: bool = True, ref_model=None, bf16: bool = False,
+                     timings: dict | None = None):
     """Sample a group of ``group_size`` responses for each prompt row and score them.
 
     Args:
         rows: prompt rows ``{"id", "prompt", "gold", "task"}`` (scored by their registered task, see
             :func:`training.rewards.row_rewards`).
+        timings: when given, wall seconds are added to its ``generate_s``, ``reward_s`` and ``logprob_s``
+            (old and reference log-probs) keys.
     Returns:
         (RolloutBatch, texts): the batch's ``extras`` hold ``entropy`` (B, L), the rollout policy's
         next-token entropy, and ``finished`` (B,), whether the response ended with EOS.
     """
+    t = {} if timings is None else timings
+    t0 = time.perf_counter()
     texts = prompt_texts(tokenizer, [r["prompt"] for r in rows], chat_template)
     gen = generate_responses(model, tokenizer, texts, group_size, temperature, top_p, max_new_tokens, seed)
+    t1 = time.perf_counter()
     rewards, correct = row_rewards(gen.texts, [r for r in rows for _ in range(group_size)])
+    t2 = time.perf_counter()
     old_logprobs, entropy = compute_logprobs(model, gen.prompt_ids, gen.prompt_mask, gen.response_ids, gen.response_mask,
                                              temperature, with_entropy=True, bf16=bf16)
     ref_logprobs = None
     if ref_model is not None:
         ref_logprobs, _ = compute_logprobs(ref_model, gen.prompt_ids, gen.prompt_mask, gen.response_ids,
                                            gen.response_mask, temperature, bf16=bf16)
+    t3 = time.perf_counter()
+    for k, v in (("generate_s", t1 - t0), ("reward_s", t2 - t1), ("logprob_s", t3 - t2)):
+        t[k] = t.get(k, 0.0) + v
     batch = RolloutBatch(
         prompt_ids=gen.prompt_ids, prompt_mask=gen.prompt_mask, response_ids=gen.response_ids,
         response_mask=gen.response_mask, old_logprobs=old_logprobs, rewards=rewards,

@@ -75,6 +75,36 @@ def load_state(run_dir, device="cpu") -> dict:
     return torch.load(path, map_location=device, weights_only=True)
 
 
+def validate(cfg) -> list[str]:
+    """Pre-flight of the local engine's own settings (``train.gradient_checkpointing``, ``train.precision``).
+
+    Raises:
+        ValueError: gradient checkpointing asked of a model class that does not support it (one line).
+    """
+    from core.models import model_class
+
+    warnings = []
+    if bool(cfg.train.get("gradient_checkpointing", False)):
+        cls = model_class(cfg.model)
+        if cls is not None and not getattr(cls, "supports_gradient_checkpointing", False):
+            raise ValueError(f"train.gradient_checkpointing=true: model {cfg.model.name!r} ({cls.__name__}) does not "
+                             "support gradient checkpointing; set train.gradient_checkpointing=false")
+    if str(cfg.train.get("precision", "fp32")) == "bf16" and str(cfg.train.get("device", "auto")) == "cpu":
+        warnings.append("train.precision=bf16 on the CPU: about 20% faster than fp32 there, with bf16's coarse "
+                        "log-probabilities (ratios are exact on the first minibatch, not after updates)")
+    return warnings
+
+
+def peak_memory_gb(device) -> float:
+    """Peak memory so far, GiB: CUDA memory allocated on ``device`` when it is a GPU, else the process's peak
+    resident set size (Linux ``ru_maxrss``, KiB)."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
 def _py_rng_to(state) -> dict:
     version, internal, gauss = state
     return {"version": int(version), "internal": torch.tensor(internal, dtype=torch.int64), "gauss": gauss}
@@ -126,8 +156,13 @@ def policy_objective(logprobs, entropy, batch, advantages, loss_fn, loss_params:
 
 def update_policy(model, optimizer, batch, advantages, loss_fn, loss_params: dict, ppo_epochs: int = 1,
                   minibatch_size=None, max_grad_norm: float = 1.0, beta: float = 0.0, temperature: float = 1.0,
-                  bf16: bool = False, generator=None, entropy_coef: float = 0.0) -> list[dict]:
+                  bf16: bool = False, generator=None, entropy_coef: float = 0.0, align_old: bool | None = None) -> list[dict]:
     """``ppo_epochs`` passes over ``batch`` in shuffled minibatches, one AdamW step per minibatch.
+
+    With ``align_old`` (default: when ``bf16``), the old log-probabilities are recomputed before the first
+    update, without gradients, minibatch by minibatch in the first epoch's order: the same rows, shapes and
+    precision path as the updates' own forward passes, so the first minibatch's ratio is exactly 1 in bf16 too
+    (bf16 results depend on the batch shape; the rollout's pass over the whole batch is not bit-identical).
 
     loss = policy_loss(logprobs, minibatch, advantages) + beta * agg(k3 KL to the reference)
            - entropy_coef * agg(entropy)   (GRPO-H's entropy bonus when entropy_coef > 0),
@@ -137,25 +172,41 @@ def update_policy(model, optimizer, batch, advantages, loss_fn, loss_params: dic
         batch: RolloutBatch of B responses (with ``ref_logprobs`` when beta > 0);
         advantages: (B,) or (B, L) on the model's device.
     Returns:
-        One metrics dict per optimiser step (loss terms, grad norm, the loss function's metrics).
+        One metrics dict per optimiser step (loss terms, grad norm, the loss function's metrics); the first also
+        has ``first_minibatch_ratio_dev``, max |pi_theta / pi_old - 1| over its tokens before any update (0 when
+        old and new log-probs come from the same path).
     """
     B = batch.batch_size
     mb_size = int(minibatch_size or B)
     out = []
-    for _epoch in range(ppo_epochs):
-        perm = torch.randperm(B, generator=generator).to(advantages.device)
+    perms = [torch.randperm(B, generator=generator).to(advantages.device) for _ in range(ppo_epochs)]
+    if bf16 if align_old is None else align_old:
+        with torch.no_grad():
+            for start in range(0, B, mb_size):
+                idx = perms[0][start:start + mb_size]
+                mb = batch.select(idx)
+                batch.old_logprobs[idx] = compute_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids,
+                                                           mb.response_mask, temperature, bf16=bf16)[0]
+    for perm in perms:
         for start in range(0, B, mb_size):
             idx = perm[start:start + mb_size]
             mb = batch.select(idx)
+            t_fwd = time.perf_counter()
             logprobs, entropy = compute_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
                                                  temperature, with_entropy=entropy_coef > 0, bf16=bf16)
             loss, pg_loss, m = policy_objective(logprobs, entropy, mb, advantages[idx], loss_fn, loss_params,
                                                 beta=beta, entropy_coef=entropy_coef)
+            if perm is perms[0] and start == 0:  # before any update the ratio must be exactly 1 on every token
+                with torch.no_grad():
+                    dev = ((logprobs.detach() - mb.old_logprobs).exp() - 1).abs()
+                    m["first_minibatch_ratio_dev"] = float(dev[mb.response_mask.bool()].max()) if mb.response_mask.any() else 0.0
+            t_bwd = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
             optimizer.step()
-            m.update(policy_loss=float(pg_loss.detach()), loss=float(loss.detach()), grad_norm=float(grad_norm))
+            m.update(policy_loss=float(pg_loss.detach()), loss=float(loss.detach()), grad_norm=float(grad_norm),
+                     update_forward_time_s=t_bwd - t_fwd, update_backward_time_s=time.perf_counter() - t_bwd)
             out.append(m)
     return out
 
@@ -190,12 +241,18 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
     # ---- setup: policy, optional frozen reference, optimiser, prompts, algorithm functions
     model, tokenizer = load_policy(cfg.model)
     model.to(device).train()
+    if bool(t_cfg.get("gradient_checkpointing", False)):  # activations recomputed in the backward pass
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     beta = float(algo.get("kl_beta", 0.0))
     entropy_coef = float(algo.get("entropy_coef", 0.0))
     ref_model = None
     if beta > 0 or "ref_logprobs" in needs_of("policy_loss", algo.policy_loss.name, _params(algo.policy_loss)):
-        # a reference copy only when a KL term is used
+        # a reference copy only when a KL term is used (in bf16 with train.precision=bf16: it is never trained)
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        if str(t_cfg.get("precision", "fp32")) == "bf16":
+            ref_model.to(torch.bfloat16)
     optimizer = torch.optim.AdamW(model.parameters(), lr=float(t_cfg.lr), betas=tuple(t_cfg.betas),
                                   weight_decay=float(t_cfg.weight_decay))
     warmup = int(t_cfg.get("warmup_steps", 0))
@@ -206,7 +263,7 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
     adv_fn, adv_params = get_advantage_fn(algo.advantage.name), _params(algo.advantage)
     loss_fn, loss_params = get_policy_loss_fn(algo.policy_loss.name), _params(algo.policy_loss)
     G, n_prompts = int(t_cfg.group_size), int(t_cfg.prompts_per_step)
-    temperature, bf16 = float(t_cfg.temperature), bool(t_cfg.get("bf16_autocast", False))
+    temperature, bf16 = float(t_cfg.temperature), str(t_cfg.get("precision", "fp32")) == "bf16"
     chat = bool(cfg.model.get("chat_template", True))
 
     dyn = algo.get("dynamic_sampling") or {}
@@ -260,11 +317,12 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
         # ---- rollout: G responses per prompt from the current (old) policy, with old log-probs;
         # rewards from the verifier (+ DAPO's overlong shaping); with dynamic sampling, groups that are all
         # correct or all wrong are dropped and new prompts sampled, for at most max_num_gen_batches rounds
-        kept, sampled, n_kept, rounds = [], [], 0, 0
+        kept, sampled, n_kept, rounds, phases = [], [], 0, 0, {}
         while True:
             batch, _texts = collect_rollouts(
                 model, tokenizer, next_rows(), G, temperature, float(t_cfg.top_p), int(t_cfg.max_new_tokens),
                 seed=seed * 1_000_003 + step * 1_009 + rounds, chat_template=chat, ref_model=ref_model, bf16=bf16,
+                timings=phases,
             )
             rounds += 1
             if overlong.get("enabled", False):
@@ -328,9 +386,14 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
             "step_time_s": step_time,
             "rollout_time_s": t_rollout,
             "update_time_s": t_update,
+            **{f"{k[:-2]}_time_s": v for k, v in phases.items()},  # generate, reward, logprob (rollout's split)
             "tokens_per_s": n_tokens / max(step_time, 1e-9),
+            "samples_per_s": seen.batch_size / max(step_time, 1e-9),
+            "peak_memory_gb": peak_memory_gb(device),
             **{k: float(v) for k, v in adv_metrics.items()},
             **_mean_metrics(update_metrics),
+            **{k: float(sum(m[k] for m in update_metrics))  # the step's totals, not the per-minibatch mean
+               for k in ("update_forward_time_s", "update_backward_time_s") if update_metrics},
         }
         lines.update(step + 1, reward=metrics["reward_mean"], accuracy=metrics["accuracy"],
                      step_s=round(step_time, 1))

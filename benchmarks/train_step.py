@@ -1,0 +1,245 @@
+"""One RL step's cost, side by side in one run: this suite's local engine and TRL's ``GRPOTrainer`` on the same work.
+
+    python -m benchmarks.train_step [--steps 4] [--model smollm2-135m|tiny-random] [--max-new-tokens 48]
+                                    [--local-overrides train.gradient_checkpointing=true ...]
+
+The work (the issue's protocol): SmolLM2-135M-Instruct, 4 prompts x 8 samples x up to 48 new tokens, one inner
+epoch, the whole batch in one optimiser step, beta = 0, float32 on the CPU, lr 1e-6, temperature 1.0. Both engines
+get the *same* prompts in the same order (the suite's arithmetic training prompts in the order its engine draws
+them; TRL's dataset is that list, unshuffled), with the chat template, and the same reward (the task's verifier).
+Each engine runs in its own process (so each one's peak resident memory is its own); the parent lets them take
+steps in turn, alternating who goes first each round, so both see the same machine. The first step of each is a
+warm-up and left out of the medians.
+
+Per step: wall time, and its split into generation, scoring (rewards, and the suite's old-log-prob/entropy pass;
+TRL computes none with one inner epoch), the training forward pass, and backward + optimiser. TRL's split comes from
+timing its own methods (``_generate``, ``_generate_and_score_completions``, ``compute_loss``) in its process; the
+suite's from its step metrics. TRL runs with its defaults otherwise (gradient checkpointing on, token-level
+``dapo`` loss); ``--local-overrides`` sets the suite's options (``train.gradient_checkpointing=true``,
+``train.precision=bf16``). Needs the ``bench`` extra (``pip install -e '.[bench]'``; ``scripts/install.sh`` installs it).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import statistics
+import sys
+import time
+
+
+def _rss_gb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def _overrides(args) -> list[str]:
+    return [f"model={args.model}", "algo=grpo", "algo.kl_beta=0.0", "train.ppo_epochs=1", "train.minibatch_size=null",
+            "train.lr=1e-6", f"train.steps={args.steps}", "train.prompts_per_step=4", "train.group_size=8",
+            f"train.max_new_tokens={args.max_new_tokens}", "train.temperature=1.0", "train.top_p=1.0",
+            "train.device=cpu", "eval=smoke", *args.local_overrides]
+
+
+def _compose(args):
+    from orchestrator.preflight import sweep_points
+
+    [(_, cfg)] = sweep_points(_overrides(args), multirun=False)
+    return cfg
+
+
+def prompt_sequence(cfg) -> list[dict]:
+    """The training rows in the order the local engine draws them (its seeded shuffle, popped from the end)."""
+    import random
+
+    from core.tasks import load_prompts
+
+    rows = load_prompts(cfg.data, "train")
+    rng, order, out = random.Random(int(cfg.seed)), [], []
+    for _ in range(int(cfg.train.steps) * int(cfg.train.prompts_per_step)):
+        if not order:
+            order.extend(range(len(rows)))
+            rng.shuffle(order)
+        out.append(rows[order.pop()])
+    return out
+
+
+class _Stop(Exception):
+    pass
+
+
+def _gate(conn):
+    conn.send(("ready", None))
+    if conn.recv() != "go":
+        raise _Stop()
+
+
+def _local_worker(conn, args) -> None:
+    import tempfile
+
+    from training.engines import local
+
+    cfg = _compose(args)
+    real = local.collect_rollouts
+
+    def gated(*a, **k):  # every step starts when the parent says so
+        _gate(conn)
+        return real(*a, **k)
+
+    local.collect_rollouts = gated
+
+    def report(m, step):
+        conn.send(("step", {"total": m["train/step_time_s"], "generate": m.get("train/generate_time_s", 0.0),
+                            "scoring": m.get("train/reward_time_s", 0.0) + m.get("train/logprob_time_s", 0.0),
+                            "forward": m.get("train/update_forward_time_s", 0.0),
+                            "backward_optimiser": m.get("train/update_backward_time_s", 0.0),
+                            "reward_mean": m["train/reward_mean"], "peak_rss_gb": _rss_gb()}))
+    try:
+        local.train(cfg, tempfile.mkdtemp(prefix="rlvr-bench-"), report)
+    except _Stop:
+        pass
+    conn.send(("done", _rss_gb()))
+
+
+def _trl_worker(conn, args) -> None:
+    import tempfile
+
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from core.models import model_path
+    from training.rewards import row_rewards
+
+    cfg = _compose(args)
+    rows = prompt_sequence(cfg)
+    path = model_path(cfg.model)
+    tok = AutoTokenizer.from_pretrained(path)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    model = AutoModelForCausalLM.from_pretrained(path, dtype="float32")
+    data = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "row": json.dumps(r, default=str)}
+                              for r in rows])
+
+    def reward(completions, row, **kw):  # the suite's own reward: the same verifier for both engines
+        texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+        return row_rewards(texts, [json.loads(x) for x in row])[0].tolist()
+
+    conf = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="rlvr-bench-trl-"), use_cpu=True, bf16=False,
+                      per_device_train_batch_size=32, num_generations=8, generation_batch_size=32,
+                      max_completion_length=args.max_new_tokens, beta=0.0, num_iterations=1, steps_per_generation=1,
+                      gradient_accumulation_steps=1, learning_rate=1e-6, max_steps=int(args.steps), temperature=1.0,
+                      top_p=1.0, shuffle_dataset=False, logging_steps=1, save_strategy="no", report_to=[],
+                      seed=int(cfg.seed), dataloader_num_workers=0)
+    timers = {"generate": 0.0, "gen_and_score": 0.0, "forward": 0.0}
+
+    def timed(obj, name, key):
+        real = getattr(obj, name)
+
+        def wrapper(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return real(*a, **k)
+            finally:
+                timers[key] += time.perf_counter() - t0
+        setattr(obj, name, wrapper)
+
+    class Gate(TrainerCallback):
+        def on_step_begin(self, a, state, control, **kw):
+            for k in timers:
+                timers[k] = 0.0
+            _gate(conn)
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, a, state, control, **kw):
+            total = time.perf_counter() - self.t0
+            conn.send(("step", {"total": total, "generate": timers["generate"],
+                                "scoring": timers["gen_and_score"] - timers["generate"], "forward": timers["forward"],
+                                "backward_optimiser": total - timers["gen_and_score"] - timers["forward"],
+                                "reward_mean": None, "peak_rss_gb": _rss_gb()}))
+
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=conf, train_dataset=data, processing_class=tok,
+                          callbacks=[Gate()])
+    timed(trainer, "_generate", "generate")
+    timed(trainer, "_generate_and_score_completions", "gen_and_score")
+    timed(trainer, "compute_loss", "forward")
+    try:
+        trainer.train()
+    except _Stop:
+        pass
+    conn.send(("done", _rss_gb()))
+
+
+WORKERS = {"suite local engine": _local_worker, "TRL GRPOTrainer": _trl_worker}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.train_step", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--model", default="smollm2-135m", help="a model preset of sweeps/model/")
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--local-overrides", nargs="*", default=[])
+    ap.add_argument("--json", default=None, help="also write the results here")
+    args = ap.parse_args(argv)
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        print("error: TRL is not installed; pip install -e '.[bench]'", file=sys.stderr)
+        return 2
+    ctx = mp.get_context("spawn")
+    conns, procs = {}, {}
+    for name, fn in WORKERS.items():
+        parent, child = ctx.Pipe()
+        p = ctx.Process(target=fn, args=(child, args), daemon=True)
+        p.start()
+        conns[name], procs[name] = parent, p
+    results = {name: [] for name in WORKERS}
+    peak = {}
+    names = list(WORKERS)
+    try:
+        for step in range(args.steps):
+            for name in (names if step % 2 == 0 else names[::-1]):
+                kind, _ = conns[name].recv()
+                if kind != "ready":
+                    raise RuntimeError(f"{name}: expected to be ready for step {step}, got {kind}")
+                conns[name].send("go")
+                kind, payload = conns[name].recv()
+                results[name].append(payload)
+                print(f"step {step}: {name}: {payload['total']:.2f} s", flush=True)
+        for name in names:
+            kind, payload = conns[name].recv()
+            if kind == "ready":  # TRL asks for one more step before it notices max_steps: release it
+                conns[name].send("stop")
+                kind, payload = conns[name].recv()
+            peak[name] = payload
+    finally:
+        for p in procs.values():
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    timed = {name: rows[1:] or rows for name, rows in results.items()}  # the first step is a warm-up
+    summary = {}
+    for name, rows in timed.items():
+        summary[name] = {k: statistics.median(r[k] for r in rows) for k in ("total", "generate", "scoring", "forward",
+                                                                             "backward_optimiser")}
+        summary[name]["peak_rss_gb"] = peak.get(name, max(r["peak_rss_gb"] for r in results[name]))
+        summary[name]["steps_timed"] = len(rows)
+    a, b = summary["suite local engine"], summary["TRL GRPOTrainer"]
+    print(f"\nmedian over steps 2-{args.steps} (seconds per RL step; {args.model}, 4 prompts x 8 x {args.max_new_tokens} "
+          f"tokens, float32, CPU{', ' + ' '.join(args.local_overrides) if args.local_overrides else ''})")
+    print(f"{'engine':<22}{'step':>8}{'generate':>10}{'scoring':>9}{'forward':>9}{'bwd+opt':>9}{'peak RSS GB':>13}")
+    for name, s in summary.items():
+        print(f"{name:<22}{s['total']:>8.2f}{s['generate']:>10.2f}{s['scoring']:>9.2f}{s['forward']:>9.2f}"
+              f"{s['backward_optimiser']:>9.2f}{s['peak_rss_gb']:>13.2f}")
+    ratio = a["total"] / b["total"]
+    mem = a["peak_rss_gb"] / b["peak_rss_gb"]
+    print(f"ratio local / TRL: step time {ratio:.3f}x, peak memory {mem:.3f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"summary": summary, "ratio_step": ratio, "ratio_memory": mem, "steps": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
