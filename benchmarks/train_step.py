@@ -81,15 +81,18 @@ def _local_worker(conn, args) -> None:
 
     cfg = _compose(args)
     real = local.collect_rollouts
+    waited = [0.0]
 
-    def gated(*a, **k):  # every step starts when the parent says so
+    def gated(*a, **k):  # every step starts when the parent says so (the wait is not the step's time)
+        t0 = time.perf_counter()
         _gate(conn)
+        waited[0] = time.perf_counter() - t0
         return real(*a, **k)
 
     local.collect_rollouts = gated
 
     def report(m, step):
-        conn.send(("step", {"total": m["train/step_time_s"], "generate": m.get("train/generate_time_s", 0.0),
+        conn.send(("step", {"total": m["train/step_time_s"] - waited[0], "generate": m.get("train/generate_time_s", 0.0),
                             "scoring": m.get("train/reward_time_s", 0.0) + m.get("train/logprob_time_s", 0.0),
                             "forward": m.get("train/update_forward_time_s", 0.0),
                             "backward_optimiser": m.get("train/update_backward_time_s", 0.0),
@@ -126,7 +129,7 @@ def _trl_worker(conn, args) -> None:
         return row_rewards(texts, [json.loads(x) for x in row])[0].tolist()
 
     conf = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="rlvr-bench-trl-"), use_cpu=True, bf16=False,
-                      per_device_train_batch_size=32, num_generations=8, generation_batch_size=32,
+                      per_device_train_batch_size=32, num_generations=8,
                       max_completion_length=args.max_new_tokens, beta=0.0, num_iterations=1, steps_per_generation=1,
                       gradient_accumulation_steps=1, learning_rate=1e-6, max_steps=int(args.steps), temperature=1.0,
                       top_p=1.0, shuffle_dataset=False, logging_steps=1, save_strategy="no", report_to=[],
@@ -191,7 +194,7 @@ def main(argv=None) -> int:
     conns, procs = {}, {}
     for name, fn in WORKERS.items():
         parent, child = ctx.Pipe()
-        p = ctx.Process(target=fn, args=(child, args), daemon=True)
+        p = ctx.Process(target=fn, args=(child, args))  # not daemonic: the verifier starts its own workers
         p.start()
         conns[name], procs[name] = parent, p
     results = {name: [] for name in WORKERS}

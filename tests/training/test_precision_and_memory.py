@@ -86,3 +86,41 @@ def test_gpu_train_check_script_runs_its_path_on_the_cpu(tmp_path):
                            "128", "--layers", "2", "--prompts", "4", "--tokens", "16", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "gpu_check_train: OK" in proc.stdout, (proc.stdout[-2000:], proc.stderr[-3000:])
     assert '"first_minibatch_ratio_dev": [0.0, 0.0]' in proc.stdout
+
+
+def test_train_step_benchmark_runs_both_engines_on_the_same_prompts(tmp_path, tiny_cfg):
+    """benchmarks/train_step.py on the tiny model (2 steps, 8 tokens): both engines step in turn, each reports
+    the split and its own peak memory; and TRL's dataset is exactly the prompt sequence the local engine draws."""
+    pytest.importorskip("trl", reason="TRL is not installed (pip install -e '.[bench]')")
+    import json
+
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.train_step", "--model", "tiny-random", "--steps", "2",
+                           "--max-new-tokens", "8", "--json", str(out)], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ratio local / TRL: step time" in proc.stdout
+    res = json.loads(out.read_text())
+    for name in ("suite local engine", "TRL GRPOTrainer"):
+        s = res["summary"][name]
+        assert s["total"] > 0 and s["peak_rss_gb"] > 0 and s["steps_timed"] == 1
+        assert s["generate"] + s["scoring"] + s["forward"] <= s["total"] * 1.05
+    # the prompts: the local engine's draw order, reproduced for TRL
+    from benchmarks.train_step import _compose, prompt_sequence
+    from training.engines import local
+
+    class A:
+        model, steps, max_new_tokens, local_overrides = "tiny-random", 2, 8, []
+    cfg = _compose(A)
+    seen = []
+    real = local.collect_rollouts
+
+    def spy(model, tok, rows, *a, **k):
+        seen.extend(r["prompt"] for r in rows)
+        return real(model, tok, rows, *a, **k)
+    local.collect_rollouts = spy
+    try:
+        local.train(cfg, tmp_path / "run")
+    finally:
+        local.collect_rollouts = real
+    assert seen == [r["prompt"] for r in prompt_sequence(cfg)]
