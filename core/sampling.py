@@ -67,6 +67,31 @@ def response_mask_from_ids(response_ids: torch.Tensor, eos_token_ids: Sequence[i
     return (before == 0).long(), is_eos.any(-1)
 
 
+def _shared_prefill(model, input_ids, attention_mask, n: int):
+    """A key/value cache of every prompt but its last token, computed once per prompt and repeated ``n`` times
+    (prompt-major, as ``num_return_sequences`` orders rows), for ``generate`` to continue from; None when it does
+    not apply (n = 1, a one-token prompt, a cache other than a plain dynamic key/value cache).
+
+    ``generate`` would otherwise run the prefill of each prompt n times. The samples are the same draws (the
+    prefill consumes no random numbers); the logits agree with the unshared prefill up to float rounding.
+    Left padding keeps a real token in the last column, which ``generate`` then feeds itself; position ids
+    follow the padding as ``generate`` computes them.
+    """
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    if n < 2 or input_ids.shape[1] < 2:
+        return None
+    pos = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
+    trunk = getattr(model, "base_model", None)
+    trunk = model if trunk is None else trunk  # the decoder without the output head, when the model has one
+    cache = trunk(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], position_ids=pos[:, :-1],
+                  use_cache=True).past_key_values
+    if not isinstance(cache, DynamicCache) or not all(type(layer) is DynamicLayer for layer in cache.layers):
+        return None
+    cache.batch_repeat_interleave(n)
+    return cache
+
+
 @torch.no_grad()
 def generate_responses(model, tokenizer, texts: Sequence[str], n: int, temperature: float = 1.0, top_p: float = 1.0,
                        max_new_tokens: int = 64, seed: int | None = None) -> Generation:
@@ -91,9 +116,15 @@ def generate_responses(model, tokenizer, texts: Sequence[str], n: int, temperatu
         torch.manual_seed(int(seed))
     was_training = model.training
     model.eval()
+    inputs = dict(enc)
+    cache = _shared_prefill(model, enc["input_ids"], enc["attention_mask"], int(n))
+    if cache is not None:  # each prompt's prefill once, its cache repeated for the n samples
+        inputs = {"input_ids": enc["input_ids"].repeat_interleave(n, 0),
+                  "attention_mask": enc["attention_mask"].repeat_interleave(n, 0), "past_key_values": cache}
     out = model.generate(
-        **enc, do_sample=True, temperature=float(temperature), top_p=float(top_p), top_k=0,
-        max_new_tokens=int(max_new_tokens), num_return_sequences=int(n), pad_token_id=tokenizer.pad_token_id,
+        **inputs, do_sample=True, temperature=float(temperature), top_p=float(top_p), top_k=0,
+        max_new_tokens=int(max_new_tokens), num_return_sequences=1 if cache is not None else int(n),
+        pad_token_id=tokenizer.pad_token_id,
     )
     model.train(was_training)
     p_len = enc["input_ids"].shape[1]

@@ -42,8 +42,39 @@ def _head_chunk(head, softcap, temperature: float, with_entropy: bool, hidden, t
     return lp, -(logp.exp() * logp).sum(-1)
 
 
+def _shared_prompt_hidden(trunk, prompt_ids, prompt_mask, response_ids, attn_full, position_ids):
+    """Hidden states (B, L, H) at the positions that predict each response token, the decoder run once per
+    distinct prompt row: the distinct prompts (U, P) with a key/value cache, the cache expanded to the B rows
+    (an index, so gradients reach the shared prompt activations from every response), then the responses
+    (B, L) on top of it. None when it does not apply (no repeated prompt, gradient checkpointing in training,
+    a cache other than a plain dynamic key/value cache); the caller then runs every row whole."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    if getattr(trunk, "gradient_checkpointing", False) and trunk.training:
+        return None
+    key = torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], dim=1)
+    uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
+    if uniq.shape[0] == key.shape[0]:
+        return None
+    P = prompt_ids.shape[1]
+    first = torch.zeros(uniq.shape[0], dtype=torch.long, device=inverse.device)
+    first.scatter_(0, inverse, torch.arange(inverse.numel(), device=inverse.device))  # one row per distinct prompt
+    out = trunk(input_ids=prompt_ids[first], attention_mask=prompt_mask[first], position_ids=position_ids[first, :P],
+                use_cache=True)
+    cache = out.past_key_values
+    if not isinstance(cache, DynamicCache) or not all(type(layer) is DynamicLayer for layer in cache.layers):
+        return None
+    cache.batch_select_indices(inverse)
+    L = response_ids.shape[1]
+    resp_hidden = trunk(input_ids=response_ids, attention_mask=attn_full, position_ids=position_ids[:, P:],
+                        past_key_values=cache, use_cache=True,
+                        cache_position=torch.arange(P, P + L, device=response_ids.device)).last_hidden_state
+    return torch.cat([out.last_hidden_state[inverse, P - 1:P], resp_hidden[:, :L - 1]], dim=1)
+
+
 def compute_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature: float = 1.0,
-                     with_entropy: bool = False, bf16: bool = False, chunk_tokens: int | None = CHUNK_TOKENS):
+                     with_entropy: bool = False, bf16: bool = False, chunk_tokens: int | None = CHUNK_TOKENS,
+                     share_prompts: bool = True):
     """Log-probabilities (and optionally entropies) of response tokens under ``model``.
 
     The logits are divided by the sampling temperature, so that at fresh data the ratio to the
@@ -61,6 +92,13 @@ def compute_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask
         with_entropy: also return the exact next-token entropy (nats) from the full distribution.
         bf16: bf16 autocast for the decoder and head (their outputs are cast to float32 before the softmax).
         chunk_tokens: response positions per output-head call (None: all at once).
+        share_prompts: run each distinct prompt row through the decoder once and continue every response from
+            its key/value cache (gradients flow through the cache), instead of once per response: a group of
+            G responses to one prompt costs one prompt pass, not G (for the default job, 43 prompt tokens and
+            at most 48 response tokens, about 40% of the decoder's work). Numerically the same computation up
+            to float rounding (tested against ``share_prompts=False``). Taken on the separable path when the
+            batch repeats a prompt, the model's cache is a plain key/value cache and gradient checkpointing is
+            off (it disables the cache in training); otherwise every row runs whole.
     Returns:
         (logprobs (B, L) float32, entropy (B, L) float32 or None). Masked positions hold garbage;
         always use them with ``response_mask``.
@@ -85,8 +123,11 @@ def compute_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask
     softcap = getattr(model.config, "final_logit_softcapping", None)
     P = prompt_ids.shape[1]
     with autocast(model, bf16):
-        hidden = trunk(input_ids=input_ids, attention_mask=attn_full, position_ids=position_ids).last_hidden_state
-        hidden = hidden[:, P - 1:P - 1 + resp_len]  # the position before each response token predicts it
+        hidden = _shared_prompt_hidden(trunk, prompt_ids, prompt_mask, response_ids, attn_full, position_ids) \
+            if share_prompts else None
+        if hidden is None:
+            hidden = trunk(input_ids=input_ids, attention_mask=attn_full, position_ids=position_ids).last_hidden_state
+            hidden = hidden[:, P - 1:P - 1 + resp_len]  # the position before each response token predicts it
         lps, ents = [], []
         for a in range(0, resp_len, int(chunk_tokens)):
             args = (head, softcap, float(temperature), with_entropy, hidden[:, a:a + int(chunk_tokens)],

@@ -82,3 +82,66 @@ def test_dtype_choice():
     assert resolve_dtype("float16", "cpu") == torch.float16
     with pytest.raises(ValueError, match="dtype='fp8'"):
         resolve_dtype("fp8", "cpu")
+
+
+def _trunk_tokens(model):
+    """A forward hook on the decoder trunk counting the input tokens it processes (rows x columns)."""
+    seen = []
+    handle = model.base_model.register_forward_hook(
+        lambda mod, args, kwargs, out: seen.append(kwargs["input_ids"].numel()), with_kwargs=True)
+    return seen, handle
+
+
+def test_shared_prompt_pass_equals_whole_rows_in_values_and_gradients(tiny_policy):
+    """Each distinct prompt runs through the decoder once, its cache shared by its G responses. Second methods:
+    the same call with share_prompts=False (log-probs, entropies, every parameter's gradient), and one unpadded
+    forward per sequence for the log-probs. The hook shows the shared call really ran fewer tokens."""
+    model, tok = tiny_policy
+    batch, _ = collect_rollouts(model, tok, ROWS, 4, 1.0, 1.0, 7, seed=5)
+    idx = torch.tensor([5, 0, 6, 1, 2, 7])  # a shuffled minibatch: both prompts, repeated, rows out of order
+    mb = batch.select(idx)
+    args = (mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask, 0.8)
+    m = mb.response_mask.bool()
+    results = {}
+    model.train()
+    try:
+        for share in (False, True):
+            seen, handle = _trunk_tokens(model)
+            model.zero_grad(set_to_none=True)
+            lp, ent = compute_logprobs(model, *args, with_entropy=True, share_prompts=share)
+            handle.remove()
+            (lp * mb.response_mask).sum().backward()
+            results[share] = (lp.detach(), ent.detach(), [p.grad.clone() for p in model.parameters()], sum(seen))
+    finally:
+        model.eval()
+        model.zero_grad(set_to_none=True)
+    (lp0, ent0, g0, n0), (lp1, ent1, g1, n1) = results[False], results[True]
+    P, L = mb.prompt_ids.shape[1], mb.response_ids.shape[1]
+    assert n0 == 6 * (P + L) and n1 == 2 * P + 6 * L  # two distinct prompts, once each
+    assert torch.allclose(lp1[m], lp0[m], atol=1e-5) and torch.allclose(ent1[m], ent0[m], atol=1e-5)
+    for a, b in zip(g1, g0):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
+    for i in range(6):  # independent: each sequence alone, no padding, no cache
+        p = mb.prompt_ids[i][mb.prompt_mask[i].bool()]
+        r = mb.response_ids[i][mb.response_mask[i].bool()]
+        with torch.no_grad():
+            logits = model(input_ids=torch.cat([p, r])[None]).logits[0, len(p) - 1:-1].float() / 0.8
+        want = torch.log_softmax(logits, -1).gather(-1, r[:, None])[:, 0]
+        assert torch.allclose(lp1[i, :len(r)], want, atol=1e-5)
+
+
+def test_generation_prefills_each_prompt_once_and_draws_the_same_samples(tiny_policy, monkeypatch):
+    """generate_responses prefills each prompt once and repeats its cache for the n samples; the draws equal
+    generate's own num_return_sequences path (the shared prefill switched off), token for token."""
+    import core.sampling as cs
+
+    model, tok = tiny_policy
+    texts = cs.prompt_texts(tok, [r["prompt"] for r in ROWS])
+    seen, handle = _trunk_tokens(model)
+    shared = cs.generate_responses(model, tok, texts, 4, 1.0, 0.9, 9, seed=7)
+    handle.remove()
+    P = shared.prompt_ids.shape[1]
+    assert seen[0] == 2 * (P - 1)  # the prefill: two prompts, not eight rows
+    monkeypatch.setattr(cs, "_shared_prefill", lambda *a: None)
+    plain = cs.generate_responses(model, tok, texts, 4, 1.0, 0.9, 9, seed=7)
+    assert torch.equal(shared.response_ids, plain.response_ids) and shared.texts == plain.texts
