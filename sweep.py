@@ -60,7 +60,11 @@ if __name__ == "__main__":
     callbacks.EXPECTED_POINTS = check_command_line(sys.argv[1:])
     try:
         main()
-    except Interrupted as e:
+    except BaseException as e:  # the sweep did not reach its end: its parent run says how it stopped
+        if not (isinstance(e, SystemExit) and e.code in (0, None)):
+            callbacks.close_parent([], "KILLED" if isinstance(e, (Interrupted, KeyboardInterrupt)) else "FAILED")
+        if not isinstance(e, Interrupted):
+            raise
         print(f"stopped by {_signame(e.signum)}" + (f": {e.where} marked KILLED" if e.where else "")
               + ("; its training state was saved" if e.state_saved else "")
               + ". Run the same command again to resume.", file=sys.stderr, flush=True)

@@ -35,7 +35,7 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from . import integrity, lease, tracking
+from . import integrity, lease, tracking, window
 
 log = logging.getLogger("rlvr")
 
@@ -181,6 +181,7 @@ class BaseEvaluation:
                 "rlvr.slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
                 "mlflow.note.content": "The starting model, evaluated with the sweep's protocol (the papers' "
                                        "'Initialization' row); every trained run's flip rates compare against it."}
+        tags |= window.parent_tags(self.exp_id, self.sweep_id)
         run = tracking.retry(self.client.create_run, self.exp_id, run_name=RUN_NAME, tags=tags)
         mine = (run.info.start_time, run.info.run_id)
         rivals = [r for r in self._runs() if r.info.run_id != run.info.run_id and claim_is_live(r)
@@ -207,7 +208,11 @@ class BaseEvaluation:
         self.run_id = run_id
         beat = lease.Heartbeat(self.client, run_id, HEARTBEAT_S)
         beat.start()
+        monitor = window.system_metrics(self.cfg, run_id).__enter__()
         try:
+            from evaluation.evaluate import benchmark_rows
+
+            window.log_datasets(run_id, self.cfg.data, None, benchmark_rows(self.cfg.eval, self.heldout_rows), self.cfg.eval)
             folder.mkdir(parents=True, exist_ok=True)
             tracking.retry(self.client.set_tag, run_id, "rlvr.run_dir", str(folder))
             log.info("base model: evaluating (MLflow run %s, %s sampler) in %s", run_id, self.sampler, folder)
@@ -223,6 +228,10 @@ class BaseEvaluation:
                                             {"samples.parquet": integrity.sha256(folder / "samples.parquet")})
             tracking.retry(self.client.log_artifact, run_id, str(record))
             tracking.retry(self.client.set_tag, run_id, "rlvr.entropy_method", str(info["entropy_method"]))
+            tracking.retry(self.client.set_tag, run_id, window.NOTE_TAG,
+                           window.describe(self.cfg, "", metrics, kind="base") + "\n\nEvery trained run's flip rates "
+                           "compare against this run (the papers' 'Initialization' row).")
+            monitor.__exit__(None, None, None)
             beat.stop.set()
             tracking.retry(self.client.set_terminated, run_id, "FINISHED")
             return pd.read_parquet(folder / "samples.parquet")
@@ -240,6 +249,7 @@ class BaseEvaluation:
             return None
         finally:
             beat.stop.set()
+            monitor.__exit__(None, None, None)
 
 
 def log_metrics(client: MlflowClient, run_id: str, metrics: dict, step: int) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from hydra.experimental.callback import Callback
 
-from . import tracking
+from . import tracking, window
 
 log = logging.getLogger("rlvr")
 
@@ -16,6 +16,9 @@ FAILED_BASE: list[str] = []  # failed base-model evaluations of the sweep: exit 
 EXPECTED_POINTS: int | None = None  # the number of points pre-flight composed (set by sweep.py)
 OUTCOMES: dict[str, dict] = {}  # job number -> outcome of the points run in this process
 OUTCOME_FILE = "rlvr_outcome.json"
+PARENT_RUN_ID: str | None = None  # the sweep's parent MLflow run (orchestrator.window), made by on_multirun_start
+PARENT_CLOSED = False
+REPORT_HTML: Path | None = None  # set by the report callback (it runs first at the end: Hydra reverses the order)
 
 
 def record_outcome(outcome: dict) -> None:
@@ -56,8 +59,15 @@ class SweepSummaryCallback(Callback):
     (point, status, MLflow run id, SLURM job id, wall time) and remember failures."""
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        tracking.retry(tracking.setup_experiment, str(config.tracking.uri), str(config.experiment_name),
-                       str(config.tracking.artifact_root))
+        global PARENT_RUN_ID, PARENT_CLOSED
+        exp_id = tracking.retry(tracking.setup_experiment, str(config.tracking.uri), str(config.experiment_name),
+                                str(config.tracking.artifact_root))
+        from .run import _git_commit
+
+        try:
+            PARENT_RUN_ID, PARENT_CLOSED = window.open_sweep_run(exp_id, str(config.hydra.sweep.dir), _git_commit()), False
+        except Exception as e:  # the points still run; they are then top-level runs
+            log.warning("could not create the sweep's parent run: %s: %s", type(e).__name__, e)
 
     def on_multirun_end(self, config, **kwargs) -> None:
         from mlflow.tracking import MlflowClient
@@ -72,7 +82,8 @@ class SweepSummaryCallback(Callback):
         except Exception as e:
             store_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             log.error("could not read the sweep's runs back from MLflow: %s", store_error)
-        rows, failed_base, seen_jobs = [], [], set()
+        runs = [r for r in runs if r.data.tags.get(tracking.TAG_KIND) != window.SWEEP_KIND]
+        rows, failed_base, seen_jobs, summary = [], [], set(), []
         for r in runs:
             kind = r.data.tags.get(tracking.TAG_KIND, "?")
             status = "DUPLICATE" if kind == "duplicate" else r.info.status
@@ -86,6 +97,8 @@ class SweepSummaryCallback(Callback):
             note = (outcomes.get(job) or {}).get("error") or "" if status not in ("FINISHED", "DUPLICATE") else ""
             rows.append((job, point, status, r.info.run_id, r.data.tags.get("rlvr.slurm_job_id", "") or "-",
                          f"{wall:.1f}", note[:120]))
+            summary.append({"job": job, "point": point, "status": status, "run_id": r.info.run_id, "wall_s": round(wall, 1),
+                            "error": note[:300], **window.headline(r.data.metrics, config.eval.get("n"))})
             if status in ("FAILED", "KILLED") and kind == "base":
                 failed_base.append(r.info.run_name or r.info.run_id)
         # a point that did not end FINISHED or DUPLICATE, by its own word or because it left nothing behind
@@ -109,6 +122,8 @@ class SweepSummaryCallback(Callback):
             if job not in seen_jobs:
                 rows.append((job, rec.get("point") or "?", str(rec.get("status", "?")).upper(), rec.get("run_id") or "-",
                              "-", "-", str(rec.get("error") or "")[:120]))
+                summary.append({"job": job, "point": rec.get("point") or "?", "status": str(rec.get("status", "?")).upper(),
+                                "run_id": rec.get("run_id"), "error": str(rec.get("error") or "")[:300]})
         FAILED_POINTS.extend(f"{rec.get('point') or job}: {rec.get('error') or rec.get('status')}" for job, rec in bad.items())
         header = ("#", "point", "status", "MLflow run", "job id", "wall s", "error")
         widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)] if rows else [len(h) for h in header]
@@ -117,7 +132,22 @@ class SweepSummaryCallback(Callback):
         if FAILED_POINTS:
             print(f"{len(bad)} point(s) did not finish; tracebacks of failed runs are in MLflow (traceback.txt). "
                   "Re-running the same command trains only the points that did not finish.", flush=True)
+        close_parent(summary, out_dir=Path(sweep_id))
         if failed_base:
             print("The base model's evaluation failed (traceback.txt in its MLflow run); the trained points have no "
                   "flip rates. Re-running the same command evaluates it again.", flush=True)
             FAILED_BASE.extend(failed_base)
+
+
+def close_parent(summary: list[dict], status: str | None = None, out_dir: Path | None = None) -> None:
+    """End the sweep's parent run once (:func:`orchestrator.window.close_sweep_run`), with the report when one was
+    built; never raises."""
+    global PARENT_CLOSED
+    if PARENT_RUN_ID is None or PARENT_CLOSED:
+        return
+    PARENT_CLOSED = True
+    try:
+        final = window.close_sweep_run(PARENT_RUN_ID, summary, status, REPORT_HTML, out_dir)
+        log.info("sweep run %s: %s", PARENT_RUN_ID, final)
+    except Exception as e:
+        log.error("could not close the sweep's parent run %s: %s: %s", PARENT_RUN_ID, type(e).__name__, e)

@@ -27,7 +27,7 @@ import mlflow
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
-from . import integrity, lease, tracking
+from . import integrity, lease, tracking, window
 from .identity import config_hash
 from .validate import validate_config
 
@@ -98,13 +98,27 @@ def _install_stop_handlers() -> dict:
     return previous
 
 
-def _record_duplicate(exp_id, name, tags, params, of_run_id, chash, why) -> dict:
+def _record_duplicate(exp_id, name, tags, params, of_run_id, chash, why, cfg=None) -> dict:
     with mlflow.start_run(experiment_id=exp_id, run_name=name, tags={
         **tags, tracking.TAG_KIND: "duplicate", tracking.TAG_DUP_OF: of_run_id, "mlflow.note.content": why,
     }) as r:
         tracking.retry(mlflow.log_params, params)
+        if cfg is not None:
+            _log_datasets(cfg, r.info.run_id)
     log.info("point %s: %s (recorded as duplicate %s)", name, why, r.info.run_id)
     return {"status": "duplicate", "run_id": r.info.run_id, "duplicate_of": of_run_id, "config_hash": chash}
+
+
+def _log_datasets(cfg, run_id: str) -> None:
+    """The run's training prompts and evaluation benchmarks as MLflow datasets (:func:`orchestrator.window.log_datasets`)."""
+    try:
+        from core.tasks import load_prompts
+        from evaluation.evaluate import benchmark_rows
+
+        heldout = load_prompts(cfg.data, "eval")
+        window.log_datasets(run_id, cfg.data, load_prompts(cfg.data, "train"), benchmark_rows(cfg.eval, heldout), cfg.eval)
+    except Exception as e:  # bad data fails the point later, with its own message
+        log.warning("run %s: datasets not logged: %s: %s", run_id, type(e).__name__, e)
 
 
 def has_saved_state(cfg, run_dir: Path) -> bool:
@@ -183,7 +197,8 @@ def _claim_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stal
             problems, ckpt_ok = integrity.verify_run(client, prior)
             if not problems:
                 out = _record_duplicate(exp_id, name, tags, params, prior.info.run_id, chash,
-                                        f"identical effective config to finished run {prior.info.run_id}; not trained again")
+                                        f"identical effective config to finished run {prior.info.run_id}; not trained again",
+                                        cfg)
                 if bool(cfg.eval.get("base", True)) and not prior.data.tags.get("rlvr.base_run_id"):
                     _backfill_flips(cfg, exp_id, sweep_id, job_num, run_dir, prior)
                 return "duplicate", out
@@ -204,7 +219,7 @@ def _claim_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stal
             if same_sweep and r.data.tags.get("rlvr.job_num") != str(job_num):
                 return "duplicate", _record_duplicate(
                     exp_id, name, tags, params, r.info.run_id, chash,
-                    f"identical to point {r.data.tags.get('rlvr.job_num')} of this sweep, run {r.info.run_id}")
+                    f"identical to point {r.data.tags.get('rlvr.job_num')} of this sweep, run {r.info.run_id}", cfg)
         if live:
             r = live[0]
             if waited != r.info.run_id:
@@ -269,6 +284,7 @@ def run(cfg: DictConfig) -> dict:
             "rlvr.requeue_count": os.environ.get("SLURM_RESTART_COUNT", "0"), "rlvr.point": (point or name)[:4900]}
     if warnings:
         tags["rlvr.warnings"] = " | ".join(warnings)[:5000]
+    tags |= window.parent_tags(exp_id, sweep_id)  # nested under the sweep's run (a resumed run moves to this sweep)
     force = bool(cfg.get("force", False))
     stale_s = float(cfg.tracking.get("lease_stale_s", 300))
     previous_handlers = _install_stop_handlers()
@@ -335,6 +351,7 @@ def _run_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_
     _install_preemption_handler()
     beat = lease.Heartbeat(client, run_id)
     beat.start()
+    monitor = window.system_metrics(cfg, run_id).__enter__()
     t0 = time.time()
 
     def log_step(m, step):
@@ -347,7 +364,8 @@ def _run_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_
     try:
         tracking.retry(mlflow.log_artifact, str(run_dir / "config.yaml"))
         heldout = load_prompts(cfg.data, "eval")
-        benchmark_rows(cfg.eval, heldout)  # unreadable benchmark files fail here, before any training
+        bench = benchmark_rows(cfg.eval, heldout)  # unreadable benchmark files fail here, before any training
+        window.log_datasets(run_id, cfg.data, load_prompts(cfg.data, "train"), bench, cfg.eval)
         base = None
         if bool(cfg.eval.get("base", True)):
             from .base import BaseEvaluation
@@ -408,7 +426,9 @@ def _run_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_
         raise
     finally:
         beat.stop.set()
-    tracking.retry(mlflow.set_tag, "rlvr.active_s", active_s())
+        monitor.__exit__(None, None, None)
+    tracking.retry(mlflow.set_tags, {"rlvr.active_s": active_s(), window.NOTE_TAG: window.describe(
+        cfg, tags.get("rlvr.point", name), metrics)})
     mlflow.end_run()
     log.info("point %s finished: MLflow run %s", name, run_id)
     return {"status": "finished", "run_id": run_id, "config_hash": chash, "metrics": metrics}

@@ -81,6 +81,8 @@ SCHEMA: dict[str, Spec] = {
     "tracking.artifact_root": S(min_len=1),
     "tracking.min_free_mb": F(0),
     "tracking.lease_stale_s": F(1),
+    "tracking.system_metrics": B(),
+    "tracking.system_metrics_interval_s": F(1),
     # training
     "train.steps": I(1), "train.prompts_per_step": I(1), "train.group_size": I(1), "train.ppo_epochs": I(1),
     "train.minibatch_size": I(1, null=True), "train.lr": F(0, 1, lo_open=True),

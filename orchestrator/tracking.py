@@ -42,8 +42,9 @@ def sqlite_path(uri: str) -> Path | None:
 
 def local_path(uri_or_path: str) -> Path | None:
     """The folder of a plain path or ``file:`` URI, else None (a remote location)."""
-    if "://" not in uri_or_path and not uri_or_path.startswith("file:"):
-        return Path(uri_or_path)
+    scheme = urlparse(uri_or_path).scheme
+    if "://" not in uri_or_path and not uri_or_path.startswith("file:") and (len(scheme) <= 1 or scheme == ""):
+        return Path(uri_or_path)  # a path (a one-letter "scheme" is a Windows drive); mlflow-artifacts:/ is remote
     parsed = urlparse(uri_or_path)
     return Path(parsed.path) if parsed.scheme == "file" else None
 
@@ -158,20 +159,26 @@ def ensure_store(uri: str) -> None:
 
 def setup_experiment(tracking_uri: str, experiment_name: str, artifact_root: str) -> str:
     """Point MLflow at ``tracking_uri`` (creating an SQLite store with :func:`ensure_store`) and return the id of
-    ``experiment_name`` (created if new, with its artifacts under ``artifact_root``/<experiment>)."""
+    ``experiment_name`` (created if new, with its artifacts under ``artifact_root``/<experiment>), tagged
+    ``mlflow.experimentKind=custom_model_development`` unless it has a kind (:mod:`orchestrator.window`)."""
     ensure_store(tracking_uri)
     mlflow.set_tracking_uri(tracking_uri)
+    from .window import TRAINING_KIND, KIND_TAG, set_experiment_kind
+
     client = MlflowClient()
     exp = client.get_experiment_by_name(experiment_name)
-    if exp is not None:
-        return exp.experiment_id
-    try:
-        return client.create_experiment(experiment_name, artifact_location=_artifact_uri(str(Path(artifact_root) / experiment_name)) if "://" not in artifact_root else f"{artifact_root.rstrip('/')}/{experiment_name}")
-    except Exception:  # created concurrently by another job
+    if exp is None:
+        try:
+            location = (_artifact_uri(str(Path(artifact_root) / experiment_name)) if local_path(artifact_root) is not None
+                        else f"{artifact_root.rstrip('/')}/{experiment_name}")
+            client.create_experiment(experiment_name, artifact_location=location, tags={KIND_TAG: TRAINING_KIND})
+        except Exception:  # created concurrently by another job
+            pass
         exp = client.get_experiment_by_name(experiment_name)
         if exp is None:
-            raise
-        return exp.experiment_id
+            raise StoreError(f"experiment_name={experiment_name!r}: could not be created in {tracking_uri}")
+    set_experiment_kind(client, exp)  # an experiment made before, or by hand: the UI opens on its runs table
+    return exp.experiment_id
 
 
 def flatten(d, prefix: str = "") -> dict:

@@ -22,13 +22,14 @@ def _parameters_source(**params) -> str:
 
 
 def build(experiment: str, tracking_uri: str = "sqlite:///mlflow.db", baseline: str | None = None, out_dir=None,
-          log_to_mlflow: bool = True, timeout_s: int = 600) -> dict:
+          log_to_mlflow: bool = True, timeout_s: int = 600, parent_run_id: str | None = None) -> dict:
     """Write and execute the report notebook for ``experiment``; export HTML; log both to MLflow.
 
     Args:
         experiment: MLflow experiment name; tracking_uri: the store (a relative sqlite path is
             resolved against the current directory); baseline: run label or algorithm name for the
-            paired-bootstrap differences; out_dir: where files go (default ``reports_out/<experiment>``).
+            paired-bootstrap differences; out_dir: where files go (default ``reports_out/<experiment>``);
+            parent_run_id: the sweep's parent run, under which the report run is nested.
     Returns:
         {"notebook": path, "html": path, "figures": [paths], "run_id": MLflow report run id or None}.
     Raises:
@@ -50,6 +51,7 @@ def build(experiment: str, tracking_uri: str = "sqlite:///mlflow.db", baseline: 
                                              figures_dir=str(out / "figures"), work_dir=str(out))
             break
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["title"] = f"RLVR sweep report: {experiment}"  # the HTML page's title
     import shutil
     import tempfile
 
@@ -64,7 +66,8 @@ def build(experiment: str, tracking_uri: str = "sqlite:///mlflow.db", baseline: 
         shutil.rmtree(sockets, ignore_errors=True)
     nb_path, html_path = out / "report.ipynb", out / "report.html"
     nbformat.write(nb, nb_path)
-    html, _ = HTMLExporter(exclude_input=True).from_notebook_node(nb)
+    html, _ = HTMLExporter(exclude_input=True, template_name="offline",  # no CDN script: opens offline
+                           extra_template_basedirs=[str(TEMPLATE.parent)]).from_notebook_node(nb)
     html_path.write_text(html, encoding="utf-8")
     figures = sorted((out / "figures").glob("*.png"))
     run_id = None
@@ -75,7 +78,7 @@ def build(experiment: str, tracking_uri: str = "sqlite:///mlflow.db", baseline: 
 
         exp_id = tracking.setup_experiment(tracking_uri, experiment, "mlartifacts")
         with mlflow.start_run(experiment_id=exp_id, run_name=f"report {time.strftime('%Y-%m-%d %H:%M')}",
-                              tags={"rlvr.kind": "report"}) as r:
+                              tags={"rlvr.kind": "report", **({"mlflow.parentRunId": parent_run_id} if parent_run_id else {})}) as r:
             mlflow.log_artifact(str(nb_path))
             mlflow.log_artifact(str(html_path))
             for f in figures:

@@ -18,7 +18,11 @@ class ReportCallback(Callback):
         try:
             from .build import build
 
-            res = build(str(config.experiment_name), str(config.tracking.uri), rep.get("baseline"), rep.get("out_dir"))
+            from orchestrator import callbacks
+
+            res = build(str(config.experiment_name), str(config.tracking.uri), rep.get("baseline"), rep.get("out_dir"),
+                        parent_run_id=callbacks.PARENT_RUN_ID)
+            callbacks.REPORT_HTML = res["html"]  # the summary callback logs it to the sweep's parent run
             log.info("report: %s", res["html"])
         except Exception as e:  # the sweep's results are already safe in MLflow
             log.error("the sweep finished but its report could not be built: %s: %s "

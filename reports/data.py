@@ -35,7 +35,7 @@ def load_runs(tracking_uri: str, experiment: str) -> pd.DataFrame:
     rows = []
     for r in client.search_runs([exp.experiment_id], max_results=5000, order_by=["attributes.start_time ASC"]):
         tags = r.data.tags
-        if tags.get("rlvr.kind") == "report":
+        if tags.get("rlvr.kind") in ("report", "sweep"):  # the report runs and the sweeps' parent runs
             continue
         end = r.info.end_time or r.info.start_time
         is_base = tags.get("rlvr.kind") == "base"

@@ -1,7 +1,14 @@
-"""The README's sweep command, end to end through subprocess, read back from MLflow."""
+"""The README's sweep command, end to end through subprocess, logged to a real MLflow tracking server over HTTP
+(``mlflow server`` on 127.0.0.1) and read back over its REST API: the path the README gives cluster users. The
+SQLite path is what the other sweep tests take."""
+import json
 import os
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -18,24 +25,79 @@ def _sweep(cwd, *args, timeout=900, env=None):
                           text=True, timeout=timeout)
 
 
-def _runs(cwd):
+def _runs(cwd, uri=None):
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=f"sqlite:///{cwd}/mlflow.db")
+    client = MlflowClient(tracking_uri=uri or f"sqlite:///{cwd}/mlflow.db")
     exp = client.get_experiment_by_name("rlvr")
     return client, ([] if exp is None else client.search_runs([exp.experiment_id], max_results=100))
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.fixture(scope="module")
-def sweep_dir(tmp_path_factory):
+def server(tmp_path_factory):
+    """``mlflow server`` on a free port of 127.0.0.1 (SQLite behind it, proxied artifacts), job execution off, as
+    the README starts it; stopped after the module."""
+    d = tmp_path_factory.mktemp("mlflow-server")
+    port = _free_port()
+    log = open(d / "server.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{d}/mlflow.db",
+         "--artifacts-destination", str(d / "artifacts"), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        cwd=d, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"))
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(240):
+            try:
+                urllib.request.urlopen(uri + "/health", timeout=2).read()
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    pytest.fail("mlflow server exited: " + (d / "server.log").read_text()[-2000:])
+                time.sleep(0.5)
+        else:
+            pytest.fail("mlflow server did not answer /health in 120 s: " + (d / "server.log").read_text()[-2000:])
+        yield uri
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def _rest(uri, endpoint, body=None):
+    """One call of MLflow's REST API (GET with query parameters in ``endpoint``, or POST with a JSON body)."""
+    req = urllib.request.Request(uri + endpoint, data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"}, method="GET" if body is None else "POST")
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+SERVER_ARGS = ["tracking.artifact_root=mlflow-artifacts:/", "tracking.system_metrics_interval_s=1"]
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory, server):
     cwd = tmp_path_factory.mktemp("sweep")
-    proc = _sweep(cwd, "-m", "algo=quatro,gspo", "delta=0.01,0.1", *TINY)
+    proc = _sweep(cwd, "-m", "algo=quatro,gspo", "delta=0.01,0.1", *TINY, f"tracking.uri={server}", *SERVER_ARGS)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    (cwd / "server_uri").write_text(server)
     return cwd
 
 
+def _served(sweep_dir):
+    return _runs(sweep_dir, (sweep_dir / "server_uri").read_text())
+
+
 def test_sweep_records_three_trained_runs_and_one_duplicate(sweep_dir):
-    client, runs = _runs(sweep_dir)
+    client, runs = _served(sweep_dir)
     trained = [r for r in runs if r.data.tags.get("rlvr.kind") == "trained"]
     dups = [r for r in runs if r.data.tags.get("rlvr.kind") == "duplicate"]
     assert len(trained) == 3 and all(r.info.status == "FINISHED" for r in trained)
@@ -51,7 +113,7 @@ def test_sweep_records_three_trained_runs_and_one_duplicate(sweep_dir):
 
 
 def test_every_step_metric_and_the_eval_metrics_are_logged(sweep_dir):
-    client, runs = _runs(sweep_dir)
+    client, runs = _served(sweep_dir)
     for r in runs:
         if r.data.tags.get("rlvr.kind") != "trained":
             continue
@@ -78,11 +140,11 @@ def test_every_step_metric_and_the_eval_metrics_are_logged(sweep_dir):
 def test_samples_parquet_is_an_artifact_with_the_documented_columns(sweep_dir, tmp_path):
     import mlflow
 
-    client, runs = _runs(sweep_dir)
+    client, runs = _served(sweep_dir)
     run = next(r for r in runs if r.data.tags.get("rlvr.kind") == "trained")
     names = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"samples.parquet", "passk.csv", "config.yaml", "verifier.csv", "verifier_disagreements.csv"} <= names
-    mlflow.set_tracking_uri(f"sqlite:///{sweep_dir}/mlflow.db")
+    mlflow.set_tracking_uri((sweep_dir / "server_uri").read_text())
     path = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="samples.parquet", dst_path=str(tmp_path))
     df = pd.read_parquet(path)
     for col in ("benchmark", "prompt_id", "sample_idx", "response", "n_tokens", "finish_reason", "extracted_answer",
@@ -135,3 +197,129 @@ def test_bad_input_stops_before_training(tmp_path, args, fragment):
     assert len(lines) == 1 and fragment in lines[0], proc.stderr
     _, runs = _runs(tmp_path)
     assert runs == []
+
+
+def _search(uri, exp_id):
+    return _rest(uri, "/api/2.0/mlflow/runs/search", {"experiment_ids": [exp_id], "max_results": 200}).get("runs", [])
+
+
+def _tags(run):
+    return {t["key"]: t["value"] for t in run["data"].get("tags", [])}
+
+
+def test_over_http_the_sweep_is_one_parent_with_datasets_system_metrics_and_downloadable_artifacts(sweep_dir):
+    """Read back over MLflow's REST API, as the UI does: the experiment opens on the training view; one parent run
+    per sweep with every point, the duplicate record, the base-model run and the report run beneath it; each run
+    shows its datasets; trained runs carry system metrics and a description; artifacts download over HTTP."""
+    from core.tasks import load_prompts
+    from orchestrator.preflight import sweep_points
+
+    uri = (sweep_dir / "server_uri").read_text()
+    exp = _rest(uri, "/api/2.0/mlflow/experiments/get-by-name?experiment_name=rlvr")["experiment"]
+    assert {t["key"]: t["value"] for t in exp.get("tags", [])}["mlflow.experimentKind"] == "custom_model_development"
+    runs = _search(uri, exp["experiment_id"])
+    kinds = [_tags(r).get("rlvr.kind") for r in runs]
+    assert sorted(kinds) == ["base", "duplicate", "report", "sweep", "trained", "trained", "trained"]
+    [parent] = [r for r in runs if _tags(r)["rlvr.kind"] == "sweep"]
+    ptags = _tags(parent)
+    assert parent["info"]["status"] == "FINISHED" and "algo=quatro,gspo" in ptags["rlvr.command"]
+    assert ptags["rlvr.git_commit"] and "| point | status |" in ptags["mlflow.note.content"]
+    for r in runs:
+        if r is not parent:
+            assert _tags(r)["mlflow.parentRunId"] == parent["info"]["run_id"], _tags(r)["rlvr.kind"]
+
+    [(_, cfg)] = sweep_points(TINY)
+    n_train = len(load_prompts(cfg.data, "train"))
+    for r in runs:
+        kind = _tags(r)["rlvr.kind"]
+        if kind in ("sweep", "report"):
+            continue
+        inputs = {(d["dataset"]["name"], {t["key"]: t["value"] for t in d.get("tags", [])}["mlflow.data.context"]):
+                  json.loads(d["dataset"]["profile"])["num_rows"] for d in r.get("inputs", {}).get("dataset_inputs", [])}
+        want = {("arithmetic", "evaluation"): 4}  # eval=smoke: 4 held-out prompts
+        if kind != "base":
+            want[("arithmetic/train", "training")] = n_train
+        assert inputs == want, (kind, inputs)
+        if kind in ("trained", "base"):
+            metrics = {m["key"] for m in r["data"].get("metrics", [])}
+            assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"} <= metrics, kind
+        if kind == "trained":
+            note = _tags(r)["mlflow.note.content"]
+            algo = _tags(r)["rlvr.algo"]
+            assert f"**{algo}**" in note and "Swept values: `algo=" in note and "pass@1" in note and "report.html" in note
+
+    trained = next(r for r in runs if _tags(r)["rlvr.kind"] == "trained")
+    with urllib.request.urlopen(f"{uri}/get-artifact?path=samples.parquet&run_uuid={trained['info']['run_id']}") as f:
+        import io
+
+        assert len(pd.read_parquet(io.BytesIO(f.read()))) == 4 * 4
+    with urllib.request.urlopen(f"{uri}/get-artifact?path=summary.csv&run_uuid={parent['info']['run_id']}") as f:
+        summary = pd.read_csv(f)
+    assert sorted(summary["status"]) == ["DUPLICATE", "FINISHED", "FINISHED", "FINISHED", "FINISHED"]
+    by_run = {r["info"]["run_id"]: {m["key"]: m["value"] for m in r["data"].get("metrics", [])} for r in runs}
+    for _, row in summary[summary["status"] == "FINISHED"].iterrows():
+        assert row["eval/mean/pass_at_1"] == pytest.approx(by_run[row["run_id"]]["eval/mean/pass_at_1"])
+    with urllib.request.urlopen(f"{uri}/get-artifact?path=report.html&run_uuid={parent['info']['run_id']}") as f:
+        assert b"RLVR sweep report" in f.read()
+
+
+def test_a_rerun_is_a_new_parent_whose_children_are_the_duplicate_records(sweep_dir):
+    uri = (sweep_dir / "server_uri").read_text()
+    proc = _sweep(sweep_dir, "-m", "algo=quatro,gspo", "delta=0.01,0.1", *TINY, f"tracking.uri={uri}", *SERVER_ARGS,
+                  "report.enabled=false")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    exp = _rest(uri, "/api/2.0/mlflow/experiments/get-by-name?experiment_name=rlvr")["experiment"]
+    runs = _search(uri, exp["experiment_id"])
+    parents = sorted((r for r in runs if _tags(r)["rlvr.kind"] == "sweep"), key=lambda r: int(r["info"]["start_time"]))
+    assert len(parents) == 2 and all(p["info"]["status"] == "FINISHED" for p in parents)
+    children = [r for r in runs if _tags(r).get("mlflow.parentRunId") == parents[1]["info"]["run_id"]]
+    assert len(children) == 4 and {_tags(r)["rlvr.kind"] for r in children} == {"duplicate"}
+    ids = {p["info"]["run_id"] for p in parents}
+    assert all(_tags(r).get("mlflow.parentRunId") in ids for r in runs if r not in parents)  # no run is orphaned
+
+
+PROBE = """<script>
+window.__rlvrErrors = [];
+window.addEventListener('error', function (e) {
+  window.__rlvrErrors.push(e.message || ('failed to load ' + ((e.target && (e.target.src || e.target.href)) || '?')));
+}, true);
+window.addEventListener('load', function () {
+  var imgs = Array.prototype.slice.call(document.images);
+  var out = document.createElement('pre'); out.id = 'rlvr-browser-check';
+  out.textContent = JSON.stringify({images: imgs.length, errors: window.__rlvrErrors, title: document.title,
+    shown: imgs.filter(function (i) { return i.complete && i.naturalWidth > 0 && i.getBoundingClientRect().width > 0; }).length});
+  document.body.appendChild(out);
+});
+</script>"""
+
+
+def test_the_report_renders_in_a_real_browser_with_every_figure_shown(sweep_dir, tmp_path):
+    """Headless Chromium (Debian's ``chromium``, installed by .ci/run) opens report.html offline: no script or
+    resource error, every <img> decoded and laid out, as many images as the report's figures folder holds. A
+    screenshot is kept in test-artifacts/ (or $RLVR_TEST_ARTIFACTS)."""
+    import re
+    import shutil
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("chromium is not installed (apt-get install chromium; .ci/run installs it)")
+    report = sweep_dir / "reports_out" / "rlvr" / "report.html"
+    html = report.read_text(encoding="utf-8")
+    assert not re.findall(r'<script[^>]*src="https?:', html)  # nothing fetched from a CDN
+    probe = tmp_path / "probe.html"
+    probe.write_text(html.replace("<head>", "<head>" + PROBE, 1), encoding="utf-8")
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'profile'}"]
+    proc = subprocess.run([browser, *flags, "--dump-dom", "--virtual-time-budget=10000", probe.as_uri()],
+                          capture_output=True, text=True, timeout=180)
+    m = re.search(r'<pre id="rlvr-browser-check">(.*?)</pre>', proc.stdout, re.S)
+    assert m, proc.stderr[-2000:]
+    check = json.loads(m.group(1))
+    figures = sorted((report.parent / "figures").glob("*.png"))
+    assert check["errors"] == [] and check["title"] == "RLVR sweep report: rlvr"
+    assert check["images"] == len(figures) >= 3 and check["shown"] == check["images"], check
+    out = Path(os.environ.get("RLVR_TEST_ARTIFACTS", REPO / "test-artifacts"))
+    out.mkdir(parents=True, exist_ok=True)
+    shot = out / "report.png"
+    subprocess.run([browser, *flags, f"--screenshot={shot}", "--window-size=1280,3000", "--hide-scrollbars",
+                    report.as_uri()], capture_output=True, text=True, timeout=180)
+    assert shot.is_file() and shot.stat().st_size > 10_000

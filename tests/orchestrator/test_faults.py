@@ -45,12 +45,12 @@ def _signal_after_two_steps(cwd, sig, *extra) -> tuple[int, str]:
     return p.returncode, "".join(out)
 
 
-def _trained(cwd, experiment):
+def _trained(cwd, experiment, kind="trained"):
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{cwd}/mlflow.db")
     exp = client.get_experiment_by_name(experiment)
-    runs = client.search_runs([exp.experiment_id], filter_string="tags.`rlvr.kind` = 'trained'",
+    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`rlvr.kind` = '{kind}'",
                               order_by=["attributes.start_time ASC"])
     return client, runs
 
@@ -95,12 +95,17 @@ def test_sigterm_sigint_and_kill9_mid_training_never_log_a_step_twice(tmp_path, 
     assert "ETA" in out and "eval sampling (hf): prompt" in out  # log-file progress lines
     client, [run] = _trained(tmp_path, "term")
     assert run.info.status == "KILLED"
+    _, [parent] = _trained(tmp_path, "term", "sweep")  # the sweep's parent run says how the sweep ended
+    assert parent.info.status == "KILLED" and run.data.tags["mlflow.parentRunId"] == parent.info.run_id
     done = _steps(client, run)
     assert done == sorted(set(done)) and 2 <= len(done) < STEPS
     proc = _sweep(tmp_path, *ARGS, "experiment_name=term")
     assert proc.returncode == 0, proc.stderr[-3000:]
     client, [run] = _trained(tmp_path, "term")
     assert run.info.status == "FINISHED" and _steps(client, run) == list(range(STEPS))
+    _, parents = _trained(tmp_path, "term", "sweep")  # the re-run is a new sweep; the run it finished moved under it
+    assert [p.info.status for p in parents] == ["KILLED", "FINISHED"]
+    assert run.data.tags["mlflow.parentRunId"] == parents[1].info.run_id
     _assert_equal_to_straight(client, run, straight)
 
     # Ctrl-C: KILLED, not FAILED; exit 130
@@ -108,6 +113,7 @@ def test_sigterm_sigint_and_kill9_mid_training_never_log_a_step_twice(tmp_path, 
     assert rc == 130, out[-3000:]
     _, [run] = _trained(tmp_path, "int")
     assert run.info.status == "KILLED"
+    assert [p.info.status for p in _trained(tmp_path, "int", "sweep")[1]] == ["KILLED"]
 
     # kill -9 without a saved state: the re-run starts a new run and marks the old one KILLED
     rc, out = _signal_after_two_steps(tmp_path, signal.SIGKILL, "experiment_name=kill")
