@@ -7,10 +7,12 @@
 - ``auto`` (:func:`resolve_sampler`): the available sampler with the highest ``auto_rank`` on this
   machine: vLLM when it is installed and a CUDA device is visible, else transformers.
 
-Every sampler fills ``mean_token_entropy`` the same way, when asked: an exact teacher-forced pass of
-the sampled tokens through the transformers model (:func:`core.scoring.mean_token_entropies`), the
-full next-token distribution at the sampling temperature, output head in chunks. vLLM returns only
-top-k log-probs, so its own numbers are not used for entropy.
+Every sampler fills ``mean_token_entropy`` with the exact entropy of the full next-token distribution at the
+sampling temperature, when asked. The transformers sampler takes it from the logits ``generate`` computed while
+sampling, when a call's logits fit :data:`ENTROPY_LOGITS_BUDGET` (else, and for vLLM, which returns only top-k
+log-probs, from a teacher-forced pass of the sampled tokens through the transformers model,
+:func:`core.scoring.mean_token_entropies`, output head in chunks). The two agree to float rounding (tested); the
+run's ``rlvr.entropy_method`` tag says which was used.
 """
 from __future__ import annotations
 
@@ -56,6 +58,7 @@ class Generation:
     response_lengths: torch.Tensor
     finished: torch.Tensor
     texts: list[str]
+    entropy: torch.Tensor | None = None  # (B, L) next-token entropy (nats) at the sampling temperature, when asked
 
 
 def response_mask_from_ids(response_ids: torch.Tensor, eos_token_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,7 +97,7 @@ def _shared_prefill(model, input_ids, attention_mask, n: int):
 
 @torch.no_grad()
 def generate_responses(model, tokenizer, texts: Sequence[str], n: int, temperature: float = 1.0, top_p: float = 1.0,
-                       max_new_tokens: int = 64, seed: int | None = None) -> Generation:
+                       max_new_tokens: int = 64, seed: int | None = None, with_entropy: bool = False) -> Generation:
     """Sample ``n`` responses to each input text with transformers ``generate``.
 
     The n samples of a prompt are drawn in one call from one RNG stream, so they differ; with a
@@ -103,6 +106,10 @@ def generate_responses(model, tokenizer, texts: Sequence[str], n: int, temperatu
     Args:
         texts: already-rendered model inputs (see :func:`prompt_texts`).
         n: samples per prompt (>= 1); temperature > 0; 0 < top_p <= 1; max_new_tokens >= 1.
+        with_entropy: also fill ``Generation.entropy`` from the logits ``generate`` computes while sampling (its
+            unprocessed logits, divided by the temperature: the full next-token distribution, before top-p), so
+            no second pass over the samples is needed. The logits of the whole call are held until it ends
+            (rows x max_new_tokens x vocabulary x 4 bytes; see :data:`ENTROPY_LOGITS_BUDGET`).
     Returns:
         :class:`Generation`, prompt-major: rows i*n .. i*n+n-1 belong to texts[i].
     Raises:
@@ -124,9 +131,13 @@ def generate_responses(model, tokenizer, texts: Sequence[str], n: int, temperatu
     out = model.generate(
         **inputs, do_sample=True, temperature=float(temperature), top_p=float(top_p), top_k=0,
         max_new_tokens=int(max_new_tokens), num_return_sequences=1 if cache is not None else int(n),
-        pad_token_id=tokenizer.pad_token_id,
+        pad_token_id=tokenizer.pad_token_id, output_logits=with_entropy, return_dict_in_generate=with_entropy,
     )
     model.train(was_training)
+    entropy = None
+    if with_entropy:
+        entropy = torch.stack([_entropy(step, temperature) for step in out.logits], dim=1)  # (B, L)
+        out = out.sequences
     p_len = enc["input_ids"].shape[1]
     response_ids = out[:, p_len:]
     if response_ids.shape[1] == 0:
@@ -139,7 +150,14 @@ def generate_responses(model, tokenizer, texts: Sequence[str], n: int, temperatu
         prompt_ids=enc["input_ids"].repeat_interleave(n, 0),
         prompt_mask=enc["attention_mask"].repeat_interleave(n, 0),
         response_ids=response_ids, response_mask=mask, response_lengths=mask.sum(-1), finished=finished, texts=texts_out,
+        entropy=None if entropy is None else entropy[:, :response_ids.shape[1]],
     )
+
+
+def _entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """(B,) entropy (nats) of softmax(logits / T) for (B, V) logits, in float32."""
+    logp = torch.log_softmax(logits.float() / float(temperature), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
 
 
 @dataclass(frozen=True)
@@ -191,6 +209,9 @@ class SamplerOptions:
 
 
 ENTROPY_METHOD = "exact: teacher-forced transformers pass over the sampled tokens, full distribution at the sampling temperature"
+GENERATION_ENTROPY_METHOD = ("exact: full next-token distribution at the sampling temperature, from the logits "
+                             "transformers computed while sampling (no second pass)")
+ENTROPY_LOGITS_BUDGET = 1 << 30  # bytes of float32 logits the hf sampler may hold to take entropies while sampling
 
 
 @dataclass(frozen=True)
@@ -282,13 +303,27 @@ class HFSampler:
             out += ((ent * m).sum(-1) / m.sum(-1).clamp(min=1)).tolist()
         return out
 
+    def _while_sampling(self, rows: int, max_new_tokens: int) -> bool:
+        """Whether a call's logits (rows x max_new_tokens x vocabulary, float32) fit :data:`ENTROPY_LOGITS_BUDGET`."""
+        vocab = int(getattr(self.model.config, "vocab_size", 0) or 0) or 1 << 20
+        return rows * max_new_tokens * vocab * 4 <= ENTROPY_LOGITS_BUDGET
+
     def sample(self, prompts: Sequence[str], n: int, seeds: Sequence[int], settings: SamplingSettings) -> list[list[dict]]:
         texts = prompt_texts(self.tokenizer, prompts, settings.chat_template)
         seed = int(seeds[0])
+        during = self.with_entropy and self._while_sampling(len(prompts) * n, settings.max_new_tokens)
         gen = generate_responses(self.model, self.tokenizer, texts, n, settings.temperature, settings.top_p,
-                                 settings.max_new_tokens, seed)
+                                 settings.max_new_tokens, seed, with_entropy=during)
         t0 = time.perf_counter()
-        entropies = self._entropies(gen, settings.temperature) if self.with_entropy else [None] * len(gen.texts)
+        if during:  # taken while sampling: the mean over each response's tokens
+            m = gen.response_mask.to(gen.entropy.dtype)
+            entropies = ((gen.entropy * m).sum(-1) / m.sum(-1).clamp(min=1)).tolist()
+            self.entropy_method = GENERATION_ENTROPY_METHOD
+        elif self.with_entropy:
+            entropies = self._entropies(gen, settings.temperature)
+            self.entropy_method = ENTROPY_METHOD
+        else:
+            entropies = [None] * len(gen.texts)
         PHASES["entropy_s"] += time.perf_counter() - t0
         out = []
         for i in range(len(prompts)):

@@ -91,9 +91,16 @@ def main(argv=None) -> int:
 
     exp_id = tracking.setup_experiment(args.tracking_uri, args.experiment, "mlartifacts")
     with mlflow.start_run(experiment_id=exp_id, run_name=args.run_name or Path(str(args.checkpoint)).name,
-                          tags={"rlvr.kind": "evaluation", "rlvr.checkpoint": str(args.checkpoint), "rlvr.sampler": sampler}):
+                          tags={"rlvr.kind": "evaluation", "rlvr.checkpoint": str(args.checkpoint), "rlvr.sampler": sampler}) as run:
+        from orchestrator import window
+
+        from .evaluate import benchmark_rows
+
         mlflow.log_params({f"eval.{k}": str(v)[:6000] for k, v in tracking.flatten(OmegaConf.to_container(eval_cfg, resolve=True)).items()})
-        metrics, files, info = evaluate_checkpoint(args.checkpoint, eval_cfg, out, heldout, base_samples=base, sampler=sampler)
+        window.log_datasets(run.info.run_id, None, None, benchmark_rows(eval_cfg, heldout), eval_cfg)
+        with window.system_metrics(cfg, run.info.run_id):
+            metrics, files, info = evaluate_checkpoint(args.checkpoint, eval_cfg, out, heldout, base_samples=base,
+                                                       sampler=sampler)
         mlflow.set_tag("rlvr.entropy_method", str(info["entropy_method"]))
         mlflow.log_metrics(metrics)
         for rel, path in files.items():

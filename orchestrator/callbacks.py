@@ -132,20 +132,24 @@ class SweepSummaryCallback(Callback):
         if FAILED_POINTS:
             print(f"{len(bad)} point(s) did not finish; tracebacks of failed runs are in MLflow (traceback.txt). "
                   "Re-running the same command trains only the points that did not finish.", flush=True)
-        close_parent(summary, out_dir=Path(sweep_id))
+        close_parent(summary, out_dir=Path(sweep_id), children=runs)
         if failed_base:
             print("The base model's evaluation failed (traceback.txt in its MLflow run); the trained points have no "
                   "flip rates. Re-running the same command evaluates it again.", flush=True)
             FAILED_BASE.extend(failed_base)
 
 
-def close_parent(summary: list[dict], status: str | None = None, out_dir: Path | None = None) -> None:
+def close_parent(summary: list[dict], status: str | None = None, out_dir: Path | None = None, children=()) -> None:
     """End the sweep's parent run once (:func:`orchestrator.window.close_sweep_run`), with the report when one was
-    built; never raises."""
+    built and the union of its ``children``'s datasets; never raises."""
     global PARENT_CLOSED
     if PARENT_RUN_ID is None or PARENT_CLOSED:
         return
     PARENT_CLOSED = True
+    try:
+        window.log_union_of_datasets(PARENT_RUN_ID, children)
+    except Exception as e:
+        log.warning("the sweep's parent run %s: datasets not logged: %s: %s", PARENT_RUN_ID, type(e).__name__, e)
     try:
         final = window.close_sweep_run(PARENT_RUN_ID, summary, status, REPORT_HTML, out_dir)
         log.info("sweep run %s: %s", PARENT_RUN_ID, final)

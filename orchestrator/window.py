@@ -223,6 +223,21 @@ def log_datasets(run_id: str, train_cfg, train_rows, bench_rows, eval_cfg) -> No
         log.warning("run %s: could not log its datasets: %s: %s", run_id, type(e).__name__, e)
 
 
+def log_union_of_datasets(run_id: str, runs) -> None:
+    """Log to ``run_id`` (a sweep's parent) every distinct (dataset, context) the ``runs`` (MLflow Run objects of its
+    children) logged, so the parent row's Dataset column shows what the sweep trained and evaluated on."""
+    seen, out = set(), []
+    for r in runs:
+        for d in getattr(getattr(r, "inputs", None), "dataset_inputs", None) or []:
+            ctx = {t.key: t.value for t in d.tags}.get("mlflow.data.context")
+            key = (d.dataset.name, d.dataset.digest, ctx)
+            if key not in seen:
+                seen.add(key)
+                out.append(d)
+    if out:
+        tracking.retry(MlflowClient().log_inputs, run_id, datasets=out)
+
+
 class SystemMetrics:
     """Context manager: MLflow's system-metrics monitor on ``run_id`` (metrics ``system/...``: CPU utilisation,
     system memory, and on NVIDIA GPUs utilisation and memory per GPU), sampled every ``interval_s`` seconds and
@@ -238,6 +253,7 @@ class SystemMetrics:
             import psutil  # noqa: F401  (MLflow's CPU and memory monitor)
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
+            logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # its start/stop lines, per run
             self.monitor = SystemMetricsMonitor(self.run_id, sampling_interval=self.interval_s, samples_before_logging=1,
                                                 tracking_uri=tracking.mlflow.get_tracking_uri())
             self.monitor.start()

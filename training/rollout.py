@@ -15,7 +15,7 @@ from .rewards import row_rewards
 @torch.no_grad()
 def collect_rollouts(model, tokenizer, rows: list[dict], group_size: int, temperature: float, top_p: float,
                      max_new_tokens: int, seed: int, chat_template: bool = True, ref_model=None, bf16: bool = False,
-                     timings: dict | None = None):
+                     timings: dict | None = None, old_logprobs: bool = True):
     """Sample a group of ``group_size`` responses for each prompt row and score them.
 
     Args:
@@ -23,6 +23,9 @@ def collect_rollouts(model, tokenizer, rows: list[dict], group_size: int, temper
             :func:`training.rewards.row_rewards`).
         timings: when given, wall seconds are added to its ``generate_s``, ``reward_s`` and ``logprob_s``
             (old and reference log-probs) keys.
+        old_logprobs: score the samples under the rollout policy here (old log-probs and entropies); False
+            leaves both NaN for :func:`training.engines.local.update_policy` to fill minibatch by minibatch
+            (``deferred_old``), the first minibatch from its own forward pass.
     Returns:
         (RolloutBatch, texts): the batch's ``extras`` hold ``entropy`` (B, L), the rollout policy's
         next-token entropy, and ``finished`` (B,), whether the response ended with EOS.
@@ -34,8 +37,12 @@ def collect_rollouts(model, tokenizer, rows: list[dict], group_size: int, temper
     t1 = time.perf_counter()
     rewards, correct = row_rewards(gen.texts, [r for r in rows for _ in range(group_size)])
     t2 = time.perf_counter()
-    old_logprobs, entropy = compute_logprobs(model, gen.prompt_ids, gen.prompt_mask, gen.response_ids, gen.response_mask,
-                                             temperature, with_entropy=True, bf16=bf16)
+    if old_logprobs:
+        old, entropy = compute_logprobs(model, gen.prompt_ids, gen.prompt_mask, gen.response_ids, gen.response_mask,
+                                        temperature, with_entropy=True, bf16=bf16)
+    else:
+        old = torch.full(gen.response_ids.shape, float("nan"), device=gen.response_ids.device)
+        entropy = old.clone()
     ref_logprobs = None
     if ref_model is not None:
         ref_logprobs, _ = compute_logprobs(ref_model, gen.prompt_ids, gen.prompt_mask, gen.response_ids,
@@ -45,7 +52,7 @@ def collect_rollouts(model, tokenizer, rows: list[dict], group_size: int, temper
         t[k] = t.get(k, 0.0) + v
     batch = RolloutBatch(
         prompt_ids=gen.prompt_ids, prompt_mask=gen.prompt_mask, response_ids=gen.response_ids,
-        response_mask=gen.response_mask, old_logprobs=old_logprobs, rewards=rewards,
+        response_mask=gen.response_mask, old_logprobs=old, rewards=rewards,
         group_index=torch.arange(len(rows)).repeat_interleave(group_size), response_lengths=gen.response_lengths,
         ref_logprobs=ref_logprobs, correct=correct, extras={"entropy": entropy, "finished": gen.finished},
     )

@@ -91,6 +91,9 @@ def test_cli_evaluates_two_shared_benchmarks_and_logs_every_table(tmp_path, benc
                     "effective_yield", "coverage_at_4", "accuracy"):
             assert f"eval/{bench}/{key}" in m, (bench, key)
     assert "eval/all/flip/very_hard/solved_from_unsolved" in m and "eval/aime24/flip/very_hard/n_prompts" in m
+    inputs = {(d.dataset.name, {t.key: t.value for t in d.tags}["mlflow.data.context"])
+              for d in runs["after"].inputs.dataset_inputs}
+    assert inputs == {("aime24", "evaluation"), ("amc23", "evaluation")}  # the Dataset column of MLflow's runs table
     artifacts = {a.path for a in client.list_artifacts(runs["after"].info.run_id)}
     assert {"samples.parquet", "passk.csv", "ucc.csv", "modes.csv", "entropy.csv", "flip_rates.csv"} <= artifacts
     df = pd.read_parquet(tmp_path / "after" / "samples.parquet")
@@ -145,3 +148,24 @@ def test_samples_drawn_with_other_settings_are_set_aside_not_resumed(tmp_path, t
     stale = list(tmp_path.glob("samples.stale-*.parquet"))
     assert len(stale) == 1  # the earlier samples are kept, not deleted
     pd.testing.assert_frame_equal(pd.read_parquet(stale[0]), first)
+
+
+def test_entropy_taken_while_sampling_equals_the_teacher_forced_pass(tiny_policy, monkeypatch):
+    """The hf sampler takes entropies from generate's own logits when they fit the budget; with the budget at 0 it
+    runs the teacher-forced pass instead. Same samples (same seed), same entropies to float rounding, and the
+    method each used is named."""
+    import core.sampling as cs
+
+    model, tok = tiny_policy
+    settings = SamplingSettings(0.8, 0.9, 6)
+    during = HFSampler(model, tok, score_rows=3, score_tokens=4)
+    a = during.sample(["Compute 1 + 1.", "Compute 2 + 5."], 3, [4, 4], settings)
+    assert during.entropy_method == cs.GENERATION_ENTROPY_METHOD
+    monkeypatch.setattr(cs, "ENTROPY_LOGITS_BUDGET", 0)
+    forced = HFSampler(model, tok, score_rows=3, score_tokens=4)
+    b = forced.sample(["Compute 1 + 1.", "Compute 2 + 5."], 3, [4, 4], settings)
+    assert forced.entropy_method == cs.ENTROPY_METHOD
+    for ga, gb in zip(a, b):
+        for x, y in zip(ga, gb):
+            assert x["response"] == y["response"] and x["n_tokens"] == y["n_tokens"]
+            assert x["mean_token_entropy"] == pytest.approx(y["mean_token_entropy"], rel=1e-5, abs=1e-6)

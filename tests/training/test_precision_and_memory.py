@@ -124,3 +124,39 @@ def test_train_step_benchmark_runs_both_engines_on_the_same_prompts(tmp_path, ti
     finally:
         local.collect_rollouts = real
     assert seen == [r["prompt"] for r in prompt_sequence(cfg)]
+
+
+@pytest.mark.parametrize("epochs,minibatch", [(1, 4), (2, 3), (1, None)])
+def test_deferred_old_log_probs_equal_the_rollout_pass(tiny_policy, epochs, minibatch):
+    """With ``deferred_old`` the rollout scores nothing and the update fills the old log-probs and entropies,
+    minibatch by minibatch, the first from its own forward pass. Second method: the eager rollout pass over the
+    same samples (same seed). Old log-probs and entropies agree to float rounding, every row is filled, the
+    first minibatch's ratio is exactly 1, and the updated weights agree with the eager run's."""
+    import copy
+
+    from training.algorithms import get_advantage_fn, get_policy_loss_fn
+    from training.rollout import collect_rollouts
+
+    base, tok = tiny_policy
+    rows = [{"id": "a", "prompt": "Compute 3 + 4.", "gold": "7", "task": "arithmetic"},
+            {"id": "b", "prompt": "Compute 1 + 1.", "gold": "2", "task": "arithmetic"}]
+    out = {}
+    for deferred in (False, True):
+        model = copy.deepcopy(base).train()
+        batch, _ = collect_rollouts(model, tok, rows, 4, 1.0, 1.0, 6, seed=11, old_logprobs=not deferred)
+        assert torch.isnan(batch.old_logprobs).all() == deferred
+        eager = batch.old_logprobs.clone(), batch.extras["entropy"].clone()
+        adv, _ = get_advantage_fn("grpo")(batch)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        ms = local.update_policy(model, opt, batch, adv, get_policy_loss_fn("grpo"), {}, ppo_epochs=epochs,
+                                 minibatch_size=minibatch, generator=torch.Generator().manual_seed(3), deferred_old=deferred)
+        out[deferred] = (batch, eager, ms, [p.detach().clone() for p in model.parameters()])
+    (b0, (old0, ent0), ms0, w0), (b1, _, ms1, w1) = out[False], out[True]
+    m = b0.response_mask.bool()
+    assert not torch.isnan(b1.old_logprobs[m]).any() and not torch.isnan(b1.extras["entropy"][m]).any()
+    assert torch.allclose(b1.old_logprobs[m], old0[m], atol=1e-5)
+    assert torch.allclose(b1.extras["entropy"][m], ent0[m], atol=1e-5)
+    assert ms1[0]["first_minibatch_ratio_dev"] == 0.0
+    assert [x["loss"] for x in ms1] == pytest.approx([x["loss"] for x in ms0], rel=1e-4, abs=1e-6)
+    for a, b in zip(w0, w1):
+        assert torch.allclose(a, b, atol=1e-5)

@@ -156,13 +156,19 @@ def policy_objective(logprobs, entropy, batch, advantages, loss_fn, loss_params:
 
 def update_policy(model, optimizer, batch, advantages, loss_fn, loss_params: dict, ppo_epochs: int = 1,
                   minibatch_size=None, max_grad_norm: float = 1.0, beta: float = 0.0, temperature: float = 1.0,
-                  bf16: bool = False, generator=None, entropy_coef: float = 0.0, align_old: bool | None = None) -> list[dict]:
+                  bf16: bool = False, generator=None, entropy_coef: float = 0.0, align_old: bool | None = None,
+                  deferred_old: bool = False) -> list[dict]:
     """``ppo_epochs`` passes over ``batch`` in shuffled minibatches, one AdamW step per minibatch.
 
     With ``align_old`` (default: when ``bf16``), the old log-probabilities are recomputed before the first
     update, without gradients, minibatch by minibatch in the first epoch's order: the same rows, shapes and
     precision path as the updates' own forward passes, so the first minibatch's ratio is exactly 1 in bf16 too
     (bf16 results depend on the batch shape; the rollout's pass over the whole batch is not bit-identical).
+    The first minibatch needs no such pass: before any update its own forward pass *is* the rollout policy, so its
+    old log-probs are that pass's values, detached. With ``deferred_old`` the rollout computed no old log-probs at
+    all (:func:`training.rollout.collect_rollouts` with ``old_logprobs=False``): they, and the rollout policy's
+    entropies (``batch.extras["entropy"]``), are filled here the same way, so one forward pass over the first
+    minibatch's rows is saved per step (with the whole batch in one minibatch, the whole old-log-prob pass).
 
     loss = policy_loss(logprobs, minibatch, advantages) + beta * agg(k3 KL to the reference)
            - entropy_coef * agg(entropy)   (GRPO-H's entropy bonus when entropy_coef > 0),
@@ -180,23 +186,35 @@ def update_policy(model, optimizer, batch, advantages, loss_fn, loss_params: dic
     mb_size = int(minibatch_size or B)
     out = []
     perms = [torch.randperm(B, generator=generator).to(advantages.device) for _ in range(ppo_epochs)]
-    if bf16 if align_old is None else align_old:
+    aligned = (bf16 if align_old is None else align_old) or deferred_old
+    t_old = time.perf_counter()
+    if aligned:
         with torch.no_grad():
-            for start in range(0, B, mb_size):
+            for start in range(mb_size, B, mb_size):  # every minibatch but the first, before any update
                 idx = perms[0][start:start + mb_size]
                 mb = batch.select(idx)
-                batch.old_logprobs[idx] = compute_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids,
-                                                           mb.response_mask, temperature, bf16=bf16)[0]
+                lp, ent = compute_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
+                                           temperature, with_entropy=deferred_old, bf16=bf16)
+                batch.old_logprobs[idx] = lp
+                if deferred_old:
+                    batch.extras["entropy"][idx] = ent
+    t_old = time.perf_counter() - t_old
     for perm in perms:
         for start in range(0, B, mb_size):
             idx = perm[start:start + mb_size]
             mb = batch.select(idx)
+            first = perm is perms[0] and start == 0
             t_fwd = time.perf_counter()
             logprobs, entropy = compute_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
-                                                 temperature, with_entropy=entropy_coef > 0, bf16=bf16)
+                                                 temperature, with_entropy=entropy_coef > 0 or (first and deferred_old),
+                                                 bf16=bf16)
+            if first and aligned:  # before any update this pass is the rollout policy: its own old log-probs
+                batch.old_logprobs[idx] = mb.old_logprobs = logprobs.detach()
+                if deferred_old:
+                    batch.extras["entropy"][idx] = entropy.detach()
             loss, pg_loss, m = policy_objective(logprobs, entropy, mb, advantages[idx], loss_fn, loss_params,
                                                 beta=beta, entropy_coef=entropy_coef)
-            if perm is perms[0] and start == 0:  # before any update the ratio must be exactly 1 on every token
+            if first:  # before any update the ratio must be exactly 1 on every token
                 with torch.no_grad():
                     dev = ((logprobs.detach() - mb.old_logprobs).exp() - 1).abs()
                     m["first_minibatch_ratio_dev"] = float(dev[mb.response_mask.bool()].max()) if mb.response_mask.any() else 0.0
@@ -207,6 +225,8 @@ def update_policy(model, optimizer, batch, advantages, loss_fn, loss_params: dic
             optimizer.step()
             m.update(policy_loss=float(pg_loss.detach()), loss=float(loss.detach()), grad_norm=float(grad_norm),
                      update_forward_time_s=t_bwd - t_fwd, update_backward_time_s=time.perf_counter() - t_bwd)
+            if first:
+                m["update_old_logprob_time_s"] = t_old
             out.append(m)
     return out
 
@@ -268,6 +288,9 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
 
     dyn = algo.get("dynamic_sampling") or {}
     overlong = algo.get("overlong_buffer") or {}
+    # old log-probs scored inside the update, minibatch by minibatch (the first from its own forward pass), unless
+    # the advantage estimator reads them or dynamic sampling keeps a subset of the sampled rows
+    defer_old = "old_logprobs" not in needs_of("advantage", algo.advantage.name, adv_params) and not dyn.get("enabled", False)
 
     # ---- resume from a saved state (preemption, requeue, re-run of an unfinished point)
     state_path = run_dir / "state" / "train_state.pt"
@@ -322,7 +345,7 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
             batch, _texts = collect_rollouts(
                 model, tokenizer, next_rows(), G, temperature, float(t_cfg.top_p), int(t_cfg.max_new_tokens),
                 seed=seed * 1_000_003 + step * 1_009 + rounds, chat_template=chat, ref_model=ref_model, bf16=bf16,
-                timings=phases,
+                timings=phases, old_logprobs=not defer_old,
             )
             rounds += 1
             if overlong.get("enabled", False):
@@ -360,15 +383,18 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
         update_metrics = update_policy(
             model, optimizer, batch, advantages, loss_fn, loss_params, ppo_epochs=int(t_cfg.ppo_epochs),
             minibatch_size=t_cfg.get("minibatch_size"), max_grad_norm=float(t_cfg.max_grad_norm), beta=beta,
-            temperature=temperature, bf16=bf16, generator=gen, entropy_coef=entropy_coef,
+            temperature=temperature, bf16=bf16, generator=gen, entropy_coef=entropy_coef, deferred_old=defer_old,
         ) if batch.batch_size else []
         scheduler.step()
-        t_update = time.perf_counter() - t_update
+        t_old = sum(m.pop("update_old_logprob_time_s", 0.0) for m in update_metrics)
+        t_update = time.perf_counter() - t_update - t_old  # the old-log-prob pass counts as log-prob time
+        phases["logprob_s"] = phases.get("logprob_s", 0.0) + t_old
 
         # ---- metrics
         step_time = time.perf_counter() - t_step
         # what the policy did: every sampled response (with dynamic sampling, also the dropped groups)
-        seen = concat_batches(sampled, tokenizer.pad_token_id)
+        # (deferred old log-probs: the entropies were filled in the batch the update saw, which is every sample)
+        seen = batch if defer_old else concat_batches(sampled, tokenizer.pad_token_id)
         n_tokens = int(seen.response_mask.sum()) + int(seen.prompt_mask.sum())
         metrics = {
             "reward_mean": float(seen.rewards.mean()),
