@@ -105,7 +105,8 @@ def generate_responses(model, tokenizer, texts: Sequence[str], n: int, temperatu
 
     Args:
         texts: already-rendered model inputs (see :func:`prompt_texts`).
-        n: samples per prompt (>= 1); temperature > 0; 0 < top_p <= 1; max_new_tokens >= 1.
+        n: samples per prompt (>= 1); temperature >= 0 (0: greedy decoding, one sequence per prompt repeated n
+            times; top_p is then unused); 0 < top_p <= 1; max_new_tokens >= 1.
         with_entropy: also fill ``Generation.entropy`` from the logits ``generate`` computes while sampling (its
             unprocessed logits, divided by the temperature: the full next-token distribution, before top-p), so
             no second pass over the samples is needed. The logits of the whole call are held until it ends
@@ -115,8 +116,9 @@ def generate_responses(model, tokenizer, texts: Sequence[str], n: int, temperatu
     Raises:
         ValueError: on out-of-range sampling parameters.
     """
-    if n < 1 or temperature <= 0 or not 0 < top_p <= 1 or max_new_tokens < 1:
+    if n < 1 or temperature < 0 or not 0 < top_p <= 1 or max_new_tokens < 1:
         raise ValueError(f"bad sampling parameters: n={n}, temperature={temperature}, top_p={top_p}, max_new_tokens={max_new_tokens}")
+    greedy = float(temperature) == 0.0
     device = next(model.parameters()).device
     enc = tokenizer(list(texts), return_tensors="pt", padding=True, add_special_tokens=False).to(device)
     if seed is not None:
@@ -124,13 +126,15 @@ def generate_responses(model, tokenizer, texts: Sequence[str], n: int, temperatu
     was_training = model.training
     model.eval()
     inputs = dict(enc)
-    cache = _shared_prefill(model, enc["input_ids"], enc["attention_mask"], int(n))
+    cache = None if greedy else _shared_prefill(model, enc["input_ids"], enc["attention_mask"], int(n))
     if cache is not None:  # each prompt's prefill once, its cache repeated for the n samples
         inputs = {"input_ids": enc["input_ids"].repeat_interleave(n, 0),
                   "attention_mask": enc["attention_mask"].repeat_interleave(n, 0), "past_key_values": cache}
+    decoding = (dict(do_sample=False, temperature=None, top_p=None, top_k=None) if greedy else
+                dict(do_sample=True, temperature=float(temperature), top_p=float(top_p), top_k=0))
     out = model.generate(
-        **inputs, do_sample=True, temperature=float(temperature), top_p=float(top_p), top_k=0,
-        max_new_tokens=int(max_new_tokens), num_return_sequences=1 if cache is not None else int(n),
+        **inputs, **decoding, max_new_tokens=int(max_new_tokens),
+        num_return_sequences=1 if cache is not None or greedy else int(n),
         pad_token_id=tokenizer.pad_token_id, output_logits=with_entropy, return_dict_in_generate=with_entropy,
     )
     model.train(was_training)
@@ -138,6 +142,9 @@ def generate_responses(model, tokenizer, texts: Sequence[str], n: int, temperatu
     if with_entropy:
         entropy = torch.stack([_entropy(step, temperature) for step in out.logits], dim=1)  # (B, L)
         out = out.sequences
+    if greedy and n > 1:  # the one greedy sequence of each prompt stands for its n samples
+        out = out.repeat_interleave(n, 0)
+        entropy = None if entropy is None else entropy.repeat_interleave(n, 0)
     p_len = enc["input_ids"].shape[1]
     response_ids = out[:, p_len:]
     if response_ids.shape[1] == 0:
@@ -154,16 +161,22 @@ def generate_responses(model, tokenizer, texts: Sequence[str], n: int, temperatu
     )
 
 
+def entropy_temperature(temperature: float) -> float:
+    """The temperature entropies are taken at: the sampling temperature, or 1 (the model's own distribution) for
+    greedy decoding, whose sampling distribution is a point mass."""
+    return float(temperature) if float(temperature) > 0 else 1.0
+
+
 def _entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """(B,) entropy (nats) of softmax(logits / T) for (B, V) logits, in float32."""
-    logp = torch.log_softmax(logits.float() / float(temperature), dim=-1)
+    """(B,) entropy (nats) of softmax(logits / T) for (B, V) logits, in float32 (T = 0: at T = 1)."""
+    logp = torch.log_softmax(logits.float() / entropy_temperature(temperature), dim=-1)
     return -(logp.exp() * logp).sum(-1)
 
 
 @dataclass(frozen=True)
 class SamplingSettings:
-    """How to sample: temperature (> 0), top_p in (0, 1], max_new_tokens (>= 1), and whether prompts are
-    rendered with the tokenizer's chat template."""
+    """How to sample: temperature (>= 0; 0 is greedy decoding, every one of the n samples the same sequence),
+    top_p in (0, 1], max_new_tokens (>= 1), and whether prompts are rendered with the tokenizer's chat template."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -320,7 +333,7 @@ class HFSampler:
             entropies = ((gen.entropy * m).sum(-1) / m.sum(-1).clamp(min=1)).tolist()
             self.entropy_method = GENERATION_ENTROPY_METHOD
         elif self.with_entropy:
-            entropies = self._entropies(gen, settings.temperature)
+            entropies = self._entropies(gen, entropy_temperature(settings.temperature))
             self.entropy_method = ENTROPY_METHOD
         else:
             entropies = [None] * len(gen.texts)
@@ -435,15 +448,18 @@ class VLLMSampler:
         from vllm import SamplingParams
 
         ids = self.prompt_token_ids(prompts, settings.chat_template)
-        params = [SamplingParams(n=int(n), seed=int(s), temperature=float(settings.temperature), top_p=float(settings.top_p),
-                                 max_tokens=int(settings.max_new_tokens)) for s in seeds]
+        greedy = float(settings.temperature) == 0.0  # vLLM's greedy decoding: one sequence per prompt, repeated n times
+        params = [SamplingParams(n=1 if greedy else int(n), seed=int(s), temperature=float(settings.temperature),
+                                 top_p=1.0 if greedy else float(settings.top_p), max_tokens=int(settings.max_new_tokens))
+                  for s in seeds]
         results = self.llm.generate([{"prompt_token_ids": x} for x in ids], params, use_tqdm=False)
         out = []
         for res, seed in zip(results, seeds):
+            outputs = list(res.outputs) * int(n) if greedy else res.outputs
             out.append([{"response": c.text, "n_tokens": len(c.token_ids),
                          "finish_reason": "length" if c.finish_reason == "length" else "stop",
                          "mean_token_entropy": None, "seed": int(seed),
-                         "_ids": list(c.token_ids)} for c in res.outputs])
+                         "_ids": list(c.token_ids)} for c in outputs])
         if self.with_entropy:
             from .scoring import mean_token_entropies
 
@@ -451,7 +467,7 @@ class VLLMSampler:
             flat = [(i, s) for i, group in enumerate(out) for s in group]
             pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
             ent = mean_token_entropies(self._scoring_model(), [ids[i] for i, _ in flat], [s["_ids"] for _, s in flat],
-                                       settings.temperature, pad, self.score_rows, self.score_tokens)
+                                       entropy_temperature(settings.temperature), pad, self.score_rows, self.score_tokens)
             PHASES["entropy_s"] += time.perf_counter() - t0
             for (_, s), e in zip(flat, ent):
                 s["mean_token_entropy"] = e

@@ -171,6 +171,16 @@ class BaseEvaluation:
             if run_id is not None:
                 return self._evaluate(run_id, folder)
 
+    def _log_datasets(self, run_id: str) -> None:
+        """The evaluation benchmarks as the run's datasets; unreadable data is left to the evaluation to report."""
+        from evaluation.evaluate import benchmark_rows
+
+        try:
+            rows = benchmark_rows(self.cfg.eval, self.heldout_rows)
+        except Exception:
+            return
+        window.log_datasets(run_id, self.cfg.data, None, rows, self.cfg.eval)
+
     def _folder(self) -> Path:
         return self.root / f"base-{self.hash[:8]}"
 
@@ -210,10 +220,8 @@ class BaseEvaluation:
         beat.start()
         monitor = window.system_metrics(self.cfg, run_id).__enter__()
         try:
-            from evaluation.evaluate import benchmark_rows
-
-            window.log_datasets(run_id, self.cfg.data, None, benchmark_rows(self.cfg.eval, self.heldout_rows), self.cfg.eval)
             folder.mkdir(parents=True, exist_ok=True)
+            self._log_datasets(run_id)
             tracking.retry(self.client.set_tag, run_id, "rlvr.run_dir", str(folder))
             log.info("base model: evaluating (MLflow run %s, %s sampler) in %s", run_id, self.sampler, folder)
             metrics, files, info = evaluate_checkpoint(

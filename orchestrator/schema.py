@@ -111,7 +111,7 @@ SCHEMA: dict[str, Spec] = {
     "eval.max_new_tokens": I(1), "eval.max_prompts": I(1, null=True), "eval.n": I(1), "eval.prompt_template": S(null=True),
     "eval.sampler": S(min_len=1), "eval.score_rows": I(1), "eval.score_tokens": I(1), "eval.seed": I(0),
     "eval.similarity_metric": S(("rouge_l", "jaccard", "tfidf_cosine", "edit")),
-    "eval.temperature": F(0, 10, lo_open=True), "eval.top_p": F(0, 1, lo_open=True), "eval.ucc_ks": L(I(1), null=True),
+    "eval.temperature": F(0, 10), "eval.top_p": F(0, 1, lo_open=True), "eval.ucc_ks": L(I(1), null=True),
     "eval.ucc_threshold": F(0, 1), "eval.vllm.dtype": S(("auto", "float32", "bfloat16", "float16"), null=True),
     "eval.vllm.enforce_eager": B(null=True), "eval.vllm.gpu_memory_utilization": F(0, 1, lo_open=True, null=True),
     "eval.vllm.kv_cache_memory_bytes": I(1, null=True), "eval.vllm.max_model_len": I(1, null=True),

@@ -200,7 +200,10 @@ def validate_config(cfg: DictConfig) -> list[str]:
     ks = _list(cfg, "eval.ks")
     bad = [k for k in ks if not isinstance(k, int) or k < 1 or k > n]
     _require(not bad, f"eval.ks={ks}: every k must be an integer in [1, eval.n={int(n)}] (pass@k is undefined for k > n); bad: {bad}")
-    _require(_num(cfg, "eval.temperature") > 0, f"eval.temperature={cfg.eval.temperature!r}: must be > 0")
+    _require(_num(cfg, "eval.temperature") >= 0, f"eval.temperature={cfg.eval.temperature!r}: must be >= 0 (0: greedy)")
+    if _num(cfg, "eval.temperature") == 0 and n > 1:
+        warnings.append(f"eval.temperature=0 (greedy decoding) with eval.n={int(n)}: the n samples of a prompt are "
+                        "one sequence, so pass@k equals pass@1 for every k; the papers' greedy protocols use n=1")
     extra_t = _list(cfg, "eval.extra_temperatures")
     bad_t = [t for t in extra_t if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.01 <= t <= 10]
     _require(not bad_t, f"eval.extra_temperatures={extra_t}: every temperature must be a number in [0.01, 10]; bad: {bad_t}")

@@ -2,6 +2,7 @@
 (``mlflow server`` on 127.0.0.1) and read back over its REST API: the path the README gives cluster users. The
 SQLite path is what the other sweep tests take."""
 import json
+import re
 import os
 import socket
 import subprocess
@@ -10,6 +11,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import matplotlib.image as mpimg
 import pandas as pd
 import pytest
 
@@ -199,6 +201,58 @@ def test_bad_input_stops_before_training(tmp_path, args, fragment):
     assert len(lines) == 1 and fragment in lines[0], proc.stderr
     _, runs = _runs(tmp_path)
     assert runs == []
+
+
+def _assert_clean_notebook(path):
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert not [o for o in outputs if o.output_type == "stream" and o.name == "stderr"], "stderr noise in the report"
+
+
+def test_sweep_ends_with_an_executed_report_whose_passk_table_matches_mlflow(sweep_dir):
+    html_path = sweep_dir / "reports_out" / "rlvr" / "report.html"
+    assert html_path.exists(), "the Hydra callback did not build the report"
+    html = html_path.read_text()
+    _assert_clean_notebook(html_path.with_suffix(".ipynb"))
+    client, runs = _served(sweep_dir)
+    trained = [r for r in runs if r.data.tags.get("rlvr.kind") == "trained"]
+    # the pass@k section: every logged pass@k value of every run appears, to 4 decimals, after that heading
+    section = html[html.index('id="pass@k"'):html.index('id="Distinct-correct-solutions')]
+    for run in trained:
+        for key, value in run.data.metrics.items():
+            if re.match(r"eval/(arithmetic|mean)/pass_at_\d+$", key):
+                assert f"{value:.4f}" in section, key
+    reports = [r for r in runs if r.data.tags.get("rlvr.kind") == "report"]
+    assert len(reports) == 1
+    artifacts = {a.path for a in client.list_artifacts(reports[0].info.run_id)}
+    assert {"report.html", "report.ipynb"} <= artifacts
+    figures = [a.path for a in client.list_artifacts(reports[0].info.run_id, "figures")]
+    assert {"figures/training_curves.png", "figures/passk_curves.png", "figures/flip_rates.png",
+            "figures/quatro_advantage.png"} <= set(figures)
+    # the base model's row opens the pass@k tables, with its logged values; flip rates name their rule
+    base = next(r for r in runs if r.data.tags.get("rlvr.kind") == "base")
+    assert "Initialization" in section and f"{base.data.metrics['eval/mean/pass_at_1']:.4f}" in section
+    flips = html[html.index('id="Flip-rates-against-the-base-model"'):html.index('id="Evaluation-over-training')]
+    assert "literal: unsolved = no correct sample among all n" in flips
+    # with no --baseline, the paired differences are against the base model
+    diffs = html[html.index('id="Differences-against-the-baseline'):]
+    assert "minus baseline <code>Initialization</code>" in diffs
+    # ExPPO's Shared-set disagreement against the base model, and qualitative examples naming every run
+    modes = html[html.index('id="Answer-modes'):html.index('id="Qualitative-examples')]
+    assert "Delta-D against <code>Initialization</code>" in modes or "The Shared set is empty" in modes
+    examples = html[html.index('id="Qualitative-examples'):html.index('id="Grader-check')]
+    assert "<table" in examples or "No run has a correct sample" in examples
+    # the grader audit's table: every run's logged disagreement share, to 4 decimals
+    grader = html[html.index('id="Grader-check'):]
+    for run in trained + [base]:
+        assert f"{run.data.metrics['eval/arithmetic/verifier_disagreement']:.4f}" in grader
+    assert "verifier_disagreement" in grader
+    for png in (sweep_dir / "reports_out" / "rlvr" / "figures").glob("*.png"):
+        img = mpimg.imread(png)
+        assert img.shape[0] > 100 and img.shape[1] > 100 and img.std() > 0  # a real, non-blank picture
 
 
 def _search(uri, exp_id):

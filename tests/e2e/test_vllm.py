@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from core.sampling import SAMPLERS
+from tests.conftest import REPO as REPO_ROOT
 from tests.e2e.test_sweep import TINY, _runs, _sweep
 
 pytestmark = pytest.mark.skipif(SAMPLERS["vllm"].missing() is not None,
@@ -75,3 +76,31 @@ def test_cli_vllm_on_the_base_model_reproduces_the_sweeps_base_samples(vllm_swee
     pd.testing.assert_frame_equal(cli[same], sweep[same])  # two engines, same seeds: the same samples
     assert cli["mean_token_entropy"].to_numpy() == pytest.approx(sweep["mean_token_entropy"].to_numpy(), rel=1e-6)
     assert cli["response"].nunique() > 4  # and they are real, distinct samples
+
+
+GREEDY = """
+import json, sys
+from core.sampling import SamplingSettings, VLLMSampler
+smp = VLLMSampler(sys.argv[1], with_entropy=True)
+s = SamplingSettings(0.0, 0.5, 8)
+prompts = ["Compute 1 + 1.", "Compute 20 + 22. Answer with just the number."]
+runs = [smp.sample(prompts, 3, [seed, seed + 1], s) for seed in (1, 99)]
+smp.close()
+print("RESULT " + json.dumps([[[[x["response"], x["n_tokens"], x["mean_token_entropy"]] for x in g] for g in r] for r in runs]))
+"""
+
+
+def test_vllm_greedy_decoding_is_the_same_on_every_run(tiny_cfg, tmp_path):
+    """eval.temperature=0 through vLLM's engine: two calls with other seeds give the same sequences, and the n
+    samples of a prompt are that one sequence (vLLM is asked for one per prompt)."""
+    import json
+
+    from core.models import model_path
+
+    proc = subprocess.run([sys.executable, "-c", GREEDY, model_path(tiny_cfg.model)], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=600, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = json.loads(proc.stdout.split("RESULT ", 1)[1])
+    assert a == b
+    for group in a:
+        assert len(group) == 3 and all(x == group[0] for x in group) and 1 <= group[0][1] <= 8

@@ -169,3 +169,33 @@ def test_entropy_taken_while_sampling_equals_the_teacher_forced_pass(tiny_policy
         for x, y in zip(ga, gb):
             assert x["response"] == y["response"] and x["n_tokens"] == y["n_tokens"]
             assert x["mean_token_entropy"] == pytest.approx(y["mean_token_entropy"], rel=1e-5, abs=1e-6)
+
+
+def test_greedy_decoding_is_the_argmax_path_and_the_same_on_every_run(tiny_policy):
+    """eval.temperature=0: greedy decoding. Second method: a plain argmax loop (one unpadded forward per token).
+    Two calls with different seeds give the same sequences; the n samples of a prompt are that one sequence; the
+    entropy is taken at T = 1 (the model's own distribution) and equals the teacher-forced pass."""
+    model, tok = tiny_policy
+    settings = SamplingSettings(0.0, 0.5, 6)
+    sampler = HFSampler(model, tok)
+    prompts = ["Compute 1 + 1.", "Compute 20 + 22. Answer with just the number."]
+    a = sampler.sample(prompts, 3, [1, 1], settings)
+    b = sampler.sample(prompts, 3, [99, 99], settings)
+    assert [[s["response"] for s in g] for g in a] == [[s["response"] for s in g] for g in b]
+    eos = set([model.generation_config.eos_token_id] if isinstance(model.generation_config.eos_token_id, int)
+              else model.generation_config.eos_token_id or [tok.eos_token_id])
+    for prompt, group in zip(prompts, a):
+        assert len({s["response"] for s in group}) == 1 and len(group) == 3
+        ids = tok(prompt_texts(tok, [prompt])[0], add_special_tokens=False).input_ids
+        out, ents = [], []
+        with torch.no_grad():
+            for _ in range(6):
+                logits = model(input_ids=torch.tensor([ids + out])).logits[0, -1].float()
+                lp = torch.log_softmax(logits, -1)
+                ents.append(float(-(lp.exp() * lp).sum()))
+                out.append(int(logits.argmax()))
+                if out[-1] in eos:
+                    break
+        assert group[0]["n_tokens"] == len(out)
+        assert group[0]["response"] == tok.decode(out, skip_special_tokens=True)
+        assert group[0]["mean_token_entropy"] == pytest.approx(sum(ents) / len(ents), rel=1e-4)
