@@ -129,6 +129,8 @@ class SweepSummaryCallback(Callback):
         widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)] if rows else [len(h) for h in header]
         lines = ["  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip() for row in [header, *rows]]
         print("\nSweep summary (" + sweep_id + ")\n" + "\n".join(lines), flush=True)
+        if store_error is None:
+            print(window.ui_hint(str(config.tracking.uri), exp_id), flush=True)
         if FAILED_POINTS:
             print(f"{len(bad)} point(s) did not finish; tracebacks of failed runs are in MLflow (traceback.txt). "
                   "Re-running the same command trains only the points that did not finish.", flush=True)

@@ -86,6 +86,23 @@ def open_sweep_run(exp_id: str, sweep_id: str, git_commit: str, argv: list[str] 
     return run.info.run_id
 
 
+def ui_url(tracking_uri: str, exp_id: str, port: int = 5000) -> str:
+    """Where MLflow's UI shows the experiment's runs table: the server itself for an http(s) store, else
+    ``mlflow ui`` on 127.0.0.1:``port``. ``workflowType=machine_learning`` because MLflow 3.17's UI follows the
+    workflow switch ("GenAI" / "Model training", default GenAI, remembered by the browser) rather than the
+    experiment's kind tag, and opens every experiment on its GenAI overview otherwise."""
+    base = tracking_uri.rstrip("/") if tracking_uri.startswith(("http://", "https://")) else f"http://127.0.0.1:{port}"
+    return f"{base}/#/experiments/{exp_id}/runs?workflowType=machine_learning"
+
+
+def ui_hint(tracking_uri: str, exp_id: str) -> str:
+    """One line telling how to open the sweep in MLflow's UI (printed at the end of a sweep)."""
+    url = ui_url(tracking_uri, exp_id)
+    if tracking_uri.startswith(("http://", "https://")):
+        return f"MLflow: {url}"
+    return f"MLflow: mlflow ui --backend-store-uri {tracking_uri} --port 5000, then open {url}"
+
+
 def worst_status(statuses) -> str:
     """FINISHED when every child finished (or is a duplicate record), else KILLED or FAILED, the worse winning;
     anything else (a run still RUNNING at the end, a point without an outcome) counts as FAILED."""

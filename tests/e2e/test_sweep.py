@@ -93,6 +93,7 @@ def sweep_dir(tmp_path_factory, server):
     proc = _sweep(cwd, "-m", "algo=quatro,gspo", "delta=0.01,0.1", *TINY, f"tracking.uri={server}", *SERVER_ARGS)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (cwd / "server_uri").write_text(server)
+    (cwd / "sweep_stdout.txt").write_text(proc.stdout)
     return cwd
 
 
@@ -379,3 +380,24 @@ def test_the_report_renders_in_a_real_browser_with_every_figure_shown(sweep_dir,
     subprocess.run([browser, *flags, f"--screenshot={shot}", "--window-size=1280,3000", "--hide-scrollbars",
                     report.as_uri()], capture_output=True, text=True, timeout=180)
     assert shot.is_file() and shot.stat().st_size > 10_000
+
+
+def test_mlflow_ui_opens_the_sweep_on_its_runs_table(sweep_dir, tmp_path):
+    """MLflow's own UI (served by the test's tracking server), rendered in headless Chromium at the link the sweep
+    prints: the runs table (not the GenAI overview), the sweep's parent row, its datasets."""
+    import shutil
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("chromium is not installed (apt-get install chromium; .ci/run installs it)")
+    uri = (sweep_dir / "server_uri").read_text()
+    exp = _rest(uri, "/api/2.0/mlflow/experiments/get-by-name?experiment_name=rlvr")["experiment"]
+    url = f"{uri}/#/experiments/{exp['experiment_id']}/runs?workflowType=machine_learning"
+    assert f"MLflow: {url}" in (sweep_dir / "sweep_stdout.txt").read_text()  # the sweep says where to look
+    [parent] = [r for r in _search(uri, exp["experiment_id"]) if _tags(r)["rlvr.kind"] == "sweep"]
+    proc = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                           f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1600,1000",
+                           "--virtual-time-budget=30000", "--dump-dom", url], capture_output=True, text=True, timeout=180)
+    dom = proc.stdout
+    assert parent["info"]["run_name"] in dom, dom[-2000:]  # one parent row per sweep (its points nested beneath)
+    assert "arithmetic/train" in dom and "matching runs" in dom and "Detect Issues" not in dom
