@@ -394,7 +394,8 @@ def test_mlflow_ui_opens_the_sweep_on_its_runs_table(sweep_dir, tmp_path):
     exp = _rest(uri, "/api/2.0/mlflow/experiments/get-by-name?experiment_name=rlvr")["experiment"]
     url = f"{uri}/#/experiments/{exp['experiment_id']}/runs?workflowType=machine_learning"
     assert f"MLflow: {url}" in (sweep_dir / "sweep_stdout.txt").read_text()  # the sweep says where to look
-    [parent] = [r for r in _search(uri, exp["experiment_id"]) if _tags(r)["rlvr.kind"] == "sweep"]
+    parent = min((r for r in _search(uri, exp["experiment_id"]) if _tags(r)["rlvr.kind"] == "sweep"),
+                 key=lambda r: int(r["info"]["start_time"]))  # the fixture's sweep (the re-run test may add one)
     proc = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                            f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1600,1000",
                            "--virtual-time-budget=30000", "--dump-dom", url], capture_output=True, text=True, timeout=180)
