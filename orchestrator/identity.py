@@ -1,4 +1,9 @@
-"""Run identity: a hash of the effective config, so identical sweep points are trained once."""
+"""Run identity: a hash of the effective config, so identical sweep points are trained once.
+
+Two identities: :func:`config_hash` (everything: a point with the same one is a duplicate) and
+:func:`training_hash` (everything but the ``eval`` group: points that differ only in how they are evaluated, e.g.
+``eval.seed=0,1,2``, share one trained checkpoint and are evaluated in runs of their own).
+"""
 from __future__ import annotations
 
 import hashlib
@@ -29,4 +34,18 @@ def effective_config(cfg: DictConfig) -> dict:
 def config_hash(cfg: DictConfig) -> str:
     """16-hex-digit SHA-256 of :func:`effective_config` (keys sorted)."""
     blob = json.dumps(effective_config(cfg), sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+#: the config groups that say how a checkpoint is evaluated, not how it is trained
+EVALUATION_GROUPS = ("eval",)
+
+
+def training_hash(cfg: DictConfig) -> str:
+    """16-hex-digit SHA-256 of :func:`effective_config` without :data:`EVALUATION_GROUPS`: the identity of the
+    trained checkpoint. Points with equal training hashes and different :func:`config_hash` es train once."""
+    container = effective_config(cfg)
+    for group in EVALUATION_GROUPS:
+        container.pop(group, None)
+    blob = json.dumps(container, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -6,6 +6,9 @@ Identity and idempotence, by the hash of the effective config (``rlvr.config_has
   earlier sweep: it is resumed, same MLflow run, from its saved state;
 - an identical point of the *same* sweep is running concurrently (SLURM): the one created first trains,
   the other is recorded as its duplicate;
+- a FINISHED run with the same *training* hash (:func:`orchestrator.identity.training_hash`: only the ``eval``
+  settings differ, e.g. ``eval.seed=0,1,2``) and an intact checkpoint: a new run evaluates that checkpoint (tag
+  ``rlvr.trained_in``, training metrics copied); while such a run is still training, the point waits for it;
 - ``+force=true`` trains a new run regardless.
 A point that raises marks its run FAILED with ``traceback.txt``; re-running the sweep trains it again.
 """
@@ -28,7 +31,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
 from . import integrity, lease, tracking, window
-from .identity import config_hash
+from .identity import config_hash, training_hash
 from .validate import validate_config
 
 log = logging.getLogger("rlvr")
@@ -209,6 +212,11 @@ def _claim_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stal
             _invalidate(client, prior, "; ".join(problems))
             recover = prior if ckpt_ok else None
             continue
+        thash = tags.get(tracking.TAG_TRAIN_HASH)
+        if recover is None and thash:
+            source = _trained_checkpoint(client, exp_id, thash, sweep_id, name)
+            if source is not None:
+                return "new", owner, source, "evaluation"
         candidates = [r for r in tracking.retry(tracking.runs_with_hash, exp_id, chash)
                       if r.info.status in ("RUNNING", "KILLED", "SCHEDULED") and not r.data.tags.get("rlvr.invalid")]
         # this job's own earlier incarnation (a requeued SLURM job: same sweep, same job number) is never waited for
@@ -220,6 +228,10 @@ def _claim_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stal
                 return "duplicate", _record_duplicate(
                     exp_id, name, tags, params, r.info.run_id, chash,
                     f"identical to point {r.data.tags.get('rlvr.job_num')} of this sweep, run {r.info.run_id}", cfg)
+        if not live and thash:  # the same checkpoint is being trained for another evaluation: wait, then evaluate it
+            live = [r for r in tracking.retry(tracking.runs_with_hash, exp_id, thash, tag=tracking.TAG_TRAIN_HASH)
+                    if r.info.status == "RUNNING" and _trains(r) and r.data.tags.get(tracking.TAG_HASH) != chash
+                    and lease.is_live(r, stale_s)]
         if live:
             r = live[0]
             if waited != r.info.run_id:
@@ -249,7 +261,33 @@ def _claim_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stal
             tracking.retry(client.set_terminated, r.info.run_id, "KILLED")
             continue
         break
-    return "new", owner, recover
+    return "new", owner, recover, "recovered"
+
+
+def _trains(run) -> bool:
+    """Whether a trained-kind run trains its checkpoint (not one that evaluates another run's, or recovers one)."""
+    return not (run.data.tags.get(tracking.TAG_TRAINED_IN) or run.data.tags.get("rlvr.recovered_from"))
+
+
+def _trained_checkpoint(client, exp_id: str, thash: str, sweep_id: str, name: str):
+    """The earliest FINISHED run with training hash ``thash`` (:func:`orchestrator.identity.training_hash`) whose
+    checkpoint is intact (:func:`integrity.verify_run`) and lies in a folder this sweep may read
+    (:func:`safe_run_dir`), or None: a point that differs from it only in its ``eval`` settings evaluates that
+    checkpoint instead of training again."""
+    for r in tracking.retry(tracking.runs_with_hash, exp_id, thash, tag=tracking.TAG_TRAIN_HASH):
+        if r.info.status != "FINISHED" or r.data.tags.get("rlvr.invalid"):
+            continue
+        folder = safe_run_dir(r.data.tags.get("rlvr.run_dir"), sweep_id)
+        if folder is None or not (folder / "checkpoint").is_dir():
+            log.info("point %s: run %s trained the same checkpoint but its folder is not readable here (%s)", name,
+                     r.info.run_id, r.data.tags.get("rlvr.run_dir"))
+            continue
+        problems, ckpt_ok = integrity.verify_run(client, r)
+        if ckpt_ok:
+            log.info("point %s: same training as run %s (only the evaluation differs): evaluating its checkpoint in "
+                     "a new run", name, r.info.run_id)
+            return r
+    return None
 
 
 def run(cfg: DictConfig) -> dict:
@@ -265,7 +303,7 @@ def run(cfg: DictConfig) -> dict:
     warnings = validate_config(cfg)
     for w in warnings:
         log.warning(w)
-    chash = config_hash(cfg)
+    chash, thash = config_hash(cfg), training_hash(cfg)
     hydra_dir, point, sweep_id, job_num = _hydra_job()
     run_dir = hydra_dir or Path(tempfile.mkdtemp(prefix="rlvr-run-"))
     exp_id = tracking.retry(tracking.setup_experiment, cfg.tracking.uri, cfg.experiment_name, cfg.tracking.artifact_root)
@@ -278,7 +316,7 @@ def run(cfg: DictConfig) -> dict:
 
         full, name = name, f"{name[:MAX_RUN_NAME - 20]}...{hashlib.sha256(name.encode()).hexdigest()[:12]}"
         log.warning("point name shortened to %r (%d characters; the full name is in the tag rlvr.point)", name, len(full))
-    tags = {tracking.TAG_HASH: chash, "rlvr.algo": str(cfg.algo.name), "rlvr.host": socket.gethostname(),
+    tags = {tracking.TAG_HASH: chash, tracking.TAG_TRAIN_HASH: thash, "rlvr.algo": str(cfg.algo.name), "rlvr.host": socket.gethostname(),
             "rlvr.git_commit": _git_commit(), "rlvr.sweep_id": sweep_id, "rlvr.job_num": str(job_num),
             "rlvr.slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
             "rlvr.requeue_count": os.environ.get("SLURM_RESTART_COUNT", "0"), "rlvr.point": (point or name)[:4900]}
@@ -306,7 +344,7 @@ def _run_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_
     from core.tasks import load_prompts
 
     client = MlflowClient()
-    active_before, recover = 0.0, None
+    active_before, recover, reuse = 0.0, None, None
     if decision[0] == "resume":
         _, resume, owner = decision
         run_dir = Path(resume.data.tags.get("rlvr.run_dir") or run_dir)
@@ -321,19 +359,26 @@ def _run_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_
         log.info("point %s: resuming MLflow run %s from %s (metrics logged through step %d)",
                  name, resume.info.run_id, run_dir, logged_through)
     else:
-        _, owner, recover = decision
+        _, owner, recover, reuse = decision
         logged_through = -1
         active = mlflow.start_run(experiment_id=exp_id, run_name=name,
                                   tags={**tags, tracking.TAG_KIND: "trained", "rlvr.run_dir": str(run_dir),
                                         **lease.owner_tags(owner)})
         tracking.retry(mlflow.log_params, params)
         # an identical point may have started at the same moment, here or in another sweep: the earliest run trains
+        # (or one with the same training and another evaluation: it trains, this point then evaluates its checkpoint)
         mine = (active.info.start_time, active.info.run_id)
-        earlier = [r for r in tracking.retry(tracking.runs_with_hash, exp_id, chash)
-                   if r.info.run_id != active.info.run_id and not force and r.info.status == "RUNNING"
-                   and lease.is_live(r, stale_s) and (r.info.start_time, r.info.run_id) < mine]
+        same = tracking.retry(tracking.runs_with_hash, exp_id, chash)
+        if recover is None and tags.get(tracking.TAG_TRAIN_HASH):
+            same += [r for r in tracking.retry(tracking.runs_with_hash, exp_id, tags[tracking.TAG_TRAIN_HASH],
+                                               tag=tracking.TAG_TRAIN_HASH)
+                     if r.data.tags.get(tracking.TAG_HASH) != chash and _trains(r)]
+        earlier = sorted((r for r in same
+                          if r.info.run_id != active.info.run_id and not force and r.info.status == "RUNNING"
+                          and lease.is_live(r, stale_s) and (r.info.start_time, r.info.run_id) < mine),
+                         key=lambda r: (r.info.start_time, r.info.run_id))
         if earlier:
-            if earlier[0].data.tags.get("rlvr.sweep_id") == sweep_id:
+            if earlier[0].data.tags.get("rlvr.sweep_id") == sweep_id and earlier[0].data.tags.get(tracking.TAG_HASH) == chash:
                 mlflow.set_tags({tracking.TAG_KIND: "duplicate", tracking.TAG_DUP_OF: earlier[0].info.run_id})
                 mlflow.end_run()
                 log.info("point %s: identical to run %s started just before: recorded as duplicate", name,
@@ -344,7 +389,8 @@ def _run_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_
             tracking.retry(client.delete_run, active.info.run_id)  # another sweep owns the point: wait for it
             return _run_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_s, force, run_dir)
         if recover is not None:
-            tracking.retry(mlflow.set_tag, "rlvr.recovered_from", recover.info.run_id)
+            tracking.retry(mlflow.set_tag, tracking.TAG_TRAINED_IN if reuse == "evaluation" else "rlvr.recovered_from",
+                           recover.info.run_id)
     run_id = active.info.run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml({k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "hydra"}))
@@ -375,8 +421,8 @@ def _run_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_
         if recover is not None:
             _recover_from(recover, run_dir)
             last = _copy_train_metrics(client, recover.info.run_id, run_id)
-            log.info("point %s: training metrics (steps 0-%d) and checkpoint taken from run %s", name, last,
-                     recover.info.run_id)
+            log.info("point %s: training metrics (steps 0-%d) and checkpoint taken from run %s%s", name, last,
+                     recover.info.run_id, " (trained there; this run evaluates it)" if reuse == "evaluation" else "")
             ckpt = final_checkpoint_dir(run_dir)
         else:
             TRAINING.set()

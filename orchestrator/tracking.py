@@ -13,6 +13,8 @@ from mlflow.tracking import MlflowClient
 
 TAG_HASH = "rlvr.config_hash"
 TAG_KIND = "rlvr.kind"  # trained | duplicate
+TAG_TRAIN_HASH = "rlvr.train_hash"  # identity.training_hash: runs sharing it share one trained checkpoint
+TAG_TRAINED_IN = "rlvr.trained_in"  # on a run that evaluated a checkpoint another run trained: that run
 TAG_DUP_OF = "rlvr.duplicate_of"
 
 
@@ -206,10 +208,11 @@ def retry(fn, *args, attempts: int = 8, **kwargs):
             time.sleep(0.2 * 2 ** i)
 
 
-def runs_with_hash(experiment_id: str, config_hash: str, kind: str = "trained"):
-    """All runs of the experiment with this config hash and kind, oldest first."""
+def runs_with_hash(experiment_id: str, config_hash: str, kind: str = "trained", tag: str = TAG_HASH):
+    """All runs of the experiment with this hash in ``tag`` (the config hash, or :data:`TAG_TRAIN_HASH`) and
+    this kind, oldest first."""
     return MlflowClient().search_runs(
-        [experiment_id], filter_string=f"tags.`{TAG_HASH}` = '{config_hash}' and tags.`{TAG_KIND}` = '{kind}'",
+        [experiment_id], filter_string=f"tags.`{tag}` = '{config_hash}' and tags.`{TAG_KIND}` = '{kind}'",
         order_by=["attributes.start_time ASC"], max_results=1000,
     )
 

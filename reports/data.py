@@ -78,7 +78,8 @@ def short_labels(runs: pd.DataFrame) -> pd.DataFrame:
         if kind == "base":
             labels.append(BASE_LABEL)
             continue
-        parts = [algo] + [f"{k.split('.')[-1]}={params.get(k)}" for k in axes]
+        # evaluation settings keep their group (eval.seed=1 is a decoding seed, seed=1 a training seed)
+        parts = [algo] + [f"{k if k.startswith('eval.') else k.split('.')[-1]}={params.get(k)}" for k in axes]
         labels.append(" ".join(parts) + (" (dup)" if kind == "duplicate" else ""))
     seen: dict = {}
     for i, lab in enumerate(labels):  # keep labels unique
@@ -416,22 +417,21 @@ def run_colors(labels) -> dict:
     return colors
 
 
-_SEED = re.compile(r"\s*\bseed=\S+")
+def seed_group(label: str, key: str = "seed") -> str:
+    """The label without its ``<key>=N`` part: runs that differ only by that seed share it. ``key="seed"`` is the
+    training seed (``eval.seed=N`` is left alone), ``key="eval.seed"`` the decoding seed."""
+    return re.sub(rf"\s*(?<![\w.]){re.escape(key)}=\S+", "", label).strip()
 
 
-def seed_group(label: str) -> str:
-    """The label without its ``seed=N`` part: runs that differ only by seed share it."""
-    return _SEED.sub("", label).strip()
-
-
-def seed_aggregate(table: pd.DataFrame, digits: int = 4) -> pd.DataFrame:
-    """Mean +- std (sample std, n - 1) over runs that differ only by ``seed``, as the papers report three-seed
-    results. ``table`` is indexed by run label (or (run, ...) with the run first); the result is indexed by the
-    seed group (and the remaining levels), with a ``seeds`` column. Empty when no two runs share a group."""
+def seed_aggregate(table: pd.DataFrame, digits: int = 4, key: str = "seed") -> pd.DataFrame:
+    """Mean +- std (sample std, n - 1) over runs that differ only by ``key``: the training ``seed``, as the papers
+    report three-seed results, or the decoding seed ``eval.seed`` (one checkpoint evaluated with several seeds,
+    ExPPO's Table 3). ``table`` is indexed by run label (or (run, ...) with the run first); the result is indexed
+    by the seed group (and the remaining levels), with a ``seeds`` column. Empty when no two runs share a group."""
     if table.empty:
         return pd.DataFrame()
     runs = table.index.get_level_values(0)
-    groups = [seed_group(r) for r in runs]
+    groups = [seed_group(r, key) for r in runs]
     if len(set(groups)) == len(set(runs)):
         return pd.DataFrame()
     df = table.copy()

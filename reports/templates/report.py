@@ -218,19 +218,22 @@ else:
 # %% [markdown]
 # ## Mean ± std over seeds
 #
-# Runs that differ only by `seed` (add `seed=0,1,2` to a sweep), as the papers report their results: pass@k
-# and ExPPO's answer-mode metrics, mean ± sample standard deviation.
+# Runs that differ only by the training `seed` (add `seed=0,1,2` to a sweep), as the papers report their results,
+# and runs that differ only by the decoding seed `eval.seed` (one checkpoint evaluated with several seeds:
+# `eval.seed=0,1,2` trains once, ExPPO's Table 3): pass@k and ExPPO's answer-mode metrics, mean ± sample
+# standard deviation.
 
 # %%
 seed_tables = {"pass@k": R.passk_table(shown), "answer modes": R.metric_table(shown, r"effective_yield|disagreement|observed_yield")}
-aggregated = {name: R.seed_aggregate(t) for name, t in seed_tables.items()}
-if all(t.empty for t in aggregated.values()):
-    note("No runs differ only by seed: nothing to aggregate.")
-else:
+for key, what in (("seed", "training seeds"), ("eval.seed", "decoding seeds")):
+    aggregated = {name: R.seed_aggregate(t, key=key) for name, t in seed_tables.items()}
+    if all(t.empty for t in aggregated.values()):
+        note(f"No runs differ only by `{key}`: nothing to aggregate over {what}.")
+        continue
     for name, t in aggregated.items():
         if not t.empty:
-            display(Markdown(f"**{name}**"))
-            display(HTML(t.to_html()))
+            display(Markdown(f"**{name}, mean ± std over {what}**"))
+            display(HTML(t.rename(columns={"seeds": what}).to_html()))
 
 # %% [markdown]
 # ## By task kind

@@ -49,6 +49,10 @@ def test_one_failing_point_does_not_stop_the_others_and_a_rerun_trains_only_it(t
     assert len(trained) == 4  # the three of the first sweep, plus only the fixed point
     assert sorted(r.info.status for r in trained) == ["FAILED", "FINISHED", "FINISHED", "FINISHED"]
     assert len([r for r in runs if r.data.tags.get("rlvr.kind") == "duplicate"]) == 2
+    # the points differ only in their evaluation data: one of them trained, the others evaluated its checkpoint
+    finished = [r for r in trained if r.info.status == "FINISHED"]
+    assert len([r for r in finished if "rlvr.trained_in" not in r.data.tags]) == 1
+    assert len({r.data.tags.get("rlvr.trained_in") for r in finished if "rlvr.trained_in" in r.data.tags}) == 1
 
     proc = _sweep(work, "-m", "algo=gspo", f"eval.data_dir={dirs['good1']}", "eval.benchmarks=[arithmetic,aime24]",
                   "+force=true", *FAST)
@@ -121,3 +125,37 @@ def test_a_failed_base_evaluation_fails_the_sweep_and_a_rerun_adds_the_flip_rate
     assert [m.step for m in client.get_metric_history(trained.info.run_id, "eval/all/flip/very_hard/n_prompts")] == [2]
     assert "flip_rates.csv" in {a.path for a in client.list_artifacts(trained.info.run_id)}
     assert len([r for r in runs if r.data.tags.get("rlvr.kind") == "trained"]) == 1
+
+
+def test_decoding_seeds_train_once_evaluate_twice_and_the_report_aggregates_them(tmp_path):
+    """``eval.seed=0,1``: the evaluation is not part of the training identity, so the first point trains and the
+    second evaluates the same checkpoint in a run of its own (tag ``rlvr.trained_in``, the training metrics
+    copied); the two evaluations differ (other seeds), and the report shows their mean and sample std."""
+    import numpy as np
+    import pandas as pd
+
+    proc = _sweep(tmp_path, "-m", "algo=gspo", "eval.seed=0,1", *TINY)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client, runs = _runs(tmp_path)
+    points = sorted((r for r in runs if r.data.tags.get("rlvr.kind") == "trained"), key=lambda r: r.data.params["eval.seed"])
+    assert [r.info.status for r in points] == ["FINISHED", "FINISHED"]
+    trainer, evaluator = points
+    assert "rlvr.trained_in" not in trainer.data.tags and evaluator.data.tags["rlvr.trained_in"] == trainer.info.run_id
+    assert trainer.data.tags["rlvr.train_hash"] == evaluator.data.tags["rlvr.train_hash"]
+    assert trainer.data.tags["rlvr.config_hash"] != evaluator.data.tags["rlvr.config_hash"]
+    # one training: the same checkpoint bytes, the training curve copied, not re-run
+    ckpt = [tmp_path / r.data.tags["rlvr.run_dir"] / "checkpoint" / "model.safetensors" for r in points]
+    assert ckpt[0].read_bytes() == ckpt[1].read_bytes()
+    hist = [[(m.step, m.value) for m in sorted(client.get_metric_history(r.info.run_id, "train/reward_mean"),
+                                                 key=lambda m: m.step)] for r in points]
+    assert hist[0] == hist[1] and len(hist[0]) == 2
+    # two evaluations: each with its own seed in its samples
+    samples = [pd.read_parquet(tmp_path / r.data.tags["rlvr.run_dir"] / "eval" / "samples.parquet") for r in points]
+    assert set(samples[0]["seed"]).isdisjoint(samples[1]["seed"])
+    assert not samples[0]["response"].equals(samples[1]["response"])
+    # the report: one row "gspo" over the two decoding seeds, mean +- sample std of the two pass@1 values
+    p1 = [r.data.metrics["eval/arithmetic/pass_at_1"] for r in points]
+    html = (tmp_path / "reports_out" / "rlvr" / "report.html").read_text()
+    section = html[html.index("mean ± std over decoding seeds"):]
+    expect = f"{np.mean(p1):.4f}" + (f" ± {np.std(p1, ddof=1):.4f}")
+    assert expect in section, expect

@@ -92,6 +92,13 @@ def test_report_colours_seeds_and_quatro_advantages_by_hand():
     agg = R.seed_aggregate(table)
     assert agg.loc["grpo", "pass@1"] == "0.6000 ± 0.1414" and agg.loc["grpo", "seeds"] == 2   # std of 0.5, 0.7 (n - 1)
     assert agg.loc["quatro", "pass@1"] == "0.2000" and R.seed_aggregate(table.iloc[[0, 2]]).empty
+    # training seeds and decoding seeds (eval.seed) are told apart: each aggregates over its own axis only
+    both = pd.DataFrame({"pass@1": [0.1, 0.3, 0.6, 0.8]}, index=pd.Index(
+        ["grpo seed=0 eval.seed=0", "grpo seed=0 eval.seed=1", "grpo seed=1 eval.seed=0", "grpo seed=1 eval.seed=1"], name="run"))
+    dec = R.seed_aggregate(both, key="eval.seed")
+    assert list(dec.index) == ["grpo seed=0", "grpo seed=1"] and dec.loc["grpo seed=0", "pass@1"] == "0.2000 ± 0.1414"
+    train = R.seed_aggregate(both)
+    assert list(train.index) == ["grpo eval.seed=0", "grpo eval.seed=1"] and train.loc["grpo eval.seed=1", "pass@1"] == "0.5500 ± 0.3536"
     runs = pd.DataFrame({"params": [{"algo.advantage.name": "quatro", "algo.advantage.delta": "0.1", "train.group_size": "8"},
                                     {"algo.advantage.name": "grpo", "train.group_size": "8"}]})
     curves = R.quatro_advantage_curves(runs).set_index("correct")
