@@ -66,6 +66,14 @@ def test_requeued_job_resumes_its_run_with_every_step_once_and_the_same_results(
             break
     assert job_id, "training never reached step 2"
     subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=30)
+    # SLURM holds a requeued batch job for about two minutes (its begin time); nothing here depends on that wait
+    for _ in range(120):
+        state = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T %r"], capture_output=True, text=True,
+                               timeout=30).stdout.split()
+        if state and state[0] == "PENDING":
+            subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], capture_output=True, timeout=30)
+            break
+        time.sleep(0.5)
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
     client, runs = _runs(tmp_path / "slurm")
