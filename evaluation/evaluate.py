@@ -23,7 +23,7 @@ from core.sampling import PHASES, SamplerOptions, SamplingSettings, build_sample
 
 from core.tasks import get_task, score_responses
 
-from .tables import compute_tables, metric_key  # noqa: F401  (metric_key re-exported)
+from .tables import budget_metrics, compute_tables, metric_key  # noqa: F401  (metric_key re-exported)
 
 log = logging.getLogger("rlvr")
 
@@ -39,7 +39,37 @@ def check_rows(rows: list[dict], responses: list[str]) -> list[tuple[bool, str |
     return [(s.correct, s.extracted, s.reference) for s in score_responses(responses, rows)]
 
 
-SAMPLING_KEYS = ("temperature", "top_p", "max_new_tokens", "n", "seed", "prompt_template", "dtype")
+SAMPLING_KEYS = ("temperature", "top_p", "max_new_tokens", "n", "seed", "prompt_template", "dtype", "decoding")
+
+#: what ``eval.decoding.<benchmark>`` may set for one benchmark (the rest of ``eval`` applies to all)
+DECODING_KEYS = ("n", "ks", "temperature", "top_p", "max_new_tokens")
+
+
+def decoding_plan(eval_cfg) -> dict:
+    """``{benchmark: its evaluation config}``: ``eval_cfg`` with ``eval_cfg.decoding[benchmark]`` (any of
+    :data:`DECODING_KEYS`) merged in, for each of ``eval_cfg.benchmarks``. A protocol such as TR-GRPO's (greedy
+    on MATH-500, Minerva, OlympiadBench; 16 samples on AMC and AIME) or ExPPO's (k = 16, 16, 8, 4) is one
+    ``eval.decoding`` mapping.
+
+    Raises:
+        ValueError: a benchmark in ``eval.decoding`` that is not in ``eval.benchmarks``, or a key outside
+            :data:`DECODING_KEYS`.
+    """
+    from omegaconf import OmegaConf
+
+    per = eval_cfg.get("decoding") or {}
+    benches = list(eval_cfg.benchmarks)
+    extra = [b for b in per if b not in benches]
+    if extra:
+        raise ValueError(f"eval.decoding: {extra} not in eval.benchmarks={benches}")
+    plan = {}
+    for b in benches:
+        own = OmegaConf.to_container(per[b], resolve=True) if b in per and per[b] is not None else {}
+        bad = [k for k in own if k not in DECODING_KEYS]
+        if bad:
+            raise ValueError(f"eval.decoding.{b}: unknown key(s) {bad}; known: {list(DECODING_KEYS)}")
+        plan[b] = OmegaConf.merge(eval_cfg, own) if own else eval_cfg
+    return plan
 
 
 def _set_aside_stale_samples(eval_cfg, out_dir: Path, sampler=None) -> None:
@@ -130,13 +160,16 @@ def sample_benchmarks(sampler, rows_by_bench: dict, n: int, seed: int, samples_p
                       settings: SamplingSettings | None = None) -> pd.DataFrame:
     """Sample ``n`` responses per prompt for every benchmark, appending to ``samples_path``.
 
-    Prompts already present in ``samples_path`` with n rows are skipped (resume). Each prompt's seed is
+    Prompts already present in ``samples_path`` with n rows are skipped (resume); rows of benchmarks not in
+    ``rows_by_bench`` are kept in the file as they are (another decoding group's) and not returned. Each prompt's seed is
     :func:`prompt_seed`, so a resumed run draws the same samples. Progress: a tqdm bar on a terminal and
     one log line per chunk of prompts otherwise (SLURM output files, ``> log``).
     """
     settings = settings or SamplingSettings()
     samples_path = Path(samples_path)
     done = pd.read_parquet(samples_path) if samples_path.exists() else pd.DataFrame(columns=SAMPLE_COLUMNS)
+    mine = done["benchmark"].isin(list(rows_by_bench))
+    others, done = done[~mine], done[mine]
     finished = set()
     if len(done):
         counts = done.groupby(["benchmark", "prompt_id"]).size()
@@ -168,7 +201,7 @@ def sample_benchmarks(sampler, rows_by_bench: dict, n: int, seed: int, samples_p
                     })
             PHASES["verify_s"] += time.perf_counter() - t0
             frames.append(pd.DataFrame.from_records(records, columns=SAMPLE_COLUMNS))
-            pd.concat(frames, ignore_index=True).to_parquet(samples_path, index=False)
+            pd.concat(([others] if len(others) else []) + frames, ignore_index=True).to_parquet(samples_path, index=False)
             bar.update(len(chunk))
             lines.update(start + len(chunk), correct=sum(r["correct"] for r in records) / max(len(records), 1))
     if not frames:
@@ -197,22 +230,36 @@ def evaluate(sampler, eval_cfg, out_dir, heldout_rows=None, chat_template: bool 
     Raises:
         ValueError: a k in ``eval_cfg.ks`` larger than ``eval_cfg.n`` (checked before sampling).
     """
-    n, ks = int(eval_cfg.n), [int(k) for k in eval_cfg.ks]
-    bad = [k for k in ks if k > n or k < 1]
-    if bad:
-        raise ValueError(f"eval.ks={ks}: every k must be in [1, eval.n={n}]; bad: {bad}")
+    plan = decoding_plan(eval_cfg)
+    for b, c in plan.items():
+        n, ks = int(c.n), [int(k) for k in c.ks]
+        bad = [k for k in ks if k > n or k < 1]
+        if bad:
+            where = f"eval.decoding.{b}" if c is not eval_cfg else "eval"
+            raise ValueError(f"{where}: ks={ks}: every k must be in [1, n={n}]; bad: {bad}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     _set_aside_stale_samples(eval_cfg, out_dir, sampler)
     rows = benchmark_rows(eval_cfg, heldout_rows)
-    samples = sample_benchmarks(sampler, rows, n, int(eval_cfg.seed), out_dir / "samples.parquet",
-                                batch_size(eval_cfg, sampler), settings_from(eval_cfg, chat_template))
+    groups: dict = {}  # benchmarks sampled with the same settings go through the sampler together
+    for b, c in plan.items():
+        key = (int(c.n), float(c.temperature), float(c.top_p), int(c.max_new_tokens))
+        groups.setdefault(key, (c, []))[1].append(b)
+    parts = [sample_benchmarks(sampler, {b: rows[b] for b in benches}, int(c.n), int(eval_cfg.seed),
+                               out_dir / "samples.parquet", batch_size(eval_cfg, sampler), settings_from(c, chat_template))
+             for c, benches in groups.values()]
+    samples = pd.concat([p for p in parts if len(p)], ignore_index=True) if any(len(p) for p in parts) else parts[0]
     t0 = time.perf_counter()
+    per_bench = eval_cfg.get("decoding") or {}
+    ks_of = {b: [int(k) for k in c.ks] for b, c in plan.items()}
     tables, metrics = compute_tables(
-        samples, ks, ucc_ks=eval_cfg.get("ucc_ks"), similarity_metric=eval_cfg.get("similarity_metric", "rouge_l"),
+        samples, ks_of if per_bench else ks_of[next(iter(plan))], ucc_ks=eval_cfg.get("ucc_ks"),
+        similarity_metric=eval_cfg.get("similarity_metric", "rouge_l"),
         ucc_threshold=float(eval_cfg.get("ucc_threshold", 0.7)), base_samples=base_samples, flip_k=eval_cfg.get("flip_k"),
         kinds={b: get_task(b).kind for b in rows}, same_answer={b: get_task(b).same_answer for b in rows},
     )
+    if per_bench:  # each benchmark at its own budget (its largest k), and the suite's unweighted means
+        metrics.update(budget_metrics(tables, {b: max(k) for b, k in ks_of.items()}))
     PHASES["metrics_s"] += time.perf_counter() - t0
     if "entropy" in tables and len(tables["entropy"]) and getattr(sampler, "entropy_method", None):
         tables["entropy"] = tables["entropy"].assign(method=sampler.entropy_method)

@@ -73,9 +73,12 @@ def entropy_table(samples: pd.DataFrame) -> pd.DataFrame:
 
 
 def modes_table(samples: pd.DataFrame, ks, same_answer: dict | None = None) -> pd.DataFrame:
-    """ExPPO's metrics per benchmark: coverage@k (= pass@k), response accuracy, observed and
+    """ExPPO's metrics per benchmark: coverage@k as ExPPO computes it (the share of prompts with a correct answer
+    among their *first k* responses by ``sample_idx``: observed, seed-dependent; its expectation over draws is the
+    unbiased pass@k of the ``passk`` table, reported beside it), response accuracy, observed and
     effective yield, correct-pair disagreement D (prompts with >= 2 correct); modes are classes of answers
-    the benchmark's task calls equal (``same_answer`` {benchmark: same(a, b)}; default: normalised strings)."""
+    the benchmark's task calls equal (``same_answer`` {benchmark: same(a, b)}; default: normalised strings).
+    Source: ExPPO (coverage@k, yields, D); ``../shared/ALGORITHMS.md``, ExPPO metrics."""
     rows = {}
     same_answer = same_answer or {}
     for bench, _pid, grp in _prompts(samples):
@@ -88,8 +91,11 @@ def modes_table(samples: pd.DataFrame, ks, same_answer: dict | None = None) -> p
         r["effective_yield"].append(st["effective_yield"])
         if st["disagreement"] is not None:
             r["disagreement"].append(st["disagreement"])
+        first = grp["correct"].to_numpy(dtype=bool)  # sorted by sample_idx
         for k in ks:
-            r[f"coverage@{k}"].append(pass_at_k(n, c, k))
+            if k > n:
+                raise ValueError(f"coverage@{k} needs k <= n, got n={n} samples for a prompt of {bench!r}")
+            r[f"coverage@{k}"].append(float(first[:k].any()))
     table = pd.DataFrame({b: {m: (float(np.mean(v)) if v else np.nan) for m, v in r.items()} for b, r in rows.items()}).T
     return _with_mean(table)
 
@@ -190,7 +196,10 @@ def compute_tables(samples: pd.DataFrame, ks, ucc_ks=None, similarity_metric: st
 
     Args:
         samples: the samples table (see evaluation.evaluate.SAMPLE_COLUMNS).
-        ks: pass@k values (each <= the smallest n per prompt).
+        ks: pass@k values (each <= the smallest n per prompt), or ``{benchmark: ks}`` when benchmarks have their
+            own budgets (per-benchmark decoding, ``eval.decoding``): each group of benchmarks with the same ks and
+            n is tabled on its own, the tables joined, and every ``mean`` row recomputed over the benchmarks that
+            have the column (unweighted); :func:`budget_metrics` then gives the suite mean at each benchmark's own k.
         ucc_ks: UCC@k values (default: the ks >= 8, or the largest k).
         base_samples: the base model's samples on the same prompts, for flip rates.
         flip_k: None for the literal flip rule, else the budget-k reading.
@@ -201,6 +210,27 @@ def compute_tables(samples: pd.DataFrame, ks, ucc_ks=None, similarity_metric: st
     Returns:
         (tables {name: DataFrame}, metrics {"eval/<benchmark>/<metric>": float}).
     """
+    if isinstance(ks, dict):
+        groups: dict = {}
+        n_of = samples.groupby(["benchmark", "prompt_id"]).size().groupby(level=0).min()
+        for bench in sorted(set(samples["benchmark"])):
+            key = (tuple(int(k) for k in ks[bench]), int(n_of[bench]))
+            groups.setdefault(key, []).append(bench)
+        parts = [_tables(samples[samples["benchmark"].isin(benches)], list(key[0]), ucc_ks, similarity_metric,
+                         ucc_threshold, same_answer) for key, benches in groups.items()]
+        tables = _join(parts)
+    else:
+        tables = _tables(samples, ks, ucc_ks, similarity_metric, ucc_threshold, same_answer)
+    if kinds:
+        tables["kinds"] = kind_table(tables["passk"], kinds)
+    metrics = _flatten(tables)
+    if base_samples is not None:
+        tables["flip_rates"], flip = flip_metrics(base_samples, samples, flip_k)
+        metrics.update(flip)
+    return tables, metrics
+
+
+def _tables(samples, ks, ucc_ks, similarity_metric, ucc_threshold, same_answer) -> dict:
     ks = [int(k) for k in ks]
     ucc_ks = [int(k) for k in (ucc_ks or [k for k in ks if k >= 8] or [max(ks)])]
     n = int(samples.groupby(["benchmark", "prompt_id"]).size().min())
@@ -218,10 +248,33 @@ def compute_tables(samples: pd.DataFrame, ks, ucc_ks=None, similarity_metric: st
     verifier, disagreements = verifier_tables(samples)
     if len(verifier):
         tables["verifier"] = verifier
+        tables["verifier_disagreements"] = disagreements  # written even when empty: none is a result
+    return tables
+
+
+def _join(parts: list[dict]) -> dict:
+    """One table per name from per-group tables: rows stacked, ``mean`` rows recomputed over all benchmarks."""
+    out = {}
+    for name in dict.fromkeys(n for p in parts for n in p):
+        frames = [p[name] for p in parts if name in p]
+        if name == "verifier_disagreements":
+            out[name] = pd.concat(frames, ignore_index=True)
+            continue
+        if not any(len(f) for f in frames):
+            out[name] = frames[0]
+            continue
+        had_mean = any("mean" in f.index for f in frames)
+        table = pd.concat([f.drop(index="mean", errors="ignore") for f in frames if len(f)])
+        out[name] = _with_mean(table) if had_mean else table
+        out[name].index.name = frames[0].index.name
+    return out
+
+
+def _flatten(tables: dict) -> dict:
     metrics = {}
-    if kinds:
-        tables["kinds"] = kind_table(tables["passk"], kinds)
     for name, table in tables.items():
+        if name == "verifier_disagreements":
+            continue
         if name == "kinds":
             for kind, row in table.iterrows():
                 metrics.update({f"eval/kind/{kind}/{metric_key(c)}": float(v) for c, v in row.items() if pd.notna(v)})
@@ -230,9 +283,23 @@ def compute_tables(samples: pd.DataFrame, ks, ucc_ks=None, similarity_metric: st
             for col, v in row.items():
                 if pd.notna(v):
                     metrics[f"eval/{bench}/{metric_key(col)}"] = float(v)
-    if len(verifier):
-        tables["verifier_disagreements"] = disagreements  # written even when empty: none is a result
-    if base_samples is not None:
-        tables["flip_rates"], flip = flip_metrics(base_samples, samples, flip_k)
-        metrics.update(flip)
-    return tables, metrics
+    return metrics
+
+
+def budget_metrics(tables: dict, budgets: dict) -> dict:
+    """Each benchmark's pass@k and ExPPO's observed coverage@k at its own budget k (``budgets`` {benchmark: k}),
+    and their unweighted suite means: ``eval/<bench>/pass_at_budget``, ``eval/<bench>/coverage_at_budget``,
+    ``eval/mean/pass_at_budget``, ``eval/mean/coverage_at_budget`` (ExPPO's in-domain suite: AIME24/25 at
+    k = 16, Minerva at 8, OlympiadBench at 4, means unweighted over the four)."""
+    out = {}
+    for metric, table, col in (("pass_at_budget", "passk", "pass@{}"), ("coverage_at_budget", "modes", "coverage@{}")):
+        values = []
+        for bench, k in budgets.items():
+            t = tables.get(table)
+            if t is not None and bench in t.index and col.format(k) in t.columns and pd.notna(t.loc[bench, col.format(k)]):
+                v = float(t.loc[bench, col.format(k)])
+                out[f"eval/{bench}/{metric}"] = v
+                values.append(v)
+        if values:
+            out[f"eval/mean/{metric}"] = float(np.mean(values))
+    return out

@@ -115,7 +115,7 @@ SCHEMA: dict[str, Spec] = {
     "eval.ucc_threshold": F(0, 1), "eval.vllm.dtype": S(("auto", "float32", "bfloat16", "float16"), null=True),
     "eval.vllm.enforce_eager": B(null=True), "eval.vllm.gpu_memory_utilization": F(0, 1, lo_open=True, null=True),
     "eval.vllm.kv_cache_memory_bytes": I(1, null=True), "eval.vllm.max_model_len": I(1, null=True),
-    "eval.vllm.tensor_parallel_size": I(1, null=True), "eval.vllm.extra": MAP,
+    "eval.vllm.tensor_parallel_size": I(1, null=True), "eval.vllm.extra": MAP, "eval.decoding": Spec("map", null=True),
     # engine
     "engine.name": S(min_len=1), "engine.dataloader_num_workers": I(0), "engine.device": S(pattern=DEVICE),
     "engine.extra_overrides": L(S()), "engine.gradient_checkpointing": B(), "engine.keep_checkpoints": I(1),
@@ -131,7 +131,8 @@ SCHEMA: dict[str, Spec] = {
     "algo.overlong_buffer.enabled": B(), "algo.overlong_buffer.fraction": F(0, 1, lo_open=True, null=True),
     "algo.overlong_buffer.length": I(1, null=True), "algo.overlong_buffer.penalty_factor": F(0),
 }
-FREE = ("hydra", "eval.vllm.extra")  # subtrees passed through as they are
+FREE = ("hydra", "eval.vllm.extra")
+DECODING_KEYS_DOC = ("n", "ks", "temperature", "top_p", "max_new_tokens")  # evaluation.evaluate.DECODING_KEYS  # subtrees passed through as they are
 BUILTIN_DATA = ("arithmetic", "kk", "math", "products")  # data tasks whose keys the schema lists
 
 
@@ -208,7 +209,16 @@ def algorithm_specs(cfg) -> dict[str, Spec]:
             fn = getter(name)
         except (KeyError, TypeError):
             continue  # validate_config names the unknown function
-        for p in list(inspect.signature(fn).parameters.values())[skip:]:
+        params = list(inspect.signature(fn).parameters.values())[skip:]
+        on = OmegaConf.select(cfg, f"algo.{kind}.on") if kind == "advantage" else None
+        if on and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):  # a shaping estimator: its base's keys
+            try:
+                params = list(inspect.signature(getter(on)).parameters.values())[skip:] + params
+            except KeyError:
+                pass  # validate_config names the unknown base
+        for p in params:
+            if p.kind is inspect.Parameter.VAR_KEYWORD:
+                continue
             default = None if p.default is inspect.Parameter.empty else p.default
             out[f"algo.{kind}.{p.name}"] = _annotation_spec(p.annotation, default)
     return out
@@ -251,6 +261,16 @@ def check_schema(cfg) -> list[str]:
         if key.split(".")[0] == "hydra":
             continue
         spec = specs.get(key)
+        parts = key.split(".")
+        if key.startswith("eval.decoding.") and len(parts) == 4:  # eval.decoding.<benchmark>.<key>: typed as eval.<key>
+            from evaluation.evaluate import DECODING_KEYS
+
+            if parts[3] not in DECODING_KEYS:
+                raise ConfigError(f"{key}={value!r}: unknown key (a typo?); known keys of eval.decoding.{parts[2]}: "
+                                  f"{list(DECODING_KEYS)}")
+            spec = SCHEMA[f"eval.{parts[3]}"]
+        elif key.startswith("eval.decoding.") and len(parts) == 3 and value is not None:
+            raise ConfigError(f"{key}={value!r}: expected a mapping of {list(DECODING_KEYS_DOC)}")
         if spec is None:
             free = any(key == f or key.startswith(f + ".") for f in FREE)
             plugin_data = key.startswith("data.") and data_name not in BUILTIN_DATA

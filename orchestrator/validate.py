@@ -43,7 +43,14 @@ def _require(cond: bool, msg: str) -> None:
 
 def _check_params(kind: str, fn, params: dict) -> None:
     sig = inspect.signature(fn)
-    names = [p for p in sig.parameters][(3 if kind == "policy_loss" else 1):]
+    names = [p for p, v in sig.parameters.items() if v.kind is not inspect.Parameter.VAR_KEYWORD][(3 if kind == "policy_loss" else 1):]
+    if kind == "advantage" and params.get("on") and len(names) < len(sig.parameters) - 1:  # shaping another estimator
+        try:
+            base_fn = get_advantage_fn(params["on"])
+        except KeyError as e:
+            raise ConfigError(f"algo.advantage.on={params['on']!r}: {e.args[0]}") from None
+        _check_params(kind, base_fn, {k: v for k, v in params.items() if k not in names})  # the base's own keys
+        params = {k: v for k, v in params.items() if k in names}
     unknown = [k for k in params if k not in names]
     _require(not unknown, f"algo.{kind}: unknown parameter(s) {unknown} for {fn.__name__}; accepted: {names}")
     missing = [p.name for p in list(sig.parameters.values())[(3 if kind == "policy_loss" else 1):]
@@ -224,6 +231,22 @@ def validate_config(cfg: DictConfig) -> list[str]:
                 task.validate(cfg.eval, "eval")
             except ValueError as e:
                 raise ConfigError(str(e)) from None
+    try:
+        from evaluation.evaluate import decoding_plan
+
+        plan = decoding_plan(cfg.eval)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    for b, c in plan.items():
+        if c is cfg.eval:
+            continue
+        nb, ksb = c.n, list(c.ks)
+        bad = [k for k in ksb if not isinstance(k, int) or k < 1 or k > nb]
+        _require(not bad, f"eval.decoding.{b}.ks={ksb}: every k must be an integer in [1, n={nb}] for {b}; bad: {bad}")
+        if float(c.temperature) == 0 and nb > 1:
+            warnings.append(f"eval.decoding.{b}: greedy decoding (temperature 0) with n={nb}: one sequence n times; "
+                            "use n: 1")
+        n = min(n, nb)  # flip_k must fit every benchmark
     check_eval_engine(cfg, int(n))
     from training.engines import get_engine
 

@@ -317,3 +317,55 @@ def test_quatro_warns_when_delta_leaves_no_interior_solution():
     adv, m = get_advantage_fn("quatro")(_batch(torch.zeros(8, 1), torch.ones(8, 1), rewards=torch.tensor([1.0] * 7 + [0.0]),
                                                 group_index=torch.zeros(8, dtype=torch.long)), delta=0.2)
     assert float(adv[-1]) == pytest.approx(-(1000 + math.log(7 / 8)), rel=1e-4) and m["lambda_floored_groups"] == 1
+
+
+def test_exppo_ablation_switches_by_hand_and_exppo_on_another_estimator():
+    """ExPPO's Table 9 parts switched off one at a time, each against the rule written out by hand; the shuffled
+    control equals ExPPO on the surprisals permuted by the same random draw; ``on=grpo`` with DAPO's
+    ``norm_by_std`` shapes GRPO's advantages (the ExPPO + DAPO preset's path)."""
+    from training.algorithms import get_advantage_fn
+    from training.algorithms.advantages import group_normalized_advantages
+    from training.batch import RolloutBatch
+
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    surprisal = torch.tensor([[3.0, 1.0, 2.0, 2.4]], dtype=torch.float64)   # mean 2.1: u = .9, -1.1, -.1, .3
+    u = surprisal - 2.1
+    rho = 0.25
+    a = (rewards - 0.25) / (0.5 + 1e-6)                                     # GRPO, unbiased std of [1, 0, 0, 0]
+    gate = torch.where(u > 0, 1 - rho, rho)
+    sign = torch.sign(a)
+
+    def norm(m):
+        return m * a * a.abs().sum() / (m * a).abs().sum()
+
+    cases = {
+        (): norm(1 + 0.2 * gate * torch.tanh(u) * sign),
+        ("rarity",): norm(1 + 0.2 * gate * sign),
+        ("pass_rate_gate",): norm(1 + 0.2 * torch.tanh(u) * sign),
+        ("shared_norm",): (1 + 0.2 * gate * torch.tanh(u) * sign) * a,
+    }
+    for off, expect in cases.items():
+        got, _ = exppo_advantages(rewards, surprisal, lam=0.2, **{k: False for k in off})
+        assert torch.allclose(got, expect, atol=1e-6), off
+    assert not torch.allclose(cases[()], cases[("rarity",)]) and not torch.allclose(cases[()], cases[("shared_norm",)])
+    g = torch.Generator().manual_seed(3)
+    shuffled, _ = exppo_advantages(rewards, surprisal, lam=0.2, shuffle_surprisal=True, generator=g)
+    perm = torch.randperm(4, generator=torch.Generator().manual_seed(3))
+    assert not torch.equal(perm, torch.arange(4))
+    expect, _ = exppo_advantages(rewards, surprisal[:, perm], lam=0.2)
+    assert torch.allclose(shuffled, expect)
+
+    B, L = 8, 3
+    r = torch.tensor([1.0, 0, 0, 1, 1, 1, 0, 1])
+    old = -torch.rand(B, L, generator=torch.Generator().manual_seed(0))
+    batch = RolloutBatch(prompt_ids=torch.zeros(B, 1), prompt_mask=torch.ones(B, 1), response_ids=torch.zeros(B, L),
+                         response_mask=torch.ones(B, L), old_logprobs=old, rewards=r,
+                         group_index=torch.tensor([0, 0, 0, 0, 1, 1, 1, 1]), response_lengths=torch.full((B,), L))
+    on, metrics = get_advantage_fn("exppo")(batch, lam=0.2, on="grpo", norm_by_std=False)
+    base = group_normalized_advantages(r.view(2, 4).double(), norm_by_std=False)
+    expect, _ = exppo_advantages(r.view(2, 4), -old.mean(-1).view(2, 4), 0.2, base_advantages=base)
+    assert torch.allclose(on, expect.view(-1).float(), atol=1e-6)
+    plain, _ = get_advantage_fn("exppo")(batch, lam=0.2)
+    assert not torch.allclose(on, plain)  # GRPO without std normalisation is another base
+    with pytest.raises(ValueError, match="unknown parameter"):
+        validate_params("advantage", "exppo", {"lam": 0.2, "norm_by_std": True})  # a base key without `on`

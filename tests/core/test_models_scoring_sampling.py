@@ -7,6 +7,7 @@ import torch
 from core.models import load_checkpoint, load_policy, model_path, resolve_dtype
 from core.sampling import SAMPLERS, HFSampler, SamplingSettings, resolve_sampler
 from core.scoring import compute_logprobs, mean_token_entropies, token_entropies
+from tests.conftest import REPO
 from training.rollout import collect_rollouts
 
 ROWS = [{"id": "a", "prompt": "Compute 3 + 4.", "gold": "7", "task": "arithmetic"},
@@ -145,3 +146,55 @@ def test_generation_prefills_each_prompt_once_and_draws_the_same_samples(tiny_po
     monkeypatch.setattr(cs, "_shared_prefill", lambda *a: None)
     plain = cs.generate_responses(model, tok, texts, 4, 1.0, 0.9, 9, seed=7)
     assert torch.equal(shared.response_ids, plain.response_ids) and shared.texts == plain.texts
+
+
+# the architectures behind sweeps/model/ (transformers' model_type of each family)
+FAMILIES = {"qwen2.5-7b": "qwen2", "qwen2.5-7b-instruct": "qwen2", "qwen2.5-3b-instruct": "qwen2", "qwen2.5-3b": "qwen2",
+            "qwen2.5-coder-1.5b": "qwen2", "qwen2.5-7b-instruct-1m": "qwen2", "qwen2.5-math-1.5b": "qwen2",
+            "qwen2.5-math-7b": "qwen2", "qwen3-0.6b": "qwen3", "qwen3-4b-instruct-2507": "qwen3",
+            "phi-3.5-mini-instruct": "phi3", "mistral-7b-instruct-v0.3": "mistral", "llama-3.1-8b-instruct": "llama"}
+BASE_MODELS = {"qwen2.5-7b", "qwen2.5-3b", "qwen2.5-coder-1.5b", "qwen2.5-math-1.5b", "qwen2.5-math-7b"}  # plain prompts
+
+
+def test_every_model_preset_composes_with_its_hub_path_and_chat_setting():
+    from orchestrator.preflight import sweep_points
+    from orchestrator.validate import validate_config
+
+    names = {p.stem for p in (REPO / "sweeps" / "model").glob("*.yaml")} - {"smollm2-135m", "tiny-random"}
+    assert names == set(FAMILIES)
+    for name in sorted(names):
+        [(_, cfg)] = sweep_points([f"model={name}"])
+        validate_config(cfg)
+        assert cfg.model.source == "pretrained" and "/" in cfg.model.path, name
+        assert cfg.model.chat_template == (name not in BASE_MODELS), name
+
+
+@pytest.mark.parametrize("family", sorted(set(FAMILIES.values())))
+def test_each_model_family_runs_the_shared_prompt_scoring_path(family):
+    """A tiny randomly initialised model of each family's architecture (transformers' own config class: Qwen2's
+    biases, Qwen3's q/k norms, Phi-3's fused projections, Mistral's sliding window) through the log-prob pass
+    the trainer uses: the shared-prompt cache path equals one unpadded forward per sequence."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from core.scoring import _separable
+
+    torch.manual_seed(0)
+    cfg = AutoConfig.for_model(family, vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                               pad_token_id=0, tie_word_embeddings=False)
+    if family == "qwen3":
+        cfg.head_dim = 16
+    model = AutoModelForCausalLM.from_config(cfg).float().eval()
+    assert _separable(model), family  # the trunk and head split that the shared prompt pass takes
+    prompt_ids = torch.tensor([[0, 5, 6, 7], [0, 5, 6, 7], [8, 9, 10, 11], [8, 9, 10, 11]])
+    prompt_mask = torch.tensor([[0, 1, 1, 1], [0, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1]])
+    response_ids = torch.tensor([[12, 13, 14], [15, 16, 0], [17, 18, 19], [20, 0, 0]])
+    response_mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 0, 0]])
+    with torch.no_grad():
+        lp, _ = compute_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, 1.0, share_prompts=True)
+        for i in range(4):
+            p = prompt_ids[i][prompt_mask[i].bool()]
+            r = response_ids[i][response_mask[i].bool()]
+            logits = model(input_ids=torch.cat([p, r])[None]).logits[0, len(p) - 1:-1].float()
+            want = torch.log_softmax(logits, -1).gather(-1, r[:, None])[:, 0]
+            assert torch.allclose(lp[i, :len(r)], want, atol=1e-5), (family, i)

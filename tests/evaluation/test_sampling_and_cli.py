@@ -199,3 +199,64 @@ def test_greedy_decoding_is_the_argmax_path_and_the_same_on_every_run(tiny_polic
         assert group[0]["n_tokens"] == len(out)
         assert group[0]["response"] == tok.decode(out, skip_special_tokens=True)
         assert group[0]["mean_token_entropy"] == pytest.approx(sum(ents) / len(ents), rel=1e-4)
+
+
+def test_per_benchmark_decoding_samples_each_benchmark_its_own_way_and_resumes(tmp_path, tiny_cfg, tiny_policy,
+                                                                               benchmark_dir):
+    """eval.decoding: MATH-500 greedy (n 1, ks [1]) beside AIME24 sampled (n 4, ks [1, 2, 4]) in one evaluation.
+    Second method: each benchmark evaluated alone with those settings as the main ones gives the same samples;
+    a second call resumes (nothing resampled, neither group's rows lost)."""
+    from omegaconf import OmegaConf
+
+    from evaluation.evaluate import evaluate
+
+    sampler = HFSampler(*tiny_policy)
+    base = OmegaConf.merge(OmegaConf.to_container(tiny_cfg.eval), {"benchmarks": ["math500", "aime24"], "data_dir": str(benchmark_dir),
+                                           "max_prompts": 2, "max_new_tokens": 6, "n": 4, "ks": [1, 2, 4]})
+    ecfg = OmegaConf.merge(base, {"decoding": {"math500": {"n": 1, "ks": [1], "temperature": 0.0}}})
+    metrics, _ = evaluate(sampler, ecfg, tmp_path / "both")
+    both = pd.read_parquet(tmp_path / "both" / "samples.parquet")
+    assert both.groupby("benchmark").size().to_dict() == {"aime24": 8, "math500": 2}
+    assert "eval/math500/pass_at_1" in metrics and "eval/math500/pass_at_4" not in metrics
+    assert "eval/aime24/pass_at_4" in metrics and "eval/aime24/coverage_at_4" in metrics
+    # the budget metrics: each benchmark at its own largest k, unweighted mean
+    assert metrics["eval/mean/pass_at_budget"] == pytest.approx(
+        (metrics["eval/math500/pass_at_1"] + metrics["eval/aime24/pass_at_4"]) / 2)
+    alone = {
+        "math500": OmegaConf.merge(base, {"benchmarks": ["math500"], "n": 1, "ks": [1], "temperature": 0.0}),
+        "aime24": OmegaConf.merge(base, {"benchmarks": ["aime24"]}),
+    }
+    for bench, cfg in alone.items():
+        evaluate(sampler, cfg, tmp_path / bench)
+        one = pd.read_parquet(tmp_path / bench / "samples.parquet")
+        mine = both[both["benchmark"] == bench].reset_index(drop=True)
+        assert mine["response"].tolist() == one["response"].tolist(), bench
+    evaluate(sampler, ecfg, tmp_path / "both")  # resumed: every row kept, nothing drawn again
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "both" / "samples.parquet"), both)
+
+
+def test_observed_coverage_and_budget_means_by_hand():
+    """ExPPO's observed coverage@k (a correct answer among the *first k* responses) beside the unbiased pass@k,
+    and the per-benchmark budgets' suite mean, on samples written by hand."""
+    from evaluation.tables import budget_metrics, compute_tables
+
+    def rows(bench, pid, correct):
+        return [{"benchmark": bench, "prompt_id": pid, "sample_idx": i, "response": f"r{i}", "correct": c,
+                 "extracted_answer": "1" if c else "2", "mean_token_entropy": None, "reference_correct": None}
+                for i, c in enumerate(correct)]
+
+    samples = pd.DataFrame(rows("a", 0, [False, False, True, False]) + rows("a", 1, [True, False, False, False])
+                           + rows("b", 0, [False, True]) + rows("b", 1, [False, False]))
+    tables, metrics = compute_tables(samples, {"a": [1, 2, 4], "b": [1, 2]})
+    # a: prompt 0's first correct answer is its third, prompt 1's its first
+    assert metrics["eval/a/coverage_at_1"] == 0.5 and metrics["eval/a/coverage_at_2"] == 0.5
+    assert metrics["eval/a/coverage_at_4"] == 1.0
+    # unbiased pass@2 with n = 4, c = 1: 1 - C(3,2)/C(4,2) = 1/2 for both prompts
+    assert metrics["eval/a/pass_at_2"] == pytest.approx(0.5)
+    assert metrics["eval/b/coverage_at_1"] == 0.0 and metrics["eval/b/coverage_at_2"] == 0.5
+    assert "eval/b/pass_at_4" not in metrics and metrics["eval/b/pass_at_1"] == pytest.approx(0.25)
+    # mean rows over the benchmarks that have the column: pass@4 only a's, pass@1 both
+    assert metrics["eval/mean/pass_at_4"] == 1.0 and metrics["eval/mean/pass_at_1"] == pytest.approx((0.25 + 0.25) / 2)
+    budget = budget_metrics(tables, {"a": 4, "b": 2})
+    assert budget["eval/mean/coverage_at_budget"] == pytest.approx((1.0 + 0.5) / 2)
+    assert budget["eval/mean/pass_at_budget"] == pytest.approx((1.0 + 0.5) / 2)
