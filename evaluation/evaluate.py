@@ -41,7 +41,8 @@ def check_rows(rows: list[dict], responses: list[str]) -> list[tuple[bool, str |
 
 SAMPLING_KEYS = ("temperature", "top_p", "max_new_tokens", "n", "seed", "prompt_template", "dtype", "decoding")
 
-#: what ``eval.decoding.<benchmark>`` may set for one benchmark (the rest of ``eval`` applies to all)
+#: what ``eval.decoding.<benchmark>`` may set for one benchmark (the rest of ``eval`` applies to all); the config
+#: schema types each as the ``eval`` key of its name
 DECODING_KEYS = ("n", "ks", "temperature", "top_p", "max_new_tokens")
 
 

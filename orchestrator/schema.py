@@ -132,7 +132,7 @@ SCHEMA: dict[str, Spec] = {
     "algo.overlong_buffer.length": I(1, null=True), "algo.overlong_buffer.penalty_factor": F(0),
 }
 FREE = ("hydra", "eval.vllm.extra")
-DECODING_KEYS_DOC = ("n", "ks", "temperature", "top_p", "max_new_tokens")  # evaluation.evaluate.DECODING_KEYS  # subtrees passed through as they are
+DECODING_KEYS = ("n", "ks", "temperature", "top_p", "max_new_tokens")  # eval.decoding.<benchmark>.<key>, typed as eval.<key>  # subtrees passed through as they are
 BUILTIN_DATA = ("arithmetic", "kk", "math", "products")  # data tasks whose keys the schema lists
 
 
@@ -210,7 +210,7 @@ def algorithm_specs(cfg) -> dict[str, Spec]:
         except (KeyError, TypeError):
             continue  # validate_config names the unknown function
         params = list(inspect.signature(fn).parameters.values())[skip:]
-        on = OmegaConf.select(cfg, f"algo.{kind}.on") if kind == "advantage" else None
+        on = OmegaConf.select(cfg, f"algo.{kind}.base_estimator") if kind == "advantage" else None
         if on and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):  # a shaping estimator: its base's keys
             try:
                 params = list(inspect.signature(getter(on)).parameters.values())[skip:] + params
@@ -246,6 +246,18 @@ def leaves(cfg) -> dict:
     return out
 
 
+def key_spec(key: str, specs: dict) -> Spec | None:
+    """The :class:`Spec` of a dotted key: ``specs[key]``, or for ``eval.decoding.<benchmark>.<k>`` (one benchmark's
+    own decoding, :data:`evaluation.evaluate.DECODING_KEYS`) the spec of ``eval.<k>``; None for a key the schema
+    does not know."""
+    from evaluation.evaluate import DECODING_KEYS
+
+    parts = key.split(".")
+    if len(parts) == 4 and key.startswith("eval.decoding.") and parts[3] in DECODING_KEYS:
+        return SCHEMA[f"eval.{parts[3]}"]
+    return specs.get(key)
+
+
 def check_schema(cfg) -> list[str]:
     """Check every key of ``cfg`` against :data:`SCHEMA` (and the algorithm's signatures).
 
@@ -260,17 +272,15 @@ def check_schema(cfg) -> list[str]:
     for key, value in sorted(leaves(cfg).items(), key=lambda kv: kv[0].count(".")):
         if key.split(".")[0] == "hydra":
             continue
-        spec = specs.get(key)
         parts = key.split(".")
-        if key.startswith("eval.decoding.") and len(parts) == 4:  # eval.decoding.<benchmark>.<key>: typed as eval.<key>
+        if key.startswith("eval.decoding."):
             from evaluation.evaluate import DECODING_KEYS
-
-            if parts[3] not in DECODING_KEYS:
-                raise ConfigError(f"{key}={value!r}: unknown key (a typo?); known keys of eval.decoding.{parts[2]}: "
-                                  f"{list(DECODING_KEYS)}")
-            spec = SCHEMA[f"eval.{parts[3]}"]
-        elif key.startswith("eval.decoding.") and len(parts) == 3 and value is not None:
-            raise ConfigError(f"{key}={value!r}: expected a mapping of {list(DECODING_KEYS_DOC)}")
+        if key.startswith("eval.decoding.") and len(parts) == 3 and value is not None:
+            raise ConfigError(f"{key}={value!r}: expected a mapping of {list(DECODING_KEYS)}")
+        spec = key_spec(key, specs)
+        if spec is None and key.startswith("eval.decoding.") and len(parts) == 4:
+            raise ConfigError(f"{key}={value!r}: unknown key (a typo?); known keys of eval.decoding.{parts[2]}: "
+                              f"{list(DECODING_KEYS)}")
         if spec is None:
             free = any(key == f or key.startswith(f + ".") for f in FREE)
             plugin_data = key.startswith("data.") and data_name not in BUILTIN_DATA

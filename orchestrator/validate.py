@@ -44,17 +44,18 @@ def _require(cond: bool, msg: str) -> None:
 def _check_params(kind: str, fn, params: dict) -> None:
     sig = inspect.signature(fn)
     names = [p for p, v in sig.parameters.items() if v.kind is not inspect.Parameter.VAR_KEYWORD][(3 if kind == "policy_loss" else 1):]
-    if kind == "advantage" and params.get("on") and len(names) < len(sig.parameters) - 1:  # shaping another estimator
+    if kind == "advantage" and params.get("base_estimator") and len(names) < len(sig.parameters) - 1:  # shaping another estimator
         try:
-            base_fn = get_advantage_fn(params["on"])
+            base_fn = get_advantage_fn(params["base_estimator"])
         except KeyError as e:
-            raise ConfigError(f"algo.advantage.on={params['on']!r}: {e.args[0]}") from None
+            raise ConfigError(f"algo.advantage.base_estimator={params['base_estimator']!r}: {e.args[0]}") from None
         _check_params(kind, base_fn, {k: v for k, v in params.items() if k not in names})  # the base's own keys
         params = {k: v for k, v in params.items() if k in names}
     unknown = [k for k in params if k not in names]
     _require(not unknown, f"algo.{kind}: unknown parameter(s) {unknown} for {fn.__name__}; accepted: {names}")
     missing = [p.name for p in list(sig.parameters.values())[(3 if kind == "policy_loss" else 1):]
-               if p.default is inspect.Parameter.empty and p.name not in params]
+               if p.default is inspect.Parameter.empty and p.name not in params
+               and p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)]
     _require(not missing, f"algo.{kind}: missing parameter(s) {missing} for {fn.__name__}")
 
 

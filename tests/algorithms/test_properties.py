@@ -321,7 +321,7 @@ def test_quatro_warns_when_delta_leaves_no_interior_solution():
 
 def test_exppo_ablation_switches_by_hand_and_exppo_on_another_estimator():
     """ExPPO's Table 9 parts switched off one at a time, each against the rule written out by hand; the shuffled
-    control equals ExPPO on the surprisals permuted by the same random draw; ``on=grpo`` with DAPO's
+    control equals ExPPO on the surprisals permuted by the same random draw; ``base_estimator=grpo`` with DAPO's
     ``norm_by_std`` shapes GRPO's advantages (the ExPPO + DAPO preset's path)."""
     from training.algorithms import get_advantage_fn
     from training.algorithms.advantages import group_normalized_advantages
@@ -361,11 +361,11 @@ def test_exppo_ablation_switches_by_hand_and_exppo_on_another_estimator():
     batch = RolloutBatch(prompt_ids=torch.zeros(B, 1), prompt_mask=torch.ones(B, 1), response_ids=torch.zeros(B, L),
                          response_mask=torch.ones(B, L), old_logprobs=old, rewards=r,
                          group_index=torch.tensor([0, 0, 0, 0, 1, 1, 1, 1]), response_lengths=torch.full((B,), L))
-    on, metrics = get_advantage_fn("exppo")(batch, lam=0.2, on="grpo", norm_by_std=False)
+    on, metrics = get_advantage_fn("exppo")(batch, lam=0.2, base_estimator="grpo", norm_by_std=False)
     base = group_normalized_advantages(r.view(2, 4).double(), norm_by_std=False)
     expect, _ = exppo_advantages(r.view(2, 4), -old.mean(-1).view(2, 4), 0.2, base_advantages=base)
     assert torch.allclose(on, expect.view(-1).float(), atol=1e-6)
     plain, _ = get_advantage_fn("exppo")(batch, lam=0.2)
     assert not torch.allclose(on, plain)  # GRPO without std normalisation is another base
     with pytest.raises(ValueError, match="unknown parameter"):
-        validate_params("advantage", "exppo", {"lam": 0.2, "norm_by_std": True})  # a base key without `on`
+        validate_params("advantage", "exppo", {"lam": 0.2, "norm_by_std": True})  # a base key without base_estimator

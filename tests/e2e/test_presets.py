@@ -16,12 +16,17 @@ POINTS = {
     "quatro_main": 14, "quatro_main_cpu": 14, "quatro_staleness": 32, "quatro_staleness_cpu": 8,
     "quatro_log_ratio_ablation": 3, "quatro_log_ratio_ablation_cpu": 3, "exppo_core": 25, "exppo_core_cpu": 10,
     "trgrpo_kk": 6, "trgrpo_kk_cpu": 6, "trgrpo_sensitivity": 9, "trgrpo_sensitivity_cpu": 9, "quatro_paper_verl": 1,
-    "exppo_multi_answer": 25, "exppo_multi_answer_cpu": 10,
+    "exppo_multi_answer": 25, "exppo_multi_answer_cpu": 10, "exppo_main": 15, "exppo_main_cpu": 5,
+    "exppo_components": 5, "exppo_components_cpu": 5, "exppo_dapo": 2, "exppo_dapo_cpu": 2,
+    "exppo_decoding_seeds": 6, "exppo_decoding_seeds_cpu": 6, "quatro_group_size": 4, "quatro_group_size_cpu": 4,
+    "trgrpo_cross_model": 6, "trgrpo_cross_model_cpu": 4,
 }
 # distinct trainings (points whose effective configs are equal train once; the rest are duplicates)
 TRAINED = {"quatro_main_cpu": 8, "quatro_staleness_cpu": 8, "quatro_log_ratio_ablation_cpu": 3,
            "exppo_core_cpu": 6, "trgrpo_kk_cpu": 6, "trgrpo_sensitivity_cpu": 9,
-           "exppo_multi_answer_cpu": 6}
+           "exppo_multi_answer_cpu": 6, "exppo_decoding_seeds_cpu": 6, "exppo_components_cpu": 5}
+# distinct trainings where the evaluation differs between points (identity.training_hash): eval.seed=0,1,2 trains once
+TRAININGS = {"exppo_decoding_seeds": 2, "exppo_decoding_seeds_cpu": 2}
 
 
 def test_every_preset_is_listed_and_every_twin_has_a_full_preset():
@@ -33,7 +38,7 @@ def test_every_preset_is_listed_and_every_twin_has_a_full_preset():
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_every_sweep_point_composes_and_validates(name):
-    from orchestrator.identity import config_hash
+    from orchestrator.identity import config_hash, training_hash
     from orchestrator.preflight import sweep_points
     from orchestrator.validate import validate_config
 
@@ -45,6 +50,7 @@ def test_every_sweep_point_composes_and_validates(name):
         assert cfg.experiment_name == name
     if name in TRAINED:
         assert len({config_hash(cfg) for _, cfg in points}) == TRAINED[name]
+    assert len({training_hash(cfg) for _, cfg in points}) == TRAININGS.get(name, len({config_hash(c) for _, c in points}))
 
 
 def _points(name):
@@ -90,6 +96,46 @@ def test_paper_presets_carry_their_papers_protocols():
     points = {(float(c.algo.policy_loss.tau), float(c.algo.policy_loss.low), float(c.algo.policy_loss.high))
               for c in _points("trgrpo_sensitivity")}
     assert points == {(t, 1.0, 1.4) for t in (0.5, 2, 7, 9, 10, 20)} | {(9.0, 1.0, 1.2), (9.0, 0.8, 1.5), (9.0, 0.5, 1.5)}
+    # TR-GRPO K&K (Tables 1, 4, 7, Fig. 2) on Qwen2.5-3B-Instruct, mini-batch 64 prompts; Table 9's three other models
+    assert {(c.model.path, c.train.prompts_per_step, c.train.minibatch_size) for c in kk} == {
+        ("Qwen/Qwen2.5-3B-Instruct", 64, 64 * 8)}
+    assert {c.model.path for c in _points("trgrpo_sensitivity")} == {"Qwen/Qwen2.5-3B-Instruct"}
+    cross = _points("trgrpo_cross_model")
+    assert {(c.model.path, c.algo.name) for c in cross} == {(m, a) for m in (
+        "Qwen/Qwen2.5-3B", "mistralai/Mistral-7B-Instruct-v0.3", "meta-llama/Llama-3.1-8B-Instruct") for a in ("grpo", "tr_grpo")}
+    assert {(c.train.temperature, c.train.group_size, c.train.lr, _kl(c)) for c in cross} == {(0.7, 8, 1e-6, 0.001)}
+    # ExPPO (Tables 3, 4, 7, 9): backbones and steps, 32 prompts x G 16, its in-domain budgets k = 16, 16, 8, 4
+    main = _points("exppo_main")
+    assert {(c.model.path, c.train.steps) for c in main} == {("Qwen/Qwen2.5-7B-Instruct", 900), ("Qwen/Qwen3-0.6B", 300),
+                                                             ("microsoft/Phi-3.5-mini-instruct", 300)}
+    for name in ("exppo_main", "exppo_components", "exppo_dapo", "exppo_decoding_seeds"):
+        for c in _points(name):
+            assert (c.train.prompts_per_step, c.train.group_size) == (32, 16), name
+            assert list(c.eval.benchmarks) == ["aime24", "aime25", "minerva_math", "olympiadbench"], name
+            budgets = {b: (c.eval.decoding[b].n if b in c.eval.decoding else c.eval.n) for b in c.eval.benchmarks}
+            assert budgets == {"aime24": 16, "aime25": 16, "minerva_math": 8, "olympiadbench": 4}, name
+    parts = {c.algo.name: c.algo.advantage for c in _points("exppo_components")}
+    assert {k: (a.get("rarity", True), a.get("pass_rate_gate", True), a.get("shared_norm", True),
+                a.get("shuffle_surprisal", False), a.lam) for k, a in parts.items()} == {
+        "exppo_full": (True, True, True, False, 0.2), "exppo_no_rarity": (False, True, True, False, 0.2),
+        "exppo_no_gate": (True, False, True, False, 0.2), "exppo_no_shared_norm": (True, True, False, False, 0.2),
+        "exppo_shuffled": (True, True, True, True, 0.2)}
+    dapo = {c.algo.name: c.algo for c in _points("exppo_dapo")}
+    for a in dapo.values():  # both arms keep DAPO's clip-higher, token-mean, dynamic sampling, overlong shaping
+        assert (a.policy_loss.clip_ratio_high, a.policy_loss.loss_agg_mode, a.dynamic_sampling.enabled) == (0.28, "token-mean", True)
+    assert dapo["exppo_dapo"].advantage.name == "exppo" and dapo["exppo_dapo"].advantage.base_estimator == "grpo"
+    assert sorted((c.algo.name, c.eval.seed) for c in _points("exppo_decoding_seeds")) == [
+        (a, s) for a in ("exppo", "grpo") for s in (0, 1, 2)]
+    # TR-GRPO math (Table 2) evaluation: greedy on OlympiadBench, Minerva, MATH-500; 16 samples on AMC and AIME
+    from orchestrator.preflight import sweep_points
+
+    [(_, tr)] = sweep_points(["eval=trgrpo_math"])
+    for b in ("olympiadbench", "minerva_math", "math500"):
+        assert (tr.eval.decoding[b].temperature, tr.eval.decoding[b].n) == (0.0, 1), b
+    assert (tr.eval.n, max(tr.eval.ks), tr.eval.temperature, tr.eval.max_new_tokens) == (16, 16, 1.0, 4096)
+    assert {"amc23", "aime24"} <= set(tr.eval.benchmarks) and not {"amc23", "aime24"} & set(tr.eval.decoding)
+    # QUATRO group size: G in 4, 8, 16, 32 with the main comparison's settings
+    assert sorted(c.train.group_size for c in _points("quatro_group_size")) == [4, 8, 16, 32]
     # ExPPO Table 9's lambda grid, 1.0 included
     assert sorted({float(c.algo.advantage.lam) for c in _points("exppo_core") if c.algo.name == "exppo"}) == [
         0.1, 0.3, 0.5, 0.75, 1.0]

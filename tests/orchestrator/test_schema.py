@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from orchestrator import ConfigError
 from orchestrator.preflight import sweep_points
-from orchestrator.schema import FREE, SCHEMA, algorithm_specs, leaves
+from orchestrator.schema import FREE, SCHEMA, algorithm_specs, key_spec, leaves
 from orchestrator.validate import validate_config
 from tests.conftest import REPO
 
@@ -67,7 +67,7 @@ def test_every_key_of_every_preset_is_in_the_schema_and_the_presets_pass(configs
     for ov, cfg in configs:
         validate_config(cfg)  # an unknown key or a bad value in a preset would raise here
         specs = {**SCHEMA, **algorithm_specs(cfg)}
-        unknown = [k for k in leaves(cfg) if k.split(".")[0] != "hydra" and k not in specs and k not in FREE]
+        unknown = [k for k in leaves(cfg) if k.split(".")[0] != "hydra" and key_spec(k, specs) is None and k not in FREE]
         assert unknown == [], ov
 
 
@@ -76,7 +76,7 @@ def test_each_key_refuses_bad_values_with_one_line_naming_it(configs):
     for ov, cfg in configs:
         specs = {**SCHEMA, **algorithm_specs(cfg)}
         for key in leaves(cfg):
-            spec = specs.get(key)
+            spec = key_spec(key, specs)
             if spec is None or key in seen:
                 continue
             seen.add(key)
@@ -90,7 +90,7 @@ def test_each_key_refuses_bad_values_with_one_line_naming_it(configs):
                 assert "\n" not in msg
                 tried += 1
     assert seen >= {k for k in SCHEMA if not k.startswith(("model.", "data.", "engine.", "eval.vllm.")) and k != "force"
-                    and k not in ("report.baseline", "algo.dynamic_sampling.enabled")} - {"eval.code_reward", "eval.name"}
+                    and k not in ("report.baseline", "algo.dynamic_sampling.enabled")} - {"eval.code_reward", "eval.name", "eval.decoding"}
     assert tried > 300
 
 
@@ -103,3 +103,17 @@ def test_unknown_keys_long_names_and_a_group_of_one():
         validate_config(cfg)
     [(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke", "train.group_size=1"], multirun=False)
     assert any("a group of one" in w for w in validate_config(cfg))
+
+
+@pytest.mark.parametrize("override,fragment", [
+    ("+eval.decoding.arithmetic.tempreature=0.5", "eval.decoding.arithmetic.tempreature=0.5: unknown key"),
+    ("+eval.decoding.arithmetic.n=0", "eval.decoding.arithmetic.n=0: out of range"),
+    ("+eval.decoding.aime24.n=2", "eval.decoding: ['aime24'] not in eval.benchmarks"),
+    ("+eval.decoding.arithmetic.ks=[1,8]", "eval.decoding.arithmetic.ks=[1, 8]: every k must be an integer in [1, n=4]"),
+    ("+eval.decoding.arithmetic=3", "eval.decoding.arithmetic=3: expected a mapping"),
+])
+def test_per_benchmark_decoding_is_checked_before_anything_starts(override, fragment):
+    [(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke", override])
+    with pytest.raises(ConfigError) as e:
+        validate_config(cfg)
+    assert fragment in str(e.value) and "\n" not in str(e.value)

@@ -47,7 +47,7 @@ def exppo_advantages(rewards: torch.Tensor, surprisal: torch.Tensor, lam: float 
         scale: tanh temperature for the prompt-relative surprisal (> 0).
         correct: (num_groups, G) bool; default ``rewards > 0``.
         base_advantages: (num_groups, G) advantages to shape; default GRPO's (unbiased std). Any registered
-            estimator's advantages can be shaped this way (``exppo_on``: ExPPO on top of DAPO's).
+            estimator's advantages can be shaped this way (``base_estimator``: ExPPO on top of DAPO's).
         rarity, pass_rate_gate, shared_norm, shuffle_surprisal: the ablation switches (module docstring);
             the defaults are ExPPO itself.
         generator: the random source of ``shuffle_surprisal`` (default: torch's global one).
@@ -96,31 +96,31 @@ def exppo_advantages(rewards: torch.Tensor, surprisal: torch.Tensor, lam: float 
 @register_advantage("exppo", needs={"old_logprobs": "its surprisal classes"})
 def exppo_advantage(batch: RolloutBatch, lam: float = 0.2, scale: float = 1.0, rarity: bool = True,
                     pass_rate_gate: bool = True, shared_norm: bool = True, shuffle_surprisal: bool = False,
-                    on: str | None = None, **base):
+                    base_estimator: str | None = None, **base):
     """Registered ExPPO estimator: surprisal from the batch's old log-probs, then :func:`exppo_advantages`.
 
     Args:
         rarity, pass_rate_gate, shared_norm, shuffle_surprisal: Table 9's ablation switches (module docstring).
-        on: shape the advantages of this registered estimator instead of GRPO's (``algo=dapo`` with
-            ``advantage.name=exppo``, ``advantage.on=grpo``: ExPPO + DAPO, the paper's Fig. 7 / Table 15);
+        base_estimator: shape the advantages of this registered estimator instead of GRPO's (``algo=dapo`` with
+            ``advantage.name=exppo``, ``advantage.base_estimator=grpo``: ExPPO + DAPO, the paper's Fig. 7 / Table 15);
             ``base``: its parameters (the keys this signature does not name, :func:`registry.base_params`).
             Sequence-level advantages only.
     Returns:
         (advantages (B,), metrics: the four-class audit, ``multiplier_mean``, ``zero_variance_share``, and the
         base estimator's metrics under ``base/``).
     Raises:
-        ValueError: ``on`` names an estimator that returns per-token advantages.
+        ValueError: ``base_estimator`` names an estimator that returns per-token advantages.
     """
     rewards, order = to_groups(batch.rewards.double(), batch.group_index)
     surprisal, _ = to_groups(-sequence_mean_logprob(batch).double(), batch.group_index)
     correct = None if batch.correct is None else to_groups(batch.correct.double(), batch.group_index)[0] > 0
     base_adv, base_metrics = None, {}
-    if on:
+    if base_estimator:
         from .registry import get_advantage_fn
 
-        adv, base_metrics = get_advantage_fn(on)(batch, **base)
+        adv, base_metrics = get_advantage_fn(base_estimator)(batch, **base)
         if adv.dim() != 1:
-            raise ValueError(f"algo.advantage.on={on!r}: per-token advantages cannot be shaped per response")
+            raise ValueError(f"algo.advantage.base_estimator={base_estimator!r}: per-token advantages cannot be shaped per response")
         base_adv = to_groups(adv.double(), batch.group_index)[0]
     a_hat, audit = exppo_advantages(rewards, surprisal, lam, scale, correct, base_adv, rarity=rarity,
                                     pass_rate_gate=pass_rate_gate, shared_norm=shared_norm,
@@ -130,21 +130,21 @@ def exppo_advantage(batch: RolloutBatch, lam: float = 0.2, scale: float = 1.0, r
 
 
 @register_validator("advantage", "exppo")
-def _check_exppo(lam=0.2, scale=1.0, on=None, rarity=True, pass_rate_gate=True, shared_norm=True,
+def _check_exppo(lam=0.2, scale=1.0, base_estimator=None, rarity=True, pass_rate_gate=True, shared_norm=True,
                  shuffle_surprisal=False, **base):
     check_number("lam", lam, 0, 1)
     check_number("scale", scale, 0, low_open=True)
-    if on is None:
+    if base_estimator is None:
         if base:
             raise ValueError(f"algo.advantage: unknown parameter(s) {sorted(base)} for exppo (without "
-                             "algo.advantage.on, which names the estimator they would belong to)")
+                             "algo.advantage.base_estimator, which names the estimator they would belong to)")
         return []
     from .registry import get_advantage_fn, validate_params
 
-    if on == "exppo":
-        raise ValueError("algo.advantage.on='exppo': ExPPO cannot shape itself")
+    if base_estimator == "exppo":
+        raise ValueError("algo.advantage.base_estimator='exppo': ExPPO cannot shape itself")
     try:
-        get_advantage_fn(on)
+        get_advantage_fn(base_estimator)
     except KeyError as e:
-        raise ValueError(f"algo.advantage.on={on!r}: {e.args[0]}") from None
-    return validate_params("advantage", on, base)
+        raise ValueError(f"algo.advantage.base_estimator={base_estimator!r}: {e.args[0]}") from None
+    return validate_params("advantage", base_estimator, base)

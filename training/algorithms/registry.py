@@ -109,8 +109,8 @@ def needs_of(kind: str, name: str, params: dict | None = None) -> dict:
     declared it needs with these ``params`` ({} when none). A need declared as ``(why, param)`` counts only when
     ``params[param]`` is set and non-zero (TR-GRPO's reference log-probs, only with its KL term)."""
     out = {}
-    on = (params or {}).get("on") if kind == "advantage" else None
-    if on and on != name and ("advantage", on) in _NEEDS:  # a shaping estimator (exppo on=...) needs its base's too
+    on = (params or {}).get("base_estimator") if kind == "advantage" else None
+    if on and on != name and ("advantage", on) in _NEEDS:  # a shaping estimator (exppo) needs its base's too
         out.update(needs_of("advantage", on, base_params(name, params)[1]))
     for field, why in _NEEDS.get((kind, name), {}).items():
         if isinstance(why, tuple):
@@ -159,14 +159,14 @@ def registered_policy_losses() -> list[str]:
 
 def base_params(name: str, params: dict) -> tuple[dict, dict]:
     """Split an advantage estimator's config parameters into (its own, its base estimator's). An estimator that
-    shapes another one's advantages (ExPPO with ``on: grpo``) declares ``on`` and ``**base``: the keys its
-    signature does not name belong to the estimator named by ``on`` (so ``algo=dapo`` with ``advantage.name=exppo``
-    and ``advantage.on=grpo`` hands DAPO's ``norm_by_std`` to GRPO). Without ``on``: (params, {})."""
+    shapes another one's advantages (ExPPO with ``base_estimator: grpo``) declares ``base_estimator`` and ``**base``: the keys its
+    signature does not name belong to the estimator named by ``base_estimator`` (so ``algo=dapo`` with ``advantage.name=exppo``
+    and ``advantage.base_estimator=grpo`` hands DAPO's ``norm_by_std`` to GRPO). Without ``base_estimator``: (params, {})."""
     import inspect
 
     params = dict(params or {})
     fn = _ADVANTAGES.get(name)
-    if fn is None or not params.get("on"):
+    if fn is None or not params.get("base_estimator"):
         return params, {}
     sig = inspect.signature(fn).parameters
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.values()):
