@@ -46,6 +46,10 @@ NOFILE = 256
 HARNESS = r'''
 import json, sys
 nonce = sys.stdin.readline().strip()
+try:  # site_packages: this suite's installed packages on the path (read-only, as the rest of the root)
+    sys.path[0:0] = json.load(open("paths.json"))
+except OSError:
+    pass
 src = open("program.py").read()
 tests = json.load(open("tests.json"))
 passed, err = 0, None
@@ -197,12 +201,15 @@ def _user_process_count() -> int:
     return n
 
 
-def run_tests(program: str, tests: list[str], wall_s: float = WALL_S) -> TestResult:
+def run_tests(program: str, tests: list[str], wall_s: float = WALL_S, site_packages: bool = False) -> TestResult:
     """Run ``program`` then each test (Python source; a test passes when it runs without raising) in the sandbox.
 
     Args:
         program: the candidate's code (model output); tests: test snippets executed after it, in its namespace.
         wall_s: wall-clock limit for the whole run.
+        site_packages: let the program and tests import this process's installed packages (numpy for EvalPlus's
+            float comparisons): their folders go first on the sandboxed interpreter's path. The sandbox's walls
+            (namespaces, read-only root, no network, resource limits) are the same; only what can be imported differs.
     Returns:
         :class:`TestResult`. Never raises on what the program does (loops, forks, allocations, sockets, writes,
         exits, output floods): those end as failed tests, ``timeout`` or ``crashed``.
@@ -223,6 +230,11 @@ def run_tests(program: str, tests: list[str], wall_s: float = WALL_S) -> TestRes
             json.dump(list(tests), f)
         with open(os.path.join(work, "harness.py"), "w", encoding="utf-8") as f:
             f.write(HARNESS)
+        if site_packages:
+            import site
+
+            with open(os.path.join(work, "paths.json"), "w", encoding="utf-8") as f:
+                json.dump([p for p in site.getsitepackages() if os.path.isdir(p)], f)
         if as_root:
             for name in ("", "program.py", "tests.json", "harness.py"):
                 os.chown(os.path.join(work, name), uid, uid)

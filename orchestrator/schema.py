@@ -98,10 +98,11 @@ SCHEMA: dict[str, Spec] = {
     # data (the task's own validate() checks values against each other)
     "data.name": S(min_len=1), "data.source": S(("hub", "local"), null=True), "data.path": S(null=True),
     "data.hub_path": S(), "data.hub_config": S(null=True), "data.hub_split": S(), "data.levels": L(I(1, 5), null=True),
+    "data.difficulties": L(S(("introductory", "interview", "competition")), null=True),
     "data.max_prompts": I(1, null=True), "data.seed": I(0), "data.template": S(), "data.difficulty": I(1, 3),
     "data.operations": L(S(("+", "-", "*")), min_len=1), "data.n_eval": I(0),
     "data.train_sizes": L(I(1), min_len=1), "data.eval_sizes": L(I(1), min_len=1),
-    "data.train_per_size": I(1), "data.eval_per_size": I(0), "data.code_reward": S(("share", "all_pass")),
+    "data.train_per_size": I(1, null=True), "data.eval_per_size": I(0, null=True), "data.code_reward": S(("share", "all_pass")),
     # evaluation
     "eval.name": S(null=True), "eval.base": B(), "eval.batch_prompts": I(1, null=True),
     "eval.benchmarks": L(S(min_len=1), min_len=1), "eval.checkpoints": S(("final", "all")),
@@ -133,7 +134,7 @@ SCHEMA: dict[str, Spec] = {
 }
 FREE = ("hydra", "eval.vllm.extra")
 DECODING_KEYS = ("n", "ks", "temperature", "top_p", "max_new_tokens")  # eval.decoding.<benchmark>.<key>, typed as eval.<key>  # subtrees passed through as they are
-BUILTIN_DATA = ("arithmetic", "kk", "math", "products")  # data tasks whose keys the schema lists
+BUILTIN_DATA = ("arithmetic", "kk", "math", "products", "dsr_uniform", "orz", "kk_published", "apps")  # data tasks whose keys the schema lists
 
 
 def _type_name(v) -> str:

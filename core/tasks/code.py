@@ -99,13 +99,12 @@ class CodeTask(Task):
     def score_many(self, responses: Sequence[str], rows: Sequence[dict]) -> list[Score]:
         from core.sandbox import run_tests
 
-        jobs = [(program_for(r, row.get("code_prefix", ""), row.get("entry_point")), tuple(row["tests"]))
-                for r, row in zip(responses, rows)]
+        jobs = [(self.program(r, row), tuple(row["tests"]), bool(row.get("site_packages"))) for r, row in zip(responses, rows)]
         unique = list(dict.fromkeys(jobs))
         import os
 
         with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
-            results = dict(zip(unique, pool.map(lambda j: run_tests(j[0], list(j[1])), unique)))
+            results = dict(zip(unique, pool.map(lambda j: run_tests(j[0], list(j[1]), site_packages=j[2]), unique)))
         out = []
         for job, row in zip(jobs, rows):
             res = results[job]
@@ -116,6 +115,10 @@ class CodeTask(Task):
 
     def score(self, response: str, row: dict) -> Score:
         return self.score_many([response], [row])[0]
+
+    def program(self, response: str, row: dict) -> str:
+        """The program a response stands for (:func:`program_for`); tasks with another program form override it."""
+        return program_for(response, row.get("code_prefix", ""), row.get("entry_point"))
 
     def validate(self, cfg, role: str) -> None:
         from core.sandbox import sandbox_missing
@@ -194,4 +197,186 @@ class MBPP(CodeTask):
         data_dir = cfg.get("data_dir")
         if data_dir and not (Path(data_dir) / self.name / "test.jsonl").is_file():
             raise ValueError(f"eval.data_dir={data_dir!r}: no {self.name}/test.jsonl there")
+        super().validate(cfg, role)
+
+
+def _code_records(task, cfg, hub: tuple) -> tuple[list, str]:
+    """Records of a code benchmark: ``<eval.data_dir>/<name>/test.jsonl`` when ``data_dir`` is set, else the hub."""
+    data_dir = cfg.get("data_dir")
+    if data_dir:
+        path = Path(data_dir) / task.name / "test.jsonl"
+        return read_jsonl(path), str(path)
+    from datasets import load_dataset
+
+    return list(load_dataset(hub[0], hub[1], split=hub[2])), "/".join(str(h) for h in hub if h)
+
+
+@register_task
+class HumanEvalPlus(HumanEval):
+    """HumanEval+ (EvalPlus; Liu et al. 2023): HumanEval's 164 problems with many more tests, hub
+    ``evalplus/humanevalplus`` (split ``test``) or ``<eval.data_dir>/humaneval_plus/test.jsonl`` with its fields
+    (``task_id``, ``prompt``, ``canonical_solution``, ``entry_point``, ``test``). The test file's ``check`` runs as
+    HumanEval's (one snippet per asserting statement, else the whole check as one test); EvalPlus's float
+    comparison imports numpy, so its tests see the interpreter's installed packages (``site_packages``)."""
+
+    name = "humaneval_plus"
+    hub = ("evalplus/humanevalplus", None, "test")
+
+    def load(self, split: str, cfg) -> list[dict]:
+        records, where = _code_records(self, cfg, self.hub)
+        limit, mode = cfg.get("max_prompts"), cfg.get("code_reward", "share")
+        rows = []
+        for i, rec in enumerate(records):
+            try:
+                prompt, entry, test = rec["prompt"], rec["entry_point"], rec["test"]
+            except (KeyError, TypeError):
+                raise ValueError(f"{where}:{i + 1}: a HumanEval+ record needs prompt, entry_point and test") from None
+            rows.append({"id": str(rec.get("task_id", i)), "problem": prompt, "prompt": self.render(prompt),
+                         "task": self.name, "code_prefix": prompt, "gold": rec.get("canonical_solution", ""),
+                         "entry_point": entry, "tests": humaneval_tests(test, entry), "code_reward": mode,
+                         "site_packages": True})
+            if limit and len(rows) >= int(limit):
+                break
+        return rows
+
+    def validate(self, cfg, role: str) -> None:
+        data_dir = cfg.get("data_dir")
+        if data_dir and not (Path(data_dir) / self.name / "test.jsonl").is_file():
+            raise ValueError(f"eval.data_dir={data_dir!r}: no {self.name}/test.jsonl there")
+        CodeTask.validate(self, cfg, role)
+
+
+@register_task
+class MBPPPlus(CodeTask):
+    """MBPP+ (EvalPlus): 378 MBPP problems with more tests, hub ``evalplus/mbppplus`` (split ``test``) or
+    ``<eval.data_dir>/mbpp_plus/test.jsonl`` (``task_id``, ``prompt``, ``code``, ``test_list``, ``test``). The prompt
+    shows the first of MBPP's own asserts (as EvalPlus does); the test is EvalPlus's whole ``test`` script, one
+    test run after the program, with the installed packages importable (numpy)."""
+
+    name = "mbpp_plus"
+    template = MBPP_TEMPLATE
+    hub = ("evalplus/mbppplus", None, "test")
+
+    def load(self, split: str, cfg) -> list[dict]:
+        records, where = _code_records(self, cfg, self.hub)
+        limit, mode = cfg.get("max_prompts"), cfg.get("code_reward", "share")
+        rows = []
+        for i, rec in enumerate(records):
+            try:
+                text, test, shown = rec["prompt"], rec["test"], list(rec.get("test_list") or [])[:1]
+            except (KeyError, TypeError):
+                raise ValueError(f"{where}:{i + 1}: an MBPP+ record needs prompt and test") from None
+            problem = f"{text}\nYour code should pass these tests:\n" + "\n".join(shown) if shown else text
+            rows.append({"id": str(rec.get("task_id", i)), "problem": problem, "prompt": self.render(problem),
+                         "task": self.name, "gold": rec.get("code", ""),
+                         "entry_point": tested_function(rec.get("code", ""), shown or [test]),
+                         "tests": [test], "code_reward": mode, "site_packages": True})
+            if limit and len(rows) >= int(limit):
+                break
+        return rows
+
+    def validate(self, cfg, role: str) -> None:
+        data_dir = cfg.get("data_dir")
+        if data_dir and not (Path(data_dir) / self.name / "test.jsonl").is_file():
+            raise ValueError(f"eval.data_dir={data_dir!r}: no {self.name}/test.jsonl there")
+        super().validate(cfg, role)
+
+
+APPS_TEMPLATE = ("{problem}\nWrite a Python program that reads the input from standard input and prints the answer. "
+                 "Reply with the program in one ```python code block.")
+
+_STDIO_TEST = '''import contextlib, io, sys
+_out = io.StringIO()
+sys.stdin = io.StringIO({stdin!r})
+try:
+    with contextlib.redirect_stdout(_out):
+        exec(compile(__SOURCE__, "<program>", "exec"), {{"__name__": "__main__"}})
+except SystemExit:
+    pass
+finally:
+    sys.stdin = sys.__stdin__
+assert _out.getvalue().split() == {expected!r}.split()
+'''
+
+
+def apps_rows(records: list, where: str, mode: str = "share") -> tuple[list[dict], int]:
+    """APPS records (Hendrycks et al. 2021: ``problem_id``, ``question``, ``input_output`` = JSON ``{"inputs",
+    "outputs"[, "fn_name"]}``, ``starter_code``, ``difficulty``) -> rows whose tests run the program on each input
+    (standard input) and compare its output token by token (whitespace-split, as APPS's checker's token reading).
+    Call-based problems (``fn_name``) and problems without tests are skipped; their count is returned.
+
+    Raises:
+        ValueError: a record without ``question`` or with unreadable ``input_output``, naming its place.
+    """
+    import json
+
+    rows, skipped = [], 0
+    for i, rec in enumerate(records):
+        try:
+            question = rec["question"]
+            io_spec = rec.get("input_output") or "{}"
+            io_spec = json.loads(io_spec) if isinstance(io_spec, str) else dict(io_spec)
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{where}: record {i + 1} needs question and a JSON input_output") from None
+        ins, outs = io_spec.get("inputs") or [], io_spec.get("outputs") or []
+        if io_spec.get("fn_name") or not ins or len(ins) != len(outs):
+            skipped += 1
+            continue
+        to_text = lambda v: v if isinstance(v, str) else "\n".join(map(str, v)) if isinstance(v, list) else str(v)  # noqa: E731
+        tests = [_STDIO_TEST.format(stdin=to_text(a), expected=to_text(b)) for a, b in zip(ins, outs)]
+        problem = question + (f"\n{rec['starter_code']}" if rec.get("starter_code") else "")
+        rows.append({"id": f"apps-{rec.get('problem_id', i)}", "problem": problem, "prompt": APPS_TEMPLATE.format(problem=problem),
+                     "task": "apps", "gold": "", "entry_point": None, "tests": tests, "code_reward": mode,
+                     "difficulty": rec.get("difficulty")})
+    return rows, skipped
+
+
+@register_task
+class APPS(CodeTask):
+    """APPS (``data=apps``): the QUATRO paper's code training set, standard-input problems; its ``n_eval`` held-out
+    rows are the benchmark ``apps``. Hub ``codeparrot/apps`` (split ``train``) or ``source=local`` with
+    ``data.path`` a JSONL of APPS records. The program is the response's code run as ``__main__`` on each test's
+    input, never at import (:meth:`program`)."""
+
+    name = "apps"
+    heldout_from_data = True
+    template = APPS_TEMPLATE
+
+    def program(self, response: str, row: dict) -> str:
+        return f"__SOURCE__ = {extract_code(response)!r}\n"
+
+    def load(self, split: str, cfg) -> list[dict]:
+        import logging
+        import random
+
+        if cfg.get("source") == "local":
+            records, where = read_jsonl(cfg.path), str(cfg.path)
+        else:
+            from datasets import load_dataset
+
+            hub_path, hub_split = str(cfg.get("hub_path", "codeparrot/apps")), str(cfg.get("hub_split", "train"))
+            records, where = list(load_dataset(hub_path, split=hub_split, trust_remote_code=False)), f"{hub_path}[{hub_split}]"
+        rows, skipped = apps_rows(records, where, str(cfg.get("code_reward", "share")))
+        if skipped:
+            logging.getLogger("rlvr").info("data=apps: %d of %d problems skipped (call-based or without tests)",
+                                           skipped, len(records))
+        levels = cfg.get("difficulties")
+        if levels:
+            rows = [r for r in rows if r.get("difficulty") in set(levels)]
+        random.Random(int(cfg.get("seed", 0))).shuffle(rows)
+        n_eval = int(cfg.get("n_eval", 0) or 0)
+        held, train = rows[:n_eval], rows[n_eval:]
+        if cfg.get("max_prompts"):
+            train = train[: int(cfg.max_prompts)]
+        out = train if split == "train" else held
+        if split == "train" and not out:
+            raise ValueError(f"data: no APPS training rows left from {where}")
+        return out
+
+    def validate(self, cfg, role: str) -> None:
+        if role == "data":
+            if cfg.get("source") not in ("hub", "local"):
+                raise ValueError(f"data.source={cfg.get('source')!r}: expected 'hub' or 'local'")
+            if cfg.get("source") == "local" and not (cfg.get("path") and Path(str(cfg.path)).is_file()):
+                raise ValueError(f"data.path={cfg.get('path')!r}: data.source=local needs a JSONL file of APPS records")
         super().validate(cfg, role)

