@@ -19,7 +19,8 @@ POINTS = {
     "exppo_multi_answer": 25, "exppo_multi_answer_cpu": 10, "exppo_main": 15, "exppo_main_cpu": 5,
     "exppo_components": 5, "exppo_components_cpu": 5, "exppo_dapo": 2, "exppo_dapo_cpu": 2,
     "exppo_decoding_seeds": 6, "exppo_decoding_seeds_cpu": 6, "quatro_group_size": 4, "quatro_group_size_cpu": 4,
-    "trgrpo_cross_model": 6, "trgrpo_cross_model_cpu": 4,
+    "trgrpo_cross_model": 6, "trgrpo_cross_model_cpu": 4, "trgrpo_math": 4, "trgrpo_math_cpu": 2,
+    "quatro_code": 4, "quatro_code_cpu": 4,
 }
 # distinct trainings (points whose effective configs are equal train once; the rest are duplicates)
 TRAINED = {"quatro_main_cpu": 8, "quatro_staleness_cpu": 8, "quatro_log_ratio_ablation_cpu": 3,
@@ -134,6 +135,19 @@ def test_paper_presets_carry_their_papers_protocols():
         assert (tr.eval.decoding[b].temperature, tr.eval.decoding[b].n) == (0.0, 1), b
     assert (tr.eval.n, max(tr.eval.ks), tr.eval.temperature, tr.eval.max_new_tokens) == (16, 16, 1.0, 4096)
     assert {"amc23", "aime24"} <= set(tr.eval.benchmarks) and not {"amc23", "aime24"} & set(tr.eval.decoding)
+    math = _points("trgrpo_math")
+    assert {(c.data.name, c.algo.name) for c in math} == {(d, a) for d in ("dsr_uniform", "orz") for a in ("grpo", "tr_grpo")}
+    assert {(c.model.path, c.train.temperature, c.train.group_size, c.train.lr, c.train.max_new_tokens, _kl(c),
+             c.train.minibatch_size // c.train.group_size, c.eval.name) for c in math} == {
+        ("Qwen/Qwen2.5-7B", 1.0, 8, 1e-6, 4096, 0.001, 128, "trgrpo_math")}
+    for c in math:
+        if c.algo.name == "tr_grpo":
+            assert (c.algo.policy_loss.clip_ratio_low, c.algo.policy_loss.clip_ratio_high) == (0.2, 0.24)
+    # QUATRO code (Table 4): Qwen2.5-Coder-1.5B on APPS, QUATRO vs GSPO, pass@k on HumanEval(+) and MBPP(+)
+    code = _points("quatro_code")
+    assert {(c.model.path, c.data.name, tuple(c.eval.benchmarks)) for c in code} == {
+        ("Qwen/Qwen2.5-Coder-1.5B", "apps", ("humaneval", "humaneval_plus", "mbpp", "mbpp_plus"))}
+    assert {c.algo.name for c in code} == {"quatro", "gspo"}
     # QUATRO group size: G in 4, 8, 16, 32 with the main comparison's settings
     assert sorted(c.train.group_size for c in _points("quatro_group_size")) == [4, 8, 16, 32]
     # ExPPO Table 9's lambda grid, 1.0 included
