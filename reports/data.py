@@ -112,6 +112,54 @@ def run_table(runs: pd.DataFrame, tracking_uri: str | None = None) -> pd.DataFra
     return table.set_index("run")
 
 
+COST_KEYS = ["train/step_time_s", "train/samples_per_s", "train/peak_memory_gb", "train/peak_reserved_gb", "train/gpus"]
+
+
+def cost_table(runs: pd.DataFrame, hist: dict) -> pd.DataFrame:
+    """What each run cost (ExPPO's Table 7, TR-GRPO's Table 8): wall time (training and evaluation, s), GPUs, GPU-hours
+    (GPUs x wall hours), training steps/s and samples/s (over all logged steps: steps and responses per second of
+    step time), peak allocated and peak reserved memory (GiB; on the CPU the process's peak resident set, no
+    reserved figure). ``hist`` holds :data:`COST_KEYS` from :func:`histories`. GPUs: the run's ``train/gpus``
+    (local engine), else ``engine.n_gpus_per_node x engine.nnodes`` for verl runs. Runs that evaluated another run's
+    checkpoint (``rlvr.trained_in``) show their own wall time and no training figures. Empty without trained runs."""
+    rows = {}
+    for _, r in runs.iterrows():
+        if r["kind"] != "trained":
+            continue
+        label, params, evaluation_only = r["label"], r["params"], bool(r["tags"].get("rlvr.trained_in"))
+
+        def series(key):
+            got = hist.get(key, {}).get(label)
+            return (None, None) if got is None or evaluation_only else got
+
+        _, step_t = series("train/step_time_s")
+        _, sps = series("train/samples_per_s")
+        _, alloc = series("train/peak_memory_gb")
+        _, reserved = series("train/peak_reserved_gb")
+        _, gpus_logged = series("train/gpus")
+        if gpus_logged is not None and len(gpus_logged):
+            gpus = float(np.max(gpus_logged))
+        elif params.get("engine.name") == "verl":
+            gpus = float(params.get("engine.n_gpus_per_node", 1)) * float(params.get("engine.nnodes", 1))
+        else:
+            gpus = np.nan
+        wall = float(r["wall_time_s"]) if pd.notna(r["wall_time_s"]) else np.nan
+        total_t = float(np.sum(step_t)) if step_t is not None and len(step_t) else np.nan
+        samples = float(np.sum(np.asarray(sps) * np.asarray(step_t))) if sps is not None and step_t is not None \
+            and len(sps) == len(step_t) else np.nan
+        rows[label] = {
+            "wall time (s)": round(wall, 1), "GPUs": gpus, "GPU-hours": round(gpus * wall / 3600, 3) if gpus == gpus else np.nan,
+            "steps/s": round(len(step_t) / total_t, 4) if total_t == total_t and total_t > 0 else np.nan,
+            "samples/s": round(samples / total_t, 2) if total_t == total_t and total_t > 0 else np.nan,
+            "peak allocated (GiB)": round(float(np.max(alloc)), 2) if alloc is not None and len(alloc) else np.nan,
+            "peak reserved (GiB)": round(float(np.max(reserved)), 2) if reserved is not None and len(reserved) else np.nan,
+            "trained in": str(r["tags"].get("rlvr.trained_in", ""))[:8] or None,
+        }
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "run"
+    return table
+
+
 PHASE_COLUMNS = [("step s", "train/step_time_s"), ("generate s", "train/generate_time_s"),
                  ("log-probs s", "train/logprob_time_s"), ("update s", "train/update_time_s"),
                  ("eval s", "time/eval_s"), ("eval sampling s", "time/eval_sampling_s"),

@@ -96,6 +96,20 @@ else:
     display(HTML(R.run_table(runs).to_html()))
 
 # %% [markdown]
+# ## Cost
+#
+# What each run cost, as ExPPO's Table 7 and TR-GRPO's Table 8 report it: wall time, GPU-hours (GPUs x hours),
+# training steps/s and samples/s over all steps, peak allocated and reserved memory (on the CPU: the process's
+# peak resident memory, no reserved figure).
+
+# %%
+cost = R.cost_table(done, R.histories(tracking_uri, done, keys=R.COST_KEYS)) if len(done) else pd.DataFrame()
+if cost.empty:
+    note("No trained run: no cost to show.")
+else:
+    display(HTML(cost.to_html(na_rep="-")))
+
+# %% [markdown]
 # ## Training curves
 
 # %%

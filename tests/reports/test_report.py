@@ -132,3 +132,24 @@ def test_staleness_sweep_report_has_the_faceted_figure_and_seed_means(tmp_path):
     assert (tmp_path / "out" / "figures" / "quatro_advantage.png").is_file()
     seeds = html[html.index('id="Mean-'):html.index('id="By-task-kind')]
     assert "0.4500 ± 0.0707" in seeds   # the two seeds of gspo, 1 epoch, lr 1e-6: 0.4 and 0.5
+
+
+def test_cost_table_by_hand():
+    """Wall time, GPU-hours, steps/s and samples/s over all steps, peak memory: one local GPU run with three steps,
+    one verl run (GPUs from its engine settings), one run that evaluated another's checkpoint (no training figures)."""
+    runs = pd.DataFrame({
+        "label": ["a", "b", "c"], "kind": ["trained"] * 3, "wall_time_s": [7200.0, 3600.0, 90.0],
+        "params": [{"engine.name": "local"}, {"engine.name": "verl", "engine.n_gpus_per_node": "8", "engine.nnodes": "2"},
+                   {"engine.name": "local"}],
+        "tags": [{}, {}, {"rlvr.trained_in": "0123456789abcdef"}]})
+    hist = {"train/step_time_s": {"a": (np.arange(3), np.array([10.0, 20.0, 30.0])), "c": (np.arange(3), np.ones(3))},
+            "train/samples_per_s": {"a": (np.arange(3), np.array([6.4, 3.2, 2.0]))},   # 64, 64, 60 responses
+            "train/peak_memory_gb": {"a": (np.arange(3), np.array([10.0, 12.5, 11.0]))},
+            "train/peak_reserved_gb": {"a": (np.arange(3), np.array([14.0, 15.0, 14.5]))},
+            "train/gpus": {"a": (np.arange(3), np.ones(3))}}
+    t = R.cost_table(runs, hist)
+    assert t.loc["a", "GPU-hours"] == 2.0 and t.loc["a", "steps/s"] == round(3 / 60, 4)
+    assert t.loc["a", "samples/s"] == round(188 / 60, 2)
+    assert (t.loc["a", "peak allocated (GiB)"], t.loc["a", "peak reserved (GiB)"]) == (12.5, 15.0)
+    assert t.loc["b", "GPUs"] == 16 and t.loc["b", "GPU-hours"] == 16.0 and np.isnan(t.loc["b", "steps/s"])
+    assert t.loc["c", "trained in"] == "01234567" and np.isnan(t.loc["c", "steps/s"]) and np.isnan(t.loc["c", "GPUs"])

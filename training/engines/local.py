@@ -416,6 +416,9 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
             "tokens_per_s": n_tokens / max(step_time, 1e-9),
             "samples_per_s": seen.batch_size / max(step_time, 1e-9),
             "peak_memory_gb": peak_memory_gb(device),
+            "gpus": 1.0 if torch.device(device).type == "cuda" else 0.0,
+            **({"peak_reserved_gb": torch.cuda.max_memory_reserved(device) / 2**30}
+               if torch.device(device).type == "cuda" else {}),
             **{k: float(v) for k, v in adv_metrics.items()},
             **_mean_metrics(update_metrics),
             **{k: float(sum(m[k] for m in update_metrics))  # the step's totals, not the per-minibatch mean
