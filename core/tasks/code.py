@@ -160,24 +160,37 @@ class HumanEval(CodeTask):
         super().validate(cfg, role)
 
 
+class FileCodeTask(CodeTask):
+    """A code benchmark read from ``<eval.data_dir>/<name>/test.jsonl`` when ``eval.data_dir`` is set, else from the
+    hub (``hub``: path, config, split); :meth:`rows` turns its records into rows."""
+
+    hub: tuple = ()
+
+    def rows(self, records: list, where: str, mode: str) -> list[dict]:
+        raise NotImplementedError
+
+    def load(self, split: str, cfg) -> list[dict]:
+        records, where = _code_records(self, cfg, self.hub)
+        rows = self.rows(records, where, cfg.get("code_reward", "share"))
+        limit = cfg.get("max_prompts")
+        return rows[: int(limit)] if limit else rows
+
+    def validate(self, cfg, role: str) -> None:
+        data_dir = cfg.get("data_dir")
+        if data_dir and not (Path(data_dir) / self.name / "test.jsonl").is_file():
+            raise ValueError(f"eval.data_dir={data_dir!r}: no {self.name}/test.jsonl there")
+        super().validate(cfg, role)
+
+
 @register_task
-class MBPP(CodeTask):
+class MBPP(FileCodeTask):
     """MBPP (Austin et al. 2021): hub ``google-research-datasets/mbpp`` (full, test) or a local JSONL."""
 
     name = "mbpp"
     template = MBPP_TEMPLATE
     hub = ("google-research-datasets/mbpp", "full", "test")
 
-    def load(self, split: str, cfg) -> list[dict]:
-        data_dir, limit, mode = cfg.get("data_dir"), cfg.get("max_prompts"), cfg.get("code_reward", "share")
-        if data_dir:
-            path = Path(data_dir) / self.name / "test.jsonl"
-            records = read_jsonl(path)
-            where = str(path)
-        else:
-            from datasets import load_dataset
-
-            records, where = list(load_dataset(self.hub[0], self.hub[1], split=self.hub[2])), "/".join(self.hub)
+    def rows(self, records: list, where: str, mode: str) -> list[dict]:
         rows = []
         for i, rec in enumerate(records):
             try:
@@ -189,15 +202,7 @@ class MBPP(CodeTask):
             rows.append({"id": str(rec.get("task_id", i)), "problem": problem, "prompt": self.render(problem),
                          "task": self.name, "gold": rec.get("code", ""), "entry_point": tested_function(rec.get("code", ""), tests),
                          "tests": [f"{setup}\n{t}" if setup else t for t in tests], "code_reward": mode})
-            if limit and len(rows) >= int(limit):
-                break
         return rows
-
-    def validate(self, cfg, role: str) -> None:
-        data_dir = cfg.get("data_dir")
-        if data_dir and not (Path(data_dir) / self.name / "test.jsonl").is_file():
-            raise ValueError(f"eval.data_dir={data_dir!r}: no {self.name}/test.jsonl there")
-        super().validate(cfg, role)
 
 
 def _code_records(task, cfg, hub: tuple) -> tuple[list, str]:
@@ -212,7 +217,7 @@ def _code_records(task, cfg, hub: tuple) -> tuple[list, str]:
 
 
 @register_task
-class HumanEvalPlus(HumanEval):
+class HumanEvalPlus(FileCodeTask):
     """HumanEval+ (EvalPlus; Liu et al. 2023): HumanEval's 164 problems with many more tests, hub
     ``evalplus/humanevalplus`` (split ``test``) or ``<eval.data_dir>/humaneval_plus/test.jsonl`` with its fields
     (``task_id``, ``prompt``, ``canonical_solution``, ``entry_point``, ``test``). The test file's ``check`` runs as
@@ -220,11 +225,10 @@ class HumanEvalPlus(HumanEval):
     comparison imports numpy, so its tests see the interpreter's installed packages (``site_packages``)."""
 
     name = "humaneval_plus"
+    template = HUMANEVAL_TEMPLATE
     hub = ("evalplus/humanevalplus", None, "test")
 
-    def load(self, split: str, cfg) -> list[dict]:
-        records, where = _code_records(self, cfg, self.hub)
-        limit, mode = cfg.get("max_prompts"), cfg.get("code_reward", "share")
+    def rows(self, records: list, where: str, mode: str) -> list[dict]:
         rows = []
         for i, rec in enumerate(records):
             try:
@@ -235,19 +239,11 @@ class HumanEvalPlus(HumanEval):
                          "task": self.name, "code_prefix": prompt, "gold": rec.get("canonical_solution", ""),
                          "entry_point": entry, "tests": humaneval_tests(test, entry), "code_reward": mode,
                          "site_packages": True})
-            if limit and len(rows) >= int(limit):
-                break
         return rows
-
-    def validate(self, cfg, role: str) -> None:
-        data_dir = cfg.get("data_dir")
-        if data_dir and not (Path(data_dir) / self.name / "test.jsonl").is_file():
-            raise ValueError(f"eval.data_dir={data_dir!r}: no {self.name}/test.jsonl there")
-        CodeTask.validate(self, cfg, role)
 
 
 @register_task
-class MBPPPlus(CodeTask):
+class MBPPPlus(FileCodeTask):
     """MBPP+ (EvalPlus): 378 MBPP problems with more tests, hub ``evalplus/mbppplus`` (split ``test``) or
     ``<eval.data_dir>/mbpp_plus/test.jsonl`` (``task_id``, ``prompt``, ``code``, ``test_list``, ``test``). The prompt
     shows the first of MBPP's own asserts (as EvalPlus does); the test is EvalPlus's whole ``test`` script, one
@@ -257,9 +253,7 @@ class MBPPPlus(CodeTask):
     template = MBPP_TEMPLATE
     hub = ("evalplus/mbppplus", None, "test")
 
-    def load(self, split: str, cfg) -> list[dict]:
-        records, where = _code_records(self, cfg, self.hub)
-        limit, mode = cfg.get("max_prompts"), cfg.get("code_reward", "share")
+    def rows(self, records: list, where: str, mode: str) -> list[dict]:
         rows = []
         for i, rec in enumerate(records):
             try:
@@ -271,15 +265,7 @@ class MBPPPlus(CodeTask):
                          "task": self.name, "gold": rec.get("code", ""),
                          "entry_point": tested_function(rec.get("code", ""), shown or [test]),
                          "tests": [test], "code_reward": mode, "site_packages": True})
-            if limit and len(rows) >= int(limit):
-                break
         return rows
-
-    def validate(self, cfg, role: str) -> None:
-        data_dir = cfg.get("data_dir")
-        if data_dir and not (Path(data_dir) / self.name / "test.jsonl").is_file():
-            raise ValueError(f"eval.data_dir={data_dir!r}: no {self.name}/test.jsonl there")
-        super().validate(cfg, role)
 
 
 APPS_TEMPLATE = ("{problem}\nWrite a Python program that reads the input from standard input and prints the answer. "

@@ -1,8 +1,6 @@
 """Reports for empty or failed experiments (the report built at the end of the e2e sweep is tested in
 tests/e2e/test_sweep.py, on that module's sweep)."""
-import re
 
-import matplotlib.image as mpimg
 import numpy as np
 import pandas as pd
 import pytest
