@@ -59,6 +59,9 @@ class Generation:
     finished: torch.Tensor
     texts: list[str]
     entropy: torch.Tensor | None = None  # (B, L) next-token entropy (nats) at the sampling temperature, when asked
+    tool_calls: torch.Tensor | None = None  # (B,) tool calls per response (core.agent); response_mask then marks
+                                            # the policy's tokens only, tool results (attended) are 0
+    tool_tokens: torch.Tensor | None = None  # (B,) tokens of tool results in each response (mask 0, attended)
 
 
 def response_mask_from_ids(response_ids: torch.Tensor, eos_token_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -321,12 +324,26 @@ class HFSampler:
         vocab = int(getattr(self.model.config, "vocab_size", 0) or 0) or 1 << 20
         return rows * max_new_tokens * vocab * 4 <= ENTROPY_LOGITS_BUDGET
 
-    def sample(self, prompts: Sequence[str], n: int, seeds: Sequence[int], settings: SamplingSettings) -> list[list[dict]]:
+    def sample(self, prompts: Sequence[str], n: int, seeds: Sequence[int], settings: SamplingSettings,
+               tools: dict | None = None, max_turns: int = 4, max_obs_tokens: int = 256,
+               prefixes: Sequence[str] | None = None) -> list[list[dict]]:
+        """n samples per prompt (see :class:`Sampler`); with ``tools`` ({name: core.tools.Tool}) multi-turn episodes
+        (:func:`core.agent.generate_with_tools`), each sample also carrying ``tool_calls``, its entropy taken over
+        the policy's tokens only (teacher-forced). ``prefixes``: text put after each rendered prompt, where the
+        response starts (a task's ``response_prefix``; part of the prompt, not of the response)."""
         texts = prompt_texts(self.tokenizer, prompts, settings.chat_template)
+        if prefixes:
+            texts = [t + (p or "") for t, p in zip(texts, prefixes)]
         seed = int(seeds[0])
-        during = self.with_entropy and self._while_sampling(len(prompts) * n, settings.max_new_tokens)
-        gen = generate_responses(self.model, self.tokenizer, texts, n, settings.temperature, settings.top_p,
-                                 settings.max_new_tokens, seed, with_entropy=during)
+        during = not tools and self.with_entropy and self._while_sampling(len(prompts) * n, settings.max_new_tokens)
+        if tools:
+            from .agent import generate_with_tools
+
+            gen = generate_with_tools(self.model, self.tokenizer, texts, n, settings.temperature, settings.top_p,
+                                      settings.max_new_tokens, seed, tools, max_turns, max_obs_tokens)
+        else:
+            gen = generate_responses(self.model, self.tokenizer, texts, n, settings.temperature, settings.top_p,
+                                     settings.max_new_tokens, seed, with_entropy=during)
         t0 = time.perf_counter()
         if during:  # taken while sampling: the mean over each response's tokens
             m = gen.response_mask.to(gen.entropy.dtype)
@@ -344,6 +361,7 @@ class HFSampler:
                 "response": gen.texts[j], "n_tokens": int(gen.response_lengths[j]),
                 "finish_reason": "stop" if bool(gen.finished[j]) else "length",
                 "mean_token_entropy": entropies[j], "seed": seed,
+                **({"tool_calls": int(gen.tool_calls[j])} if gen.tool_calls is not None else {}),
             } for j in range(i * n, (i + 1) * n)])
         return out
 

@@ -29,7 +29,7 @@ log = logging.getLogger("rlvr")
 
 SAMPLE_COLUMNS = [
     "benchmark", "prompt_id", "sample_idx", "prompt", "gold", "response", "n_tokens", "finish_reason",
-    "extracted_answer", "correct", "reference_correct", "mean_token_entropy", "seed", "subset",
+    "extracted_answer", "correct", "reference_correct", "mean_token_entropy", "seed", "subset", "tool_calls",
 ]
 
 
@@ -92,6 +92,23 @@ def _set_aside_stale_samples(eval_cfg, out_dir: Path, sampler=None) -> None:
             samples.rename(stale)
             print(f"evaluation: {samples} was drawn with other sampling settings ({old}); kept as {stale.name}")
     meta.write_text(json.dumps(settings))
+
+
+def evaluation_sampler(eval_cfg, sampler: str | None = None) -> str:
+    """The sampler an evaluation uses: ``sampler`` or ``eval.sampler`` resolved (:func:`core.sampling.resolve_sampler`),
+    except that ``auto`` picks ``hf`` when a benchmark's task calls tools (only it runs multi-turn episodes).
+
+    Raises:
+        ValueError: the sampler cannot run here, or a sampler other than ``hf`` asked for tool benchmarks.
+    """
+    asked = str(sampler or eval_cfg.get("sampler", "auto"))
+    tool_benches = [b for b in eval_cfg.benchmarks if getattr(get_task(b), "tools", ())]
+    if tool_benches:
+        if asked not in ("auto", "hf"):
+            raise ValueError(f"eval.sampler={asked!r}: benchmarks {tool_benches} call tools, which only the hf "
+                             "sampler does (set eval.sampler=hf)")
+        return resolve_sampler("hf")
+    return resolve_sampler(asked)
 
 
 def benchmark_rows(eval_cfg, heldout_rows=None) -> dict[str, list[dict]]:
@@ -158,14 +175,21 @@ def sampler_options(eval_cfg) -> SamplerOptions:
 
 
 def sample_benchmarks(sampler, rows_by_bench: dict, n: int, seed: int, samples_path: Path, batch_prompts: int = 4,
-                      settings: SamplingSettings | None = None) -> pd.DataFrame:
+                      settings: SamplingSettings | None = None, tools_cfg=None) -> pd.DataFrame:
     """Sample ``n`` responses per prompt for every benchmark, appending to ``samples_path``.
 
     Prompts already present in ``samples_path`` with n rows are skipped (resume); rows of benchmarks not in
     ``rows_by_bench`` are kept in the file as they are (another decoding group's) and not returned. Each prompt's seed is
     :func:`prompt_seed`, so a resumed run draws the same samples. Progress: a tqdm bar on a terminal and
-    one log line per chunk of prompts otherwise (SLURM output files, ``> log``).
+    one log line per chunk of prompts otherwise (SLURM output files, ``> log``). Benchmarks whose task declares
+    tools (question answering with search) are sampled as multi-turn episodes with those tools, opened from
+    ``tools_cfg`` for this call (:func:`core.tools.open_tools_for`; the ``hf`` sampler only).
+
+    Raises:
+        ValueError: tool benchmarks with a sampler that cannot call tools.
+        core.tools.ToolUnavailable: a tool's service is gone.
     """
+    from core.tools import close_tools, open_tools_for, tool_names
     settings = settings or SamplingSettings()
     samples_path = Path(samples_path)
     done = pd.read_parquet(samples_path) if samples_path.exists() else pd.DataFrame(columns=SAMPLE_COLUMNS)
@@ -178,33 +202,54 @@ def sample_benchmarks(sampler, rows_by_bench: dict, n: int, seed: int, samples_p
         done = done[[(b, p) in finished for b, p in zip(done["benchmark"], done["prompt_id"])]]
     todo = [(b, r) for b, rows in rows_by_bench.items() for r in rows if (b, r["id"]) not in finished]
     frames = [done] if len(done) else []
+    with_tools = {b: bool(tool_names(rows[:1])) for b, rows in rows_by_bench.items()}
+    if any(with_tools[b] for b, _ in todo) and getattr(sampler, "name", "") != "hf":
+        raise ValueError(f"benchmarks {sorted(b for b, t in with_tools.items() if t)} call tools, which only the "
+                         f"transformers sampler does: set eval.sampler=hf (got {getattr(sampler, 'name', sampler)!r})")
+    tools = open_tools_for([r for b, r in todo if with_tools[b]], tools_cfg)
+    tc = tools_cfg if tools_cfg is not None else {}
+    chunks, cur = [], []
+    for item in todo:  # chunks of batch_prompts prompts, never mixing benchmarks with and without tools
+        if cur and (len(cur) >= batch_prompts or with_tools[cur[0][0]] != with_tools[item[0]]):
+            chunks.append(cur)
+            cur = []
+        cur.append(item)
+    if cur:
+        chunks.append(cur)
     lines = LineProgress(f"eval sampling ({getattr(sampler, 'name', 'sampler')})", len(todo), unit="prompt")
-    with tqdm(total=len(todo), desc=f"eval sampling ({getattr(sampler, 'name', 'sampler')})", unit="prompt",
-              disable=None) as bar:
-        for start in range(0, len(todo), batch_prompts):
-            chunk = todo[start:start + batch_prompts]
-            seeds = [prompt_seed(seed, b, r["id"]) for b, r in chunk]
-            t0 = time.perf_counter()
-            outs = sampler.sample([r["prompt"] for _, r in chunk], n, seeds, settings)
-            PHASES["sampling_s"] += time.perf_counter() - t0
-            records = []
-            t0 = time.perf_counter()
-            for (bench, row), samples in zip(chunk, outs):
-                checks = check_rows([row] * len(samples), [s["response"] for s in samples])
-                for j, (s, (correct, extracted, reference)) in enumerate(zip(samples, checks)):
-                    records.append({
-                        "benchmark": bench, "prompt_id": row["id"], "sample_idx": j, "prompt": row["prompt"],
-                        "gold": row["gold"], "response": s["response"], "n_tokens": s["n_tokens"],
-                        "finish_reason": s["finish_reason"], "extracted_answer": extracted, "correct": bool(correct),
-                        "reference_correct": None if reference is None else bool(reference),
-                        "mean_token_entropy": s.get("mean_token_entropy"), "seed": int(s.get("seed", seeds[0])),
-                        "subset": row.get("subset"),
-                    })
-            PHASES["verify_s"] += time.perf_counter() - t0
-            frames.append(pd.DataFrame.from_records(records, columns=SAMPLE_COLUMNS))
-            pd.concat(([others] if len(others) else []) + frames, ignore_index=True).to_parquet(samples_path, index=False)
-            bar.update(len(chunk))
-            lines.update(start + len(chunk), correct=sum(r["correct"] for r in records) / max(len(records), 1))
+    try:
+        with tqdm(total=len(todo), desc=f"eval sampling ({getattr(sampler, 'name', 'sampler')})", unit="prompt",
+                  disable=None) as bar:
+            done_prompts = 0
+            for chunk in chunks:
+                seeds = [prompt_seed(seed, b, r["id"]) for b, r in chunk]
+                t0 = time.perf_counter()
+                extra = dict(tools=tools, max_turns=int(tc.get("max_turns", 4)),
+                             max_obs_tokens=int(tc.get("max_obs_tokens", 256)),
+                             prefixes=[r.get("response_prefix", "") for _, r in chunk]) if with_tools[chunk[0][0]] else {}
+                outs = sampler.sample([r["prompt"] for _, r in chunk], n, seeds, settings, **extra)
+                PHASES["sampling_s"] += time.perf_counter() - t0
+                records = []
+                t0 = time.perf_counter()
+                for (bench, row), samples in zip(chunk, outs):
+                    checks = check_rows([row] * len(samples), [s["response"] for s in samples])
+                    for j, (s, (correct, extracted, reference)) in enumerate(zip(samples, checks)):
+                        records.append({
+                            "benchmark": bench, "prompt_id": row["id"], "sample_idx": j, "prompt": row["prompt"],
+                            "gold": row["gold"], "response": s["response"], "n_tokens": s["n_tokens"],
+                            "finish_reason": s["finish_reason"], "extracted_answer": extracted, "correct": bool(correct),
+                            "reference_correct": None if reference is None else bool(reference),
+                            "mean_token_entropy": s.get("mean_token_entropy"), "seed": int(s.get("seed", seeds[0])),
+                            "subset": row.get("subset"), "tool_calls": s.get("tool_calls"),
+                        })
+                PHASES["verify_s"] += time.perf_counter() - t0
+                frames.append(pd.DataFrame.from_records(records, columns=SAMPLE_COLUMNS))
+                pd.concat(([others] if len(others) else []) + frames, ignore_index=True).to_parquet(samples_path, index=False)
+                bar.update(len(chunk))
+                done_prompts += len(chunk)
+                lines.update(done_prompts, correct=sum(r["correct"] for r in records) / max(len(records), 1))
+    finally:
+        close_tools(tools)
     if not frames:
         return pd.DataFrame(columns=SAMPLE_COLUMNS)
     table = pd.concat(frames, ignore_index=True)
@@ -213,7 +258,7 @@ def sample_benchmarks(sampler, rows_by_bench: dict, n: int, seed: int, samples_p
 
 
 def evaluate(sampler, eval_cfg, out_dir, heldout_rows=None, chat_template: bool = True,
-             base_samples: pd.DataFrame | None = None) -> tuple[dict, dict]:
+             base_samples: pd.DataFrame | None = None, tools_cfg=None) -> tuple[dict, dict]:
     """Evaluate with ``sampler``: sample, verify, and write ``samples.parquet`` plus one CSV per table.
 
     Args:
@@ -224,6 +269,7 @@ def evaluate(sampler, eval_cfg, out_dir, heldout_rows=None, chat_template: bool 
         out_dir: where the files go (an existing samples.parquet there is resumed).
         heldout_rows: rows of the held-out training split (for the ``arithmetic`` and ``kk`` benchmarks).
         base_samples: the base model's samples on the same prompts, for flip rates.
+        tools_cfg: the run's ``tools`` config, for benchmarks whose task calls tools (:func:`sample_benchmarks`).
     Returns:
         (metrics, files): metrics keyed ``eval/<benchmark>/<metric>`` and ``eval/mean/<metric>``
         (``pass_at_<k>``, ``avg_at_<n>``, ``ucc_at_<k>``, ``ucr``, ``rouge_l_mean``..., ``entropy``,
@@ -247,7 +293,8 @@ def evaluate(sampler, eval_cfg, out_dir, heldout_rows=None, chat_template: bool 
         key = (int(c.n), float(c.temperature), float(c.top_p), int(c.max_new_tokens))
         groups.setdefault(key, (c, []))[1].append(b)
     parts = [sample_benchmarks(sampler, {b: rows[b] for b in benches}, int(c.n), int(eval_cfg.seed),
-                               out_dir / "samples.parquet", batch_size(eval_cfg, sampler), settings_from(c, chat_template))
+                               out_dir / "samples.parquet", batch_size(eval_cfg, sampler), settings_from(c, chat_template),
+                               tools_cfg)
              for c, benches in groups.values()]
     samples = pd.concat([p for p in parts if len(p)], ignore_index=True) if any(len(p) for p in parts) else parts[0]
     t0 = time.perf_counter()
@@ -281,7 +328,7 @@ def temperature_key(t: float) -> str:
 
 
 def evaluate_temperatures(sampler, eval_cfg, out_dir, heldout_rows=None, chat_template: bool = True,
-                          base_samples: pd.DataFrame | None = None) -> tuple[dict, dict]:
+                          base_samples: pd.DataFrame | None = None, tools_cfg=None) -> tuple[dict, dict]:
     """:func:`evaluate` at ``eval_cfg.temperature`` and again at every ``eval_cfg.extra_temperatures``
     (the QUATRO paper's diversity check: UCR and pass@k at temperatures such as 1.0 and 1.5).
 
@@ -306,13 +353,14 @@ def evaluate_temperatures(sampler, eval_cfg, out_dir, heldout_rows=None, chat_te
     if len({f"{t:g}" for t in temps}) != len(temps):
         raise ValueError(f"eval.extra_temperatures={temps}: two temperatures print alike (same folder and keys)")
     out_dir = Path(out_dir)
-    metrics, files = evaluate(sampler, eval_cfg, out_dir, heldout_rows, chat_template, base_samples=base_samples)
+    metrics, files = evaluate(sampler, eval_cfg, out_dir, heldout_rows, chat_template, base_samples=base_samples,
+                              tools_cfg=tools_cfg)
     for t in temps:
         if t == float(eval_cfg.temperature):
             continue
         cfg_t = OmegaConf.merge(eval_cfg, {"temperature": t})
         sub = out_dir / f"T{t:g}"
-        m_t, f_t = evaluate(sampler, cfg_t, sub, heldout_rows, chat_template)
+        m_t, f_t = evaluate(sampler, cfg_t, sub, heldout_rows, chat_template, tools_cfg=tools_cfg)
         metrics.update({temperature_key(t) + k[len("eval"):]: v for k, v in m_t.items() if k.startswith("eval/")})
         files.update({f"T{t:g}/{name}": path for name, path in f_t.items()})
     return metrics, files
@@ -320,7 +368,7 @@ def evaluate_temperatures(sampler, eval_cfg, out_dir, heldout_rows=None, chat_te
 
 def evaluate_checkpoint(model_path, eval_cfg, out_dir, heldout_rows=None, chat_template: bool = True,
                         base_samples: pd.DataFrame | None = None, sampler: str | None = None,
-                        temperatures: bool = True) -> tuple[dict, dict, dict]:
+                        temperatures: bool = True, tools_cfg=None) -> tuple[dict, dict, dict]:
     """Evaluate the model at ``model_path`` (a Hugging Face folder or hub id) with the configured sampler.
 
     The sampler (``sampler`` or ``eval_cfg.sampler``: ``auto`` | ``hf`` | ``vllm``) starts once, samples at
@@ -337,14 +385,15 @@ def evaluate_checkpoint(model_path, eval_cfg, out_dir, heldout_rows=None, chat_t
     """
     t0 = time.time()
     PHASES.clear()
-    name = resolve_sampler(str(sampler or eval_cfg.get("sampler", "auto")))
+    name = evaluation_sampler(eval_cfg, sampler)
     smp = build_sampler(name, model_path, sampler_options(eval_cfg))
     PHASES["engine_start_s"] += time.time() - t0
     try:
         if temperatures:
-            metrics, files = evaluate_temperatures(smp, eval_cfg, out_dir, heldout_rows, chat_template, base_samples)
+            metrics, files = evaluate_temperatures(smp, eval_cfg, out_dir, heldout_rows, chat_template, base_samples,
+                                                   tools_cfg)
         else:
-            metrics, files = evaluate(smp, eval_cfg, out_dir, heldout_rows, chat_template, base_samples)
+            metrics, files = evaluate(smp, eval_cfg, out_dir, heldout_rows, chat_template, base_samples, tools_cfg)
     finally:
         smp.close()
     return metrics, files, {"sampler": name, "entropy_method": getattr(smp, "entropy_method", None),

@@ -249,7 +249,22 @@ def _tables(samples, ks, ucc_ks, similarity_metric, ucc_threshold, same_answer) 
     if len(verifier):
         tables["verifier"] = verifier
         tables["verifier_disagreements"] = disagreements  # written even when empty: none is a result
+    tools = tool_table(samples)
+    if len(tools):
+        tables["tools"] = tools
     return tables
+
+
+def tool_table(samples: pd.DataFrame) -> pd.DataFrame:
+    """Per benchmark whose samples called tools (a ``tool_calls`` count): exact match (the share of correct samples),
+    tool calls per episode, and the share of episodes that ended without an answer; with an unweighted ``mean`` row.
+    Empty when no sample carries a tool-call count. Source: TR-GRPO's Table 3 (EM), Search-R1."""
+    if "tool_calls" not in samples or samples["tool_calls"].isna().all():
+        return pd.DataFrame()
+    df = samples[samples["tool_calls"].notna()]
+    rows = {b: {"exact_match": float(g["correct"].mean()), "tool_calls": float(g["tool_calls"].astype(float).mean()),
+                "no_answer_share": float(g["extracted_answer"].isna().mean())} for b, g in df.groupby("benchmark")}
+    return _with_mean(pd.DataFrame(rows).T)
 
 
 def _join(parts: list[dict]) -> dict:

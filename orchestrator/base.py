@@ -57,6 +57,10 @@ def base_identity(cfg, sampler: str) -> dict:
     ident = {"model": OmegaConf.to_container(cfg.model, resolve=True), "eval": ev, "sampler": sampler}
     if any(get_task(b).heldout_from_data for b in ev.get("benchmarks", [])):
         ident["data"] = OmegaConf.to_container(cfg.data, resolve=True)
+    if any(getattr(get_task(b), "tools", ()) for b in ev.get("benchmarks", [])) and cfg.get("tools") is not None:
+        tools = OmegaConf.to_container(cfg.tools, resolve=True)
+        tools.get("search", {}).pop("url", None)  # where the server runs, not what it answers
+        ident["tools"] = tools
     return ident
 
 
@@ -81,10 +85,10 @@ class BaseEvaluation:
     """
 
     def __init__(self, cfg, exp_id: str, sweep_id: str, job_num, root: Path, heldout_rows=None):
-        from core.sampling import resolve_sampler
+        from evaluation.evaluate import evaluation_sampler
 
         self.cfg, self.exp_id, self.sweep_id, self.job_num = cfg, exp_id, str(sweep_id), str(job_num)
-        self.sampler = resolve_sampler(str(cfg.eval.get("sampler", "auto")))
+        self.sampler = evaluation_sampler(cfg.eval)
         self.identity = base_identity(cfg, self.sampler)
         self.hash = base_hash(self.identity)
         self.root, self.heldout_rows = Path(root), heldout_rows
@@ -226,7 +230,8 @@ class BaseEvaluation:
             log.info("base model: evaluating (MLflow run %s, %s sampler) in %s", run_id, self.sampler, folder)
             metrics, files, info = evaluate_checkpoint(
                 model_path(self.cfg.model), self.cfg.eval, folder, self.heldout_rows,
-                chat_template=bool(self.cfg.model.get("chat_template", True)), sampler=self.sampler)
+                chat_template=bool(self.cfg.model.get("chat_template", True)), sampler=self.sampler,
+                tools_cfg=self.cfg.get("tools"))
             log_metrics(self.client, run_id, metrics | {"time/eval_s": info["eval_time_s"]}
                         | {f"time/eval_{k}": v for k, v in info.get("phases", {}).items()}, step=0)
             for rel, path in files.items():

@@ -555,7 +555,8 @@ def evaluate_run(cfg, run_dir: Path, final: Path, heldout, base=None) -> dict:
     chat = bool(cfg.model.get("chat_template", True))
     final_metrics, evaluated = {}, []
     for step, path, out_dir, is_final in checkpoints_to_evaluate(cfg, run_dir, final):
-        metrics, files, info = evaluate_checkpoint(path, cfg.eval, out_dir, heldout, chat, temperatures=is_final)
+        metrics, files, info = evaluate_checkpoint(path, cfg.eval, out_dir, heldout, chat, temperatures=is_final,
+                                                   tools_cfg=cfg.get("tools"))
         if is_final:
             final_metrics = dict(metrics)
             tracking.retry(mlflow.set_tags, {"rlvr.sampler": info["sampler"], "rlvr.entropy_method": str(info["entropy_method"])})

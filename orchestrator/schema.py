@@ -99,6 +99,7 @@ SCHEMA: dict[str, Spec] = {
     "data.name": S(min_len=1), "data.source": S(("hub", "local"), null=True), "data.path": S(null=True),
     "data.hub_path": S(), "data.hub_config": S(null=True), "data.hub_split": S(), "data.levels": L(I(1, 5), null=True),
     "data.difficulties": L(S(("introductory", "interview", "competition")), null=True),
+    "data.n_entities": I(1), "data.datasets": L(S(min_len=1), min_len=1), "data.response_prefix": S(null=True),
     "data.max_prompts": I(1, null=True), "data.seed": I(0), "data.template": S(), "data.difficulty": I(1, 3),
     "data.operations": L(S(("+", "-", "*")), min_len=1), "data.n_eval": I(0),
     "data.train_sizes": L(I(1), min_len=1), "data.eval_sizes": L(I(1), min_len=1),
@@ -117,6 +118,10 @@ SCHEMA: dict[str, Spec] = {
     "eval.vllm.enforce_eager": B(null=True), "eval.vllm.gpu_memory_utilization": F(0, 1, lo_open=True, null=True),
     "eval.vllm.kv_cache_memory_bytes": I(1, null=True), "eval.vllm.max_model_len": I(1, null=True),
     "eval.vllm.tensor_parallel_size": I(1, null=True), "eval.vllm.extra": MAP, "eval.decoding": Spec("map", null=True),
+    # tools (multi-turn rollouts)
+    "tools.max_turns": I(1), "tools.max_obs_tokens": I(1), "tools.search.url": S(null=True, pattern=r"https?://\S+"),
+    "tools.search.index": S(null=True), "tools.search.backend": S(("bm25", "e5")), "tools.search.topk": I(1),
+    "tools.search.timeout_s": F(0, lo_open=True),
     # engine
     "engine.name": S(min_len=1), "engine.dataloader_num_workers": I(0), "engine.device": S(pattern=DEVICE),
     "engine.extra_overrides": L(S()), "engine.gradient_checkpointing": B(), "engine.keep_checkpoints": I(1),
@@ -134,7 +139,8 @@ SCHEMA: dict[str, Spec] = {
 }
 FREE = ("hydra", "eval.vllm.extra")
 DECODING_KEYS = ("n", "ks", "temperature", "top_p", "max_new_tokens")  # eval.decoding.<benchmark>.<key>, typed as eval.<key>  # subtrees passed through as they are
-BUILTIN_DATA = ("arithmetic", "kk", "math", "products", "dsr_uniform", "orz", "kk_published", "apps")  # data tasks whose keys the schema lists
+BUILTIN_DATA = ("arithmetic", "kk", "math", "products", "dsr_uniform", "orz", "kk_published", "apps", "search_demo",
+                "search_train")  # data tasks whose keys the schema lists
 
 
 def _type_name(v) -> str:

@@ -82,8 +82,11 @@ def check_eval_engine(cfg, n: int) -> None:
              f"eval.sampler={name!r}: expected one of {['auto', *SAMPLERS]}")
     try:
         resolve_sampler(name)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+        from evaluation.evaluate import evaluation_sampler
+
+        evaluation_sampler(cfg.eval)  # tool benchmarks need the hf sampler
+    except (ValueError, KeyError) as e:
+        raise ConfigError(str(e).strip('"')) from None
     for key in ("eval.dtype", "eval.vllm.dtype"):
         v = OmegaConf.select(cfg, key)
         _require(v is None and key != "eval.dtype" or v in ("auto", *DTYPES),

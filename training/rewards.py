@@ -7,20 +7,25 @@ import torch
 from core.tasks import score_responses
 
 
-def row_rewards(responses: list[str], rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+def row_rewards(responses: list[str], rows: list[dict], answered: bool = False):
     """Rewards of responses to prompt rows, by each row's registered ``task`` (math-verify 1/0 for math, the
     K&K table for ``kk``, the letter for multiple choice, the share of unit tests for code).
 
     Args:
         responses: B decoded responses; rows: B prompt rows (one per response).
+        answered: also return whether each response gave an answer the task could read (its extracted answer).
     Returns:
-        (rewards (B,) float32, correct (B,) bool). A malformed response scores the task's lowest reward, never raises.
+        (rewards (B,) float32, correct (B,) bool[, answered (B,) bool]). A malformed response scores the task's
+        lowest reward, never raises.
     Raises:
         ValueError: lengths differ, or a row whose task is not registered (naming it).
     """
     scores = score_responses(responses, rows)
-    return (torch.tensor([s.reward for s in scores], dtype=torch.float32).reshape(len(rows)),
-            torch.tensor([s.correct for s in scores], dtype=torch.bool).reshape(len(rows)))
+    out = (torch.tensor([s.reward for s in scores], dtype=torch.float32).reshape(len(rows)),
+           torch.tensor([s.correct for s in scores], dtype=torch.bool).reshape(len(rows)))
+    if answered:
+        out += (torch.tensor([s.extracted is not None for s in scores], dtype=torch.bool).reshape(len(rows)),)
+    return out
 
 
 def overlong_penalty(lengths: torch.Tensor, max_length: int, buffer: int, factor: float = 1.0) -> torch.Tensor:

@@ -15,7 +15,8 @@ from .rewards import row_rewards
 @torch.no_grad()
 def collect_rollouts(model, tokenizer, rows: list[dict], group_size: int, temperature: float, top_p: float,
                      max_new_tokens: int, seed: int, chat_template: bool = True, ref_model=None, bf16: bool = False,
-                     timings: dict | None = None, old_logprobs: bool = True):
+                     timings: dict | None = None, old_logprobs: bool = True, tools: dict | None = None,
+                     tools_cfg=None):
     """Sample a group of ``group_size`` responses for each prompt row and score them.
 
     Args:
@@ -26,16 +27,28 @@ def collect_rollouts(model, tokenizer, rows: list[dict], group_size: int, temper
         old_logprobs: score the samples under the rollout policy here (old log-probs and entropies); False
             leaves both NaN for :func:`training.engines.local.update_policy` to fill minibatch by minibatch
             (``deferred_old``), the first minibatch from its own forward pass.
+        tools: ``{name: core.tools.Tool}``: multi-turn episodes with tool calls (:func:`core.agent.generate_with_tools`;
+            ``tools_cfg.max_turns``, ``tools_cfg.max_obs_tokens``); the response mask then marks the policy's tokens
+            only, so every loss, KL and entropy skips the tool's.
     Returns:
         (RolloutBatch, texts): the batch's ``extras`` hold ``entropy`` (B, L), the rollout policy's
-        next-token entropy, and ``finished`` (B,), whether the response ended with EOS.
+        next-token entropy, ``finished`` (B,), whether the response ended with EOS (with tools: EOS or an answer),
+        and with tools ``tool_calls`` (B,).
     """
     t = {} if timings is None else timings
     t0 = time.perf_counter()
     texts = prompt_texts(tokenizer, [r["prompt"] for r in rows], chat_template)
-    gen = generate_responses(model, tokenizer, texts, group_size, temperature, top_p, max_new_tokens, seed)
+    texts = [t + r.get("response_prefix", "") for t, r in zip(texts, rows)]  # a task's prefill (prompt side)
+    if tools:
+        from core.agent import generate_with_tools
+
+        tc = tools_cfg if tools_cfg is not None else {}
+        gen = generate_with_tools(model, tokenizer, texts, group_size, temperature, top_p, max_new_tokens, seed, tools,
+                                  int(tc.get("max_turns", 4)), int(tc.get("max_obs_tokens", 256)))
+    else:
+        gen = generate_responses(model, tokenizer, texts, group_size, temperature, top_p, max_new_tokens, seed)
     t1 = time.perf_counter()
-    rewards, correct = row_rewards(gen.texts, [r for r in rows for _ in range(group_size)])
+    rewards, correct, answered = row_rewards(gen.texts, [r for r in rows for _ in range(group_size)], answered=True)
     t2 = time.perf_counter()
     if old_logprobs:
         old, entropy = compute_logprobs(model, gen.prompt_ids, gen.prompt_mask, gen.response_ids, gen.response_mask,
@@ -54,6 +67,8 @@ def collect_rollouts(model, tokenizer, rows: list[dict], group_size: int, temper
         prompt_ids=gen.prompt_ids, prompt_mask=gen.prompt_mask, response_ids=gen.response_ids,
         response_mask=gen.response_mask, old_logprobs=old, rewards=rewards,
         group_index=torch.arange(len(rows)).repeat_interleave(group_size), response_lengths=gen.response_lengths,
-        ref_logprobs=ref_logprobs, correct=correct, extras={"entropy": entropy, "finished": gen.finished},
+        ref_logprobs=ref_logprobs, correct=correct, extras={"entropy": entropy, "finished": gen.finished,
+                                                            **({"tool_calls": gen.tool_calls, "tool_tokens": gen.tool_tokens, "answered": answered}
+                                                               if gen.tool_calls is not None else {})},
     )
     return batch, gen.texts

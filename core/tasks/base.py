@@ -40,6 +40,8 @@ class Task:
     kind: str = "math"                 # the report groups benchmarks by kind: math, multiple_choice, code, logic
     heldout_from_data: bool = False    # eval rows = load("eval", <training data config of this name>)
     template: str = "{problem}"        # default rendering of ``problem`` (``eval.prompt_template`` overrides)
+    tools: tuple = ()                  # tools its responses may call (core.tools: "search"): multi-turn rollouts;
+                                       # rows may name a ``corpus`` file the search tool indexes when none is set
 
     def load(self, split: str, cfg) -> list[dict]:
         """Rows of ``split``: ``train``/``eval`` from a ``data`` config (training sets), ``test`` from an ``eval``

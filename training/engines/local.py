@@ -251,7 +251,21 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
     RNG states, prompt order, metrics not yet logged) is saved to ``run_dir/state`` every N steps and
     when a stop is requested; a later call with the same ``run_dir`` continues from the saved step and
     reproduces the uninterrupted run. Metrics are handed to ``log_metrics`` right after each save.
+
+    Tasks that declare tools (``Task.tools``: question answering with search) roll out multi-turn episodes
+    (:func:`core.agent.generate_with_tools`, ``tools.max_turns``, ``tools.max_obs_tokens``); the tools are opened
+    for the run (a retrieval server started when ``tools.search.url`` is not set) and closed when it ends.
     """
+    from core.tools import close_tools, open_tools_for
+
+    tools = open_tools_for(load_prompts(cfg.data, "train"), cfg.get("tools"))
+    try:
+        return _train(cfg, run_dir, log_metrics, logged_through, tools)
+    finally:
+        close_tools(tools)
+
+
+def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
     t_cfg, algo = cfg.train, cfg.algo
     run_dir = Path(run_dir)
     seed = int(cfg.seed)
@@ -345,7 +359,7 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
             batch, _texts = collect_rollouts(
                 model, tokenizer, next_rows(), G, temperature, float(t_cfg.top_p), int(t_cfg.max_new_tokens),
                 seed=seed * 1_000_003 + step * 1_009 + rounds, chat_template=chat, ref_model=ref_model, bf16=bf16,
-                timings=phases, old_logprobs=not defer_old,
+                timings=phases, old_logprobs=not defer_old, tools=tools, tools_cfg=cfg.get("tools"),
             )
             rounds += 1
             if overlong.get("enabled", False):
@@ -403,6 +417,11 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
             "response_length_mean": float(seen.response_lengths.float().mean()),
             "response_length_max": float(seen.response_lengths.max()),
             "truncated_share": float((~seen.extras["finished"]).float().mean()),
+            **({"tool_calls_mean": float(seen.extras["tool_calls"].float().mean()),
+                "no_answer_share": float((~seen.extras["answered"].bool()).float().mean()),
+                "tool_token_share": float(seen.extras["tool_tokens"].sum() / max(1, int(seen.extras["tool_tokens"].sum()
+                                                                                         + seen.response_mask.sum())))}
+               if "tool_calls" in seen.extras else {}),
             "advantage_mean": float(advantages.mean()) if batch.batch_size else None,
             "advantage_abs_mean": float(advantages.abs().mean()) if batch.batch_size else None,
             "batch_responses": batch.batch_size,
