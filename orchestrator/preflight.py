@@ -11,6 +11,8 @@ import itertools
 import sys
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from .errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "sweeps"
@@ -114,10 +116,40 @@ def check_command_line(argv: list[str]) -> int | None:
                 where = f" (sweep point {' '.join(point)})" if len(points) > 1 else ""
                 raise ConfigError(f"{e}{where}") from None
         check_locations(points, [a for a in argv if not a.startswith("-")], multirun=bool(flags))
+        check_tool_services(points)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     return len(points)
+
+
+def check_tool_services(points) -> None:
+    """A retrieval server named by ``tools.search.url`` answers ``/health`` (within 10 s), for points whose training
+    data or benchmarks call the search tool; servers the run starts itself are checked when they start.
+
+    Raises:
+        ConfigError: one line naming the URL and why.
+    """
+    import json
+    import urllib.request
+
+    from core.tasks import get_task
+
+    seen = set()
+    for _, cfg in points:
+        url = OmegaConf.select(cfg, "tools.search.url")
+        names = [str(cfg.data.name), *[str(b) for b in cfg.eval.benchmarks]]
+        if not url or url in seen or not any("search" in getattr(get_task(n), "tools", ()) for n in names):
+            continue
+        seen.add(url)
+        try:
+            with urllib.request.urlopen(str(url).rstrip("/") + "/health", timeout=10) as r:
+                ok = bool(json.loads(r.read()).get("ok"))
+        except Exception as e:  # noqa: BLE001
+            raise ConfigError(f"tools.search.url={url!r}: the retrieval server does not answer ({type(e).__name__}: "
+                              f"{getattr(e, 'reason', e)}); start it with python -m core.retrieval serve --index DIR") from None
+        if not ok:
+            raise ConfigError(f"tools.search.url={url!r}: /health did not say ok: not a retrieval server?")
 
 
 def check_locations(points, overrides: list[str], multirun: bool = True) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -252,6 +253,16 @@ def validate_config(cfg: DictConfig) -> list[str]:
                             "use n: 1")
         n = min(n, nb)  # flip_k must fit every benchmark
     check_eval_engine(cfg, int(n))
+    tool_tasks = [t for t in dict.fromkeys([str(cfg.data.name), *[str(b) for b in benches]])
+                  if "search" in getattr(get_task(t), "tools", ()) and not getattr(get_task(t), "own_corpus", False)]
+    search = OmegaConf.select(cfg, "tools.search") or {}
+    _require(not tool_tasks or search.get("url") or search.get("index"),
+             f"tools.search: {tool_tasks} search a corpus of their own (Wikipedia): set tools.search.url (a running "
+             "retrieval server) or tools.search.index (an index built with python -m core.retrieval build)")
+    index = search.get("index")
+    _require(not index or (Path(str(index)) / "meta.json").is_file(),
+             f"tools.search.index={index!r}: no built index there (python -m core.retrieval build --corpus FILE "
+             f"--index {index})")
     from training.engines import get_engine
 
     try:

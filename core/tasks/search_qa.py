@@ -69,10 +69,12 @@ def exact_match(answer: str | None, golds) -> bool:
 
 
 class SearchQA(Task):
-    """A QA task answered with the search tool (``tools = ("search",)``): +1 / -1 exact-match reward."""
+    """A QA task answered with the search tool (``tools = ("search",)``): +1 / -1 exact-match reward. Without
+    ``own_corpus`` the search tool needs ``tools.search.url`` or ``tools.search.index`` (Wikipedia)."""
 
     kind = "search_general"
     tools = ("search",)
+    own_corpus = False
     template = SEARCH_TEMPLATE
 
     def score(self, response: str, row: dict) -> Score:
@@ -209,6 +211,7 @@ class SearchDemo(SearchQA):
     name = "search_demo"
     heldout_from_data = True
     template = DEMO_TEMPLATE
+    own_corpus = True  # its rows name the corpus the search tool indexes
 
     def load(self, split: str, cfg) -> list[dict]:
         _, questions = make_world(int(cfg.get("n_entities", 40)), int(cfg.get("seed", 0)))

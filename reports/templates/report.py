@@ -265,6 +265,31 @@ else:
         display(HTML(R.bold_best_html(kinds.xs(kind, level="kind"))))
 
 # %% [markdown]
+# ## Tool use
+#
+# Question answering with a search tool (TR-GRPO's Table 3, after Search-R1): exact match per benchmark (general and
+# multi-hop means in the task-kind table above), search calls per episode, and the share of episodes that ended
+# without an answer; below, the same during training, step by step.
+
+# %%
+tool_table = R.metric_table(shown, r"exact_match|tool_calls|no_answer_share")
+if tool_table.empty:
+    note("No run called tools.")
+else:
+    display(HTML(tool_table.to_html(float_format=lambda v: f"{v:.4f}")))
+    tool_hist = R.histories(tracking_uri, done, keys=["train/tool_calls_mean", "train/no_answer_share"]) if len(done) else {}
+    if tool_hist:
+        fig, axs = plt.subplots(1, len(tool_hist), figsize=(4.2 * len(tool_hist), 3), squeeze=False)
+        for ax, (key, by_run) in zip(axs[0], tool_hist.items()):
+            for label, (steps, values) in by_run.items():
+                ax.plot(steps, values, marker="o", label=label, color=color(label))
+            ax.set_title(key.split("/", 1)[1])
+            ax.set_xlabel("step")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axs[0][0].legend(fontsize=7)
+        save(fig, "tool_use")
+
+# %% [markdown]
 # ## Distinct correct solutions (UCC@k) and similarity among correct answers
 
 # %%

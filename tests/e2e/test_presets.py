@@ -20,8 +20,26 @@ POINTS = {
     "exppo_components": 5, "exppo_components_cpu": 5, "exppo_dapo": 2, "exppo_dapo_cpu": 2,
     "exppo_decoding_seeds": 6, "exppo_decoding_seeds_cpu": 6, "quatro_group_size": 4, "quatro_group_size_cpu": 4,
     "trgrpo_cross_model": 6, "trgrpo_cross_model_cpu": 4, "trgrpo_math": 4, "trgrpo_math_cpu": 2,
-    "quatro_code": 4, "quatro_code_cpu": 4,
+    "quatro_code": 4, "quatro_code_cpu": 4, "trgrpo_search": 4, "trgrpo_search_cpu": 2,
 }
+# what a user adds to a preset before it runs (a Wikipedia index for the search agents): a small index stands in
+NEEDS = {"trgrpo_search": "tools.search.index"}
+
+
+@pytest.fixture(scope="module")
+def search_index(tmp_path_factory):
+    """A built BM25 index of a few passages, standing in for the Wikipedia index trgrpo_search needs."""
+    import json
+
+    from core.retrieval import build_index
+
+    d = tmp_path_factory.mktemp("index")
+    (d / "c.jsonl").write_text(json.dumps({"id": "1", "contents": '"A"\nA text.'}) + "\n")
+    return build_index(d / "c.jsonl", d / "index")
+
+
+def _needs(name, index) -> list[str]:
+    return [f"{NEEDS[name]}={index}"] if name in NEEDS else []
 # distinct trainings (points whose effective configs are equal train once; the rest are duplicates)
 TRAINED = {"quatro_main_cpu": 8, "quatro_staleness_cpu": 8, "quatro_log_ratio_ablation_cpu": 3,
            "exppo_core_cpu": 6, "trgrpo_kk_cpu": 6, "trgrpo_sensitivity_cpu": 9,
@@ -38,12 +56,12 @@ def test_every_preset_is_listed_and_every_twin_has_a_full_preset():
 
 
 @pytest.mark.parametrize("name", PRESETS)
-def test_every_sweep_point_composes_and_validates(name):
+def test_every_sweep_point_composes_and_validates(name, search_index):
     from orchestrator.identity import config_hash, training_hash
     from orchestrator.preflight import sweep_points
     from orchestrator.validate import validate_config
 
-    points = sweep_points([f"experiment={name}"], multirun=True)
+    points = sweep_points([f"experiment={name}", *_needs(name, search_index)], multirun=True)
     assert len(points) == POINTS[name]
     assert len({tuple(p) for p, _ in points}) == len(points)
     for _point, cfg in points:
@@ -148,6 +166,22 @@ def test_paper_presets_carry_their_papers_protocols():
     assert {(c.model.path, c.data.name, tuple(c.eval.benchmarks)) for c in code} == {
         ("Qwen/Qwen2.5-Coder-1.5B", "apps", ("humaneval", "humaneval_plus", "mbpp", "mbpp_plus"))}
     assert {c.algo.name for c in code} == {"quatro", "gspo"}
+    # TR-GRPO search agents (Table 3, Table 6's settings), E5 retrieval, Search-R1's seven benchmarks
+    search = _points("trgrpo_search")
+    assert {(c.model.path, c.algo.name) for c in search} == {(m, a) for m in ("Qwen/Qwen2.5-3B", "Qwen/Qwen3-4B-Instruct-2507")
+                                                             for a in ("grpo", "tr_grpo")}
+    assert {(c.train.group_size, c.train.temperature, c.train.max_new_tokens, c.train.lr, _kl(c),
+             c.train.minibatch_size // c.train.group_size, c.tools.search.backend, c.data.name) for c in search} == {
+        (8, 0.8, 4096, 1e-6, 0.001, 32, "e5", "search_train")}
+    assert list(search[0].eval.benchmarks) == ["nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle"]
+    for c in search:
+        if c.algo.name == "tr_grpo":
+            assert (c.algo.policy_loss.clip_ratio_low, c.algo.policy_loss.clip_ratio_high) == (0.2, 0.24)
+    from orchestrator import ConfigError
+    from orchestrator.validate import validate_config
+
+    with pytest.raises(ConfigError, match="tools.search: .*set tools.search.url"):
+        validate_config(search[0])  # the Wikipedia index is the user's to build
     # QUATRO group size: G in 4, 8, 16, 32 with the main comparison's settings
     assert sorted(c.train.group_size for c in _points("quatro_group_size")) == [4, 8, 16, 32]
     # ExPPO Table 9's lambda grid, 1.0 included
@@ -229,3 +263,25 @@ def test_kk_task_end_to_end_on_the_tiny_model(tmp_path):
     assert run.data.metrics["eval/kk/2_people/accuracy"] == 0.0 and "eval/kk/3_people/pass_at_2" in run.data.metrics
     arts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert "subsets.csv" in arts and "samples.parquet" in arts
+
+
+def test_search_agent_point_trains_with_tool_calls_and_the_report_shows_them(tmp_path):
+    """One point of the search-agent twin (SmolLM2-135M, the generated world, BM25 started for the run): training
+    episodes call the search tool (their results masked), exact match and tool metrics are logged for training and
+    evaluation, and the report's "Tool use" section shows them."""
+    proc = _sweep(tmp_path, "-m", "data=search_demo", "eval=search_demo", "algo=tr_grpo", "train.steps=1",
+                  "train.prompts_per_step=2", "train.group_size=4", "train.minibatch_size=8", "train.max_new_tokens=40",
+                  "train.temperature=0.8", "tools.max_turns=1", "tools.max_obs_tokens=48", "eval.max_prompts=4",
+                  "eval.n=2", "eval.ks=[1,2]", "eval.ucc_ks=[2]", "eval.max_new_tokens=40", "eval.batch_prompts=4",
+                  "eval.base=false", "experiment_name=search", env={"RLVR_CACHE": str(tmp_path / "cache")}, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client, [run] = _trained_runs(tmp_path, "search")
+    m = run.data.metrics
+    assert m["train/tool_calls_mean"] > 0 and 0 < m["train/tool_token_share"] < 1  # searched; results masked
+    assert 0 <= m["train/no_answer_share"] <= 1 and set(client.get_run(run.info.run_id).data.metrics) >= {
+        "eval/search_demo/exact_match", "eval/search_demo/tool_calls", "eval/search_demo/no_answer_share"}
+    assert m["eval/search_demo/exact_match"] == m["eval/search_demo/pass_at_1"]
+    assert m["eval/kind/search_general/pass_at_1"] == m["eval/search_demo/pass_at_1"]
+    html = (tmp_path / "reports_out" / "search" / "report.html").read_text()
+    section = html[html.index('id="Tool-use"'):html.index('id="Distinct-correct-solutions')]
+    assert "no_answer_share" in section and f"{m['eval/search_demo/tool_calls']:.4f}" in section

@@ -606,9 +606,35 @@ def test_every_paper_preset_with_engine_verl_composes_and_validates(tmp_path):
     from orchestrator.validate import validate_config
 
     for preset in sorted(p.stem for p in (REPO / "sweeps" / "experiment").glob("*.yaml")):
-        points = sweep_points([f"experiment={preset}", "engine=verl"], multirun=True)
+        # the search agents' retrieval server (a running one: verl's tool workers call it by URL)
+        points = sweep_points([f"experiment={preset}", "engine=verl", "tools.search.url=http://127.0.0.1:8000"],
+                              multirun=True)
         for _, cfg in points:
             validate_config(cfg)
             assert V.check_verl_config(cfg) == [], preset
         c = V.compose_verl_config(V.verl_overrides(points[0][1], "/models/m", tmp_path / preset / "d", tmp_path / preset / "r"))
         assert c.actor_rollout_ref.actor.policy_loss.loss_mode == V.VERL_NAME, preset
+
+
+def test_search_agents_on_verl_use_its_tool_agent_loop_with_the_search_function_tool(tmp_path):
+    """trgrpo_search with engine=verl: verl's multi-turn tool agent loop, the suite's search function tool (a file
+    verl loads, registered with verl's own decorator), the run's turn and observation limits, composed against verl's
+    schema; without a server URL the verl engine refuses at pre-flight, naming tools.search.url."""
+    import importlib.util
+
+    from verl.tools.function_tool import FUNCTION_TOOL_REGISTRY
+
+    [(_, cfg), *_] = sweep_points(["experiment=trgrpo_search", "engine=verl", "tools.search.url=http://127.0.0.1:8000"],
+                                  multirun=True)
+    ov = V.verl_overrides(cfg, "/models/m", tmp_path / "d", tmp_path / "r")
+    c = V.compose_verl_config(ov)
+    mt = c.actor_rollout_ref.rollout.multi_turn
+    assert mt.enable and mt.function_tool_path == V.SEARCH_TOOL_FILE and mt.max_assistant_turns == 5
+    assert mt.max_tool_response_length == 512 and c.actor_rollout_ref.rollout.agent.default_agent_loop == "tool_agent"
+    spec = importlib.util.spec_from_file_location("rlvr_verl_search_tool", V.SEARCH_TOOL_FILE)
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    schema = FUNCTION_TOOL_REGISTRY["search"].tool_schema.function
+    assert schema.name == "search" and list(schema.parameters.properties) == ["query"]
+    no_url = sweep_points(["experiment=trgrpo_search", "engine=verl", f"tools.search.index={tmp_path}"], multirun=True)[0][1]
+    with pytest.raises(ValueError, match="tools.search.url"):
+        V.check_verl_config(no_url)

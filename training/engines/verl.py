@@ -142,6 +142,9 @@ def check_verl_config(cfg) -> list[str]:
         raise ValueError(
             f"train.minibatch_size={mb}: with engine=verl it must be a multiple of train.group_size={G} "
             f"dividing prompts_per_step x group_size = {G * P} (verl splits mini-batches by prompt)")
+    if _tool_task(cfg) and not ((cfg.get("tools") or {}).get("search") or {}).get("url"):
+        raise ValueError(f"data={cfg.data.name}: its episodes call the search tool; with engine=verl set "
+                         "tools.search.url to a running retrieval server (python -m core.retrieval serve --index DIR)")
     e = cfg.engine
     n_gpus = int(e.n_gpus_per_node) * int(e.nnodes)
     if (G * P) % n_gpus or mb % n_gpus:
@@ -548,8 +551,24 @@ def verl_overrides(cfg, model_path: str, data_dir: Path, run_dir: Path) -> list[
         ov.append(f"{A}.loss_scale_factor={int(norm)}")
     if not chat:  # raw prompt text, as the local engine feeds a model without a chat template
         ov.append(f"{M}.custom_chat_template={q(RAW_TEMPLATE)}")
+    if _tool_task(cfg):  # search QA: verl's tool agent loop, the search function tool, the run's turn limits
+        tools = cfg.get("tools") or {}
+        ov += [f"{R}.multi_turn.enable=true", f"{R}.multi_turn.function_tool_path={q(SEARCH_TOOL_FILE)}",
+               f"{R}.multi_turn.max_assistant_turns={int(tools.get('max_turns', 4)) + 1}",
+               f"{R}.multi_turn.max_tool_response_length={int(tools.get('max_obs_tokens', 256))}",
+               f"{R}.agent.default_agent_loop=tool_agent"]
     ov += [str(x) for x in (e.get("extra_overrides") or [])]
     return ov
+
+
+SEARCH_TOOL_FILE = str(Path(__file__).resolve().parent / "verl_search_tool.py")
+
+
+def _tool_task(cfg) -> bool:
+    """Whether the run's training task calls tools (``Task.tools``)."""
+    from core.tasks import get_task
+
+    return bool(getattr(get_task(str(cfg.data.name)), "tools", ()))
 
 
 RAW_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
@@ -576,6 +595,7 @@ def worker_runtime_env(spec: dict, metrics_path: Path | None = None) -> dict:
     env = {SPEC_ENV: json.dumps(spec)}
     if metrics_path is not None:
         env["VERL_FILE_LOGGER_PATH"] = str(metrics_path)
+    env |= {k: os.environ[k] for k in ("RLVR_SEARCH_URL", "RLVR_SEARCH_TOPK") if k in os.environ}  # the search tool
     return {"worker_process_setup_hook": SETUP_HOOK, "env_vars": env}
 
 
@@ -851,6 +871,9 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
     env = dict(os.environ)
     env[SPEC_ENV] = json.dumps(spec)
     env["VERL_FILE_LOGGER_PATH"] = str(metrics_path)
+    if _tool_task(cfg):  # the search function tool's server (verl_search_tool.py), inherited by Ray's workers
+        env["RLVR_SEARCH_URL"] = str(cfg.tools.search.url)
+        env["RLVR_SEARCH_TOPK"] = str(int(cfg.tools.search.get("topk", 3)))
     cmd = [sys.executable, "-m", "training.engines.verl_main", *overrides]
     from tqdm.auto import tqdm
 
