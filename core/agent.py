@@ -13,7 +13,6 @@ and Eq. 15).
 """
 from __future__ import annotations
 
-import re
 from typing import Sequence
 
 import torch
