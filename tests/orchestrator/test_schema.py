@@ -15,7 +15,11 @@ from tests.conftest import REPO
 
 GROUPS = ("algo", "model", "data", "eval", "engine", "experiment")
 # options that only compose together with another group's option (a held-out benchmark needs its data)
-PAIRS = {"data=kk": ["eval=kk"], "data=math": ["eval=quick", "eval.benchmarks=[math500]"], "eval=kk": ["data=kk"]}
+URL = "tools.search.url=http://127.0.0.1:9"  # the search agents need a server (validation does not call it)
+PAIRS = {"data=kk": ["eval=kk"], "data=math": ["eval=quick", "eval.benchmarks=[math500]"], "eval=kk": ["data=kk"],
+         **{f"data={d}": ["eval.benchmarks=[math500]"] for d in ("apps", "dsr_uniform", "orz", "kk_published", "search_demo")},
+         "data=search_train": ["eval.benchmarks=[math500]", URL], "eval=search": [URL], "eval=search_demo": ["data=search_demo"],
+         "experiment=trgrpo_search": [URL]}
 
 
 def _configs():
