@@ -264,6 +264,43 @@ def _claim_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stal
     return "new", owner, recover, "recovered"
 
 
+class _Yield(Exception):
+    """Raised inside a point's run when an identical point's run turned out to have started first."""
+
+    def __init__(self, run):
+        super().__init__(run.info.run_id)
+        self.run = run
+
+
+def _earlier_runs(exp_id: str, chash: str, tags: dict, active, stale_s: float, with_training: bool) -> list:
+    """Live RUNNING runs of this point (same config hash) started before ``active``, and with ``with_training`` those
+    training the same checkpoint for another evaluation (same training hash), earliest first."""
+    mine = (active.info.start_time, active.info.run_id)
+    same = list(tracking.retry(tracking.runs_with_hash, exp_id, chash))
+    if with_training and tags.get(tracking.TAG_TRAIN_HASH):
+        same += [r for r in tracking.retry(tracking.runs_with_hash, exp_id, tags[tracking.TAG_TRAIN_HASH],
+                                           tag=tracking.TAG_TRAIN_HASH)
+                 if r.data.tags.get(tracking.TAG_HASH) != chash and _trains(r)]
+    return sorted((r for r in same if r.info.run_id != active.info.run_id and r.info.status == "RUNNING"
+                   and lease.is_live(r, stale_s) and (r.info.start_time, r.info.run_id) < mine),
+                  key=lambda r: (r.info.start_time, r.info.run_id))
+
+
+def _yield_to(earlier, cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_s, force, run_dir, run_id) -> dict:
+    """This point's run ``run_id`` gives way to ``earlier``: recorded as its duplicate when it is the same point of
+    the same sweep, else deleted and the point claimed again (it then waits for ``earlier``)."""
+    client = MlflowClient()
+    if earlier.data.tags.get("rlvr.sweep_id") == sweep_id and earlier.data.tags.get(tracking.TAG_HASH) == chash:
+        tracking.retry(client.set_tag, run_id, tracking.TAG_KIND, "duplicate")
+        tracking.retry(client.set_tag, run_id, tracking.TAG_DUP_OF, earlier.info.run_id)
+        mlflow.end_run()
+        log.info("point %s: identical to run %s started just before: recorded as duplicate", name, earlier.info.run_id)
+        return {"status": "duplicate", "run_id": run_id, "duplicate_of": earlier.info.run_id, "config_hash": chash}
+    mlflow.end_run()
+    tracking.retry(client.delete_run, run_id)  # another sweep (or another evaluation) owns the training: wait for it
+    return _run_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_s, force, run_dir)
+
+
 def _trains(run) -> bool:
     """Whether a trained-kind run trains its checkpoint (not one that evaluates another run's, or recovers one)."""
     return not (run.data.tags.get(tracking.TAG_TRAINED_IN) or run.data.tags.get("rlvr.recovered_from"))
@@ -367,27 +404,10 @@ def _run_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_
         tracking.retry(mlflow.log_params, params)
         # an identical point may have started at the same moment, here or in another sweep: the earliest run trains
         # (or one with the same training and another evaluation: it trains, this point then evaluates its checkpoint)
-        mine = (active.info.start_time, active.info.run_id)
-        same = tracking.retry(tracking.runs_with_hash, exp_id, chash)
-        if recover is None and tags.get(tracking.TAG_TRAIN_HASH):
-            same += [r for r in tracking.retry(tracking.runs_with_hash, exp_id, tags[tracking.TAG_TRAIN_HASH],
-                                               tag=tracking.TAG_TRAIN_HASH)
-                     if r.data.tags.get(tracking.TAG_HASH) != chash and _trains(r)]
-        earlier = sorted((r for r in same
-                          if r.info.run_id != active.info.run_id and not force and r.info.status == "RUNNING"
-                          and lease.is_live(r, stale_s) and (r.info.start_time, r.info.run_id) < mine),
-                         key=lambda r: (r.info.start_time, r.info.run_id))
+        earlier = [] if force else _earlier_runs(exp_id, chash, tags, active, stale_s, recover is None)
         if earlier:
-            if earlier[0].data.tags.get("rlvr.sweep_id") == sweep_id and earlier[0].data.tags.get(tracking.TAG_HASH) == chash:
-                mlflow.set_tags({tracking.TAG_KIND: "duplicate", tracking.TAG_DUP_OF: earlier[0].info.run_id})
-                mlflow.end_run()
-                log.info("point %s: identical to run %s started just before: recorded as duplicate", name,
-                         earlier[0].info.run_id)
-                return {"status": "duplicate", "run_id": active.info.run_id, "duplicate_of": earlier[0].info.run_id,
-                        "config_hash": chash}
-            mlflow.end_run()
-            tracking.retry(client.delete_run, active.info.run_id)  # another sweep owns the point: wait for it
-            return _run_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_s, force, run_dir)
+            return _yield_to(earlier[0], cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_s, force,
+                             run_dir, active.info.run_id)
         if recover is not None:
             tracking.retry(mlflow.set_tag, tracking.TAG_TRAINED_IN if reuse == "evaluation" else "rlvr.recovered_from",
                            recover.info.run_id)
@@ -407,6 +427,7 @@ def _run_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_
 
     def active_s() -> str:
         return f"{active_before + time.time() - t0:.1f}"
+    yield_to = None
     try:
         tracking.retry(mlflow.log_artifact, str(run_dir / "config.yaml"))
         heldout = load_prompts(cfg.data, "eval")
@@ -425,6 +446,11 @@ def _run_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_
                      recover.info.run_id, " (trained there; this run evaluates it)" if reuse == "evaluation" else "")
             ckpt = final_checkpoint_dir(run_dir)
         else:
+            # an identical point created at the same moment may only now be visible (its row committed after this
+            # one's, though started first): the earliest still trains, the other yields before training
+            earlier = [] if force or decision[0] != "new" else _earlier_runs(exp_id, chash, tags, active, stale_s, True)
+            if earlier:
+                raise _Yield(earlier[0])
             TRAINING.set()
             try:
                 ckpt = training.train(cfg, run_dir, log_metrics=log_step, logged_through=logged_through)
@@ -434,6 +460,9 @@ def _run_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_
         _free_memory()
         metrics = evaluate_run(cfg, run_dir, ckpt, heldout, base)
         tracking.retry(mlflow.log_artifact, str(record_integrity(run_dir, ckpt)))
+    except _Yield as y:
+        beat.stop.set()
+        yield_to = y.run
     except Preempted:
         tracking.retry(mlflow.set_tag, "rlvr.active_s", active_s())
         if "SLURM_JOB_ID" in os.environ:
@@ -473,6 +502,10 @@ def _run_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_
     finally:
         beat.stop.set()
         monitor.__exit__(None, None, None)
+    if yield_to is not None:
+        log.info("point %s: run %s of the same point started first: yielding to it", name, yield_to.info.run_id)
+        return _yield_to(yield_to, cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_s, force, run_dir,
+                         run_id)
     tracking.retry(mlflow.set_tags, {"rlvr.active_s": active_s(), window.NOTE_TAG: window.describe(
         cfg, tags.get("rlvr.point", name), metrics)})
     mlflow.end_run()
