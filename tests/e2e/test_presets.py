@@ -273,7 +273,7 @@ def test_search_agent_point_trains_with_tool_calls_and_the_report_shows_them(tmp
                   "train.prompts_per_step=2", "train.group_size=4", "train.minibatch_size=8", "train.max_new_tokens=40",
                   "train.temperature=0.8", "tools.max_turns=1", "tools.max_obs_tokens=48", "eval.max_prompts=4",
                   "eval.n=2", "eval.ks=[1,2]", "eval.ucc_ks=[2]", "eval.max_new_tokens=40", "eval.batch_prompts=4",
-                  "eval.base=false", "experiment_name=search", env={"RLVR_CACHE": str(tmp_path / "cache")}, timeout=900)
+                  "eval.base=false", "experiment_name=search", timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     client, [run] = _trained_runs(tmp_path, "search")
     m = run.data.metrics
