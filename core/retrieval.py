@@ -264,15 +264,19 @@ class RetrievalServer:
     def __init__(self, index_dir, host: str = "127.0.0.1", start_timeout_s: float = 120.0):
         import atexit
 
+        import tempfile
+
+        # its stderr goes to a file, never a pipe nobody reads (a full pipe would stall the server mid-run)
+        self.log = tempfile.NamedTemporaryFile(prefix="rlvr-retrieval-", suffix=".log", delete=False)
         self.proc = subprocess.Popen([sys.executable, "-m", "core.retrieval", "serve", "--index", str(index_dir),
-                                      "--host", host, "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      "--host", host, "--port", "0"], stdout=subprocess.PIPE, stderr=self.log,
                                      text=True, cwd=str(Path(__file__).resolve().parent.parent))
         line, deadline = "", time.time() + start_timeout_s
         while time.time() < deadline and not line.startswith("listening "):
             line = self.proc.stdout.readline()
             if not line and self.proc.poll() is not None:
                 raise RetrievalError(f"the retrieval server over {index_dir} exited at start: "
-                                     f"{self.proc.stderr.read()[-500:].strip()}")
+                                     f"{Path(self.log.name).read_text(errors='replace')[-500:].strip()}")
         if not line.startswith("listening "):
             self.close()
             raise RetrievalError(f"the retrieval server over {index_dir} did not start in {start_timeout_s:.0f} s")
@@ -286,6 +290,8 @@ class RetrievalServer:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+        self.log.close()
+        Path(self.log.name).unlink(missing_ok=True)
 
 
 # ------------------------------------------------------------------------------------------- client

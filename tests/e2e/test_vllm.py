@@ -18,7 +18,7 @@ from tests.e2e.test_sweep import TINY, _runs, _sweep
 pytestmark = pytest.mark.skipif(SAMPLERS["vllm"].missing() is not None,
                                 reason="vLLM is not installed (scripts/install.sh installs its CPU build)")
 COLUMNS = ["benchmark", "prompt_id", "sample_idx", "prompt", "gold", "response", "n_tokens", "finish_reason",
-           "extracted_answer", "correct", "reference_correct", "mean_token_entropy", "seed", "subset"]
+           "extracted_answer", "correct", "reference_correct", "mean_token_entropy", "seed", "subset", "tool_calls"]
 
 
 @pytest.fixture(scope="module")
