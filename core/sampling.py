@@ -391,6 +391,8 @@ def vllm_engine_defaults(on_gpu: bool) -> dict:
     - ``enable_chunked_prefill=False``: with chunked prefill, vLLM 0.32's CPU runner rewinds the per-request
       seeded generator of a partially prefilled prompt with ``Generator.set_offset``, which CPU generators do
       not support ("CPU Generator does not use offset"); whole-prompt prefill never takes that path.
+    Not an engine argument but set the same way (unless the environment sets it): on the CPU the engine core
+    runs in the calling process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, see :class:`VLLMSampler`).
     """
     if on_gpu:
         return {}
@@ -434,6 +436,10 @@ class VLLMSampler:
         self._scorer = None
         if llm is None:
             os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+            if not torch.cuda.is_available():
+                # On the CPU a separate engine-core process only imports torch and vLLM a second time (measured:
+                # an engine on the tiny model 51 s with it, 25 s in-process); vLLM reads this when the engine starts.
+                os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
             try:
                 from vllm import LLM
             except ImportError as e:
