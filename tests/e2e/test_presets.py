@@ -1,9 +1,6 @@
 """Experiment presets (sweeps/experiment/): every sweep point of every preset composes and validates,
-the command line prints it (``--cfg job``), and the CPU twins run. The log-ratio ablation twin runs in
-every test run; the larger twins run with RLVR_RUN_TWINS=1 (each under 30 minutes on 2 cores; see the
-README for measured times)."""
-import os
-from pathlib import Path
+the command line prints it (``--cfg job``), and the log-ratio ablation twin runs on the tiny model through
+scripts/run_twins.py, the script that runs the full twins (3-15 min each on 2 cores; measured times in the README)."""
 
 import pytest
 
@@ -211,20 +208,26 @@ def _trained_runs(cwd, experiment):
     return client, [r for r in runs if r.data.tags.get("rlvr.kind") == "trained"]
 
 
-def _run_twin(name, cwd, *overrides):
-    proc = _sweep(cwd, "-m", f"experiment={name}", *overrides, timeout=3600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    client, trained = _trained_runs(cwd, name)
-    assert len(trained) == TRAINED[name] and all(r.info.status == "FINISHED" for r in trained)
-    assert (Path(cwd) / "reports_out" / name / "report.html").is_file()
-    return client, trained
+def _run_twins_script():
+    """scripts/run_twins.py as a module (a site-packages distribution owns the name ``scripts``)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("rlvr_run_twins", REPO / "scripts" / "run_twins.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.mark.slow
 def test_log_ratio_ablation_twin_runs_both_arms(tmp_path):
-    # the tiny model instead of SmolLM2 (CI's 30-minute budget: 40 s instead of 250 s): the preset's sweep, arms,
-    # settings and pipeline are the same; the SmolLM2 twin itself runs with RLVR_RUN_TWINS=1 below
-    client, trained = _run_twin("quatro_log_ratio_ablation_cpu", tmp_path, "model=tiny-random")
+    """The twin through scripts/run_twins.py (what users run for the full twins, which take 3-15 min each): the
+    tiny model instead of SmolLM2 (CI's 30-minute budget: 40 s instead of 250 s); the preset's sweep, arms,
+    settings and pipeline are the same."""
+    problems, trained = _run_twins_script().run_twin("quatro_log_ratio_ablation_cpu", tmp_path, ["model=tiny-random"], capture=True)
+    assert problems == [] and len(trained) == TRAINED["quatro_log_ratio_ablation_cpu"]
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'quatro_log_ratio_ablation_cpu'}/mlflow.db")
     arms = {(r.data.params["algo.policy_loss.log_ratio_penalty"], r.data.params["algo.policy_loss.log_ratio_scale"]): r
             for r in trained}
     assert set(arms) == {("True", "mean"), ("True", "sum"), ("False", "mean")}
@@ -235,18 +238,10 @@ def test_log_ratio_ablation_twin_runs_both_arms(tmp_path):
     assert arms[("False", "mean")].data.metrics["train/reversed_share"] == 0.0
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("RLVR_RUN_TWINS"), reason="set RLVR_RUN_TWINS=1 to run the larger CPU twins")
-@pytest.mark.parametrize("name", ["quatro_main_cpu", "quatro_staleness_cpu", "exppo_core_cpu", "trgrpo_kk_cpu",
-                                  "quatro_log_ratio_ablation_cpu"])
-def test_cpu_twin_runs(name, tmp_path):
-    client, trained = _run_twin(name, tmp_path)
-    if name == "trgrpo_kk_cpu":
-        for r in trained:
-            assert {"eval/kk/2_people/accuracy", "eval/kk/3_people/accuracy", "eval/kk/4_people/accuracy"} <= set(r.data.metrics)
-    if name == "quatro_staleness_cpu":
-        epochs = sorted(int(r.data.params["train.ppo_epochs"]) for r in trained if r.data.params["algo.name"] == "gspo")
-        assert epochs == [1, 2, 4, 8]
+def test_run_twins_refuses_an_unknown_twin_before_any_work(capsys):
+    main = _run_twins_script().main
+    assert main(["quatro_main_cpu", "no_such_twin"]) == 2
+    assert "no_such_twin" in capsys.readouterr().err
 
 
 def test_kk_task_end_to_end_on_the_tiny_model(tmp_path):
