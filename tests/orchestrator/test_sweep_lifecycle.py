@@ -61,18 +61,18 @@ def test_one_failing_point_does_not_stop_the_others_and_a_rerun_trains_only_it(t
     assert len([r for r in runs if r.data.tags.get("rlvr.kind") == "trained"]) == 5  # +force trains again
 
 
-def test_four_parallel_points_evaluate_the_base_model_once_and_every_checkpoint(tmp_path):
-    """hydra/launcher=local: four processes at once on one new SQLite store. Exactly one base run, every trained
+def test_three_parallel_points_evaluate_the_base_model_once_and_every_checkpoint(tmp_path):
+    """hydra/launcher=local: three processes at once (on two cores) on one new SQLite store. Exactly one base run, every trained
     run evaluated at each kept checkpoint (steps 1 and 2) with flip rates against that base run, no metric lost,
     and the report plots the trajectories. Re-running the sweep trains nothing and evaluates no base model."""
-    args = ["-m", "hydra/launcher=local", "algo=quatro,grpo,gspo,cispo", *TINY, "train.steps=2", "train.save_every=1",
+    args = ["-m", "hydra/launcher=local", "algo=quatro,grpo,gspo", *TINY, "train.steps=2", "train.save_every=1",
             "eval.checkpoints=all"]
     proc = _sweep(tmp_path, *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     client, runs = _runs(tmp_path)
     trained = [r for r in runs if r.data.tags.get("rlvr.kind") == "trained"]
     bases = [r for r in runs if r.data.tags.get("rlvr.kind") == "base"]
-    assert len(trained) == 4 and all(r.info.status == "FINISHED" for r in trained)
+    assert len(trained) == 3 and all(r.info.status == "FINISHED" for r in trained)
     assert len(bases) == 1 and bases[0].info.status == "FINISHED" and bases[0].info.run_name == "Initialization"
     assert [m.step for m in client.get_metric_history(bases[0].info.run_id, "eval/mean/pass_at_4")] == [0]
     for r in trained:
@@ -92,7 +92,7 @@ def test_four_parallel_points_evaluate_the_base_model_once_and_every_checkpoint(
     assert proc.returncode == 0, proc.stderr[-3000:]
     _, runs = _runs(tmp_path)
     kinds = [r.data.tags.get("rlvr.kind") for r in runs]
-    assert kinds.count("trained") == 4 and kinds.count("base") == 1 and kinds.count("duplicate") == 4
+    assert kinds.count("trained") == 3 and kinds.count("base") == 1 and kinds.count("duplicate") == 3
 
 
 def test_a_failed_base_evaluation_fails_the_sweep_and_a_rerun_adds_the_flip_rates(tmp_path, monkeypatch, tiny_cfg):
