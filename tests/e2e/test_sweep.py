@@ -195,11 +195,25 @@ def test_vllm_sampler_without_vllm_stops_before_training(tmp_path, without_vllm)
     (["eval.ucc_threshold=5"], "eval.ucc_threshold=5: out of range"),
     (["train.device=tpu"], "train.device='tpu'"),
 ])
-def test_bad_input_stops_before_training(tmp_path, args, fragment):
-    proc = _sweep(tmp_path, "-m", *args, *TINY, timeout=120)
+def test_bad_input_stops_before_training(tmp_path, monkeypatch, capsys, args, fragment):
+    """sweep.py's first step (orchestrator.preflight.check_command_line) in-process, one case per bad value; the
+    command itself is run with one of them below."""
+    from orchestrator.preflight import check_command_line
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        check_command_line(["-m", *args, *TINY])
+    assert exit_.value.code == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and fragment in lines[0], lines
+    assert not (tmp_path / "mlflow.db").exists()  # stopped before the store was touched
+
+
+def test_bad_input_on_the_command_line_exits_2_with_one_line(tmp_path):
+    proc = _sweep(tmp_path, "-m", "algo=quatro,gspo", "delta=-1", *TINY, timeout=120)
     assert proc.returncode == 2
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and fragment in lines[0], proc.stderr
+    assert len(lines) == 1 and "delta=-1" in lines[0], proc.stderr
     _, runs = _runs(tmp_path)
     assert runs == []
 
