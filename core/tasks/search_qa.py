@@ -228,12 +228,14 @@ class SearchDemo(SearchQA):
         """The world's corpus as a JSONL file (written once per world under ``$RLVR_CACHE/search_demo``)."""
         import os
 
+        from core.models import cache_root
+
         passages, _ = make_world(int(cfg.get("n_entities", 40)), int(cfg.get("seed", 0)))
-        folder = Path(os.environ.get("RLVR_CACHE", Path.home() / ".cache" / "rlvr")) / "search_demo"
+        folder = cache_root() / "search_demo"
         path = folder / f"world-{int(cfg.get('n_entities', 40))}-{int(cfg.get('seed', 0))}.jsonl"
         if not path.is_file():
             folder.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text("".join(json.dumps(p) + "\n" for p in passages), encoding="utf-8")
             tmp.replace(path)
         return path
