@@ -29,7 +29,7 @@ OWN_METRICS = {
 def all_algos_dir(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("algos")
     proc = _sweep(cwd, "-m", f"algo={','.join(ALGOS)}", *TINY, "train.steps=1", "train.max_new_tokens=16", "eval.n=2", "eval.ks=[1,2]",
-                  "eval.max_prompts=1")
+                  "eval.max_prompts=1", "report.enabled=false")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return cwd, proc
 
