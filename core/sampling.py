@@ -434,6 +434,7 @@ class VLLMSampler:
         self.with_entropy, self.score_rows, self.score_tokens = with_entropy, score_rows, score_tokens
         self.entropy_method = ENTROPY_METHOD if with_entropy else None
         self._scorer = None
+        self._process_state = None  # what an in-process engine core changes in this process, restored by close()
         if llm is None:
             os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
             if not torch.cuda.is_available():
@@ -447,6 +448,11 @@ class VLLMSampler:
             dtype_name = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[self.dtype]
             kwargs = {**vllm_engine_defaults(torch.cuda.is_available()), "dtype": dtype_name,
                       **{k: v for k, v in (engine or {}).items() if v is not None}}
+            if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
+                # vLLM's CPU worker, now in this process, replaces torch.set_num_threads with a no-op (it binds its
+                # threads) and may bind this process's threads and cores: close() puts them back for what follows
+                self._process_state = (torch.set_num_threads, torch.get_num_threads(),
+                                       os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None)
             llm = LLM(model=self.model_path, **kwargs)
         self.llm = llm
         self.tokenizer = llm.get_tokenizer()
@@ -501,10 +507,18 @@ class VLLMSampler:
         return out
 
     def close(self) -> None:
-        """Stop the engine's worker processes and free the scoring model."""
+        """Stop the engine (its worker processes; or its in-process core on the CPU, putting back the torch thread
+        settings and CPU affinity it changed in this process) and free the scoring model."""
         core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
         if core is not None and hasattr(core, "shutdown"):
             core.shutdown()
         self.llm = None
         self._scorer = None
+        if self._process_state is not None:
+            set_num_threads, threads, cores = self._process_state
+            torch.set_num_threads = set_num_threads
+            torch.set_num_threads(threads)
+            if cores is not None:
+                os.sched_setaffinity(0, cores)
+            self._process_state = None
         _free_memory()

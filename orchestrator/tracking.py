@@ -149,7 +149,8 @@ def _keep_as_template(fresh: Path, template: Path) -> None:
         shutil.copyfile(fresh, part)
         os.replace(part, template)
     except OSError:
-        part.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # the cache path may not even be a folder
+            part.unlink(missing_ok=True)
 
 
 def ensure_store(uri: str) -> None:
@@ -174,6 +175,9 @@ def ensure_store(uri: str) -> None:
             from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
             template = _empty_store_template()
+            if template.is_file() and template.stat().st_size == 0:  # SQLite would take it as an empty database
+                with contextlib.suppress(OSError):
+                    template.unlink()
             if template.is_file():
                 try:  # MLflow finds the schema current and runs no migration
                     shutil.copyfile(template, tmp)
@@ -181,8 +185,9 @@ def ensure_store(uri: str) -> None:
                 except Exception as e:  # noqa: BLE001
                     if _disk_full(str(e)):
                         raise
-                    template.unlink(missing_ok=True)  # unusable: made again below, under another name (MLflow
-                    tmp.unlink(missing_ok=True)       # may keep a connection to the damaged file's name)
+                    with contextlib.suppress(OSError):
+                        template.unlink(missing_ok=True)  # unusable: made again below, under another name (MLflow
+                    tmp.unlink(missing_ok=True)           # may keep a connection to the damaged file's name)
                     tmp = tmp.with_name(tmp.name + "-new")
             if not tmp.exists():
                 SqlAlchemyStore(f"sqlite:///{tmp}", str(tempfile.gettempdir())).engine.dispose()

@@ -238,10 +238,14 @@ def test_log_ratio_ablation_twin_runs_both_arms(tmp_path):
     assert arms[("False", "mean")].data.metrics["train/reversed_share"] == 0.0
 
 
-def test_run_twins_refuses_an_unknown_twin_before_any_work(capsys):
+def test_run_twins_refuses_an_unknown_twin_before_any_work_and_names_a_bad_override(capsys, tmp_path):
     main = _run_twins_script().main
     assert main(["quatro_main_cpu", "no_such_twin"]) == 2
     assert "no_such_twin" in capsys.readouterr().err
+    assert main(["quatro_log_ratio_ablation_cpu", "--set", "nosuchkey=1", "--work", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "quatro_log_ratio_ablation_cpu: FAILED" in out and "does not compose" in out and "nosuchkey" in out
+    assert not list(tmp_path.iterdir())  # nothing ran
 
 
 def test_kk_task_end_to_end_on_the_tiny_model(tmp_path):

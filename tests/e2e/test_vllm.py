@@ -79,20 +79,25 @@ def test_cli_vllm_on_the_base_model_reproduces_the_sweeps_base_samples(vllm_swee
 
 
 GREEDY = """
-import json, sys
+import json, os, sys
+import torch
 from core.sampling import SamplingSettings, VLLMSampler
+before = (torch.set_num_threads, torch.get_num_threads(), os.sched_getaffinity(0))
 smp = VLLMSampler(sys.argv[1], with_entropy=True)
 s = SamplingSettings(0.0, 0.5, 8)
 prompts = ["Compute 1 + 1.", "Compute 20 + 22. Answer with just the number."]
 runs = [smp.sample(prompts, 3, [seed, seed + 1], s) for seed in (1, 99)]
 smp.close()
+restored = (torch.set_num_threads, torch.get_num_threads(), os.sched_getaffinity(0)) == before
+print("RESTORED", restored, "IN_PROCESS", os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING"))
 print("RESULT " + json.dumps([[[[x["response"], x["n_tokens"], x["mean_token_entropy"]] for x in g] for g in r] for r in runs]))
 """
 
 
 def test_vllm_greedy_decoding_is_the_same_on_every_run(tiny_cfg, tmp_path):
     """eval.temperature=0 through vLLM's engine: two calls with other seeds give the same sequences, and the n
-    samples of a prompt are that one sequence (vLLM is asked for one per prompt)."""
+    samples of a prompt are that one sequence (vLLM is asked for one per prompt). Closing the in-process engine
+    leaves this process's torch thread settings as they were."""
     import json
 
     from core.models import model_path
@@ -100,6 +105,11 @@ def test_vllm_greedy_decoding_is_the_same_on_every_run(tiny_cfg, tmp_path):
     proc = subprocess.run([sys.executable, "-c", GREEDY, model_path(tiny_cfg.model)], cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=600, env=dict(os.environ, HF_HUB_OFFLINE="1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # on the CPU the engine core ran in this process (one import of vLLM, not two) and close() put back the torch
+    # thread settings vLLM's CPU worker replaces (torch.set_num_threads becomes a no-op there)
+    import torch
+
+    assert ("RESTORED True" + ("" if torch.cuda.is_available() else " IN_PROCESS 0")) in proc.stdout, proc.stdout[-2000:]
     a, b = json.loads(proc.stdout.split("RESULT ", 1)[1])
     assert a == b
     for group in a:
