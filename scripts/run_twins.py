@@ -51,7 +51,7 @@ def run_twin(name: str, work: Path, overrides=(), capture: bool = False) -> tupl
     from orchestrator import ConfigError
     from orchestrator.identity import config_hash
     from orchestrator.preflight import sweep_points
-    from orchestrator.tracking import TAG_HASH
+    from orchestrator.tracking import TAG_HASH, TAG_KIND
 
     try:
         expected = {config_hash(cfg) for _, cfg in sweep_points([f"experiment={name}", *overrides], multirun=True)}
@@ -66,7 +66,7 @@ def run_twin(name: str, work: Path, overrides=(), capture: bool = False) -> tupl
     client = MlflowClient(tracking_uri=f"sqlite:///{cwd}/mlflow.db")
     exp = client.get_experiment_by_name(name)
     runs = client.search_runs([exp.experiment_id], max_results=500) if exp else []
-    trained = [r for r in runs if r.data.tags.get("rlvr.kind") == "trained"]
+    trained = [r for r in runs if r.data.tags.get(TAG_KIND) == "trained"]
     problems = []
     finished = {r.data.tags.get(TAG_HASH) for r in trained if r.info.status == "FINISHED"}
     if expected - finished:
@@ -78,6 +78,7 @@ def run_twin(name: str, work: Path, overrides=(), capture: bool = False) -> tupl
 
 
 def main(argv=None) -> int:
+    """Command line (see the module docstring); returns the exit status."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("twins", nargs="*", default=DEFAULT, help=f"twin presets (default: {' '.join(DEFAULT)})")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
