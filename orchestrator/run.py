@@ -31,6 +31,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
 from . import integrity, lease, tracking, window
+from .base import log_metrics
 from .identity import config_hash, training_hash
 from .validate import validate_config
 
@@ -421,9 +422,10 @@ def _run_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_
     t0 = time.time()
 
     def log_step(m, step):
+        # by run id, not the active run: MLflow's active run is per thread, and the verl engine logs from its own
         beat.beat()
         if step > logged_through:  # a step replayed from an older saved state is not logged twice
-            tracking.retry(mlflow.log_metrics, m, step=step)
+            log_metrics(client, run_id, m, step)
 
     def active_s() -> str:
         return f"{active_before + time.time() - t0:.1f}"
@@ -629,7 +631,7 @@ def _backfill_flips(cfg, exp_id: str, sweep_id: str, job_num, run_dir: Path, pri
     from evaluation.tables import flip_metrics
     from core.tasks import load_prompts
 
-    from .base import BaseEvaluation, log_metrics
+    from .base import BaseEvaluation
 
     try:
         base = BaseEvaluation(cfg, exp_id, sweep_id, job_num, Path(sweep_id) if sweep_id else run_dir,

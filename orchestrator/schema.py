@@ -129,7 +129,8 @@ SCHEMA: dict[str, Spec] = {
     "engine.nnodes": I(1), "engine.optimizer_offload": B(), "engine.param_offload": B(),
     "engine.rollout.gpu_memory_utilization": F(0, 1, lo_open=True), "engine.rollout.max_num_batched_tokens": I(1),
     "engine.rollout.name": S(("vllm", "sglang", "hf")), "engine.rollout.tensor_model_parallel_size": I(1),
-    "engine.strategy": S(("fsdp", "fsdp2", "megatron")), "engine.use_remove_padding": B(),
+    "engine.strategy": S(("auto", "fsdp", "fsdp2", "megatron")), "engine.use_remove_padding": B(),
+    "engine.attn_implementation": S(("auto", "flash_attention_2", "flash_attention_3", "sdpa", "eager")),
     # algorithm (advantage.* and policy_loss.* are typed from the registered functions)
     "algo.name": S(min_len=1), "algo.kl_beta": F(0), "algo.entropy_coef": F(0),
     "algo.advantage.name": S(min_len=1), "algo.policy_loss.name": S(min_len=1),

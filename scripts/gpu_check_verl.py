@@ -14,8 +14,7 @@ and then checks the MLflow store: the run FINISHED, verl's per-step metrics arri
 (`eval/arithmetic/pass_at_1`). Exits non-zero with the reason on failure; verl's log is in
 <out>/outputs/.../verl.log.
 
-Needs (on the GPU machine): bash scripts/install.sh, then pip install -e '.[gpu,verl]'
-(vLLM and verl with its dependencies: ray, tensordict, codetiming, orjson).
+Needs (on the GPU machine): RLVR_GPU=1 bash scripts/install.sh (verl with vLLM and its own pins; the README's GPU install).
 """
 from __future__ import annotations
 

