@@ -172,3 +172,29 @@ def test_dapo_filters_groups_and_shapes_overlong_rewards(verl_sweep):
         assert dict(_history(client, dapo, "verl/critic/score/max"))[step] == 0.0    # correct: 1 - 1
         assert dict(_history(client, dapo, "verl/critic/score/min"))[step] == -1.0   # wrong: 0 - 1
     assert max(v for _, v in _history(client, exppo, "verl/critic/score/max")) == 1.0  # no shaping without the buffer
+
+
+def test_search_agent_takes_a_step_through_verls_tool_agent_loop(tmp_path):
+    """The search agents' twin on verl's CPU trainer: verl's multi-turn tool agent loop with the suite's search
+    function tool, the retrieval server started for the run over the generated world's corpus (BM25), one training
+    step, the usual evaluation. A random model never writes a function call in verl's (hermes) format, so no episode
+    here calls the tool: its call path through verl's tool class is tested in tests/training/test_verl_engine.py."""
+    from tests.e2e.test_sweep import _sweep
+
+    proc = _sweep(tmp_path, "engine=verl", "engine.device=cpu", "model=tiny-random", "data=search_demo",
+                  "eval=search_demo", "algo=tr_grpo", "train.steps=1", "train.prompts_per_step=2", "train.group_size=4",
+                  "train.minibatch_size=8", "train.max_new_tokens=16", "tools.max_turns=1", "tools.max_obs_tokens=48",
+                  "eval.max_prompts=2", "eval.n=2", "eval.ks=[1,2]", "eval.ucc_ks=[2]", "eval.max_new_tokens=16",
+                  "eval.base=false", "engine.gradient_checkpointing=false", "report.enabled=false",
+                  "experiment_name=search", timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    [run] = [r for r in client.search_runs([client.get_experiment_by_name("search").experiment_id])
+             if r.data.tags.get("rlvr.kind") == "trained"]
+    m = run.data.metrics
+    assert run.info.status == "FINISHED" and "train/grad_norm" in m and "eval/search_demo/exact_match" in m
+    log = (Path(run.data.tags["rlvr.run_dir"]) / "verl.log").read_text(errors="replace")
+    assert "'default_agent_loop': 'tool_agent'" in log and "verl_search_tool.py" in log
+    assert m["verl/num_turns/min"] >= 2  # the tool agent loop ran its turns (prompt, response)

@@ -619,9 +619,7 @@ def test_every_paper_preset_with_engine_verl_composes_and_validates(tmp_path):
 def test_search_agents_on_verl_use_its_tool_agent_loop_with_the_search_function_tool(tmp_path):
     """trgrpo_search with engine=verl: verl's multi-turn tool agent loop, the suite's search function tool (a file
     verl loads, registered with verl's own decorator), the run's turn and observation limits, composed against verl's
-    schema; without a server URL the verl engine refuses at pre-flight, naming tools.search.url."""
-    import importlib.util
-
+    schema; without a server URL on several nodes the verl engine refuses at pre-flight, naming tools.search.url."""
     from verl.tools.function_tool import FUNCTION_TOOL_REGISTRY
 
     [(_, cfg), *_] = sweep_points(["experiment=trgrpo_search", "engine=verl", "tools.search.url=http://127.0.0.1:8000"],
@@ -631,12 +629,16 @@ def test_search_agents_on_verl_use_its_tool_agent_loop_with_the_search_function_
     mt = c.actor_rollout_ref.rollout.multi_turn
     assert mt.enable and mt.function_tool_path == V.SEARCH_TOOL_FILE and mt.max_assistant_turns == 5
     assert mt.max_tool_response_length == 512 and c.actor_rollout_ref.rollout.agent.default_agent_loop == "tool_agent"
-    spec = importlib.util.spec_from_file_location("rlvr_verl_search_tool", V.SEARCH_TOOL_FILE)
-    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    from verl.tools.function_tool import load_function_tools_from_path
+
+    load_function_tools_from_path(V.SEARCH_TOOL_FILE)  # verl's own loader, as its tool agent loop loads the file
     schema = FUNCTION_TOOL_REGISTRY["search"].tool_schema.function
     assert schema.name == "search" and list(schema.parameters.properties) == ["query"]
+    # a server the run starts listens on 127.0.0.1: several nodes need one they all reach
     no_url = sweep_points(["experiment=trgrpo_search", "engine=verl", f"tools.search.index={tmp_path}"], multirun=True)[0][1]
-    with pytest.raises(ValueError, match="tools.search.url"):
+    assert V.check_verl_config(no_url) == []
+    no_url.engine.nnodes = 2
+    with pytest.raises(ValueError, match="engine.nnodes=2.*tools.search.url"):
         V.check_verl_config(no_url)
 
 
@@ -728,3 +730,36 @@ def test_cpu_runs_get_fsdp2_sdpa_and_the_cpu_settings_composed_by_verls_schema(t
     assert g.actor.strategy == "fsdp" and g.model.override_config.attn_implementation == (
         "flash_attention_2" if importlib.util.find_spec("flash_attn") else "sdpa")
     assert set(V.verl_environment(gpu)) == {"VERL_USE_EXTERNAL_MODULES"}
+
+
+def test_the_search_function_tool_answers_through_verls_tool_class(tmp_path, monkeypatch):
+    """The file engine=verl names as verl's function_tool_path, loaded by verl's own loader and called through verl's
+    FunctionTool (what its tool agent loop does for a parsed tool call), against a retrieval server over the
+    generated world: the top passage for "Where was <person> born?" is that person's "born in" fact, formatted as
+    the local engine's search tool formats it; a server that is down is an answer the policy reads, not a crash."""
+    import asyncio
+    import json as _json
+
+    from verl.tools.function_tool import load_function_tools_from_path
+
+    from core.retrieval import RetrievalServer, build_index
+    from core.tasks.search_qa import make_world
+    from core.tools import format_passages
+
+    passages, questions = make_world(12, seed=1)
+    (tmp_path / "corpus.jsonl").write_text("".join(_json.dumps(p) + "\n" for p in passages))
+    server = RetrievalServer(build_index(tmp_path / "corpus.jsonl", tmp_path / "index"))
+    try:
+        [tool] = [t for t in load_function_tools_from_path(V.SEARCH_TOOL_FILE) if t.name == "search"]
+        q = next(q for q in questions if q["question"].startswith("Where was"))
+        person = q["question"][len("Where was "):-len(" born?")]
+        monkeypatch.setenv("RLVR_SEARCH_URL", server.url)
+        monkeypatch.setenv("RLVR_SEARCH_TOPK", "2")
+        answer = asyncio.run(tool.call({"query": q["question"]}))
+        born = next(p for p in passages if person in p["contents"] and "born in" in p["contents"])
+        first = answer.splitlines()[0]
+        assert first == format_passages([born]).splitlines()[0] and len(answer.splitlines()) == 2
+        assert q["golden_answers"][0] in first
+    finally:
+        server.close()
+    assert asyncio.run(tool.call({"query": "anything"})).startswith("search failed:")

@@ -142,9 +142,11 @@ def check_verl_config(cfg) -> list[str]:
         raise ValueError(
             f"train.minibatch_size={mb}: with engine=verl it must be a multiple of train.group_size={G} "
             f"dividing prompts_per_step x group_size = {G * P} (verl splits mini-batches by prompt)")
-    if _tool_task(cfg) and not ((cfg.get("tools") or {}).get("search") or {}).get("url"):
-        raise ValueError(f"data={cfg.data.name}: its episodes call the search tool; with engine=verl set "
-                         "tools.search.url to a running retrieval server (python -m core.retrieval serve --index DIR)")
+    if (_tool_task(cfg) and int(cfg.engine.nnodes) > 1
+            and not ((cfg.get("tools") or {}).get("search") or {}).get("url")):
+        raise ValueError(f"engine.nnodes={cfg.engine.nnodes}: data={cfg.data.name}'s episodes call the search tool from "
+                         "every node; set tools.search.url to a retrieval server all nodes reach (a server the run "
+                         "starts itself listens on 127.0.0.1)")
     e = cfg.engine
     check_device(cfg)
     n_gpus = int(e.n_gpus_per_node) * int(e.nnodes)
@@ -287,17 +289,25 @@ def register_with_verl(spec: dict) -> None:
     get_advantage_fn(spec["advantage"]["name"])
     get_policy_loss_fn(spec["policy_loss"]["name"])
     _SPEC = spec
-    from verl.trainer.ppo import core_algos
+    # each entry and wrapper is installed when its verl module is imported (now, if it already is): every Ray worker
+    # runs this hook, and most of them (storage, reward, rollout server) never import verl's trainer modules, which
+    # would cost them 8 s of imports each on a 2-core machine
+    from training.engines.verl_platform import after_import
 
+    after_import("verl.trainer.ppo.core_algos", _register_entries)
+    if needs_of("advantage", spec["advantage"]["name"], spec["advantage"]["params"]):
+        after_import("verl.trainer.ppo.ray_trainer", install_advantage_context)
+    if "ref_logprobs" in needs_of("policy_loss", spec["policy_loss"]["name"], spec["policy_loss"]["params"]):
+        after_import("verl.workers.utils.losses", install_loss_context)
+    after_import("verl.trainer.ppo.v1.trainer_base", install_metrics_context)
+
+
+def _register_entries(core_algos) -> None:
+    """verl's ``rlvr`` advantage estimator and policy loss (``register_adv_est``, ``register_policy_loss``), once."""
     if core_algos.ADV_ESTIMATOR_REGISTRY.get(VERL_NAME) is not verl_advantage:
         core_algos.register_adv_est(VERL_NAME)(verl_advantage)
     if core_algos.POLICY_LOSS_REGISTRY.get(VERL_NAME) is not verl_policy_loss:
         core_algos.register_policy_loss(VERL_NAME)(verl_policy_loss)
-    if needs_of("advantage", spec["advantage"]["name"], spec["advantage"]["params"]):
-        install_advantage_context()
-    if "ref_logprobs" in needs_of("policy_loss", spec["policy_loss"]["name"], spec["policy_loss"]["params"]):
-        install_loss_context()
-    install_metrics_context()
 
 
 def _metrics_wrapper(original):
@@ -313,15 +323,12 @@ def _metrics_wrapper(original):
     return _as_wrapper(_compute_advantage, original)
 
 
-def install_metrics_context() -> None:
-    """Wrap verl's v1 ``PPOTrainer._compute_advantage`` (the method that owns the step's metrics dict) so the
-    ``rlvr`` estimator's metrics reach verl's per-step metrics, and from there this run's MLflow run as
-    ``train/<name>`` (:func:`mlflow_metrics`), as the local engine logs them. A no-op where verl's v1 trainer
-    cannot be imported (it is not the process that computes advantages)."""
-    try:
+def install_metrics_context(trainer_base=None) -> None:
+    """Wrap verl's v1 ``PPOTrainer._compute_advantage`` (the method that owns the step's metrics dict; in
+    ``trainer_base``, imported when not given) so the ``rlvr`` estimator's metrics reach verl's per-step metrics,
+    and from there this run's MLflow run as ``train/<name>`` (:func:`mlflow_metrics`), as the local engine logs them."""
+    if trainer_base is None:
         from verl.trainer.ppo.v1 import trainer_base
-    except ImportError:
-        return
     original = trainer_base.PPOTrainer._compute_advantage
     if not getattr(original, "_rlvr_wrapped", False):
         trainer_base.PPOTrainer._compute_advantage = _metrics_wrapper(original)
@@ -345,7 +352,7 @@ def _rebind(original, replacement, attribute: str) -> None:
             setattr(module, attribute, replacement)
 
 
-def install_loss_context() -> None:
+def install_loss_context(losses=None) -> None:
     """Wrap verl's ``ppo_loss`` so that the ``rlvr`` policy loss can read the micro-batch's reference log-probs.
 
     verl 0.9.1's ``ppo_loss`` (``verl.workers.utils.losses``, bound by name in ``engine_workers``) selects
@@ -357,8 +364,8 @@ def install_loss_context() -> None:
     Raises:
         ImportError: verl's worker modules cannot be imported.
     """
-    from verl.workers.utils import losses
-
+    if losses is None:
+        from verl.workers.utils import losses
     original = losses.ppo_loss
     if getattr(original, "_rlvr_wrapped", False):
         return
@@ -377,7 +384,7 @@ def install_loss_context() -> None:
     _rebind(original, ppo_loss, "ppo_loss")
 
 
-def install_advantage_context() -> None:
+def install_advantage_context(ray_trainer=None) -> None:
     """Wrap verl's ``compute_advantage`` so that the ``rlvr`` estimator can read the batch's old log-probs.
 
     verl 0.9.1's ``compute_advantage`` (``verl.trainer.ppo.ray_trainer``; the v1 trainer reaches it through
@@ -392,8 +399,8 @@ def install_advantage_context() -> None:
     Raises:
         ImportError: verl's trainer module cannot be imported.
     """
-    from verl.trainer.ppo import ray_trainer
-
+    if ray_trainer is None:
+        from verl.trainer.ppo import ray_trainer
     original = ray_trainer.compute_advantage
     if getattr(original, "_rlvr_wrapped", False):
         return
@@ -968,7 +975,10 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
     of a SLURM allocation when ``RAY_ADDRESS`` points at one (``scripts/slurm/verl_ray_cluster.sh``).
     verl's console output goes to ``run_dir/verl.log``; per-step metrics stream to ``log_metrics``.
     Resumable: verl checkpoints every ``train.checkpoint_every`` steps to ``run_dir/verl_checkpoints`` and
-    a rerun with the same ``run_dir`` resumes there (``resume_mode=auto``).
+    a rerun with the same ``run_dir`` resumes there (``resume_mode=auto``); one whose last checkpoint holds every
+    step only exports it. Tasks whose episodes call tools get them as with the local engine
+    (:func:`core.tools.open_tools_for`: ``tools.search.url``, or a retrieval server started for the run and stopped
+    after it), passed to verl's tool workers by URL.
 
     Raises:
         ValueError: settings verl cannot honour (:func:`check_verl_config`).
@@ -978,7 +988,6 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
         RuntimeError: verl exited with an error (the tail of ``verl.log`` is in the message).
     """
     from core.tasks import load_prompts
-    from core.lifecycle import STOP_REQUESTED, Preempted
 
     check_verl_config(cfg)
     if str(cfg.engine.device) == "cuda" and not torch.cuda.is_available() and not os.environ.get("RAY_ADDRESS"):
@@ -1003,11 +1012,27 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
     env.update(verl_environment(cfg))
     env[SPEC_ENV] = json.dumps(spec)
     env["VERL_FILE_LOGGER_PATH"] = str(metrics_path)
-    if _tool_task(cfg):  # the search function tool's server (verl_search_tool.py), inherited by Ray's workers
-        env["RLVR_SEARCH_URL"] = str(cfg.tools.search.url)
-        env["RLVR_SEARCH_TOPK"] = str(int(cfg.tools.search.get("topk", 3)))
     if checkpointed_steps(run_dir / "verl_checkpoints") >= int(cfg.train.steps):
         return hand_over(cfg, run_dir)  # resumed after its training had finished: nothing for verl to do
+    from core.tools import close_tools, open_tools_for
+
+    # the search function tool's server (verl_search_tool.py), by URL to Ray's workers: tools.search.url, or one
+    # started for the run over tools.search.index or the corpus the rows name, as the local engine does
+    tools = open_tools_for(rows, cfg.get("tools"))
+    try:
+        if "search" in tools:
+            env["RLVR_SEARCH_URL"] = str(tools["search"].url)
+            env["RLVR_SEARCH_TOPK"] = str(int(tools["search"].topk))
+        return _run_verl(cfg, run_dir, overrides, env, metrics_path, log_metrics, logged_through)
+    finally:
+        close_tools(tools)
+
+
+def _run_verl(cfg, run_dir: Path, overrides: list[str], env: dict, metrics_path: Path, log_metrics, logged_through: int):
+    """verl's trainer in a child process (``python -m training.engines.verl_main``) with its metrics streamed, stopped
+    on a stop request; then the hand-over (:func:`hand_over`). See :func:`train`."""
+    from core.lifecycle import STOP_REQUESTED, Preempted
+
     cmd = [sys.executable, "-m", "training.engines.verl_main", *overrides]
     from tqdm.auto import tqdm
 
@@ -1036,7 +1061,7 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
                         os.killpg(proc.pid, signal.SIGKILL)
                         proc.wait()
                     break
-                time.sleep(1.0)
+                time.sleep(0.2)
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
