@@ -230,16 +230,21 @@ def run_tests(program: str, tests: list[str], wall_s: float = WALL_S, site_packa
             json.dump(list(tests), f)
         with open(os.path.join(work, "harness.py"), "w", encoding="utf-8") as f:
             f.write(HARNESS)
+        under_tmp = []  # site-packages under /tmp (a checkout there), shown again over the sandbox's fresh /tmp
         if site_packages:
             import site
 
+            paths = [p for p in site.getsitepackages() if os.path.isdir(p)]
             with open(os.path.join(work, "paths.json"), "w", encoding="utf-8") as f:
-                json.dump([p for p in site.getsitepackages() if os.path.isdir(p)], f)
+                json.dump(paths, f)
+            for path in paths:
+                if os.path.realpath(path).startswith("/tmp/"):
+                    under_tmp += ["--ro-bind", path, path]
         if as_root:
             for name in ("", "program.py", "tests.json", "harness.py"):
                 os.chown(os.path.join(work, name), uid, uid)
         os.chmod(work, 0o755)
-        cmd = [prlimit, *_prlimit_args(nproc), "--", bwrap, "--ro-bind", "/", "/", "--tmpfs", "/tmp", "--bind", work, work, "--chdir", work,
+        cmd = [prlimit, *_prlimit_args(nproc), "--", bwrap, "--ro-bind", "/", "/", "--tmpfs", "/tmp", *under_tmp, "--bind", work, work, "--chdir", work,
                "--dev", "/dev", "--proc", "/proc", "--unshare-all", "--die-with-parent", "--new-session",
                "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", work,
                sandbox_python() or sys.executable, "-I", "-S", "harness.py"]
