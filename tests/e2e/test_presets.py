@@ -17,7 +17,7 @@ POINTS = {
     "exppo_components": 5, "exppo_components_cpu": 5, "exppo_dapo": 2, "exppo_dapo_cpu": 2,
     "exppo_decoding_seeds": 6, "exppo_decoding_seeds_cpu": 6, "quatro_group_size": 4, "quatro_group_size_cpu": 4,
     "trgrpo_cross_model": 6, "trgrpo_cross_model_cpu": 4, "trgrpo_math": 4, "trgrpo_math_cpu": 2,
-    "quatro_code": 4, "quatro_code_cpu": 4, "trgrpo_search": 4, "trgrpo_search_cpu": 2,
+    "quatro_code": 4, "quatro_code_cpu": 4, "trgrpo_search": 4, "trgrpo_search_cpu": 2, "verl_smoke": 4,
 }
 # what a user adds to a preset before it runs (a Wikipedia index for the search agents): a small index stands in
 NEEDS = {"trgrpo_search": "tools.search.index"}

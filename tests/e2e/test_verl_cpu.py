@@ -24,15 +24,13 @@ import torch
 pytest.importorskip("verl.trainer.ppo.core_algos", reason="verl is not installed (scripts/install.sh installs it)")
 pytest.importorskip("vllm", reason="vLLM's CPU build is not installed (scripts/install.sh installs it)")
 
-from tests.e2e.test_sweep import REPO, _runs  # noqa: E402
+from tests.e2e.test_sweep import REPO  # noqa: E402
 
-ALGOS = ["exppo", "tr_grpo", "dapo", "quatro"]
+ALGOS = ["exppo", "tr_grpo", "dapo", "quatro"]  # the preset's sweep
 STEPS = 3  # the first point is stopped after its first checkpoint: at least one step is left for the resumed run
-COMMAND = ["-m", "engine=verl", "engine.device=cpu", "model=tiny-random", f"algo={','.join(ALGOS)}",
-           "plugins=[tests.plugins.toy_tasks]", "data.name=toy_parity", "eval=smoke", "eval.benchmarks=[toy_parity]",
-           "eval.base=false", f"train.steps={STEPS}", "train.checkpoint_every=1", "train.prompts_per_step=4",
-           "train.group_size=4", "train.minibatch_size=8", "train.max_new_tokens=16", "train.lr=1e-2",
-           "engine.micro_batch_size_per_gpu=4", "engine.gradient_checkpointing=false", "report.enabled=false"]
+# the README's command (experiment=verl_smoke: tiny random model, toy_parity, 4 prompts x 4 samples x 16 tokens) with
+# a checkpoint every step and one step more, so that the stopped point has training left when it resumes
+COMMAND = ["-m", "experiment=verl_smoke", f"train.steps={STEPS}", "train.checkpoint_every=1", "report.enabled=false"]
 
 
 def _sweep_proc(cwd):
@@ -43,25 +41,36 @@ def _sweep_proc(cwd):
 
 @pytest.fixture(scope="module")
 def verl_sweep(tmp_path_factory):
-    """The sweep, stopped (SIGTERM, as a user's or a scheduler's) once its first point has its first verl checkpoint,
-    then the same command again: ``(cwd, first exit code, checkpointed steps when stopped, second exit code)``."""
+    """The sweep, stopped (SIGTERM, as a user's or a scheduler's) once its first point has its first verl checkpoint
+    and its first step's metrics, then the same command again. Returns ``(cwd, first exit code, checkpointed steps
+    when stopped, steps logged when stopped, second exit code)``: verl saves a step's checkpoint before it logs the
+    step, so the stop may leave a checkpoint ahead of the log, which the resumed run must not skip."""
     cwd = tmp_path_factory.mktemp("verl_cpu")
     first = _sweep_proc(cwd)
-    deadline, marker = time.time() + 900, None
-    while time.time() < deadline and first.poll() is None and marker is None:
-        marker = next(iter(cwd.glob("multirun/rlvr/*/0/verl_checkpoints/latest_checkpointed_iteration.txt")), None)
+    deadline, point = time.time() + 900, None
+    while time.time() < deadline and first.poll() is None and point is None:
+        for d in cwd.glob("multirun/verl_smoke/*/0"):
+            metrics = d / "verl_metrics.jsonl"
+            if (d / "verl_checkpoints" / "latest_checkpointed_iteration.txt").is_file() and metrics.is_file() \
+                    and metrics.read_bytes().count(b"\n") >= 1:
+                point = d
         time.sleep(0.2)
-    assert marker is not None, (cwd / "sweep.out").read_text()[-3000:]
+    assert point is not None, (cwd / "sweep.out").read_text()[-3000:]
     first.send_signal(signal.SIGTERM)
     first_rc = first.wait(timeout=300)
-    stopped_at = int(marker.read_text())
+    stopped_at = int((point / "verl_checkpoints" / "latest_checkpointed_iteration.txt").read_text())
+    client, trained = _trained(cwd)
+    logged = len(_history(client, trained["exppo"], "train/reward_mean"))
     second = _sweep_proc(cwd)
     second_rc = second.wait(timeout=2400)
-    return cwd, first_rc, stopped_at, second_rc
+    return cwd, first_rc, stopped_at, logged, second_rc
 
 
 def _trained(cwd):
-    client, runs = _runs(cwd)
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{cwd}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("verl_smoke").experiment_id], max_results=100)
     return client, {r.data.params["algo.name"]: r for r in runs if r.data.tags.get("rlvr.kind") == "trained"}
 
 
@@ -96,25 +105,29 @@ def _own_metrics(algo) -> set[str]:
 
 
 def test_sweep_is_stopped_then_finishes_with_every_point_trained(verl_sweep):
-    cwd, first_rc, stopped_at, second_rc = verl_sweep
+    cwd, first_rc, stopped_at, logged, second_rc = verl_sweep
     out = (cwd / "sweep.out").read_text()
     assert first_rc != 0 and "Run the same command again to resume" in out
     assert second_rc == 0, out[-4000:]
     client, trained = _trained(cwd)
     assert sorted(trained) == sorted(ALGOS)
     assert all(r.info.status == "FINISHED" for r in trained.values())
-    assert 1 <= stopped_at < STEPS  # the stop came before verl's last step: the resumed run had training left to do
+    assert 1 <= min(stopped_at, logged) < STEPS  # stopped before verl's last step: the resumed run had steps left
 
 
 def test_the_resumed_run_logs_every_step_once(verl_sweep):
-    cwd, _, stopped_at, _ = verl_sweep
+    cwd, _, stopped_at, logged, _ = verl_sweep
     client, trained = _trained(cwd)
     run = trained["exppo"]
     for key in ("train/reward_mean", "train/grad_norm", "verl/timing_s/step"):
         assert [s for s, _ in _history(client, run, key)] == list(range(STEPS)), key
     log = (Path(run.data.tags["rlvr.run_dir"]) / "verl.log").read_text(errors="replace")
-    # the second attempt continued from verl's checkpoint (same run folder, same MLflow run), not from scratch
-    assert re.search(rf"Resuming from \S*global_step_{stopped_at}\b", log), log[-3000:]
+    # the second attempt continued from verl's checkpoint (same run folder, same MLflow run), not from scratch: from
+    # the newest one whose steps were all logged (a checkpoint ahead of the log is set aside, its step trained again)
+    resumed_from = min(stopped_at, logged)
+    assert re.search(rf"Resuming from \S*global_step_{resumed_from}\b", log), log[-3000:]
+    rewound = "holds steps whose metrics were never logged" in (cwd / "sweep.out").read_text()
+    assert rewound == (stopped_at > logged)
     assert int(run.data.tags["rlvr.requeue_count"]) >= 1
 
 

@@ -364,6 +364,34 @@ def test_save_every_keeps_every_verl_checkpoint_and_exports_the_trajectory(tmp_p
     assert [(p / "step.txt").read_text() for _, p in kept] == ["2", "4"]
 
 
+def test_a_checkpoint_ahead_of_the_logged_steps_is_set_aside_on_resume(tmp_path):
+    """verl saves a step's checkpoint before logging the step: resuming from a checkpoint whose steps were not all
+    logged would lose those steps' metrics, so the marker moves back to the newest checkpoint that holds only logged
+    steps (global_step_k holds the 0-based steps 0..k-1) and newer ones are removed; none left: from scratch."""
+    def make(*steps, marker):
+        root = tmp_path / f"ckpt_{'_'.join(map(str, steps))}_{marker}"
+        for k in steps:
+            (root / f"global_step_{k}" / "actor").mkdir(parents=True)
+        (root / "latest_checkpointed_iteration.txt").write_text(str(marker))
+        return root
+
+    def state(root):
+        marker = root / "latest_checkpointed_iteration.txt"
+        return (sorted(int(d.name.rsplit("_", 1)[1]) for d in root.glob("global_step_*")),
+                int(marker.read_text()) if marker.exists() else None)
+
+    root = make(1, 2, marker=2)
+    assert V.rewind_to_logged(root, logged_through=1) == 2 and state(root) == ([1, 2], 2)  # steps 0, 1 logged
+    assert V.rewind_to_logged(root, logged_through=5) == 2 and state(root) == ([1, 2], 2)
+    assert V.rewind_to_logged(root, logged_through=0) == 1 and state(root) == ([1], 1)     # step 1 never logged
+    assert V.checkpointed_steps(root) == 1 and V.latest_verl_step(root).name == "global_step_1"
+    root = make(2, 3, marker=3)                    # keep=2 rotated global_step_1 away
+    assert V.rewind_to_logged(root, logged_through=0) == 0 and state(root) == ([], None)   # from scratch
+    root = make(4, 6, marker=6)
+    assert V.rewind_to_logged(root, logged_through=4) == 4 and state(root) == ([4], 4)
+    assert V.rewind_to_logged(tmp_path / "none", logged_through=-1) == 0
+
+
 def _stub(path: Path, body: str) -> None:
     path.write_text("#!/usr/bin/env bash\n" + body)
     path.chmod(path.stat().st_mode | stat.S_IEXEC)

@@ -910,6 +910,45 @@ def verl_steps(ckpt_root: Path) -> list[tuple[int, Path]]:
     return sorted(out)
 
 
+def rewind_to_logged(ckpt_root: Path, logged_through: int) -> int:
+    """Make verl resume (``resume_mode=auto``) from the newest checkpoint whose steps all reached the tracker.
+
+    verl saves a step's checkpoint before it logs that step's metrics, so a run stopped between the two leaves a
+    checkpoint holding a step that was never logged; resuming there would leave that step out of the run's history
+    for good. The marker ``latest_checkpointed_iteration.txt`` is moved back to the newest checkpoint
+    ``global_step_k`` with ``k <= logged_through + 1`` (``global_step_k`` holds the 0-based steps ``0 .. k-1``), the
+    newer checkpoints are removed, and the steps after it are trained again and logged once; with no such checkpoint
+    the run starts over.
+
+    Args:
+        ckpt_root: verl's ``default_local_dir``.
+        logged_through: the last 0-based step whose metrics the tracker holds (-1: none).
+    Returns:
+        The number of steps verl resumes after (0: from scratch).
+    """
+    ckpt_root = Path(ckpt_root)
+    done = checkpointed_steps(ckpt_root)
+    if done <= logged_through + 1:
+        return done
+    keep = max((k for k, _ in verl_steps(ckpt_root) if k <= min(done, logged_through + 1)), default=0)
+    for k, folder in verl_steps(ckpt_root):
+        if k > keep:
+            shutil.rmtree(folder, ignore_errors=True)
+    marker = ckpt_root / "latest_checkpointed_iteration.txt"
+    if keep:
+        tmp = marker.with_suffix(".tmp")
+        tmp.write_text(str(keep))
+        tmp.replace(marker)
+    else:
+        marker.unlink(missing_ok=True)
+    import logging
+
+    logging.getLogger("rlvr").warning(
+        "engine=verl: the checkpoint after step %d holds steps whose metrics were never logged (stopped between "
+        "verl's save and its log); resuming after step %d instead", done, keep)
+    return keep
+
+
 def export_trajectory(ckpt_root: Path, run_dir: Path, save_every: int, total_steps: int) -> list[Path]:
     """Export verl's checkpoints at every ``save_every``-th step before the last to
     ``run_dir/checkpoints/step_<N>`` (:func:`core.lifecycle.step_checkpoint_dir`), skipping those already there."""
@@ -1012,7 +1051,7 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
     env.update(verl_environment(cfg))
     env[SPEC_ENV] = json.dumps(spec)
     env["VERL_FILE_LOGGER_PATH"] = str(metrics_path)
-    if checkpointed_steps(run_dir / "verl_checkpoints") >= int(cfg.train.steps):
+    if rewind_to_logged(run_dir / "verl_checkpoints", logged_through) >= int(cfg.train.steps):
         return hand_over(cfg, run_dir)  # resumed after its training had finished: nothing for verl to do
     from core.tools import close_tools, open_tools_for
 
