@@ -44,11 +44,45 @@ def call_text(turn: str, tool) -> str:
     return head.strip()
 
 
+def hf_continuation(model, tokenizer, temperature: float, top_p: float, stops: Sequence[str]):
+    """A continuation function for :func:`run_episodes` that samples with transformers ``generate`` on ``model``:
+    ``fn(seqs, budgets, turn) -> [(new tokens, None), ...]`` (no log-probs), stopping at ``stops`` or EOS."""
+    device = next(model.parameters()).device
+    pad = tokenizer.pad_token_id
+    greedy = float(temperature) == 0.0
+    decoding = (dict(do_sample=False, temperature=None, top_p=None, top_k=None) if greedy else
+                dict(do_sample=True, temperature=float(temperature), top_p=float(top_p), top_k=0))
+
+    @torch.no_grad()
+    def cont(seqs: list[list[int]], budgets: list[int], turn: int):
+        width = max(len(s) for s in seqs)
+        ids = torch.tensor([[pad] * (width - len(s)) + s for s in seqs], device=device)
+        att = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs], device=device)
+        was_training = model.training
+        model.eval()
+        try:
+            out = model.generate(input_ids=ids, attention_mask=att, **decoding, max_new_tokens=max(budgets),
+                                 stop_strings=list(stops), tokenizer=tokenizer, pad_token_id=pad)
+        finally:
+            model.train(was_training)
+        return [(row[: b], None) for row, b in zip(out[:, width:].tolist(), budgets)]
+
+    return cont
+
+
+def model_eos_ids(model, tokenizer) -> list[int]:
+    """The token ids that end a response: the model's generation config's ``eos_token_id`` (one or a list), else
+    the tokenizer's EOS."""
+    eos = model.generation_config.eos_token_id
+    return [eos] if isinstance(eos, int) else list(eos or [tokenizer.eos_token_id])
+
+
 @torch.no_grad()
 def generate_with_tools(model, tokenizer, texts: Sequence[str], n: int, temperature: float, top_p: float,
                         max_new_tokens: int, seed: int | None, tools: dict, max_turns: int = 4,
                         max_obs_tokens: int = 256) -> Generation:
-    """Sample ``n`` episodes per input text, calling ``tools`` (``{name: core.tools.Tool}``) along the way.
+    """Sample ``n`` episodes per input text with transformers ``generate`` on ``model``, calling ``tools`` along the way
+    (:func:`run_episodes` with :func:`hf_continuation`; ``seed`` seeds torch's generator once).
 
     Args:
         texts: rendered model inputs (:func:`core.sampling.prompt_texts`).
@@ -62,72 +96,90 @@ def generate_with_tools(model, tokenizer, texts: Sequence[str], n: int, temperat
     Raises:
         core.tools.ToolUnavailable: a tool's service is gone.
     """
-    device = next(model.parameters()).device
-    greedy = float(temperature) == 0.0
     if seed is not None:
         torch.manual_seed(int(seed))
+    stops = [t.close_tag for t in tools.values()] + [ANSWER_CLOSE]
+    cont = hf_continuation(model, tokenizer, temperature, top_p, stops)
+    return run_episodes(cont, tokenizer, model_eos_ids(model, tokenizer), texts, n, max_new_tokens, tools, max_turns,
+                        max_obs_tokens, device=next(model.parameters()).device)
+
+
+def run_episodes(cont, tokenizer, eos_ids: Sequence[int], texts: Sequence[str], n: int, max_new_tokens: int,
+                 tools: dict, max_turns: int = 4, max_obs_tokens: int = 256, device="cpu") -> Generation:
+    """Sample ``n`` episodes per input text through a continuation function, calling ``tools`` along the way.
+
+    Args:
+        cont: ``fn(seqs, budgets, turn) -> [(new token ids, their log-probs or None), ...]``: continue each token
+            sequence by at most its budget, stopping at a tool's closing tag, ``</answer>`` or EOS (it may run past
+            them: the turn is cut here); :func:`hf_continuation`, or the vLLM rollout's.
+        eos_ids: the tokens that end a response.
+        texts, n, max_new_tokens, tools, max_turns, max_obs_tokens: as :func:`generate_with_tools`.
+    Returns:
+        :class:`core.sampling.Generation` as :func:`generate_with_tools`, with ``logprobs`` (B, L) when ``cont``
+        returns them (0 on the tool's tokens).
+    Raises:
+        core.tools.ToolUnavailable: a tool's service is gone.
+    """
     pad = tokenizer.pad_token_id
-    eos = model.generation_config.eos_token_id
-    eos_ids = set([eos] if isinstance(eos, int) else list(eos or [tokenizer.eos_token_id]))
+    eos_ids = set(eos_ids)
     stops = [t.close_tag for t in tools.values()] + [ANSWER_CLOSE]
     enc = [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
     B = len(enc) * int(n)
     prompts = [enc[i // int(n)] for i in range(B)]
     resp: list[list[int]] = [[] for _ in range(B)]
     keep: list[list[int]] = [[] for _ in range(B)]
+    lps: list[list[float]] = [[] for _ in range(B)]
+    with_lp = False
     calls, done, finished = [0] * B, [False] * B, [False] * B
     info_open = tokenizer("\n\n<information>", add_special_tokens=False).input_ids
     info_close = tokenizer("</information>\n\n", add_special_tokens=False).input_ids
-    decoding = (dict(do_sample=False, temperature=None, top_p=None, top_k=None) if greedy else
-                dict(do_sample=True, temperature=float(temperature), top_p=float(top_p), top_k=0))
-    was_training = model.training
-    model.eval()
-    try:
-        while not all(done):
-            rows = [i for i in range(B) if not done[i]]
-            budget = {i: int(max_new_tokens) - len(resp[i]) for i in rows}
-            seqs = [prompts[i] + resp[i] for i in rows]
-            width = max(len(s) for s in seqs)
-            ids = torch.tensor([[pad] * (width - len(s)) + s for s in seqs], device=device)
-            att = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs], device=device)
-            out = model.generate(input_ids=ids, attention_mask=att, **decoding, max_new_tokens=max(budget.values()),
-                                 stop_strings=stops, tokenizer=tokenizer, pad_token_id=pad)
-            new = out[:, width:].tolist()
-            pending: dict[str, list[tuple[int, str]]] = {}
-            for j, i in enumerate(rows):
-                toks = new[j][: budget[i]]
-                cut, why = _cut(toks, tokenizer, eos_ids, stops)
-                resp[i] += toks[:cut]
-                keep[i] += [1] * cut
-                if why in ("eos", ANSWER_CLOSE):
-                    done[i], finished[i] = True, True
-                    continue
-                tool = next((t for t in tools.values() if t.close_tag == why), None)
-                if tool is None or calls[i] >= int(max_turns) or len(resp[i]) >= int(max_new_tokens):
-                    done[i] = True  # out of budget, or a call beyond max_turns: the episode ends unanswered
-                    continue
-                pending.setdefault(tool.name, []).append((i, call_text(tokenizer.decode(toks[:cut]), tool)))
-            for name, items in pending.items():
-                results = tools[name].call([q for _, q in items])
-                for (i, _), text in zip(items, results):
-                    obs = info_open + tokenizer(text, add_special_tokens=False).input_ids[: int(max_obs_tokens)] + info_close
-                    obs = obs[: int(max_new_tokens) - len(resp[i])]
-                    resp[i] += obs
-                    keep[i] += [0] * len(obs)
-                    calls[i] += 1
-                    if len(resp[i]) >= int(max_new_tokens):
-                        done[i] = True
-    finally:
-        model.train(was_training)
+    turn = 0
+    while not all(done):
+        rows = [i for i in range(B) if not done[i]]
+        budget = {i: int(max_new_tokens) - len(resp[i]) for i in rows}
+        new = cont([prompts[i] + resp[i] for i in rows], [budget[i] for i in rows], turn)
+        turn += 1
+        pending: dict[str, list[tuple[int, str]]] = {}
+        for (toks, lp), i in zip(new, rows):
+            toks = list(toks)[: budget[i]]
+            cut, why = _cut(toks, tokenizer, eos_ids, stops)
+            resp[i] += toks[:cut]
+            keep[i] += [1] * cut
+            if lp is not None:
+                with_lp = True
+                lps[i] += list(lp)[:cut]
+            else:
+                lps[i] += [0.0] * cut
+            if why in ("eos", ANSWER_CLOSE):
+                done[i], finished[i] = True, True
+                continue
+            tool = next((t for t in tools.values() if t.close_tag == why), None)
+            if tool is None or calls[i] >= int(max_turns) or len(resp[i]) >= int(max_new_tokens):
+                done[i] = True  # out of budget, or a call beyond max_turns: the episode ends unanswered
+                continue
+            pending.setdefault(tool.name, []).append((i, call_text(tokenizer.decode(toks[:cut]), tool)))
+        for name, items in pending.items():
+            results = tools[name].call([q for _, q in items])
+            for (i, _), text in zip(items, results):
+                obs = info_open + tokenizer(text, add_special_tokens=False).input_ids[: int(max_obs_tokens)] + info_close
+                obs = obs[: int(max_new_tokens) - len(resp[i])]
+                resp[i] += obs
+                keep[i] += [0] * len(obs)
+                lps[i] += [0.0] * len(obs)
+                calls[i] += 1
+                if len(resp[i]) >= int(max_new_tokens):
+                    done[i] = True
     width = max(1, max(len(r) for r in resp))
     response_ids = torch.tensor([r + [pad] * (width - len(r)) for r in resp], device=device)
     response_mask = torch.tensor([k + [0] * (width - len(k)) for k in keep], device=device)
     p_width = max(len(p) for p in prompts)
     prompt_ids = torch.tensor([[pad] * (p_width - len(p)) + p for p in prompts], device=device)
     prompt_mask = torch.tensor([[0] * (p_width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    logprobs = (torch.tensor([lp + [0.0] * (width - len(lp)) for lp in lps], device=device) * response_mask
+                if with_lp else None)
     return Generation(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
                       response_mask=response_mask, response_lengths=response_mask.sum(-1),
                       finished=torch.tensor(finished, device=device),
                       texts=[tokenizer.decode(r, skip_special_tokens=True) for r in resp],
                       tool_calls=torch.tensor(calls, device=device),
-                      tool_tokens=torch.tensor([len(k) - sum(k) for k in keep], device=device))
+                      tool_tokens=torch.tensor([len(k) - sum(k) for k in keep], device=device), logprobs=logprobs)

@@ -62,6 +62,8 @@ class Generation:
     tool_calls: torch.Tensor | None = None  # (B,) tool calls per response (core.agent); response_mask then marks
                                             # the policy's tokens only, tool results (attended) are 0
     tool_tokens: torch.Tensor | None = None  # (B,) tokens of tool results in each response (mask 0, attended)
+    logprobs: torch.Tensor | None = None  # (B, L) the sampler's own log-prob of each sampled token at the sampling
+                                          # temperature (vLLM's processed log-probs), 0 where response_mask is 0
 
 
 def response_mask_from_ids(response_ids: torch.Tensor, eos_token_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -233,21 +235,29 @@ ENTROPY_LOGITS_BUDGET = 1 << 30  # bytes of float32 logits the hf sampler may ho
 @dataclass(frozen=True)
 class SamplerSpec:
     """A registered sampler: ``build(model_path, options) -> Sampler``; ``missing() -> reason or None`` (why it
-    cannot run on this machine); ``auto_rank() -> int or None`` (``auto`` takes the highest rank; None: never)."""
+    cannot run on this machine); ``auto_rank() -> int or None`` (``auto`` takes the highest rank; None: never);
+    ``rollout(model, tokenizer, model_path, options) -> Rollout`` (training rollouts from a policy held in memory,
+    None when the sampler cannot) and ``rollout_cost(plan) -> seconds or None`` (its estimated sampling time for a
+    training run, for ``train.rollout.sampler=auto``: :func:`choose_rollout_sampler`)."""
 
     name: str
     build: Callable[[str, SamplerOptions], "Sampler"]
     missing: Callable[[], str | None]
     auto_rank: Callable[[], int | None]
+    rollout: Callable | None = None
+    rollout_cost: Callable | None = None
+    rollout_logprobs: bool = False   # its rollouts carry the sampler's own log-probs (what a mismatch correction needs)
 
 
 SAMPLERS: dict[str, SamplerSpec] = {}
 
 
 def register_sampler(name: str, missing: Callable[[], str | None], auto_rank: Callable[[], int | None]):
-    """Class decorator: register a sampler class (with a ``from_path(model_path, options)`` constructor) by name."""
+    """Class decorator: register a sampler class by name: its ``from_path(model_path, options)`` constructor, and when
+    it has them its ``for_policy(model, tokenizer, model_path, options)`` rollout constructor and ``rollout_cost(plan)``."""
     def deco(cls):
-        SAMPLERS[name] = SamplerSpec(name, cls.from_path, missing, auto_rank)
+        SAMPLERS[name] = SamplerSpec(name, cls.from_path, missing, auto_rank, getattr(cls, "for_policy", None),
+                                     getattr(cls, "rollout_cost", None), bool(getattr(cls, "rollout_logprobs", False)))
         return cls
     return deco
 
@@ -369,6 +379,16 @@ class HFSampler:
         self.model = None
         _free_memory()
 
+    @classmethod
+    def for_policy(cls, model, tokenizer, model_path=None, options: "RolloutOptions | None" = None) -> "HFRollout":
+        """Training rollouts with transformers ``generate`` on the policy itself (nothing to copy or sync)."""
+        return HFRollout(model, tokenizer)
+
+    @staticmethod
+    def rollout_cost(plan: "RolloutPlan") -> float:
+        """Estimated seconds of sampling for a training run (:data:`ROLLOUT_SPEED`)."""
+        return plan.tokens / _speed("hf", plan)
+
 
 def _vllm_missing() -> str | None:
     try:
@@ -404,10 +424,14 @@ def vllm_engine_defaults(on_gpu: bool) -> dict:
 class VLLMSampler:
     """vLLM offline-engine sampler behind the :class:`Sampler` protocol.
 
-    One ``generate`` call per batch of prompts, fed as token ids (the same ids the transformers path feeds:
-    chat template rendered, no extra special tokens), with one ``SamplingParams(n, seed, temperature, top_p,
-    max_tokens)`` per prompt: the n samples of a prompt are distinct draws of one seeded request, and a
-    prompt's samples do not depend on which other prompts share its batch.
+    The engine is the process's shared one (:func:`core.vllm_engine.shared_engine`): a sweep process starts it once
+    and loads each checkpoint's weights into it in place, and a training run's rollouts leave it holding the final
+    policy, which the run's evaluation then samples without loading anything. One ``generate`` call per batch of
+    prompts (all of an evaluation's prompts at once by default: :attr:`preferred_batch_prompts`; vLLM's scheduler
+    batches them), fed as token ids (the same ids the transformers path feeds: chat template rendered, no extra
+    special tokens), with one ``SamplingParams(n, seed, temperature, top_p, max_tokens)`` per prompt: the n samples
+    of a prompt are distinct draws of one seeded request, and a prompt's samples do not depend on which other
+    prompts share its batch.
 
     Entropy: a teacher-forced transformers pass over the sampled token ids (see the module docstring), with
     the scoring model loaded once, on ``options.device`` in ``options.dtype``.
@@ -416,13 +440,14 @@ class VLLMSampler:
         model_path: a Hugging Face model folder or hub id.
         engine: ``vllm.LLM`` keyword arguments (``gpu_memory_utilization``, ``tensor_parallel_size``,
             ``max_model_len``, ``enforce_eager``, ``dtype``, ...), over :func:`vllm_engine_defaults`.
-        llm: an existing ``vllm.LLM`` to wrap instead of starting one (benchmarks).
+        llm: an existing ``vllm.LLM`` to wrap instead of the shared engine (benchmarks).
     Raises:
         ImportError: vLLM is not installed.
     """
 
     name = "vllm"
-    preferred_batch_prompts = 64
+    rollout_logprobs = True
+    preferred_batch_prompts = 4096  # an evaluation's prompts in one call: vLLM's scheduler batches them itself
 
     def __init__(self, model_path, engine: dict | None = None, with_entropy: bool = True, device: str = "auto",
                  dtype: str = "auto", score_rows: int = 16, score_tokens: int = 512, llm=None):
@@ -434,26 +459,17 @@ class VLLMSampler:
         self.with_entropy, self.score_rows, self.score_tokens = with_entropy, score_rows, score_tokens
         self.entropy_method = ENTROPY_METHOD if with_entropy else None
         self._scorer = None
-        self._process_state = None  # what an in-process engine core changes in this process, restored by close()
+        self.engine = None
         if llm is None:
-            os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-            if not torch.cuda.is_available():
-                # On the CPU a separate engine-core process only imports torch and vLLM a second time (measured:
-                # an engine on the tiny model 51 s with it, 25 s in-process); vLLM reads this when the engine starts.
-                os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
             try:
-                from vllm import LLM
+                from .vllm_engine import shared_engine
             except ImportError as e:
                 raise ImportError(_vllm_missing() or "vLLM failed to import") from e
-            dtype_name = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[self.dtype]
-            kwargs = {**vllm_engine_defaults(torch.cuda.is_available()), "dtype": dtype_name,
-                      **{k: v for k, v in (engine or {}).items() if v is not None}}
-            if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
-                # vLLM's CPU worker, now in this process, replaces torch.set_num_threads with a no-op (it binds its
-                # threads) and may bind this process's threads and cores: close() puts them back for what follows
-                self._process_state = (torch.set_num_threads, torch.get_num_threads(),
-                                       os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None)
-            llm = LLM(model=self.model_path, **kwargs)
+            engine = dict(engine or {})
+            dtype_name = engine.pop("dtype", None) or _DTYPE_NAMES[self.dtype]
+            kwargs = {**vllm_engine_defaults(torch.cuda.is_available()), **{k: v for k, v in engine.items() if v is not None}}
+            self.engine = shared_engine(self.model_path, dtype_name, kwargs)
+            llm = self.engine.llm
         self.llm = llm
         self.tokenizer = llm.get_tokenizer()
 
@@ -461,6 +477,26 @@ class VLLMSampler:
     def from_path(cls, model_path: str, options: SamplerOptions) -> "VLLMSampler":
         return cls(model_path, options.engine, options.entropy, options.device, options.dtype, options.score_rows,
                    options.score_tokens)
+
+    @classmethod
+    def for_policy(cls, model, tokenizer, model_path, options: "RolloutOptions") -> "VLLMRollout":
+        """Training rollouts through the shared engine, holding ``model``'s current weights (loaded in place now and
+        after every optimiser step: :meth:`VLLMRollout.sync`)."""
+        from .vllm_engine import shared_engine
+
+        kwargs = {**vllm_engine_defaults(torch.cuda.is_available()), **options.engine}
+        engine = shared_engine(str(model_path), options.dtype, kwargs)
+        rollout = VLLMRollout(engine, tokenizer, _eos_ids(model, tokenizer))
+        rollout.sync(model)
+        return rollout
+
+    @staticmethod
+    def rollout_cost(plan: "RolloutPlan") -> float:
+        """Estimated seconds of sampling for a training run: engine start (none when the process's engine already
+        matches), generation at :data:`ROLLOUT_SPEED`, and a weight sync per step."""
+        start = 0.0 if plan.engine_ready else _speed("vllm_start_s", plan)
+        sync = plan.steps * plan.n_params * 4 / 2e9  # about 2 GB/s of weight copying (fp32)
+        return start + plan.tokens / _speed("vllm", plan) + sync
 
     def prompt_token_ids(self, prompts: Sequence[str], chat_template: bool) -> list[list[int]]:
         """Token ids of the rendered prompts, as fed to the engine (no special tokens added)."""
@@ -482,6 +518,8 @@ class VLLMSampler:
         params = [SamplingParams(n=1 if greedy else int(n), seed=int(s), temperature=float(settings.temperature),
                                  top_p=1.0 if greedy else float(settings.top_p), max_tokens=int(settings.max_new_tokens))
                   for s in seeds]
+        if self.engine is not None:
+            self.engine.wake_up()
         results = self.llm.generate([{"prompt_token_ids": x} for x in ids], params, use_tqdm=False)
         out = []
         for res, seed in zip(results, seeds):
@@ -507,18 +545,211 @@ class VLLMSampler:
         return out
 
     def close(self) -> None:
-        """Stop the engine (its worker processes; or its in-process core on the CPU, putting back the torch thread
-        settings and CPU affinity it changed in this process) and free the scoring model."""
-        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
-        if core is not None and hasattr(core, "shutdown"):
-            core.shutdown()
+        """Free the scoring model and hand the engine back: the process's shared engine stays up for the next
+        evaluation or training run (on a GPU asleep, its memory freed); :func:`core.vllm_engine.close_shared` stops it."""
+        if self.engine is not None:
+            self.engine.sleep()
         self.llm = None
         self._scorer = None
-        if self._process_state is not None:
-            set_num_threads, threads, cores = self._process_state
-            torch.set_num_threads = set_num_threads
-            torch.set_num_threads(threads)
-            if cores is not None:
-                os.sched_setaffinity(0, cores)
-            self._process_state = None
         _free_memory()
+
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    return [eos] if isinstance(eos, int) else list(eos or [tokenizer.eos_token_id])
+
+
+# ----------------------------------------------------------------------------------- training rollouts
+
+@dataclass(frozen=True)
+class RolloutOptions:
+    """How a training run's rollout sampler runs (``train.rollout``): ``dtype`` of the vLLM engine (``float32`` |
+    ``bfloat16`` | ``float16``) and its other ``vllm.LLM`` arguments (``gpu_memory_utilization``, ...)."""
+
+    dtype: str = "float32"
+    engine: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    """What ``train.rollout.sampler=auto`` weighs (:func:`choose_rollout_sampler`): optimiser steps, sequences
+    sampled per step (prompts x group size), the token budget of each, the policy's parameter count, whether it
+    trains on a GPU, and whether this process already runs a vLLM engine that would serve the run."""
+
+    steps: int
+    sequences: int
+    max_new_tokens: int
+    n_params: int
+    gpu: bool = False
+    engine_ready: bool = False
+
+    @property
+    def tokens(self) -> int:
+        return self.steps * self.sequences * self.max_new_tokens
+
+
+#: Sampling speeds on vLLM's CPU build and transformers for a 100M-parameter model, generated tokens per second at a
+#: batch of 32 sequences in float32, and vLLM's start in a new process (seconds); speeds scale as 1 / parameters.
+#: Measured on 2 CPU cores (Xeon with AMX), SmolLM2-135M, 2026-12-02 (``python -m benchmarks.train_step``, README).
+ROLLOUT_SPEED = {"cpu": {"hf": 150.0, "vllm": 280.0, "vllm_start_s": 20.0},
+                 "gpu": {"hf": 1500.0, "vllm": 15000.0, "vllm_start_s": 60.0}}
+
+
+def _speed(what: str, plan: RolloutPlan) -> float:
+    value = ROLLOUT_SPEED["gpu" if plan.gpu else "cpu"][what]
+    return value if what.endswith("_s") else value * 1e8 / max(plan.n_params, 1)
+
+
+def choose_rollout_sampler(name: str, plan: RolloutPlan) -> tuple[str, str]:
+    """The rollout sampler of a training run and why: ``name`` itself when it is not ``auto`` (after checking it can
+    run here), else the registered sampler with the lowest estimated sampling time for ``plan`` (each sampler's
+    ``rollout_cost``; vLLM's includes its start unless this process's engine already serves the run).
+
+    Raises:
+        ValueError: an unknown sampler, one that cannot run here, or one that cannot roll out a policy.
+    """
+    if name != "auto":
+        resolved = resolve_sampler(name)
+        if SAMPLERS[resolved].rollout is None:
+            raise ValueError(f"train.rollout.sampler={name!r}: this sampler cannot sample a policy in training")
+        return resolved, "asked for"
+    costs = {spec.name: float(spec.rollout_cost(plan)) for spec in SAMPLERS.values()
+             if spec.rollout is not None and spec.rollout_cost is not None and spec.missing() is None}
+    best = min(costs, key=costs.get)
+    shown = ", ".join(f"{k} {v:.0f} s" for k, v in sorted(costs.items(), key=lambda kv: kv[1]))
+    return best, (f"auto: estimated sampling time for {plan.steps} steps x {plan.sequences} sequences x "
+                  f"{plan.max_new_tokens} tokens ({plan.n_params / 1e6:.0f}M parameters, "
+                  f"{'GPU' if plan.gpu else 'CPU'}): {shown}")
+
+
+def build_rollout(name: str, model, tokenizer, model_path, options: RolloutOptions | None = None):
+    """The training rollout sampler ``name`` (resolved, not ``auto``) for the policy ``model``."""
+    return SAMPLERS[name].rollout(model, tokenizer, model_path, options or RolloutOptions())
+
+
+class HFRollout:
+    """Training rollouts with transformers ``generate`` on the policy itself: nothing to copy or sync; no log-probs of
+    its own (the trainer's old log-probs are the rollout policy's)."""
+
+    name = "hf"
+
+    def __init__(self, model, tokenizer):
+        self.model, self.tokenizer = model, tokenizer
+        self.sync_s = 0.0
+
+    def generate(self, texts: Sequence[str], n: int, temperature: float, top_p: float, max_new_tokens: int,
+                 seed: int) -> Generation:
+        return generate_responses(self.model, self.tokenizer, texts, n, temperature, top_p, max_new_tokens, seed)
+
+    def generate_with_tools(self, texts, n, temperature, top_p, max_new_tokens, seed, tools, max_turns, max_obs_tokens):
+        from .agent import generate_with_tools
+
+        return generate_with_tools(self.model, self.tokenizer, texts, n, temperature, top_p, max_new_tokens, seed,
+                                   tools, max_turns, max_obs_tokens)
+
+    def sync(self, model) -> float:
+        return 0.0
+
+    def sleep(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self.model = None
+
+
+class VLLMRollout:
+    """Training rollouts through the process's vLLM engine (:mod:`core.vllm_engine`), which takes the policy's
+    weights in place after every optimiser step (:meth:`sync`). Each generation also returns vLLM's log-prob of each
+    sampled token at the sampling temperature (``Generation.logprobs``), for the trainer to measure, and optionally
+    correct, the training-inference mismatch.
+
+    Seeds: prompt i of a call is one request seeded from (``seed``, i), its n samples vLLM's draws of that request; in
+    multi-turn episodes each episode's turn is its own request, seeded from (``seed``, episode, turn)."""
+
+    name = "vllm"
+
+    def __init__(self, engine, tokenizer, eos_ids: Sequence[int]):
+        self.engine, self.tokenizer, self.eos_ids = engine, tokenizer, list(eos_ids)
+        self.version = 0
+        self.sync_s = 0.0
+
+    def _params(self, n, temperature, top_p, max_tokens, seed, **extra):
+        from vllm import SamplingParams
+
+        greedy = float(temperature) == 0.0
+        return SamplingParams(n=1 if greedy else int(n), seed=int(seed) % (2**31), temperature=float(temperature),
+                              top_p=1.0 if greedy else float(top_p), max_tokens=int(max_tokens), logprobs=0, stop_token_ids=self.eos_ids, detokenize=False,
+                              **extra)
+
+    @staticmethod
+    def _token_logprobs(c) -> list[float]:
+        return [float(d[t].logprob) if d and t in d else 0.0 for t, d in zip(c.token_ids, c.logprobs or [])]
+
+    def generate(self, texts: Sequence[str], n: int, temperature: float, top_p: float, max_new_tokens: int,
+                 seed: int) -> Generation:
+        """``n`` samples per text, as :func:`generate_responses` lays them out (prompt-major, left-padded prompts,
+        right-padded responses, the mask through the first EOS), with ``logprobs`` (B, L)."""
+        self.engine.wake_up()
+        ids = [self.tokenizer(t, add_special_tokens=False).input_ids for t in texts]
+        params = [self._params(n, temperature, top_p, max_new_tokens, seed * 1_000_003 + i * 10_007)
+                  for i in range(len(ids))]
+        outs = self.engine.llm.generate([{"prompt_token_ids": x} for x in ids], params, use_tqdm=False)
+        greedy = float(temperature) == 0.0
+        rows, lps = [], []
+        for res in outs:
+            cs = list(res.outputs) * int(n) if greedy else list(res.outputs)
+            rows += [list(c.token_ids) or [self.tokenizer.pad_token_id] for c in cs]
+            lps += [self._token_logprobs(c) for c in cs]
+        return _generation(self.tokenizer, ids, int(n), rows, lps, self.eos_ids)
+
+    def generate_with_tools(self, texts, n, temperature, top_p, max_new_tokens, seed, tools, max_turns, max_obs_tokens):
+        """Multi-turn episodes (:func:`core.agent.run_episodes`) on the engine: each turn of each episode one request
+        that stops at a tool's closing tag, ``</answer>`` or EOS, seeded by (``seed``, episode, turn)."""
+        from .agent import ANSWER_CLOSE, run_episodes
+
+        self.engine.wake_up()
+        stops = [t.close_tag for t in tools.values()] + [ANSWER_CLOSE]
+
+        def cont(seqs, budgets, turn):
+            params = [self._params(1, temperature, top_p, b, seed * 7919 + turn * 100_003 + j, stop=stops,
+                                   include_stop_str_in_output=True) for j, b in enumerate(budgets)]
+            outs = self.engine.llm.generate([{"prompt_token_ids": s} for s in seqs], params, use_tqdm=False)
+            return [(list(o.outputs[0].token_ids), self._token_logprobs(o.outputs[0])) for o in outs]
+
+        return run_episodes(cont, self.tokenizer, self.eos_ids, texts, n, max_new_tokens, tools, max_turns,
+                            max_obs_tokens)
+
+    def sync(self, model) -> float:
+        """Load ``model``'s current weights into the engine in place (after an optimiser step). Returns seconds."""
+        self.version += 1
+        self.sync_s = self.engine.load_module(model, f"policy:{id(model)}:{self.version}")
+        return self.sync_s
+
+    def sleep(self) -> None:
+        """Free the engine's GPU memory while the trainer updates the policy (a no-op on the CPU)."""
+        self.engine.sleep()
+
+    def close(self) -> None:
+        self.engine.sleep()
+
+
+def _generation(tokenizer, prompt_ids: list[list[int]], n: int, responses: list[list[int]], logprobs: list[list[float]],
+                eos_ids: Sequence[int]) -> Generation:
+    """A :class:`Generation` from token lists: prompts (one per n rows) left-padded, responses right-padded."""
+    pad = tokenizer.pad_token_id
+    B = len(responses)
+    p_width = max(len(p) for p in prompt_ids)
+    prompts = [prompt_ids[i // n] for i in range(B)]
+    width = max(1, max(len(r) for r in responses))
+    response_ids = torch.tensor([r + [pad] * (width - len(r)) for r in responses])
+    mask, finished = response_mask_from_ids(response_ids, eos_ids)
+    lp = torch.tensor([x + [0.0] * (width - len(x)) for x in logprobs]) * mask
+    texts = tokenizer.batch_decode(response_ids.masked_fill(mask == 0, pad), skip_special_tokens=True)
+    return Generation(
+        prompt_ids=torch.tensor([[pad] * (p_width - len(p)) + p for p in prompts]),
+        prompt_mask=torch.tensor([[0] * (p_width - len(p)) + [1] * len(p) for p in prompts]),
+        response_ids=response_ids, response_mask=mask, response_lengths=mask.sum(-1), finished=finished, texts=texts,
+        logprobs=lp)

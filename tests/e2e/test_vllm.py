@@ -78,39 +78,83 @@ def test_cli_vllm_on_the_base_model_reproduces_the_sweeps_base_samples(vllm_swee
     assert cli["response"].nunique() > 4  # and they are real, distinct samples
 
 
-GREEDY = """
+SYNC = """
 import json, os, sys
 import torch
-from core.sampling import SamplingSettings, VLLMSampler
+from omegaconf import OmegaConf
+from core import vllm_engine
+from core.models import load_policy, model_path
+from core.sampling import RolloutOptions, SamplingSettings, VLLMSampler, build_rollout, generate_responses, prompt_texts
+from core.scoring import compute_logprobs
+cfg = OmegaConf.create(json.loads(sys.argv[1]))
+# the evaluation sampler first: greedy decoding with two other seeds
 before = (torch.set_num_threads, torch.get_num_threads(), os.sched_getaffinity(0))
-smp = VLLMSampler(sys.argv[1], with_entropy=True)
+smp = VLLMSampler(model_path(cfg), with_entropy=True)
 s = SamplingSettings(0.0, 0.5, 8)
-prompts = ["Compute 1 + 1.", "Compute 20 + 22. Answer with just the number."]
-runs = [smp.sample(prompts, 3, [seed, seed + 1], s) for seed in (1, 99)]
+runs = [smp.sample(["Compute 1 + 1.", "Compute 20 + 22. Answer with just the number."], 3, [seed, seed + 1], s)
+        for seed in (1, 99)]
 smp.close()
+engine = vllm_engine.current_engine()
 restored = (torch.set_num_threads, torch.get_num_threads(), os.sched_getaffinity(0)) == before
 print("RESTORED", restored, "IN_PROCESS", os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING"))
-print("RESULT " + json.dumps([[[[x["response"], x["n_tokens"], x["mean_token_entropy"]] for x in g] for g in r] for r in runs]))
+print("GREEDY " + json.dumps([[[[x["response"], x["n_tokens"], x["mean_token_entropy"]] for x in g] for g in r] for r in runs]))
+# then training rollouts from a policy in memory, on the same engine
+model, tok = load_policy(cfg)
+texts = prompt_texts(tok, ["Compute 1 + 1.", "Compute 20 + 22.", "Name a prime number."], True)
+rollout = build_rollout("vllm", model, tok, model_path(cfg), RolloutOptions(dtype="float32"))
+print("SAME_ENGINE", rollout.engine is engine)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+out = []
+for step in range(3):
+    if step:  # an optimiser step towards other random continuations each time: the argmax moves
+        model.train()
+        target = torch.randint(1000, 20000, (len(texts), 8), generator=torch.Generator().manual_seed(step))
+        ids = torch.cat([enc.input_ids, target], 1)
+        logits = model(input_ids=ids, attention_mask=torch.cat([enc.attention_mask, torch.ones_like(target)], 1)).logits
+        loss = -torch.nn.functional.log_softmax(logits[:, -9:-1], -1).gather(-1, target[..., None]).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        rollout.sync(model)
+    model.eval()
+    hf = generate_responses(model, tok, texts, 1, 0.0, 1.0, 8)
+    vl = rollout.generate(texts, 1, 0.0, 1.0, 8, seed=step)
+    with torch.no_grad():
+        lp, _ = compute_logprobs(model, hf.prompt_ids, hf.prompt_mask, hf.response_ids, hf.response_mask, 1.0)
+    def rows(g):
+        return [r[: int(k)] for r, k in zip(g.response_ids.tolist(), g.response_mask.sum(-1).tolist())]
+    diff = [abs(a - b) for i, r in enumerate(rows(vl)) for j, (a, b) in
+            enumerate(zip(lp[i].tolist(), vl.logprobs[i].tolist())) if j < len(r)]
+    out.append({"hf": rows(hf), "vllm": rows(vl), "max_lp_diff": max(diff)})
+print("RESULT " + json.dumps(out))
 """
 
 
-def test_vllm_greedy_decoding_is_the_same_on_every_run(tiny_cfg, tmp_path):
-    """eval.temperature=0 through vLLM's engine: two calls with other seeds give the same sequences, and the n
-    samples of a prompt are that one sequence (vLLM is asked for one per prompt). Closing the in-process engine
-    leaves this process's torch thread settings as they were."""
+def test_vllm_greedy_then_rollout_weights_follow_the_policy_after_each_optimiser_step(tiny_cfg):
+    """One process, one vLLM engine. First the evaluation sampler, eval.temperature=0: two calls with other seeds give
+    the same sequences, and the n samples of a prompt are that one sequence (vLLM is asked for one per prompt); the
+    in-process engine leaves this process's torch thread settings as they were. Then the training rollout sampler
+    reuses that engine and takes the policy's weights in place after each optimiser step: its greedy continuations
+    equal transformers' on the updated policy token for token (float32), its log-probs of those tokens agree to
+    1e-4, and the updates (AdamW, lr 1e-2) changed the argmax somewhere, so a stale engine would fail."""
     import json
 
-    from core.models import model_path
-
-    proc = subprocess.run([sys.executable, "-c", GREEDY, model_path(tiny_cfg.model)], cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=600, env=dict(os.environ, HF_HUB_OFFLINE="1"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    # on the CPU the engine core ran in this process (one import of vLLM, not two) and close() put back the torch
-    # thread settings vLLM's CPU worker replaces (torch.set_num_threads becomes a no-op there)
     import torch
 
+    from omegaconf import OmegaConf
+
+    proc = subprocess.run([sys.executable, "-c", SYNC, json.dumps(OmegaConf.to_container(tiny_cfg.model, resolve=True))],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # on the CPU the engine core ran in this process (one import of vLLM, not two) and the engine put back the torch
+    # thread settings vLLM's CPU worker replaces (torch.set_num_threads becomes a no-op there)
     assert ("RESTORED True" + ("" if torch.cuda.is_available() else " IN_PROCESS 0")) in proc.stdout, proc.stdout[-2000:]
-    a, b = json.loads(proc.stdout.split("RESULT ", 1)[1])
+    a, b = json.loads(proc.stdout.split("GREEDY ", 1)[1].splitlines()[0])
     assert a == b
     for group in a:
         assert len(group) == 3 and all(x == group[0] for x in group) and 1 <= group[0][1] <= 8
+    assert "SAME_ENGINE True" in proc.stdout
+    steps = json.loads(proc.stdout.split("RESULT ", 1)[1])
+    for s in steps:
+        assert s["vllm"] == s["hf"] and all(s["hf"])
+        assert s["max_lp_diff"] < 1e-4
+    assert steps[1]["hf"] != steps[0]["hf"] and steps[2]["hf"] != steps[1]["hf"]
