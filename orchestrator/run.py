@@ -155,6 +155,20 @@ def _invalidate(client, run, why: str) -> None:
     tracking.retry(client.set_terminated, run.info.run_id, "KILLED")
 
 
+def _tag_rollout(run_dir: Path) -> None:
+    """Tag the run with the rollout sampler its engine chose and why (``rollout.json``, written by the local engine:
+    ``rlvr.rollout_sampler``, ``rlvr.rollout_sampler_reason``)."""
+    import json
+
+    f = Path(run_dir) / "rollout.json"
+    try:
+        info = json.loads(f.read_text())
+    except (OSError, ValueError):
+        return
+    tracking.retry(mlflow.set_tags, {"rlvr.rollout_sampler": str(info.get("sampler")),
+                                     "rlvr.rollout_sampler_reason": str(info.get("reason"))[:5000]})
+
+
 def _recover_from(prior, run_dir: Path) -> None:
     """Copy (hard-link where possible) a corrupt run's good checkpoints into ``run_dir`` for re-evaluation."""
     old = Path(prior.data.tags.get("rlvr.run_dir", ""))
@@ -458,6 +472,7 @@ def _run_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_
                 ckpt = training.train(cfg, run_dir, log_metrics=log_step, logged_through=logged_through)
             finally:
                 TRAINING.clear()
+                _tag_rollout(run_dir)
         tracking.retry(mlflow.set_tag, "rlvr.checkpoint", str(ckpt))
         _free_memory()
         metrics = evaluate_run(cfg, run_dir, ckpt, heldout, base)

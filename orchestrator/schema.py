@@ -90,6 +90,9 @@ SCHEMA: dict[str, Spec] = {
     "train.max_grad_norm": F(0, lo_open=True), "train.temperature": F(0, 10, lo_open=True), "train.top_p": F(0, 1, lo_open=True),
     "train.max_new_tokens": I(1), "train.checkpoint_every": I(0), "train.save_every": I(0, null=True),
     "train.precision": S(("fp32", "bf16")), "train.gradient_checkpointing": B(), "train.device": S(pattern=DEVICE),
+    "train.rollout.sampler": S(pattern=r"[a-z][a-z0-9_]*"), "train.rollout.dtype": S(("auto", "float32", "bfloat16", "float16")),
+    "train.rollout.gpu_memory_utilization": F(0, 1, lo_open=True), "train.rollout.correction": S(("none", "token_tis", "sequence_tis")),
+    "train.rollout.correction_cap": F(1),
     # model
     "model.name": S(min_len=1), "model.source": S(("gguf_wheel", "tiny_random", "pretrained")),
     "model.path": S(null=True), "model.package": S(), "model.gguf_file": S(), "model.tokenizer_name": S(),

@@ -5,7 +5,7 @@ import time
 
 import torch
 
-from core.sampling import generate_responses, prompt_texts
+from core.sampling import prompt_texts
 from core.scoring import autocast, compute_logprobs  # noqa: F401  (re-exported for training code)
 
 from .batch import RolloutBatch
@@ -16,7 +16,7 @@ from .rewards import row_rewards
 def collect_rollouts(model, tokenizer, rows: list[dict], group_size: int, temperature: float, top_p: float,
                      max_new_tokens: int, seed: int, chat_template: bool = True, ref_model=None, bf16: bool = False,
                      timings: dict | None = None, old_logprobs: bool = True, tools: dict | None = None,
-                     tools_cfg=None):
+                     tools_cfg=None, rollout=None):
     """Sample a group of ``group_size`` responses for each prompt row and score them.
 
     Args:
@@ -27,26 +27,34 @@ def collect_rollouts(model, tokenizer, rows: list[dict], group_size: int, temper
         old_logprobs: score the samples under the rollout policy here (old log-probs and entropies); False
             leaves both NaN for :func:`training.engines.local.update_policy` to fill minibatch by minibatch
             (``deferred_old``), the first minibatch from its own forward pass.
-        tools: ``{name: core.tools.Tool}``: multi-turn episodes with tool calls (:func:`core.agent.generate_with_tools`;
+        tools: ``{name: core.tools.Tool}``: multi-turn episodes with tool calls (:func:`core.agent.run_episodes`;
             ``tools_cfg.max_turns``, ``tools_cfg.max_obs_tokens``); the response mask then marks the policy's tokens
             only, so every loss, KL and entropy skips the tool's.
+        rollout: the rollout sampler (:func:`core.sampling.build_rollout`: ``hf`` on ``model`` itself, or ``vllm``
+            holding the policy's weights); None: transformers on ``model``.
     Returns:
         (RolloutBatch, texts): the batch's ``extras`` hold ``entropy`` (B, L), the rollout policy's
         next-token entropy, ``finished`` (B,), whether the response ended with EOS (with tools: EOS or an answer),
-        and with tools ``tool_calls`` (B,).
+        with tools ``tool_calls`` (B,), and when the sampler returns its own log-probs (vLLM) ``rollout_logprobs``
+        (B, L), for the mismatch metrics and correction (:mod:`training.mismatch`).
     """
     t = {} if timings is None else timings
     t0 = time.perf_counter()
     texts = prompt_texts(tokenizer, [r["prompt"] for r in rows], chat_template)
     texts = [t + r.get("response_prefix", "") for t, r in zip(texts, rows)]  # a task's prefill (prompt side)
-    if tools:
-        from core.agent import generate_with_tools
+    if rollout is None:
+        from core.sampling import HFRollout
 
+        rollout = HFRollout(model, tokenizer)
+    if tools:
         tc = tools_cfg if tools_cfg is not None else {}
-        gen = generate_with_tools(model, tokenizer, texts, group_size, temperature, top_p, max_new_tokens, seed, tools,
-                                  int(tc.get("max_turns", 4)), int(tc.get("max_obs_tokens", 256)))
+        gen = rollout.generate_with_tools(texts, group_size, temperature, top_p, max_new_tokens, seed, tools,
+                                          int(tc.get("max_turns", 4)), int(tc.get("max_obs_tokens", 256)))
     else:
-        gen = generate_responses(model, tokenizer, texts, group_size, temperature, top_p, max_new_tokens, seed)
+        gen = rollout.generate(texts, group_size, temperature, top_p, max_new_tokens, seed)
+    device = next(model.parameters()).device
+    if gen.response_ids.device != device:
+        gen = _to(gen, device)
     t1 = time.perf_counter()
     rewards, correct, answered = row_rewards(gen.texts, [r for r in rows for _ in range(group_size)], answered=True)
     t2 = time.perf_counter()
@@ -69,6 +77,16 @@ def collect_rollouts(model, tokenizer, rows: list[dict], group_size: int, temper
         group_index=torch.arange(len(rows)).repeat_interleave(group_size), response_lengths=gen.response_lengths,
         ref_logprobs=ref_logprobs, correct=correct, extras={"entropy": entropy, "finished": gen.finished,
                                                             **({"tool_calls": gen.tool_calls, "tool_tokens": gen.tool_tokens, "answered": answered}
-                                                               if gen.tool_calls is not None else {})},
+                                                               if gen.tool_calls is not None else {}),
+                                                            **({"rollout_logprobs": gen.logprobs}
+                                                               if gen.logprobs is not None else {})},
     )
     return batch, gen.texts
+
+
+def _to(gen, device):
+    """A :class:`core.sampling.Generation` with its tensors on ``device``."""
+    import dataclasses
+
+    return dataclasses.replace(gen, **{f.name: getattr(gen, f.name).to(device) for f in dataclasses.fields(gen)
+                                       if isinstance(getattr(gen, f.name), torch.Tensor)})

@@ -1,5 +1,11 @@
-"""Every algorithm preset runs one training step through the sweep command and logs its own metrics."""
+"""Every algorithm preset runs one training step through the sweep command and logs its own metrics.
+
+The rollouts come from vLLM's engine where it is installed (its CPU build in CI): one engine for the whole sweep
+process, taking each point's policy weights in place, so every algorithm also logs the training-inference mismatch.
+"""
 import pytest
+
+from core.sampling import SAMPLERS
 
 from tests.e2e.test_sweep import TINY, _runs, _sweep
 
@@ -25,10 +31,16 @@ OWN_METRICS = {
 }
 
 
+VLLM = SAMPLERS["vllm"].missing() is None
+ROLLOUT = "vllm" if VLLM else "hf"
+MISMATCH = ["train/mismatch_logprob_abs_diff", "train/mismatch_kl", "train/mismatch_ratio_out_share",
+            "train/weight_sync_time_s"] if VLLM else []
+
+
 @pytest.fixture(scope="module")
 def all_algos_dir(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("algos")
-    proc = _sweep(cwd, "-m", f"algo={','.join(ALGOS)}", *TINY, "train.steps=1", "train.max_new_tokens=16", "eval.n=2", "eval.ks=[1,2]",
+    proc = _sweep(cwd, "-m", f"algo={','.join(ALGOS)}", *TINY, f"train.rollout.sampler={ROLLOUT}", "train.steps=1", "train.max_new_tokens=16", "eval.n=2", "eval.ks=[1,2]",
                   "eval.max_prompts=1", "report.enabled=false")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return cwd, proc
@@ -40,7 +52,8 @@ def test_algorithm_runs_one_step_and_logs_its_metrics(all_algos_dir, algo):
     client, runs = _runs(cwd)
     [run] = [r for r in runs if r.data.tags.get("rlvr.kind") == "trained" and r.data.params["algo.name"] == algo]
     assert run.info.status == "FINISHED" and run.data.tags["rlvr.kind"] == "trained"
-    for key in OWN_METRICS[algo] + ["train/reward_mean"]:
+    assert run.data.tags["rlvr.rollout_sampler"] == ROLLOUT and run.data.tags["rlvr.rollout_sampler_reason"] == "asked for"
+    for key in OWN_METRICS[algo] + MISMATCH + ["train/reward_mean"]:
         assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [0], key
 
 

@@ -1,11 +1,31 @@
 """Loss aggregation shared by every policy loss, with verl's mode names.
 
 A policy loss computes a per-token loss matrix (B, L); exactly one function turns it into a
-scalar, so that two algorithms never differ by an accidental normalisation.
+scalar, so that two algorithms never differ by an accidental normalisation. It is also the one place where a
+per-token weight can enter every algorithm's loss without touching any of them (:func:`token_weights`: the
+truncated importance-sampling correction of the training-inference mismatch, :mod:`training.mismatch`).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import torch
+
+_TOKEN_WEIGHTS: contextvars.ContextVar = contextvars.ContextVar("rlvr_token_weights", default=None)
+
+
+@contextlib.contextmanager
+def token_weights(weights: torch.Tensor | None):
+    """Within this context every :func:`agg_loss` call multiplies its per-token loss matrix by ``weights`` (B, L)
+    (or (B, 1)) before aggregating, normalisers unchanged; ``None`` changes nothing. The trainer wraps the policy
+    loss's call in it, so the weights reach each per-token term a registered loss aggregates (its surrogate, and a
+    KL term inside the loss such as TR-GRPO's), and not the trainer's own KL and entropy terms."""
+    token = _TOKEN_WEIGHTS.set(weights)
+    try:
+        yield
+    finally:
+        _TOKEN_WEIGHTS.reset(token)
 
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
@@ -53,6 +73,9 @@ def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, norm_constan
     Source: verl ``core_algos.agg_loss``; Dr. GRPO (Liu et al., 2025) for the constant normaliser.
     """
     check_loss_agg_mode(mode)
+    weights = _TOKEN_WEIGHTS.get()
+    if weights is not None:  # inside token_weights(): e.g. the truncated importance-sampling correction
+        loss_mat = loss_mat * weights.to(loss_mat.dtype)
     mask = mask.to(loss_mat.dtype)
     if mode == "token-mean":
         return masked_mean(loss_mat, mask)

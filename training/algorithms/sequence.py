@@ -110,7 +110,9 @@ def gmpo_loss(
     d_clip = d.clamp(-clip_ratio_low, clip_ratio_high)
     d_min = sgn * torch.minimum(sgn * d, sgn * d_clip)
     ratio = torch.exp(masked_mean(d_min, mask, dim=-1).clamp(max=20.0))
-    loss = (-adv * ratio).mean()
+    # each sequence's loss on its tokens, averaged per sequence then over sequences: (-A_i ratio_i) averaged over
+    # the responses, through the one aggregation every loss shares (where per-token weights enter: token_weights)
+    loss = agg_loss((-adv * ratio).unsqueeze(-1).expand_as(d), mask, "seq-mean-token-mean")
     with torch.no_grad():
         metrics = {
             "clip_fraction": float(masked_mean((d_min != d).float(), mask)),

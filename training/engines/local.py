@@ -5,8 +5,10 @@ advantage -> ``ppo_epochs`` inner epochs of minibatch policy-loss updates -> met
 Hugging Face checkpoint. Algorithms enter only through the registry (``cfg.algo.advantage.name``,
 ``cfg.algo.policy_loss.name``); this file never branches on an algorithm's name.
 
-Simplified here, and why: rollouts use transformers ``generate`` (no vLLM) and the old-policy
-log-probabilities are recomputed by a forward pass after sampling (exact, one extra forward).
+Rollouts come from the run's rollout sampler (``train.rollout.sampler``: transformers ``generate`` on the policy
+itself, or the process's vLLM engine, which takes the policy's weights in place after every optimiser step); the
+old-policy log-probs are the trainer's own (a forward pass of the policy), and with vLLM the difference to the
+sampler's log-probs is logged as the training-inference mismatch and optionally corrected (:mod:`training.mismatch`).
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ from core.lifecycle import STOP_REQUESTED, Preempted, final_checkpoint_dir, save
 from core.models import load_policy
 from core.progress import LineProgress
 from training.algorithms import agg_loss, get_advantage_fn, get_policy_loss_fn, kl_k3, masked_mean, needs_of
+from training.algorithms.aggregation import token_weights
+from training.mismatch import mismatch_metrics, tis_metrics, tis_weights
 from training.batch import concat_batches
 from core.tasks import load_prompts
 from training.rewards import informative_rows, overlong_buffer_length, overlong_penalty
@@ -76,14 +80,30 @@ def load_state(run_dir, device="cpu") -> dict:
 
 
 def validate(cfg) -> list[str]:
-    """Pre-flight of the local engine's own settings (``train.gradient_checkpointing``, ``train.precision``).
+    """Pre-flight of the local engine's own settings (``train.gradient_checkpointing``, ``train.precision``,
+    ``train.rollout.*``).
 
     Raises:
-        ValueError: gradient checkpointing asked of a model class that does not support it (one line).
+        ValueError: gradient checkpointing asked of a model class that does not support it; a rollout sampler that is
+            unknown, not installed or cannot sample a policy; a correction without a sampler that returns its own
+            log-probs (one line, naming the key).
     """
     from core.models import model_class
+    from core.sampling import SAMPLERS, choose_rollout_sampler, resolve_sampler
 
     warnings = []
+    ro = cfg.train.get("rollout") or {}
+    name, correction = str(ro.get("sampler", "auto")), str(ro.get("correction", "none"))
+    if name != "auto":
+        try:
+            resolve_sampler(name)
+            choose_rollout_sampler(name, None)
+        except ValueError as e:
+            raise ValueError(str(e).replace("eval.sampler=", "train.rollout.sampler=")) from None
+    if correction != "none" and not (name in SAMPLERS and SAMPLERS[name].rollout_logprobs):
+        raise ValueError(f"train.rollout.correction={correction}: corrects the mismatch between the trainer and a sampler "
+                         f"with log-probs of its own: set train.rollout.sampler to one of "
+                         f"{[k for k, v in SAMPLERS.items() if v.rollout_logprobs]} (it is {name})")
     if bool(cfg.train.get("gradient_checkpointing", False)):
         cls = model_class(cfg.model)
         if cls is not None and not getattr(cls, "supports_gradient_checkpointing", False):
@@ -125,7 +145,7 @@ def _np_rng_from(d) -> tuple:
 
 
 def policy_objective(logprobs, entropy, batch, advantages, loss_fn, loss_params: dict, beta: float = 0.0,
-                     entropy_coef: float = 0.0):
+                     entropy_coef: float = 0.0, weights=None):
     """The loss one optimiser step minimises (the verl engine's adapter is tested against this).
 
     loss = policy_loss(logprobs, batch, advantages) + beta * agg(k3 KL to the reference)
@@ -136,12 +156,16 @@ def policy_objective(logprobs, entropy, batch, advantages, loss_fn, loss_params:
         logprobs: (B, L) log pi_theta of the sampled tokens (with gradient); entropy: (B, L) or None
             (needed when entropy_coef > 0); batch: the minibatch (``ref_logprobs`` when beta > 0);
         advantages: (B,) or (B, L).
+        weights: (B, L) per-token weights of the policy loss's terms (the truncated importance-sampling correction,
+            :func:`training.mismatch.tis_weights`), applied inside its aggregation
+            (:func:`training.algorithms.aggregation.token_weights`); None: none.
     Returns:
         (loss, policy loss term, metrics dict).
     """
     agg_mode = loss_params.get("loss_agg_mode", "token-mean")
     norm = loss_params.get("norm_constant")
-    pg_loss, m = loss_fn(logprobs, batch, advantages, **loss_params)
+    with token_weights(weights):
+        pg_loss, m = loss_fn(logprobs, batch, advantages, **loss_params)
     loss = pg_loss
     if entropy_coef > 0:
         ent = agg_loss(entropy, batch.response_mask, agg_mode, norm)
@@ -157,7 +181,7 @@ def policy_objective(logprobs, entropy, batch, advantages, loss_fn, loss_params:
 def update_policy(model, optimizer, batch, advantages, loss_fn, loss_params: dict, ppo_epochs: int = 1,
                   minibatch_size=None, max_grad_norm: float = 1.0, beta: float = 0.0, temperature: float = 1.0,
                   bf16: bool = False, generator=None, entropy_coef: float = 0.0, align_old: bool | None = None,
-                  deferred_old: bool = False) -> list[dict]:
+                  deferred_old: bool = False, correction: str = "none", correction_cap: float = 2.0) -> list[dict]:
     """``ppo_epochs`` passes over ``batch`` in shuffled minibatches, one AdamW step per minibatch.
 
     With ``align_old`` (default: when ``bf16``), the old log-probabilities are recomputed before the first
@@ -174,9 +198,14 @@ def update_policy(model, optimizer, batch, advantages, loss_fn, loss_params: dic
            - entropy_coef * agg(entropy)   (GRPO-H's entropy bonus when entropy_coef > 0),
     with the policy loss's own aggregation mode for both extra terms; gradients clipped to ``max_grad_norm``.
 
+    With ``correction`` (``token_tis`` | ``sequence_tis``) and the sampler's own log-probs in
+    ``batch.extras["rollout_logprobs"]`` (vLLM rollouts), each minibatch's policy-loss terms are weighted by the
+    truncated importance-sampling weights of its old log-probs against the sampler's (:mod:`training.mismatch`).
+
     Args:
         batch: RolloutBatch of B responses (with ``ref_logprobs`` when beta > 0);
         advantages: (B,) or (B, L) on the model's device.
+        correction, correction_cap: ``train.rollout.correction`` and its cap C (weights min(ratio, C)).
     Returns:
         One metrics dict per optimiser step (loss terms, grad norm, the loss function's metrics); the first also
         has ``first_minibatch_ratio_dev``, max |pi_theta / pi_old - 1| over its tokens before any update (0 when
@@ -212,8 +241,14 @@ def update_policy(model, optimizer, batch, advantages, loss_fn, loss_params: dic
                 batch.old_logprobs[idx] = mb.old_logprobs = logprobs.detach()
                 if deferred_old:
                     batch.extras["entropy"][idx] = entropy.detach()
+            weights = None
+            if correction != "none" and "rollout_logprobs" in mb.extras:
+                weights = tis_weights(mb.old_logprobs, mb.extras["rollout_logprobs"], mb.response_mask, correction,
+                                      correction_cap)
             loss, pg_loss, m = policy_objective(logprobs, entropy, mb, advantages[idx], loss_fn, loss_params,
-                                                beta=beta, entropy_coef=entropy_coef)
+                                                beta=beta, entropy_coef=entropy_coef, weights=weights)
+            if weights is not None:
+                m.update(tis_metrics(weights, mb.response_mask, correction_cap))
             if first:  # before any update the ratio must be exactly 1 on every token
                 with torch.no_grad():
                     dev = ((logprobs.detach() - mb.old_logprobs).exp() - 1).abs()
@@ -263,6 +298,67 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
         return _train(cfg, run_dir, log_metrics, logged_through, tools)
     finally:
         close_tools(tools)
+
+
+def _open_rollout(cfg, model, tokenizer, device, steps_left: int, run_dir: Path):
+    """The run's rollout sampler (:func:`rollout_choice`), holding the policy's current weights; its choice and
+    the reason are written to ``run_dir/rollout.json`` (the orchestrator tags the run with them)."""
+    import json
+
+    from core.models import model_path
+    from core.sampling import RolloutOptions, build_rollout
+
+    ro = cfg.train.get("rollout") or {}
+    name, reason = rollout_choice(cfg, sum(p.numel() for p in model.parameters()), device.type == "cuda", steps_left)
+    (Path(run_dir) / "rollout.json").write_text(json.dumps({"sampler": name, "reason": reason}))
+    options = RolloutOptions(dtype=_rollout_dtype(cfg, device),
+                             engine={"gpu_memory_utilization": ro.get("gpu_memory_utilization")}
+                             if device.type == "cuda" else {})
+    return build_rollout(name, model, tokenizer, model_path(cfg.model), options), ro
+
+
+def _rollout_dtype(cfg, device) -> str:
+    """``train.rollout.dtype``: ``auto`` is the precision the trainer computes in (float32; bfloat16 with
+    ``train.precision=bf16``): the least training-inference mismatch."""
+    dtype = str((cfg.train.get("rollout") or {}).get("dtype", "auto"))
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if str(cfg.train.get("precision", "fp32")) == "bf16" else "float32"
+
+
+def rollout_choice(cfg, n_params: int, gpu: bool, steps: int | None = None) -> tuple[str, str]:
+    """The rollout sampler a run uses and why (``train.rollout.sampler``; ``auto``: the lowest estimated sampling time
+    for the run's size, :func:`core.sampling.choose_rollout_sampler`).
+
+    Raises:
+        ValueError: naming ``train.rollout.sampler`` (unknown, or not installed here).
+    """
+    from core.models import model_path
+    from core.sampling import RolloutPlan, choose_rollout_sampler, vllm_engine_defaults
+
+    t = cfg.train
+    ro = t.get("rollout") or {}
+    dyn = cfg.algo.get("dynamic_sampling") or {}
+    rounds = int(dyn.get("max_num_gen_batches", 1)) if dyn.get("enabled", False) else 1
+    ready = False
+    try:  # a vLLM engine of this process that would serve the run needs no start
+        from core import vllm_engine
+
+        engine = vllm_engine.current_engine()
+        if engine is not None:
+            kwargs = {**vllm_engine_defaults(gpu), **({"gpu_memory_utilization": ro.get("gpu_memory_utilization")}
+                                                      if gpu else {})}
+            ready = engine.key == vllm_engine.engine_key(model_path(cfg.model), _rollout_dtype(cfg, torch.device(
+                "cuda" if gpu else "cpu")), {k: v for k, v in kwargs.items() if v is not None})
+    except (ImportError, OSError):
+        ready = False
+    plan = RolloutPlan(steps=int(steps if steps is not None else t.steps),
+                       sequences=int(t.prompts_per_step) * int(t.group_size) * rounds,
+                       max_new_tokens=int(t.max_new_tokens), n_params=int(n_params), gpu=bool(gpu), engine_ready=ready)
+    try:
+        return choose_rollout_sampler(str(ro.get("sampler", "auto")), plan)
+    except ValueError as e:
+        raise ValueError(str(e).replace("eval.sampler=", "train.rollout.sampler=")) from None
 
 
 def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
@@ -347,6 +443,10 @@ def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
             rows.append(prompts[order.pop()])
         return rows
 
+    # ---- the rollout sampler (train.rollout.sampler: hf on the policy itself, or vLLM's engine holding its weights)
+    rollout, ro = _open_rollout(cfg, model, tokenizer, device, n_steps - start_step, run_dir)
+    correction, cap = str(ro.get("correction", "none")), float(ro.get("correction_cap", 2.0))
+
     lines = LineProgress(f"train {algo.name}", n_steps, start_step)
     for step in trange(start_step, n_steps, initial=start_step, total=n_steps, desc=f"train {algo.name}", unit="step",
                        disable=None):
@@ -359,7 +459,7 @@ def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
             batch, _texts = collect_rollouts(
                 model, tokenizer, next_rows(), G, temperature, float(t_cfg.top_p), int(t_cfg.max_new_tokens),
                 seed=seed * 1_000_003 + step * 1_009 + rounds, chat_template=chat, ref_model=ref_model, bf16=bf16,
-                timings=phases, old_logprobs=not defer_old, tools=tools, tools_cfg=cfg.get("tools"),
+                timings=phases, old_logprobs=not defer_old, tools=tools, tools_cfg=cfg.get("tools"), rollout=rollout,
             )
             rounds += 1
             if overlong.get("enabled", False):
@@ -393,15 +493,18 @@ def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
 
         # ---- K inner epochs of minibatch updates
         t_update = time.perf_counter()
+        rollout.sleep()  # on a GPU the vLLM engine's memory goes back to the trainer during the update
         gen = torch.Generator().manual_seed(seed * 7919 + step)
         update_metrics = update_policy(
             model, optimizer, batch, advantages, loss_fn, loss_params, ppo_epochs=int(t_cfg.ppo_epochs),
             minibatch_size=t_cfg.get("minibatch_size"), max_grad_norm=float(t_cfg.max_grad_norm), beta=beta,
             temperature=temperature, bf16=bf16, generator=gen, entropy_coef=entropy_coef, deferred_old=defer_old,
+            correction=correction, correction_cap=cap,
         ) if batch.batch_size else []
         scheduler.step()
+        sync_s = rollout.sync(model)  # the sampler takes the new weights (vLLM: in place, from memory)
         t_old = sum(m.pop("update_old_logprob_time_s", 0.0) for m in update_metrics)
-        t_update = time.perf_counter() - t_update - t_old  # the old-log-prob pass counts as log-prob time
+        t_update = time.perf_counter() - t_update - t_old - sync_s  # the old-log-prob pass counts as log-prob time
         phases["logprob_s"] = phases.get("logprob_s", 0.0) + t_old
 
         # ---- metrics
@@ -431,6 +534,10 @@ def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
             "step_time_s": step_time,
             "rollout_time_s": t_rollout,
             "update_time_s": t_update,
+            **({"weight_sync_time_s": sync_s} if rollout.name != "hf" else {}),
+            # over every sampled response whose old log-probs the trainer computed (all of them unless deferred)
+            **(mismatch_metrics(seen.old_logprobs, seen.extras["rollout_logprobs"], seen.response_mask)
+               if "rollout_logprobs" in seen.extras and seen.batch_size else {}),
             **{f"{k[:-2]}_time_s": v for k, v in phases.items()},  # generate, reward, logprob (rollout's split)
             "tokens_per_s": n_tokens / max(step_time, 1e-9),
             "samples_per_s": seen.batch_size / max(step_time, 1e-9),
@@ -459,4 +566,5 @@ def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
         if stop:
             raise Preempted(f"stopped after step {step} on request; state saved to {state_path}")
 
+    rollout.close()  # the shared vLLM engine stays up, holding the final policy, for the run's evaluation
     return save_atomically(final_checkpoint_dir(run_dir), save_hf)

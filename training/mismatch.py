@@ -1,0 +1,86 @@
+"""The training-inference mismatch: how far the sampler's token probabilities are from the trainer's, and its
+truncated importance-sampling (TIS) correction.
+
+When rollouts come from an inference engine (vLLM) and the loss from the trainer's own forward pass, the two
+log-probabilities of the same sampled token differ (other kernels, another precision, stale weights), so the samples
+are slightly off-policy for the policy the loss's ratios take as "old". Per token, with ``r_t = pi_old(y_t) /
+pi_rollout(y_t)`` (the trainer's old log-prob minus the sampler's, exponentiated), over the response mask:
+
+- ``mismatch_logprob_abs_diff``: mean |log pi_old - log pi_rollout|;
+- ``mismatch_kl``: mean of ``r - 1 - log r``, the k3 estimate of KL(pi_rollout || pi_old) from the sampled tokens
+  (Schulman's k3; verl logs the same quantity as ``rollout_corr/k3_kl``);
+- ``mismatch_ratio_out_share``: the share of tokens whose ratio leaves [0.5, 2].
+
+Correction (``train.rollout.correction``), as verl's rollout correction (``rollout_is``: token- and sequence-level
+truncated IS weights), TRL's ``vllm_importance_sampling_correction`` and NeMo-RL's truncated importance sampling,
+after Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training" (the TIS blog):
+
+- ``token_tis``: each token's loss term weighted by ``w_t = min(r_t, C)``;
+- ``sequence_tis``: each token of response i weighted by ``w_i = min(prod_t r_t, C)`` (the product over the
+  response's tokens, computed in log space);
+- ``none``: no weight (the papers' protocols; the mismatch is still logged).
+
+The weights are constants (no gradient flows through them) and enter the loss through
+:func:`training.algorithms.aggregation.token_weights`, so every registered algorithm gets them unchanged.
+"""
+from __future__ import annotations
+
+import torch
+
+from training.algorithms import masked_mean
+
+CORRECTIONS = ("none", "token_tis", "sequence_tis")
+RATIO_BAND = (0.5, 2.0)
+
+
+def mismatch_metrics(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor) -> dict:
+    """The mismatch metrics of the module docstring.
+
+    Args:
+        old_logprobs: (B, L) the trainer's log-probs of the sampled tokens (the rollout policy by its own pass).
+        rollout_logprobs: (B, L) the sampler's log-probs of the same tokens at the same temperature.
+        mask: (B, L) 1 on the policy's tokens.
+    Returns:
+        ``{"mismatch_logprob_abs_diff", "mismatch_kl", "mismatch_ratio_out_share"}`` as floats (0 on an empty mask).
+    """
+    m = mask.to(torch.float32)
+    log_r = (old_logprobs.detach().float() - rollout_logprobs.float()) * m
+    r = log_r.exp()
+    out = ((r < RATIO_BAND[0]) | (r > RATIO_BAND[1])).float()
+    return {"mismatch_logprob_abs_diff": float(masked_mean(log_r.abs(), m)),
+            "mismatch_kl": float(masked_mean(r - 1.0 - log_r, m)),
+            "mismatch_ratio_out_share": float(masked_mean(out, m))}
+
+
+def tis_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor, mode: str,
+                cap: float = 2.0) -> torch.Tensor | None:
+    """Truncated importance-sampling weights (module docstring), detached.
+
+    Args:
+        old_logprobs, rollout_logprobs, mask: (B, L) as :func:`mismatch_metrics`.
+        mode: one of :data:`CORRECTIONS`; cap: C >= 1, the truncation.
+    Returns:
+        (B, L) weights (1 outside the mask), or None for ``none``.
+    Raises:
+        ValueError: an unknown mode or a cap below 1.
+    """
+    if mode not in CORRECTIONS:
+        raise ValueError(f"train.rollout.correction={mode!r}: expected one of {list(CORRECTIONS)}")
+    if not cap >= 1.0:
+        raise ValueError(f"train.rollout.correction_cap={cap!r}: expected a number >= 1")
+    if mode == "none":
+        return None
+    m = mask.to(torch.float32)
+    log_r = (old_logprobs.detach().float() - rollout_logprobs.float()) * m
+    if mode == "token_tis":
+        w = log_r.exp().clamp(max=float(cap))
+    else:
+        w = log_r.sum(-1, keepdim=True).clamp(max=torch.log(torch.tensor(float(cap)))).exp().expand_as(log_r)
+    return torch.where(m > 0, w, torch.ones_like(w)).detach()
+
+
+def tis_metrics(weights: torch.Tensor, mask: torch.Tensor, cap: float) -> dict:
+    """``tis_weight_mean`` and ``tis_capped_share`` (tokens whose weight hit the cap) over the mask."""
+    m = mask.to(torch.float32)
+    return {"tis_weight_mean": float(masked_mean(weights, m)),
+            "tis_capped_share": float(masked_mean((weights >= float(cap) - 1e-6).float(), m))}
