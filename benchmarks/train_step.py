@@ -1,7 +1,7 @@
 """One RL step's cost, side by side in one run: this suite's local engine and TRL's ``GRPOTrainer`` on the same work.
 
     python -m benchmarks.train_step [--steps 4] [--model smollm2-135m|tiny-random] [--max-new-tokens 48]
-                                    [--local-overrides train.gradient_checkpointing=true ...]
+                                    [--rollout vllm hf] [--local-overrides train.gradient_checkpointing=true ...]
 
 The work (the issue's protocol): SmolLM2-135M-Instruct, 4 prompts x 8 samples x up to 48 new tokens, one inner
 epoch, the whole batch in one optimiser step, beta = 0, float32 on the CPU, lr 1e-6, temperature 1.0. Both engines
@@ -17,6 +17,14 @@ timing its own methods (``_generate``, ``_generate_and_score_completions``, ``co
 suite's from its step metrics. TRL runs with its defaults otherwise (gradient checkpointing on, token-level
 ``dapo`` loss); ``--local-overrides`` sets the suite's options (``train.gradient_checkpointing=true``,
 ``train.precision=bf16``). Needs the ``bench`` extra (``pip install -e '.[bench]'``; ``scripts/install.sh`` installs it).
+
+``--rollout`` runs the local engine once per rollout sampler (``train.rollout.sampler``: ``vllm``, the process's vLLM
+engine taking the policy's weights in place after each step; ``hf``, transformers ``generate`` on the policy), each in
+its own process beside TRL's. For vLLM it also reports the weight sync's seconds per step and, after the last step,
+raw ``vllm.LLM.generate`` on the same engine, prompts and sampling settings (n = 8 per prompt, temperature 1,
+48 tokens; detokenised, as a user of ``LLM.generate`` gets it): the rollout's generated tokens/s against raw vLLM's.
+TRL's ``use_vllm`` colocate mode is not in the table: on vLLM's CPU build it fails at its first weight sync (the
+README says why).
 """
 from __future__ import annotations
 
@@ -41,10 +49,10 @@ def _overrides(args) -> list[str]:
             "train.device=cpu", "eval=smoke", *args.local_overrides]
 
 
-def _compose(args):
+def _compose(args, extra=()):
     from orchestrator.preflight import sweep_points
 
-    [(_, cfg)] = sweep_points(_overrides(args), multirun=False)
+    [(_, cfg)] = sweep_points(_overrides(args) + list(extra), multirun=False)
     return cfg
 
 
@@ -74,12 +82,12 @@ def _gate(conn):
         raise _Stop()
 
 
-def _local_worker(conn, args) -> None:
+def _local_worker(conn, args, rollout="hf") -> None:
     import tempfile
 
     from training.engines import local
 
-    cfg = _compose(args)
+    cfg = _compose(args, [f"train.rollout.sampler={rollout}"])
     real = local.collect_rollouts
     waited = [0.0]
 
@@ -96,12 +104,38 @@ def _local_worker(conn, args) -> None:
                             "scoring": m.get("train/reward_time_s", 0.0) + m.get("train/logprob_time_s", 0.0),
                             "forward": m.get("train/update_forward_time_s", 0.0),
                             "backward_optimiser": m.get("train/update_backward_time_s", 0.0),
+                            "weight_sync": m.get("train/weight_sync_time_s", 0.0),
+                            "generated_tokens": m["train/response_length_mean"] * m["train/batch_responses"],
                             "reward_mean": m["train/reward_mean"], "peak_rss_gb": _rss_gb()}))
     try:
         local.train(cfg, tempfile.mkdtemp(prefix="rlvr-bench-"), report)
     except _Stop:
         pass
-    conn.send(("done", _rss_gb()))
+    conn.send(("done", {"peak_rss_gb": _rss_gb(), **(_raw_vllm(cfg) if rollout == "vllm" else {})}))
+
+
+def _raw_vllm(cfg, repeats: int = 3) -> dict:
+    """Raw ``vllm.LLM.generate`` on the engine the rollouts used (holding the final policy), on the run's last step's
+    prompts with its sampling settings: generated tokens/s, median of ``repeats`` calls."""
+    from vllm import SamplingParams
+
+    from core import vllm_engine
+    from core.models import load_tokenizer
+    from core.sampling import prompt_texts
+
+    engine = vllm_engine.current_engine()
+    t = cfg.train
+    rows = prompt_sequence(cfg)[-int(t.prompts_per_step):]
+    texts = prompt_texts(load_tokenizer(cfg.model), [r["prompt"] for r in rows], True)
+    speeds = []
+    for i in range(repeats):
+        params = SamplingParams(n=int(t.group_size), temperature=float(t.temperature), top_p=float(t.top_p),
+                                max_tokens=int(t.max_new_tokens), seed=1000 + i)
+        t0 = time.perf_counter()
+        outs = engine.llm.generate(texts, params, use_tqdm=False)
+        dt = time.perf_counter() - t0
+        speeds.append(sum(len(c.token_ids) for o in outs for c in o.outputs) / dt)
+    return {"raw_vllm_tokens_per_s": statistics.median(speeds)}
 
 
 def _trl_worker(conn, args) -> None:
@@ -173,7 +207,6 @@ def _trl_worker(conn, args) -> None:
     conn.send(("done", _rss_gb()))
 
 
-WORKERS = {"suite local engine": _local_worker, "TRL GRPOTrainer": _trl_worker}
 
 
 def main(argv=None) -> int:
@@ -183,8 +216,16 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="smollm2-135m", help="a model preset of sweeps/model/")
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--local-overrides", nargs="*", default=[])
+    ap.add_argument("--rollout", nargs="+", default=None, choices=["vllm", "hf"],
+                    help="the local engine's rollout samplers (train.rollout.sampler), one process each")
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args(argv)
+    if args.rollout is None:  # both where vLLM is installed
+        from core.sampling import SAMPLERS
+
+        args.rollout = ["vllm", "hf"] if SAMPLERS["vllm"].missing() is None else ["hf"]
+    WORKERS = {**{f"local, {r} rollouts": _local_worker for r in args.rollout}, "TRL GRPOTrainer": _trl_worker}
+    extra = {**{f"local, {r} rollouts": (r,) for r in args.rollout}, "TRL GRPOTrainer": ()}
     try:
         import trl  # noqa: F401
     except ImportError:
@@ -194,7 +235,7 @@ def main(argv=None) -> int:
     conns, procs = {}, {}
     for name, fn in WORKERS.items():
         parent, child = ctx.Pipe()
-        p = ctx.Process(target=fn, args=(child, args))  # not daemonic: the verifier starts its own workers
+        p = ctx.Process(target=fn, args=(child, args, *extra[name]))  # not daemonic: the verifier starts its own workers
         p.start()
         conns[name], procs[name] = parent, p
     results = {name: [] for name in WORKERS}
@@ -224,23 +265,41 @@ def main(argv=None) -> int:
     timed = {name: rows[1:] or rows for name, rows in results.items()}  # the first step is a warm-up
     summary = {}
     for name, rows in timed.items():
-        summary[name] = {k: statistics.median(r[k] for r in rows) for k in ("total", "generate", "scoring", "forward",
-                                                                             "backward_optimiser")}
-        summary[name]["peak_rss_gb"] = peak.get(name, max(r["peak_rss_gb"] for r in results[name]))
+        summary[name] = {k: statistics.median(r.get(k, 0.0) for r in rows)
+                         for k in ("total", "generate", "scoring", "forward", "backward_optimiser", "weight_sync")}
+        done = peak.get(name)
+        done = done if isinstance(done, dict) else {"peak_rss_gb": done}
+        summary[name]["peak_rss_gb"] = done.get("peak_rss_gb") or max(r["peak_rss_gb"] for r in results[name])
         summary[name]["steps_timed"] = len(rows)
-    a, b = summary["suite local engine"], summary["TRL GRPOTrainer"]
+        if rows and "generated_tokens" in rows[0]:
+            summary[name]["rollout_tokens_per_s"] = statistics.median(r["generated_tokens"] / max(r["generate"], 1e-9)
+                                                                      for r in rows)
+        if "raw_vllm_tokens_per_s" in done:
+            summary[name]["raw_vllm_tokens_per_s"] = done["raw_vllm_tokens_per_s"]
+    trl = summary["TRL GRPOTrainer"]
     print(f"\nmedian over steps 2-{args.steps} (seconds per RL step; {args.model}, 4 prompts x 8 x {args.max_new_tokens} "
           f"tokens, float32, CPU{', ' + ' '.join(args.local_overrides) if args.local_overrides else ''})")
-    print(f"{'engine':<22}{'step':>8}{'generate':>10}{'scoring':>9}{'forward':>9}{'bwd+opt':>9}{'peak RSS GB':>13}")
+    print(f"{'engine':<22}{'step':>8}{'generate':>10}{'scoring':>9}{'forward':>9}{'bwd+opt':>9}{'sync':>7}"
+          f"{'peak RSS GB':>13}")
     for name, s in summary.items():
         print(f"{name:<22}{s['total']:>8.2f}{s['generate']:>10.2f}{s['scoring']:>9.2f}{s['forward']:>9.2f}"
-              f"{s['backward_optimiser']:>9.2f}{s['peak_rss_gb']:>13.2f}")
-    ratio = a["total"] / b["total"]
-    mem = a["peak_rss_gb"] / b["peak_rss_gb"]
-    print(f"ratio local / TRL: step time {ratio:.3f}x, peak memory {mem:.3f}x")
+              f"{s['backward_optimiser']:>9.2f}{s['weight_sync']:>7.2f}{s['peak_rss_gb']:>13.2f}")
+    ratios = {}
+    for name, s in summary.items():
+        if name == "TRL GRPOTrainer":
+            continue
+        r = ratios[name] = {"step_vs_trl": s["total"] / trl["total"], "memory_vs_trl": s["peak_rss_gb"] / trl["peak_rss_gb"],
+                            "sync_share_of_step": s["weight_sync"] / s["total"]}
+        line = (f"{name} / TRL: step time {r['step_vs_trl']:.3f}x, peak memory {r['memory_vs_trl']:.3f}x; "
+                f"rollout {s.get('rollout_tokens_per_s', 0):.0f} tokens/s")
+        if "raw_vllm_tokens_per_s" in s:
+            r["rollout_vs_raw_vllm"] = s["rollout_tokens_per_s"] / s["raw_vllm_tokens_per_s"]
+            line += (f", raw vLLM {s['raw_vllm_tokens_per_s']:.0f} tokens/s ({r['rollout_vs_raw_vllm']:.2f}x); "
+                     f"weight sync {100 * r['sync_share_of_step']:.1f}% of the step")
+        print(line)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"summary": summary, "ratio_step": ratio, "ratio_memory": mem, "steps": results}, f, indent=1)
+            json.dump({"summary": summary, "ratios": ratios, "steps": results}, f, indent=1)
     return 0
 
 

@@ -94,17 +94,27 @@ def test_train_step_benchmark_runs_both_engines_on_the_same_prompts(tmp_path, ti
     pytest.importorskip("trl", reason="TRL is not installed (pip install -e '.[bench]')")
     import json
 
+    from core.sampling import SAMPLERS
+
+    rollout = "vllm" if SAMPLERS["vllm"].missing() is None else "hf"  # vLLM's rollouts where installed (CI: yes)
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, "-m", "benchmarks.train_step", "--model", "tiny-random", "--steps", "2",
-                           "--max-new-tokens", "8", "--json", str(out)], cwd=REPO, capture_output=True, text=True,
-                          timeout=600)
+                           "--max-new-tokens", "8", "--rollout", rollout, "--json", str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "ratio local / TRL: step time" in proc.stdout
+    local_name = f"local, {rollout} rollouts"
+    assert f"{local_name} / TRL: step time" in proc.stdout
     res = json.loads(out.read_text())
-    for name in ("suite local engine", "TRL GRPOTrainer"):
+    for name in (local_name, "TRL GRPOTrainer"):
         s = res["summary"][name]
         assert s["total"] > 0 and s["peak_rss_gb"] > 0 and s["steps_timed"] == 1
-        assert s["generate"] + s["scoring"] + s["forward"] <= s["total"] * 1.05
+        assert s["generate"] + s["scoring"] + s["forward"] + s["weight_sync"] <= s["total"] * 1.05
+    s, r = res["summary"][local_name], res["ratios"][local_name]
+    assert s["rollout_tokens_per_s"] > 0 and r["step_vs_trl"] == pytest.approx(s["total"] / res["summary"]["TRL GRPOTrainer"]["total"])
+    if rollout == "vllm":  # the same engine's raw LLM.generate, and the weight sync's share of the step
+        assert s["raw_vllm_tokens_per_s"] > 0 and s["weight_sync"] > 0
+        assert r["rollout_vs_raw_vllm"] == pytest.approx(s["rollout_tokens_per_s"] / s["raw_vllm_tokens_per_s"])
+        assert r["sync_share_of_step"] == pytest.approx(s["weight_sync"] / s["total"])
     # the prompts: the local engine's draw order, reproduced for TRL
     from benchmarks.train_step import _compose, prompt_sequence
     from training.engines import local

@@ -310,6 +310,7 @@ def _open_rollout(cfg, model, tokenizer, device, steps_left: int, run_dir: Path)
 
     ro = cfg.train.get("rollout") or {}
     name, reason = rollout_choice(cfg, sum(p.numel() for p in model.parameters()), device.type == "cuda", steps_left)
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
     (Path(run_dir) / "rollout.json").write_text(json.dumps({"sampler": name, "reason": reason}))
     options = RolloutOptions(dtype=_rollout_dtype(cfg, device),
                              engine={"gpu_memory_utilization": ro.get("gpu_memory_utilization")}
