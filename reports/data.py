@@ -9,7 +9,8 @@ import pandas as pd
 
 TRAIN_PANELS = ["train/reward_mean", "train/accuracy", "train/entropy", "train/kl_ref", "train/clip_fraction",
                 "train/ppo_kl", "train/grad_norm", "train/lambda_mean", "train/lambda_floored_groups",
-                "train/reversed_share"]
+                "train/reversed_share", "train/mismatch_kl", "train/mismatch_logprob_abs_diff", "train/tis_weight_mean"]
+# (mismatch_*: the training-inference mismatch with vLLM rollouts, training/mismatch.py; tis_*: its correction)
 _PASSK = re.compile(r"^eval/([^/]+)/pass_at_(\d+)$")
 BASE_LABEL = "Initialization"  # the papers' name for the starting model's row
 

@@ -83,3 +83,43 @@ def test_one_update_moves_logprobs_in_the_direction_of_the_advantage(tiny_policy
         new, _ = compute_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
     change = ((new - batch.old_logprobs) * batch.response_mask).sum(-1)
     assert change[0] > 0 > change[1]
+
+
+def test_auto_rollout_sampler_weighs_engine_start_against_faster_sampling():
+    """train.rollout.sampler=auto: the lower estimated sampling time, from the measured speeds in ROLLOUT_SPEED
+    (per 100M parameters) and vLLM's start (none when this process's engine already serves the run), recomputed
+    here from the constants; named samplers pass through; an unknown one is refused naming the key."""
+    from core.sampling import ROLLOUT_SPEED, SAMPLERS, RolloutPlan, choose_rollout_sampler
+
+    cpu = ROLLOUT_SPEED["cpu"]
+    params = 135_000_000
+
+    def by_hand(plan):
+        scale = 1e8 / plan.n_params
+        costs = {"hf": plan.tokens / (cpu["hf"] * scale)}
+        if SAMPLERS["vllm"].missing() is None:
+            costs["vllm"] = ((0 if plan.engine_ready else cpu["vllm_start_s"]) + plan.tokens / (cpu["vllm"] * scale)
+                             + plan.steps * plan.n_params * 4 / 2e9)
+        return min(costs, key=costs.get)
+
+    one_step = RolloutPlan(steps=1, sequences=8, max_new_tokens=8, n_params=params)
+    long_run = RolloutPlan(steps=200, sequences=32, max_new_tokens=256, n_params=params)
+    ready = RolloutPlan(steps=4, sequences=32, max_new_tokens=48, n_params=params, engine_ready=True)
+    for plan in (one_step, long_run, ready):
+        name, reason = choose_rollout_sampler("auto", plan)
+        assert name == by_hand(plan) and reason.startswith("auto: estimated sampling time") and "hf" in reason
+    assert choose_rollout_sampler("auto", one_step)[0] == "hf"  # a start that a short run never earns back
+    if SAMPLERS["vllm"].missing() is None:
+        assert choose_rollout_sampler("auto", long_run)[0] == "vllm"
+        assert choose_rollout_sampler("auto", ready)[0] == "vllm"
+    assert choose_rollout_sampler("hf", long_run) == ("hf", "asked for")
+    from orchestrator.preflight import sweep_points
+    from training.engines.local import validate
+
+    [(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke", "train.rollout.sampler=vlm"])
+    with pytest.raises(ValueError, match="train.rollout.sampler"):
+        validate(cfg)
+    [(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke", "train.rollout.sampler=hf",
+                               "train.rollout.correction=token_tis"])
+    with pytest.raises(ValueError, match="train.rollout.correction=token_tis"):
+        validate(cfg)
