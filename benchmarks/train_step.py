@@ -111,7 +111,13 @@ def _local_worker(conn, args, rollout="hf") -> None:
         local.train(cfg, tempfile.mkdtemp(prefix="rlvr-bench-"), report)
     except _Stop:
         pass
-    conn.send(("done", {"peak_rss_gb": _rss_gb(), **(_raw_vllm(cfg) if rollout == "vllm" else {})}))
+    peak_rss = _rss_gb()
+    raw = {}
+    if rollout == "vllm":  # raw LLM.generate when the parent says so: every other worker has finished its steps
+        conn.send(("ready", None))
+        conn.recv()
+        raw = _raw_vllm(cfg)
+    conn.send(("done", {"peak_rss_gb": peak_rss, **raw}))
 
 
 def _raw_vllm(cfg, repeats: int = 3) -> dict:
@@ -251,9 +257,10 @@ def main(argv=None) -> int:
                 kind, payload = conns[name].recv()
                 results[name].append(payload)
                 print(f"step {step}: {name}: {payload['total']:.2f} s", flush=True)
-        for name in names:
+        for name in sorted(names, key=lambda n: "vllm" in n):  # vLLM's raw measurement last, on an idle machine
             kind, payload = conns[name].recv()
-            if kind == "ready":  # TRL asks for one more step before it notices max_steps: release it
+            if kind == "ready":  # TRL asks for one more step before it notices max_steps (and the vLLM worker for its
+                # raw measurement): release it
                 conns[name].send("stop")
                 kind, payload = conns[name].recv()
             peak[name] = payload

@@ -227,6 +227,8 @@ class SamplerOptions:
 
 
 ENTROPY_METHOD = "exact: teacher-forced transformers pass over the sampled tokens, full distribution at the sampling temperature"
+VLLM_ENTROPY_METHOD = ("exact: full next-token distribution at the sampling temperature, from the float32 logits "
+                       "vLLM sampled from (a logits processor; no second pass)")
 GENERATION_ENTROPY_METHOD = ("exact: full next-token distribution at the sampling temperature, from the logits "
                              "transformers computed while sampling (no second pass)")
 ENTROPY_LOGITS_BUDGET = 1 << 30  # bytes of float32 logits the hf sampler may hold to take entropies while sampling
@@ -503,6 +505,12 @@ class VLLMSampler:
         texts = prompt_texts(self.tokenizer, prompts, chat_template)
         return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
+    @staticmethod
+    def _open_entropies(tag: str) -> dict:
+        from .vllm_engine import open_entropies
+
+        return open_entropies(tag)
+
     def _scoring_model(self):
         if self._scorer is None:
             from .models import load_checkpoint
@@ -515,12 +523,25 @@ class VLLMSampler:
 
         ids = self.prompt_token_ids(prompts, settings.chat_template)
         greedy = float(settings.temperature) == 0.0  # vLLM's greedy decoding: one sequence per prompt, repeated n times
+        # entropies recorded while vLLM samples (the shared engine's logits processor), unless greedy: vLLM's greedy
+        # path skips such processors, and greedy entropies are taken at T = 1, not at the sampling temperature
+        tag = f"eval-{id(self)}-{time.monotonic_ns()}"
+        record = self.with_entropy and not greedy and self.engine is not None
+        extra = {"extra_args": self._open_entropies(tag)} if record else {}
         params = [SamplingParams(n=1 if greedy else int(n), seed=int(s), temperature=float(settings.temperature),
-                                 top_p=1.0 if greedy else float(settings.top_p), max_tokens=int(settings.max_new_tokens))
+                                 top_p=1.0 if greedy else float(settings.top_p), max_tokens=int(settings.max_new_tokens),
+                                 **extra)
                   for s in seeds]
         if self.engine is not None:
             self.engine.wake_up()
         results = self.llm.generate([{"prompt_token_ids": x} for x in ids], params, use_tqdm=False)
+        recorded = None
+        if record:
+            from .vllm_engine import take_entropies
+
+            recorded = take_entropies(tag, [list(c.token_ids) for res in results for c in res.outputs])
+            if any(r is None for r in recorded):  # not all recorded: the teacher-forced pass for the whole call
+                recorded = None
         out = []
         for res, seed in zip(results, seeds):
             outputs = list(res.outputs) * int(n) if greedy else res.outputs
@@ -528,9 +549,14 @@ class VLLMSampler:
                          "finish_reason": "length" if c.finish_reason == "length" else "stop",
                          "mean_token_entropy": None, "seed": int(seed),
                          "_ids": list(c.token_ids)} for c in outputs])
-        if self.with_entropy:
+        if recorded is not None:
+            self.entropy_method = VLLM_ENTROPY_METHOD
+            for s, h in zip((s for group in out for s in group), recorded):
+                s["mean_token_entropy"] = sum(h) / max(len(h), 1)
+        elif self.with_entropy:
             from .scoring import mean_token_entropies
 
+            self.entropy_method = ENTROPY_METHOD
             t0 = time.perf_counter()
             flat = [(i, s) for i, group in enumerate(out) for s in group]
             pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -591,10 +617,13 @@ class RolloutPlan:
         return self.steps * self.sequences * self.max_new_tokens
 
 
-#: Sampling speeds on vLLM's CPU build and transformers for a 100M-parameter model, generated tokens per second at a
-#: batch of 32 sequences in float32, and vLLM's start in a new process (seconds); speeds scale as 1 / parameters.
-#: Measured on 2 CPU cores (Xeon with AMX), SmolLM2-135M, 2026-12-02 (``python -m benchmarks.train_step``, README).
-ROLLOUT_SPEED = {"cpu": {"hf": 150.0, "vllm": 280.0, "vllm_start_s": 20.0},
+#: Sampling speeds of a training run's rollouts for a 100M-parameter model, in token budget per second (sequences x
+#: max_new_tokens over the generation's wall time; speeds scale as 1 / parameters), and vLLM's start in the training
+#: process (import and engine, seconds). CPU: measured on 2 cores (Xeon with AMX), SmolLM2-135M, float32, 4 prompts x
+#: 8 x 48 tokens, 2026-12-02 (``python -m benchmarks.train_step``: generation 9.95 s with hf, 6.92 s with vLLM per
+#: step; the engine's start about 11 s). GPU: not measured here (no GPU was lent); vLLM's usual order of magnitude
+#: over transformers ``generate``, and a start of a minute.
+ROLLOUT_SPEED = {"cpu": {"hf": 208.0, "vllm": 300.0, "vllm_start_s": 11.0},
                  "gpu": {"hf": 1500.0, "vllm": 15000.0, "vllm_start_s": 60.0}}
 
 

@@ -99,6 +99,92 @@ def _load_in_worker(worker, weights) -> int:
     return len(weights)
 
 
+# ---------------------------------------------------------------- entropies while sampling (a logits processor)
+
+#: per call tag: {id of a sampled sequence's running token list: (that list, its entropies)}; filled by
+#: :class:`EntropyRecorder` inside the engine (in this process: the engine core runs here), read by
+#: :func:`take_entropies`
+_RECORDS: dict[str, dict[int, tuple[list, list]]] = {}
+ENTROPY_TAG = "rlvr_entropy"
+
+
+def _entropy_recorder_class():
+    """vLLM's V1 logits-processor interface, imported on first use (vLLM is optional)."""
+    from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
+
+    class EntropyRecorder(LogitsProcessor):
+        """Records, for every request whose ``SamplingParams.extra_args`` carry :data:`ENTROPY_TAG`, the entropy (nats)
+        of the full next-token distribution each token was sampled from: vLLM applies argmax-invariant processors to
+        the float32 logits after dividing them by the temperature and before top-k/top-p
+        (``vllm/v1/sample/sampler.py``, ``Sampler.sample``), so ``apply`` sees exactly softmax(logits / T)'s logits.
+        It changes no logit. Requests without the tag cost nothing but the bookkeeping of ``update_state``."""
+
+        def __init__(self, vllm_config, device, is_pin_memory):
+            self.rows: dict[int, tuple[list, list]] = {}
+
+        def is_argmax_invariant(self) -> bool:
+            return True
+
+        def update_state(self, batch_update: BatchUpdate | None) -> None:
+            if batch_update is None:
+                return
+            for i in batch_update.removed:
+                self.rows.pop(i, None)
+            for i, params, _prompt, out in batch_update.added:
+                tag = (getattr(params, "extra_args", None) or {}).get(ENTROPY_TAG)
+                if tag is None or tag not in _RECORDS:
+                    self.rows.pop(i, None)
+                    continue
+                # a request preempted and re-added keeps its running token list, so its record continues
+                self.rows[i] = _RECORDS[tag].setdefault(id(out), (out, []))
+            for a, b, how in batch_update.moved:
+                if how == MoveDirectionality.SWAP:
+                    ra, rb = self.rows.pop(a, None), self.rows.pop(b, None)
+                    if ra is not None:
+                        self.rows[b] = ra
+                    if rb is not None:
+                        self.rows[a] = rb
+                else:
+                    ra = self.rows.pop(a, None)
+                    self.rows.pop(b, None)
+                    if ra is not None:
+                        self.rows[b] = ra
+
+        def apply(self, logits: torch.Tensor) -> torch.Tensor:
+            if self.rows:
+                idx = [i for i in self.rows if i < logits.shape[0]]
+                if idx:
+                    logp = torch.log_softmax(logits[idx].float(), dim=-1)
+                    p = logp.exp()
+                    h = (-(p * logp.masked_fill(p == 0, 0.0)).sum(-1)).tolist()  # 0 log 0 = 0 (masked tokens)
+                    for i, v in zip(idx, h):
+                        self.rows[i][1].append(v)
+            return logits
+
+    return EntropyRecorder
+
+
+def open_entropies(tag: str) -> dict:
+    """``extra_args`` that make the engine record entropies for the requests of one call (:class:`EntropyRecorder`)."""
+    _RECORDS[tag] = {}
+    return {ENTROPY_TAG: tag}
+
+
+def take_entropies(tag: str, sequences: list[list[int]]) -> list[list[float] | None]:
+    """Per sampled sequence of one call (its token ids, in any order), the entropies recorded while it was sampled,
+    one per token; None where none was recorded (e.g. an engine without the recorder). Closes the call's record."""
+    records = list(_RECORDS.pop(tag, {}).values())
+    out = []
+    for seq in sequences:
+        hit = None
+        for k, (tokens, ents) in enumerate(records):
+            if list(tokens[:len(seq)]) == list(seq) and len(ents) >= len(seq):
+                hit = records.pop(k)[1][:len(seq)]
+                break
+        out.append(hit)
+    return out
+
+
 def architecture_key(model_path) -> str:
     """What must match for two checkpoints to share an engine: the model's ``config.json`` (but the keys a save
     rewrites) and the tokenizer's files; for a hub id (not a folder), the id."""
@@ -142,7 +228,8 @@ class VLLMEngine:
         dtype: ``float32`` | ``bfloat16`` | ``float16``.
         kwargs: other ``vllm.LLM`` arguments (``enforce_eager``, ``kv_cache_memory_bytes``, ``gpu_memory_utilization``,
             ``max_model_len``...); None values are dropped. The engine always returns processed log-probs (at the
-            sampling temperature: ``logprobs_mode=processed_logprobs``) when asked for them.
+            sampling temperature: ``logprobs_mode=processed_logprobs``) when asked for them, and records the
+            entropies of the requests tagged by :func:`open_entropies` (:func:`take_entropies`).
     Raises:
         ImportError: vLLM is not installed.
     """
@@ -163,8 +250,8 @@ class VLLMEngine:
         self.key = engine_key(model_path, dtype, self.kwargs)
         self._state = (torch.set_num_threads, torch.get_num_threads(),
                        os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None)
-        args = {"logprobs_mode": "processed_logprobs", **({"enable_sleep_mode": True} if on_gpu() else {}),
-                **self.kwargs}
+        args = {"logprobs_mode": "processed_logprobs", "logits_processors": [_entropy_recorder_class()],
+                **({"enable_sleep_mode": True} if on_gpu() else {}), **self.kwargs}
         t0 = time.perf_counter()
         self.llm = LLM(model=self.model_path, dtype=self.dtype, **args)
         self.start_s = time.perf_counter() - t0

@@ -39,7 +39,8 @@ def test_sweep_point_sampled_by_vllm_logs_every_table(vllm_sweep, tmp_path):
     assert set(runs) == {"trained", "base"} and all(r.info.status == "FINISHED" for r in runs.values())
     for kind, run in runs.items():
         assert run.data.tags["rlvr.sampler"] == "vllm"
-        assert run.data.tags["rlvr.entropy_method"].startswith("exact: teacher-forced")
+        assert run.data.tags["rlvr.entropy_method"].startswith("exact: full next-token distribution at the sampling "
+                                                               "temperature, from the float32 logits vLLM sampled from")
         df = _download(client, run, tmp_path)
         assert list(df.columns) == COLUMNS
         per_prompt = df.groupby("prompt_id").size()
@@ -98,6 +99,16 @@ engine = vllm_engine.current_engine()
 restored = (torch.set_num_threads, torch.get_num_threads(), os.sched_getaffinity(0)) == before
 print("RESTORED", restored, "IN_PROCESS", os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING"))
 print("GREEDY " + json.dumps([[[[x["response"], x["n_tokens"], x["mean_token_entropy"]] for x in g] for g in r] for r in runs]))
+# entropies recorded inside vLLM while it samples, against the teacher-forced transformers pass over the same samples
+# (the same engine and seeds without the recorder: a sampler wrapping the engine's LLM directly)
+s1 = SamplingSettings(1.0, 1.0, 8)
+prompts = ["Compute 1 + 1.", "Compute 20 + 22.", "Name a prime number."]
+rec = VLLMSampler(model_path(cfg), with_entropy=True)
+recorded = rec.sample(prompts, 4, [5, 6, 7], s1)
+method = rec.entropy_method
+forced = VLLMSampler(model_path(cfg), llm=engine.llm, with_entropy=True).sample(prompts, 4, [5, 6, 7], s1)
+print("ENTROPY " + json.dumps([method, [[x["response"], x["mean_token_entropy"]] for g in recorded for x in g],
+                                [[x["response"], x["mean_token_entropy"]] for g in forced for x in g]]))
 # then training rollouts from a policy in memory, on the same engine
 model, tok = load_policy(cfg)
 texts = prompt_texts(tok, ["Compute 1 + 1.", "Compute 20 + 22.", "Name a prime number."], True)
@@ -132,7 +143,9 @@ print("RESULT " + json.dumps(out))
 def test_vllm_greedy_then_rollout_weights_follow_the_policy_after_each_optimiser_step(tiny_cfg):
     """One process, one vLLM engine. First the evaluation sampler, eval.temperature=0: two calls with other seeds give
     the same sequences, and the n samples of a prompt are that one sequence (vLLM is asked for one per prompt); the
-    in-process engine leaves this process's torch thread settings as they were. Then the training rollout sampler
+    in-process engine leaves this process's torch thread settings as they were. At temperature 1 the entropies vLLM's
+    engine records while sampling equal the teacher-forced transformers pass over the same samples to 1e-4 (each
+    response's mean over its tokens). Then the training rollout sampler
     reuses that engine and takes the policy's weights in place after each optimiser step: its greedy continuations
     equal transformers' on the updated policy token for token (float32), its log-probs of those tokens agree to
     1e-4, and the updates (AdamW, lr 1e-2) changed the argmax somewhere, so a stale engine would fail."""
@@ -153,6 +166,10 @@ def test_vllm_greedy_then_rollout_weights_follow_the_policy_after_each_optimiser
     for group in a:
         assert len(group) == 3 and all(x == group[0] for x in group) and 1 <= group[0][1] <= 8
     assert "SAME_ENGINE True" in proc.stdout
+    method, recorded, forced = json.loads(proc.stdout.split("ENTROPY ", 1)[1].splitlines()[0])
+    assert method.endswith("vLLM sampled from (a logits processor; no second pass)")
+    assert [r for r, _ in recorded] == [r for r, _ in forced] and len(recorded) == 12  # the same samples
+    assert [h for _, h in recorded] == pytest.approx([h for _, h in forced], abs=1e-4)
     steps = json.loads(proc.stdout.split("RESULT ", 1)[1])
     for s in steps:
         assert s["vllm"] == s["hf"] and all(s["hf"])
