@@ -10,7 +10,7 @@ raw ``generate`` with one ``SamplingParams`` for all prompts, and :class:`core.s
 engine (chat-template rendering, tokenisation, result conversion), both with the same token ids and one seeded
 ``SamplingParams`` per prompt, so they draw the same samples and do the same engine work; they alternate
 ``--repeats`` times and the medians are compared (the goal: the suite keeps at least 0.95 of raw throughput).
-The entropy pass (exact teacher-forced entropies, a transformers forward over the samples) is timed on its own.
+The sampler with exact entropies (recorded inside vLLM while it samples; the method is printed) is timed on its own.
 The transformers sampler draws the same prompts in its usual batches of 4. Generated tokens per second of
 wall time (EOS tokens included). Works on a GPU (bf16) or vLLM's CPU build (float32), the same script;
 ``--dtype bfloat16`` runs the vLLM engine in bfloat16 on the CPU too (processors with bf16 matrix units: AMX,
@@ -87,9 +87,12 @@ def main(argv=None) -> int:
         times["raw"].append(dt)
         tokens["suite"], dt = timed(lambda: ours(suite))
         times["suite"].append(dt)
-    with_entropy = VLLMSampler(path, llm=llm, with_entropy=True, device=str(device), dtype="auto")
+    # the sampler as an evaluation builds it: on the shared engine (the same one), entropies recorded while sampling
+    with_entropy = VLLMSampler(path, {"dtype": dtype_name}, with_entropy=True, device=str(device), dtype="auto")
+    assert with_entropy.llm is llm
     tokens["suite+entropy"], dt = timed(lambda: ours(with_entropy))
     times["suite+entropy"] = [dt]
+    entropy_method = with_entropy.entropy_method
     with_entropy.close()
     close_shared()
 
@@ -112,9 +115,10 @@ def main(argv=None) -> int:
           f"new tokens; vLLM engine start {start_s:.1f} s; medians of {args.repeats} (vLLM) / {args.hf_repeats} (hf) runs")
     print(f"{'sampler':38s} {'tokens':>8s} {'seconds':>9s} {'tokens/s':>10s} {'vs raw vLLM':>12s}")
     names = {"raw": "raw vllm.LLM.generate", "suite": "suite VLLMSampler (no entropy)",
-             "suite+entropy": "suite VLLMSampler + entropy pass", "hf": "suite HFSampler (transformers)"}
+             "suite+entropy": "suite VLLMSampler + entropies", "hf": "suite HFSampler (transformers)"}
     for k in [k for k in ("raw", "suite", "suite+entropy", "hf") if k in rate]:
         print(f"{names[k]:38s} {tokens[k]:8d} {statistics.median(times[k]):9.2f} {rate[k]:10.1f} {rate[k] / rate['raw']:11.3f}x")
+    print(f"entropy method: {entropy_method}")
     print(f"ratio suite/raw vLLM: {rate['suite'] / rate['raw']:.3f} (goal >= 0.9)"
           + (f"; hf/raw vLLM: {rate['hf'] / rate['raw']:.3f}; hf/suite vLLM: {rate['hf'] / rate['suite']:.3f}"
              if "hf" in rate else ""))
