@@ -17,7 +17,7 @@ from typing import Sequence
 
 import torch
 
-from .sampling import Generation
+from .generation import Generation
 
 ANSWER_CLOSE = "</answer>"
 
@@ -91,7 +91,7 @@ def generate_with_tools(model, tokenizer, texts: Sequence[str], n: int, temperat
         max_turns: tool calls per episode at most; a call beyond it ends the episode unanswered.
         max_obs_tokens: tokens of one tool result kept (the rest is cut).
     Returns:
-        :class:`core.sampling.Generation` (prompt-major), with ``tool_calls`` (B,), ``tool_tokens`` (B,) and
+        :class:`core.generation.Generation` (prompt-major), with ``tool_calls`` (B,), ``tool_tokens`` (B,) and
         ``finished`` (B,): the episode ended by EOS or ``</answer>``.
     Raises:
         core.tools.ToolUnavailable: a tool's service is gone.
@@ -115,7 +115,7 @@ def run_episodes(cont, tokenizer, eos_ids: Sequence[int], texts: Sequence[str], 
         eos_ids: the tokens that end a response.
         texts, n, max_new_tokens, tools, max_turns, max_obs_tokens: as :func:`generate_with_tools`.
     Returns:
-        :class:`core.sampling.Generation` as :func:`generate_with_tools`, with ``logprobs`` (B, L) when ``cont``
+        :class:`core.generation.Generation` as :func:`generate_with_tools`, with ``logprobs`` (B, L) when ``cont``
         returns them (0 on the tool's tokens).
     Raises:
         core.tools.ToolUnavailable: a tool's service is gone.

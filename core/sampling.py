@@ -26,6 +26,8 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
+from .generation import Generation, response_mask_from_ids  # noqa: F401  (the samplers' return type, re-exported)
+
 
 # wall seconds by evaluation phase, accumulated by the samplers and evaluation.evaluate (reset per evaluation):
 # engine_start_s, sampling_s (generation, entropy included), entropy_s, verify_s, metrics_s
@@ -41,38 +43,6 @@ def prompt_texts(tokenizer, prompts: Sequence[str], chat_template: bool = True, 
         out.append(tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True))
     return out
 
-
-@dataclass
-class Generation:
-    """Tensors of one ``generate`` call: B = number of prompts x n samples each, prompt-major.
-
-    prompt_ids (B, P) left-padded, prompt_mask (B, P), response_ids (B, L) right-padded,
-    response_mask (B, L) 1 up to and including the first EOS, response_lengths (B,),
-    finished (B,) bool (an EOS was generated), texts: decoded responses (special tokens removed).
-    """
-
-    prompt_ids: torch.Tensor
-    prompt_mask: torch.Tensor
-    response_ids: torch.Tensor
-    response_mask: torch.Tensor
-    response_lengths: torch.Tensor
-    finished: torch.Tensor
-    texts: list[str]
-    entropy: torch.Tensor | None = None  # (B, L) next-token entropy (nats) at the sampling temperature, when asked
-    tool_calls: torch.Tensor | None = None  # (B,) tool calls per response (core.agent); response_mask then marks
-                                            # the policy's tokens only, tool results (attended) are 0
-    tool_tokens: torch.Tensor | None = None  # (B,) tokens of tool results in each response (mask 0, attended)
-    logprobs: torch.Tensor | None = None  # (B, L) the sampler's own log-prob of each sampled token at the sampling
-                                          # temperature (vLLM's processed log-probs), 0 where response_mask is 0
-
-
-def response_mask_from_ids(response_ids: torch.Tensor, eos_token_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mask (B, L), finished (B,)): 1 on tokens up to and including the first EOS token."""
-    is_eos = torch.zeros_like(response_ids, dtype=torch.bool)
-    for e in eos_token_ids:
-        is_eos |= response_ids == e
-    before = torch.cumsum(is_eos.long(), dim=-1) - is_eos.long()  # EOS tokens strictly before t
-    return (before == 0).long(), is_eos.any(-1)
 
 
 def _shared_prefill(model, input_ids, attention_mask, n: int):

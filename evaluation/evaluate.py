@@ -5,7 +5,7 @@
     -> tables (pass@k, UCC@k, similarity, entropy, modes, flip rates against a base model's samples)
 
 :func:`evaluate_checkpoint` is the whole path for one model folder (the sweep's trained runs, the base
-model, ``python -m evaluation``): it starts the configured sampler once, evaluates at the main and every
+model, ``python -m orchestrator.evaluate``): it starts the configured sampler once, evaluates at the main and every
 extra temperature, and frees the engine.
 """
 from __future__ import annotations

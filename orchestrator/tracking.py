@@ -202,13 +202,23 @@ def ensure_store(uri: str) -> None:
                              "nothing was left behind, run again once the cause is fixed") from None
 
 
+# MLflow 3's UI opens an experiment on its GenAI overview unless the experiment says it is model training
+KIND_TAG = "mlflow.experimentKind"
+TRAINING_KIND = "custom_model_development"
+
+
+def set_experiment_kind(client: MlflowClient, experiment) -> None:
+    """Tag ``experiment`` (an MLflow Experiment) as model training unless it already has a kind."""
+    if KIND_TAG not in (experiment.tags or {}):
+        retry(client.set_experiment_tag, experiment.experiment_id, KIND_TAG, TRAINING_KIND)
+
+
 def setup_experiment(tracking_uri: str, experiment_name: str, artifact_root: str) -> str:
     """Point MLflow at ``tracking_uri`` (creating an SQLite store with :func:`ensure_store`) and return the id of
     ``experiment_name`` (created if new, with its artifacts under ``artifact_root``/<experiment>), tagged
-    ``mlflow.experimentKind=custom_model_development`` unless it has a kind (:mod:`orchestrator.window`)."""
+    ``mlflow.experimentKind=custom_model_development`` unless it has a kind (:func:`set_experiment_kind`)."""
     ensure_store(tracking_uri)
     mlflow.set_tracking_uri(tracking_uri)
-    from .window import TRAINING_KIND, KIND_TAG, set_experiment_kind
 
     client = MlflowClient()
     exp = client.get_experiment_by_name(experiment_name)

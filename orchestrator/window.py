@@ -1,7 +1,7 @@
 """MLflow as the window onto a sweep: the experiment's kind, one parent run per sweep, datasets, system metrics and
 run descriptions.
 
-- :func:`set_experiment_kind`: the experiment tag ``mlflow.experimentKind = custom_model_development``, so MLflow's
+- :func:`orchestrator.tracking.set_experiment_kind` (called by ``setup_experiment``): the experiment tag ``mlflow.experimentKind = custom_model_development``, so MLflow's
   UI opens on the runs table (it shows its GenAI overview otherwise); a kind a user set is left alone.
 - :func:`open_sweep_run` / :func:`close_sweep_run`: one run per sweep (``rlvr.kind = sweep``, tagged with the sweep
   id, the command line and the git commit); every point's run, the duplicate records, the base-model run and the
@@ -31,19 +31,11 @@ from . import tracking
 
 log = logging.getLogger("rlvr")
 
-KIND_TAG = "mlflow.experimentKind"
-TRAINING_KIND = "custom_model_development"
 PARENT_TAG = "mlflow.parentRunId"
 NOTE_TAG = "mlflow.note.content"
 SWEEP_KIND = "sweep"
 HEADLINE = ("eval/mean/pass_at_1", "eval/mean/avg_at_{n}")  # formatted with eval.n where it appears
 _STATUS_RANK = {"FINISHED": 0, "DUPLICATE": 0, "KILLED": 1, "FAILED": 2}
-
-
-def set_experiment_kind(client: MlflowClient, experiment) -> None:
-    """Tag ``experiment`` (an MLflow Experiment) as model training unless it already has a kind."""
-    if KIND_TAG not in (experiment.tags or {}):
-        tracking.retry(client.set_experiment_tag, experiment.experiment_id, KIND_TAG, TRAINING_KIND)
 
 
 _PARENTS: dict[tuple[str, str], str | None] = {}

@@ -1,4 +1,4 @@
-"""A sweep point evaluated by the real vLLM engine (its CPU build in CI), and `python -m evaluation --sampler vllm`.
+"""A sweep point evaluated by the real vLLM engine (its CPU build in CI), and `python -m orchestrator.evaluate --sampler vllm`.
 
 The base model is evaluated once inside the sweep (vLLM) and once more by the CLI in another process:
 same model, same seeds, so the two sample tables must be identical.
@@ -65,7 +65,7 @@ def test_cli_vllm_on_the_base_model_reproduces_the_sweeps_base_samples(vllm_swee
 
     cwd, client, runs = vllm_sweep
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, "-m", "evaluation", "--checkpoint", model_path(tiny_cfg.model), "--eval", "smoke",
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.evaluate", "--checkpoint", model_path(tiny_cfg.model), "--eval", "smoke",
                            "--sampler", "vllm", "--out", str(tmp_path / "cli")], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

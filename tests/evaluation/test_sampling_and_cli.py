@@ -1,4 +1,4 @@
-"""Sampling (entropy, resume) and `python -m evaluation` on real benchmark files with the tiny model."""
+"""Sampling (entropy, resume) and `python -m orchestrator.evaluate` on real benchmark files with the tiny model."""
 import os
 import subprocess
 import sys
@@ -58,7 +58,7 @@ def test_interrupted_evaluation_resumes_without_resampling(tmp_path):
 
 def _eval(cwd, *args):
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    return subprocess.run([sys.executable, "-m", "evaluation", *args], cwd=cwd, env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "orchestrator.evaluate", *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=600)
 
 

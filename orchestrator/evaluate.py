@@ -1,12 +1,15 @@
-"""Evaluate any checkpoint without training and log it to MLflow.
+"""The evaluation command: evaluate any checkpoint without training and log it to MLflow.
 
-    python -m evaluation --checkpoint PATH_OR_HUB_ID [--eval quick|smoke|paper] [overrides ...]
+    python -m orchestrator.evaluate --checkpoint PATH_OR_HUB_ID [--eval quick|smoke|paper] [overrides ...]
         [--base-samples base/samples.parquet] [--out DIR] [--experiment NAME] [--tracking-uri URI]
 
 Overrides are Hydra-style keys of the eval group, e.g. ``n=16 'benchmarks=[math500,aime24]'
 data_dir=../shared/data/benchmarks max_prompts=20``. ``--sampler auto|hf|vllm`` (default: ``eval.sampler``,
 itself ``auto``: vLLM when installed and a CUDA GPU is visible, else transformers). Bad input exits 2
 with one line naming the value, before any model is loaded.
+
+The command composes the config, validates it and logs to MLflow, so it lives in the orchestrator layer; the
+sampling and the metric tables are :func:`evaluation.evaluate.evaluate_checkpoint`'s.
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from pathlib import Path
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m evaluation", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m orchestrator.evaluate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", required=True, help="Hugging Face model directory or hub id")
     ap.add_argument("--eval", default="quick", help="eval preset in sweeps/eval/ (default: quick)")
     ap.add_argument("--base-samples", help="the base model's samples.parquet, for flip rates")
@@ -35,7 +38,7 @@ def main(argv=None) -> int:
     from omegaconf.errors import OmegaConfBaseException
 
     from core.sampling import resolve_sampler
-    from orchestrator.preflight import CONFIG_DIR
+    from .preflight import CONFIG_DIR
 
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
@@ -49,8 +52,8 @@ def main(argv=None) -> int:
     if any(k > n or k < 1 for k in ks):
         print(f"error: eval.ks={ks}: every k must be in [1, eval.n={n}]", file=sys.stderr)
         return 2
-    from orchestrator.errors import ConfigError
-    from orchestrator.validate import check_eval_engine
+    from .errors import ConfigError
+    from .validate import check_eval_engine
 
     try:
         check_eval_engine(cfg, n)  # sampler available here, dtype, flip_k <= n, vLLM arguments
@@ -85,16 +88,16 @@ def main(argv=None) -> int:
 
     import mlflow
 
-    from orchestrator import tracking
+    from evaluation.evaluate import evaluate_checkpoint
 
-    from .evaluate import evaluate_checkpoint
+    from . import tracking
 
     exp_id = tracking.setup_experiment(args.tracking_uri, args.experiment, "mlartifacts")
     with mlflow.start_run(experiment_id=exp_id, run_name=args.run_name or Path(str(args.checkpoint)).name,
                           tags={"rlvr.kind": "evaluation", "rlvr.checkpoint": str(args.checkpoint), "rlvr.sampler": sampler}) as run:
-        from orchestrator import window
+        from evaluation.evaluate import benchmark_rows
 
-        from .evaluate import benchmark_rows
+        from . import window
 
         mlflow.log_params({f"eval.{k}": str(v)[:6000] for k, v in tracking.flatten(OmegaConf.to_container(eval_cfg, resolve=True)).items()})
         window.log_datasets(run.info.run_id, None, None, benchmark_rows(eval_cfg, heldout), eval_cfg)
