@@ -7,6 +7,7 @@ point did not finish, for any reason. SIGTERM or Ctrl-C (outside SLURM) saves th
 the running step, marks the run KILLED and exits 128 + the signal's number; the same command resumes.
 """
 import logging
+import os
 import sys
 
 import hydra
@@ -57,16 +58,19 @@ if __name__ == "__main__":
     from core.lifecycle import Interrupted
     from orchestrator import callbacks
 
-    callbacks.EXPECTED_POINTS = check_command_line(sys.argv[1:])
+    check_command_line(sys.argv[1:])
+    os.environ.pop(callbacks.SWEEP_DIR_ENV, None)  # set by this process's sweep when it starts
     try:
         main()
     except BaseException as e:  # the sweep did not reach its end: its parent run says how it stopped
-        if not (isinstance(e, SystemExit) and e.code in (0, None)):
-            callbacks.close_parent([], "KILLED" if isinstance(e, (Interrupted, KeyboardInterrupt)) else "FAILED")
+        if not (isinstance(e, SystemExit) and e.code in (0, None)) and callbacks.current_sweep_dir() is not None:
+            callbacks.end_unfinished(callbacks.current_sweep_dir(), "KILLED" if isinstance(e, (Interrupted, KeyboardInterrupt)) else "FAILED")
         if not isinstance(e, Interrupted):
             raise
         print(f"stopped by {_signame(e.signum)}" + (f": {e.where} marked KILLED" if e.where else "")
               + ("; its training state was saved" if e.state_saved else "")
               + ". Run the same command again to resume.", file=sys.stderr, flush=True)
         sys.exit(128 + e.signum)
-    sys.exit(1 if callbacks.FAILED_POINTS or callbacks.FAILED_BASE else 0)
+    sweep_dir = callbacks.current_sweep_dir()
+    # the sweep's callback wrote its outcome (points that did not finish, a failed base evaluation) to the sweep folder
+    sys.exit(callbacks.exit_status(sweep_dir) if sweep_dir is not None else 0)

@@ -29,9 +29,6 @@ import torch
 from .generation import Generation, response_mask_from_ids  # noqa: F401  (the samplers' return type, re-exported)
 
 
-# wall seconds by evaluation phase, accumulated by the samplers and evaluation.evaluate (reset per evaluation):
-# engine_start_s, sampling_s (generation, entropy included), entropy_s, verify_s, metrics_s
-PHASES: collections.Counter = collections.Counter()
 
 def prompt_texts(tokenizer, prompts: Sequence[str], chat_template: bool = True, system_prompt: str | None = None) -> list[str]:
     """Render user prompts as model input text (the tokenizer's chat template when asked)."""
@@ -172,6 +169,7 @@ class Sampler(Protocol):
     name: str
     entropy_method: str | None
     preferred_batch_prompts: int
+    timings: collections.Counter  # wall seconds this sampler spent by phase (``entropy_s``), read by its caller
 
     def sample(self, prompts: Sequence[str], n: int, seeds: Sequence[int], settings: SamplingSettings) -> list[list[dict]]: ...
 
@@ -279,6 +277,7 @@ class HFSampler:
         self.model, self.tokenizer = model, tokenizer
         self.with_entropy, self.score_rows, self.score_tokens = with_entropy, score_rows, score_tokens
         self.entropy_method = ENTROPY_METHOD if with_entropy else None
+        self.timings: collections.Counter = collections.Counter()  # entropy_s: the entropies' own wall seconds
 
     @classmethod
     def from_path(cls, model_path: str, options: SamplerOptions) -> "HFSampler":
@@ -336,7 +335,7 @@ class HFSampler:
             self.entropy_method = ENTROPY_METHOD
         else:
             entropies = [None] * len(gen.texts)
-        PHASES["entropy_s"] += time.perf_counter() - t0
+        self.timings["entropy_s"] += time.perf_counter() - t0
         out = []
         for i in range(len(prompts)):
             out.append([{
@@ -430,6 +429,7 @@ class VLLMSampler:
         self.dtype = resolve_dtype(dtype, self.device)
         self.with_entropy, self.score_rows, self.score_tokens = with_entropy, score_rows, score_tokens
         self.entropy_method = ENTROPY_METHOD if with_entropy else None
+        self.timings: collections.Counter = collections.Counter()  # entropy_s: the entropies' own wall seconds
         self._scorer = None
         self.engine = None
         if llm is None:
@@ -532,7 +532,7 @@ class VLLMSampler:
             pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
             ent = mean_token_entropies(self._scoring_model(), [ids[i] for i, _ in flat], [s["_ids"] for _, s in flat],
                                        entropy_temperature(settings.temperature), pad, self.score_rows, self.score_tokens)
-            PHASES["entropy_s"] += time.perf_counter() - t0
+            self.timings["entropy_s"] += time.perf_counter() - t0
             for (_, s), e in zip(flat, ent):
                 s["mean_token_entropy"] = e
         for group in out:

@@ -10,6 +10,7 @@ extra temperature, and frees the engine.
 """
 from __future__ import annotations
 
+import collections
 import logging
 import time
 import zlib
@@ -19,7 +20,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from core.progress import LineProgress
-from core.sampling import PHASES, SamplerOptions, SamplingSettings, build_sampler, resolve_sampler
+from core.sampling import SamplerOptions, SamplingSettings, build_sampler, resolve_sampler
 
 from core.tasks import get_task, score_responses
 
@@ -175,7 +176,8 @@ def sampler_options(eval_cfg) -> SamplerOptions:
 
 
 def sample_benchmarks(sampler, rows_by_bench: dict, n: int, seed: int, samples_path: Path, batch_prompts: int = 4,
-                      settings: SamplingSettings | None = None, tools_cfg=None) -> pd.DataFrame:
+                      settings: SamplingSettings | None = None, tools_cfg=None,
+                      timings: collections.Counter | None = None) -> pd.DataFrame:
     """Sample ``n`` responses per prompt for every benchmark, appending to ``samples_path``.
 
     Prompts already present in ``samples_path`` with n rows are skipped (resume); rows of benchmarks not in
@@ -183,7 +185,8 @@ def sample_benchmarks(sampler, rows_by_bench: dict, n: int, seed: int, samples_p
     :func:`prompt_seed`, so a resumed run draws the same samples. Progress: a tqdm bar on a terminal and
     one log line per chunk of prompts otherwise (SLURM output files, ``> log``). Benchmarks whose task declares
     tools (question answering with search) are sampled as multi-turn episodes with those tools, opened from
-    ``tools_cfg`` for this call (:func:`core.tools.open_tools_for`; the ``hf`` sampler only).
+    ``tools_cfg`` for this call (:func:`core.tools.open_tools_for`; the ``hf`` sampler only). ``timings``, when
+    given, accumulates the wall seconds of sampling (``sampling_s``) and verification (``verify_s``).
 
     Raises:
         ValueError: tool benchmarks with a sampler that cannot call tools.
@@ -191,6 +194,7 @@ def sample_benchmarks(sampler, rows_by_bench: dict, n: int, seed: int, samples_p
     """
     from core.tools import close_tools, open_tools_for, tool_names
     settings = settings or SamplingSettings()
+    timings = collections.Counter() if timings is None else timings
     samples_path = Path(samples_path)
     done = pd.read_parquet(samples_path) if samples_path.exists() else pd.DataFrame(columns=SAMPLE_COLUMNS)
     mine = done["benchmark"].isin(list(rows_by_bench))
@@ -228,7 +232,7 @@ def sample_benchmarks(sampler, rows_by_bench: dict, n: int, seed: int, samples_p
                              max_obs_tokens=int(tc.get("max_obs_tokens", 256)),
                              prefixes=[r.get("response_prefix", "") for _, r in chunk]) if with_tools[chunk[0][0]] else {}
                 outs = sampler.sample([r["prompt"] for _, r in chunk], n, seeds, settings, **extra)
-                PHASES["sampling_s"] += time.perf_counter() - t0
+                timings["sampling_s"] += time.perf_counter() - t0
                 records = []
                 t0 = time.perf_counter()
                 for (bench, row), samples in zip(chunk, outs):
@@ -242,7 +246,7 @@ def sample_benchmarks(sampler, rows_by_bench: dict, n: int, seed: int, samples_p
                             "mean_token_entropy": s.get("mean_token_entropy"), "seed": int(s.get("seed", seeds[0])),
                             "subset": row.get("subset"), "tool_calls": s.get("tool_calls"),
                         })
-                PHASES["verify_s"] += time.perf_counter() - t0
+                timings["verify_s"] += time.perf_counter() - t0
                 frames.append(pd.DataFrame.from_records(records, columns=SAMPLE_COLUMNS))
                 pd.concat(([others] if len(others) else []) + frames, ignore_index=True).to_parquet(samples_path, index=False)
                 bar.update(len(chunk))
@@ -258,7 +262,8 @@ def sample_benchmarks(sampler, rows_by_bench: dict, n: int, seed: int, samples_p
 
 
 def evaluate(sampler, eval_cfg, out_dir, heldout_rows=None, chat_template: bool = True,
-             base_samples: pd.DataFrame | None = None, tools_cfg=None) -> tuple[dict, dict]:
+             base_samples: pd.DataFrame | None = None, tools_cfg=None,
+             timings: collections.Counter | None = None) -> tuple[dict, dict]:
     """Evaluate with ``sampler``: sample, verify, and write ``samples.parquet`` plus one CSV per table.
 
     Args:
@@ -270,6 +275,7 @@ def evaluate(sampler, eval_cfg, out_dir, heldout_rows=None, chat_template: bool 
         heldout_rows: rows of the held-out training split (for the ``arithmetic`` and ``kk`` benchmarks).
         base_samples: the base model's samples on the same prompts, for flip rates.
         tools_cfg: the run's ``tools`` config, for benchmarks whose task calls tools (:func:`sample_benchmarks`).
+        timings: accumulates wall seconds by phase (``sampling_s``, ``verify_s``, ``metrics_s``), when given.
     Returns:
         (metrics, files): metrics keyed ``eval/<benchmark>/<metric>`` and ``eval/mean/<metric>``
         (``pass_at_<k>``, ``avg_at_<n>``, ``ucc_at_<k>``, ``ucr``, ``rouge_l_mean``..., ``entropy``,
@@ -277,6 +283,7 @@ def evaluate(sampler, eval_cfg, out_dir, heldout_rows=None, chat_template: bool 
     Raises:
         ValueError: a k in ``eval_cfg.ks`` larger than ``eval_cfg.n`` (checked before sampling).
     """
+    timings = collections.Counter() if timings is None else timings
     plan = decoding_plan(eval_cfg)
     for b, c in plan.items():
         n, ks = int(c.n), [int(k) for k in c.ks]
@@ -294,7 +301,7 @@ def evaluate(sampler, eval_cfg, out_dir, heldout_rows=None, chat_template: bool 
         groups.setdefault(key, (c, []))[1].append(b)
     parts = [sample_benchmarks(sampler, {b: rows[b] for b in benches}, int(c.n), int(eval_cfg.seed),
                                out_dir / "samples.parquet", batch_size(eval_cfg, sampler), settings_from(c, chat_template),
-                               tools_cfg)
+                               tools_cfg, timings)
              for c, benches in groups.values()]
     samples = pd.concat([p for p in parts if len(p)], ignore_index=True) if any(len(p) for p in parts) else parts[0]
     t0 = time.perf_counter()
@@ -308,7 +315,7 @@ def evaluate(sampler, eval_cfg, out_dir, heldout_rows=None, chat_template: bool 
     )
     if per_bench:  # each benchmark at its own budget (its largest k), and the suite's unweighted means
         metrics.update(budget_metrics(tables, {b: max(k) for b, k in ks_of.items()}))
-    PHASES["metrics_s"] += time.perf_counter() - t0
+    timings["metrics_s"] += time.perf_counter() - t0
     if "entropy" in tables and len(tables["entropy"]) and getattr(sampler, "entropy_method", None):
         tables["entropy"] = tables["entropy"].assign(method=sampler.entropy_method)
     files = {"samples.parquet": out_dir / "samples.parquet"}
@@ -328,7 +335,8 @@ def temperature_key(t: float) -> str:
 
 
 def evaluate_temperatures(sampler, eval_cfg, out_dir, heldout_rows=None, chat_template: bool = True,
-                          base_samples: pd.DataFrame | None = None, tools_cfg=None) -> tuple[dict, dict]:
+                          base_samples: pd.DataFrame | None = None, tools_cfg=None,
+                          timings: collections.Counter | None = None) -> tuple[dict, dict]:
     """:func:`evaluate` at ``eval_cfg.temperature`` and again at every ``eval_cfg.extra_temperatures``
     (the QUATRO paper's diversity check: UCR and pass@k at temperatures such as 1.0 and 1.5).
 
@@ -338,6 +346,7 @@ def evaluate_temperatures(sampler, eval_cfg, out_dir, heldout_rows=None, chat_te
     Args:
         sampler: one :class:`core.sampling.Sampler`, used at every temperature (its engine starts once).
         base_samples: the base model's samples, for flip rates (main temperature only).
+        timings: accumulates wall seconds by phase over every temperature (:func:`evaluate`), when given.
     Returns:
         (metrics, files) with files keyed by their path relative to ``out_dir``.
     Raises:
@@ -354,13 +363,13 @@ def evaluate_temperatures(sampler, eval_cfg, out_dir, heldout_rows=None, chat_te
         raise ValueError(f"eval.extra_temperatures={temps}: two temperatures print alike (same folder and keys)")
     out_dir = Path(out_dir)
     metrics, files = evaluate(sampler, eval_cfg, out_dir, heldout_rows, chat_template, base_samples=base_samples,
-                              tools_cfg=tools_cfg)
+                              tools_cfg=tools_cfg, timings=timings)
     for t in temps:
         if t == float(eval_cfg.temperature):
             continue
         cfg_t = OmegaConf.merge(eval_cfg, {"temperature": t})
         sub = out_dir / f"T{t:g}"
-        m_t, f_t = evaluate(sampler, cfg_t, sub, heldout_rows, chat_template, tools_cfg=tools_cfg)
+        m_t, f_t = evaluate(sampler, cfg_t, sub, heldout_rows, chat_template, tools_cfg=tools_cfg, timings=timings)
         metrics.update({temperature_key(t) + k[len("eval"):]: v for k, v in m_t.items() if k.startswith("eval/")})
         files.update({f"T{t:g}/{name}": path for name, path in f_t.items()})
     return metrics, files
@@ -384,17 +393,19 @@ def evaluate_checkpoint(model_path, eval_cfg, out_dir, heldout_rows=None, chat_t
         ValueError: the sampler cannot run here, or bad evaluation settings.
     """
     t0 = time.time()
-    PHASES.clear()
+    timings: collections.Counter = collections.Counter()
     name = evaluation_sampler(eval_cfg, sampler)
     smp = build_sampler(name, model_path, sampler_options(eval_cfg))
-    PHASES["engine_start_s"] += time.time() - t0
+    timings["engine_start_s"] += time.time() - t0
     try:
         if temperatures:
             metrics, files = evaluate_temperatures(smp, eval_cfg, out_dir, heldout_rows, chat_template, base_samples,
-                                                   tools_cfg)
+                                                   tools_cfg, timings)
         else:
-            metrics, files = evaluate(smp, eval_cfg, out_dir, heldout_rows, chat_template, base_samples, tools_cfg)
+            metrics, files = evaluate(smp, eval_cfg, out_dir, heldout_rows, chat_template, base_samples, tools_cfg,
+                                      timings)
     finally:
         smp.close()
     return metrics, files, {"sampler": name, "entropy_method": getattr(smp, "entropy_method", None),
-                            "eval_time_s": time.time() - t0, "phases": dict(PHASES)}
+                            "eval_time_s": time.time() - t0,
+                            "phases": dict(timings + getattr(smp, "timings", collections.Counter()))}

@@ -1,8 +1,18 @@
-"""Hydra callbacks of the sweep: create the MLflow store before jobs start; print a summary at the end."""
+"""The end of a sweep, owned by one Hydra callback object: the MLflow store and the sweep's parent run before the
+jobs start; at the end, the summary of every point, the report, the parent run closed with both, and the exit status.
+
+Nothing passes between the jobs, the callback and ``sweep.py`` through module state: a job writes its outcome to
+``<job folder>/rlvr_outcome.json`` (:func:`record_outcome`), the callback reads those files back (they also come back
+from SLURM nodes) and writes the sweep's own outcome to ``<sweep folder>/rlvr_sweep.json`` (:func:`read_sweep`), which
+``sweep.py`` reads for the exit status, or to close the parent run when the sweep stopped before its end (the
+callback puts the sweep folder's path in the process environment, ``RLVR_SWEEP_DIR``, since Hydra keeps no sweep-level
+config once the sweep returns).
+"""
 from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
@@ -11,20 +21,16 @@ from . import tracking, window
 
 log = logging.getLogger("rlvr")
 
-FAILED_POINTS: list[str] = []  # read by sweep.py to set the exit status
-FAILED_BASE: list[str] = []  # failed base-model evaluations of the sweep: exit status 1 too
-EXPECTED_POINTS: int | None = None  # the number of points pre-flight composed (set by sweep.py)
-OUTCOMES: dict[str, dict] = {}  # job number -> outcome of the points run in this process
 OUTCOME_FILE = "rlvr_outcome.json"
-PARENT_RUN_ID: str | None = None  # the sweep's parent MLflow run (orchestrator.window), made by on_multirun_start
-PARENT_CLOSED = False
-REPORT_HTML: Path | None = None  # set by the report callback (it runs first at the end: Hydra reverses the order)
+SWEEP_FILE = "rlvr_sweep.json"
+SWEEP_DIR_ENV = "RLVR_SWEEP_DIR"  # where this process's sweep folder is (set when the sweep starts; read by sweep.py)
 
 
 def record_outcome(outcome: dict) -> None:
-    """Remember how this job's point ended (``status``: finished, duplicate, failed, killed; ``error``; ``run_id``),
-    in this process and in ``<job output dir>/rlvr_outcome.json`` (read back when jobs run elsewhere:
-    submitit, SLURM). Never raises: a full disk must not hide the point's own error."""
+    """Write how this job's point ended (``status``: finished, duplicate, failed, killed; ``error``; ``run_id``) to
+    ``<job output dir>/rlvr_outcome.json``, which the sweep's callback reads back wherever the job ran (this process,
+    submitit, SLURM). Never raises: a full disk must not hide the point's own error (a job without an outcome file
+    counts as not finished)."""
     try:
         from hydra.core.hydra_config import HydraConfig
 
@@ -33,7 +39,6 @@ def record_outcome(outcome: dict) -> None:
     except Exception:
         return
     rec = {"job_num": num, "point": point, **{k: outcome.get(k) for k in ("status", "error", "run_id", "duplicate_of")}}
-    OUTCOMES[num] = rec
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / OUTCOME_FILE).write_text(json.dumps(rec))
@@ -42,7 +47,7 @@ def record_outcome(outcome: dict) -> None:
 
 
 def read_outcomes(sweep_dir: Path) -> dict[str, dict]:
-    """Outcomes of every job of the sweep: the ones written to the job folders, then this process's own."""
+    """Outcomes of every job of the sweep, by job number, from the files the jobs wrote to their folders."""
     out = {}
     for f in sorted(Path(sweep_dir).glob(f"*/{OUTCOME_FILE}")):
         try:
@@ -50,26 +55,69 @@ def read_outcomes(sweep_dir: Path) -> dict[str, dict]:
             out[str(rec["job_num"])] = rec
         except (OSError, ValueError, KeyError):
             continue
-    return out | OUTCOMES
+    return out
 
 
-class SweepSummaryCallback(Callback):
-    """``on_multirun_start``: create the store and experiment once (parallel jobs creating an SQLite
-    schema at the same time can race). ``on_multirun_end``: print a table of the sweep's points
-    (point, status, MLflow run id, SLURM job id, wall time) and remember failures."""
+class SweepCallback(Callback):
+    """The sweep's beginning and end, as one object that owns its state.
+
+    ``on_multirun_start``: create the store and experiment once (parallel jobs creating an SQLite schema at the same
+    time can race), open the sweep's parent run, count the points, write ``rlvr_sweep.json``. ``on_multirun_end``:
+    print a table of the sweep's points (point, status, MLflow run id, SLURM job id, wall time, error), build the
+    report (``report``: the dotted name of a function ``(config, parent_run_id) -> report.html path or None`` that
+    never raises; the config tree names ``reports.build.sweep_report``, so this layer does not import the reports
+    layer), close the parent run with the summary and the report, and write the outcome to ``rlvr_sweep.json``.
+
+    Args:
+        report: dotted name of the report function, or None for no report.
+    """
+
+    def __init__(self, report: str | None = None):
+        self.report = report
+        self.parent_run_id: str | None = None
+        self.expected_points: int | None = None
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        global PARENT_RUN_ID, PARENT_CLOSED
+        from .identity import git_commit
+        from .preflight import count_points
+
+        sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
+        os.environ[SWEEP_DIR_ENV] = str(sweep_dir)  # Hydra keeps no sweep-level config once the sweep returns
         exp_id = tracking.retry(tracking.setup_experiment, str(config.tracking.uri), str(config.experiment_name),
                                 str(config.tracking.artifact_root))
-        from .run import _git_commit
-
         try:
-            PARENT_RUN_ID, PARENT_CLOSED = window.open_sweep_run(exp_id, str(config.hydra.sweep.dir), _git_commit()), False
+            self.expected_points = count_points(list(config.hydra.overrides.task),
+                                                dict(config.hydra.sweeper.get("params") or {}))
+        except Exception as e:  # pre-flight parsed them already; without the count, missing jobs go unnoticed
+            log.warning("could not count the sweep's points: %s: %s", type(e).__name__, e)
+        try:
+            self.parent_run_id = window.open_sweep_run(exp_id, str(sweep_dir), git_commit())
         except Exception as e:  # the points still run; they are then top-level runs
             log.warning("could not create the sweep's parent run: %s: %s", type(e).__name__, e)
+        write_sweep(sweep_dir, {"status": "running", "parent_run_id": self.parent_run_id,
+                                "expected_points": self.expected_points})
 
     def on_multirun_end(self, config, **kwargs) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        bad, failed_base, summary, runs = self.summarise(config)
+        report_html = None
+        if self.report:
+            from hydra.utils import get_method
+
+            try:
+                report_html = get_method(self.report)(config, self.parent_run_id)
+            except Exception as e:  # the report function reports its own failures; this is a wrong name
+                log.error("the report could not be built: %s: %s", type(e).__name__, e)
+        status = close_parent(self.parent_run_id, summary, out_dir=sweep_dir, children=runs, report_html=report_html)
+        failed = [f"{rec.get('point') or job}: {rec.get('error') or rec.get('status')}" for job, rec in bad.items()]
+        write_sweep(sweep_dir, {"status": status or "ended", "parent_run_id": self.parent_run_id,
+                                "expected_points": self.expected_points, "failed_points": failed,
+                                "failed_base": failed_base, "report": str(report_html) if report_html else None})
+
+    def summarise(self, config) -> tuple[dict, list, list[dict], list]:
+        """Print the sweep's summary table. Returns ``(bad, failed_base, summary, runs)``: the points that did not
+        finish by job number (their outcome records), the failed base-model runs, one summary row per run and
+        per point that left no run, and the sweep's MLflow runs."""
         from mlflow.tracking import MlflowClient
 
         sweep_id = str(config.hydra.sweep.dir)
@@ -113,7 +161,7 @@ class SweepSummaryCallback(Callback):
             if r.data.tags.get(tracking.TAG_KIND) != "base" and r.info.status in ("FAILED", "KILLED", "RUNNING") \
                     and job not in finished_jobs:
                 bad.setdefault(job, {"job_num": job, "point": r.info.run_name, "status": r.info.status.lower()})
-        expected = EXPECTED_POINTS or 0
+        expected = self.expected_points or 0
         for i in range(expected):
             if str(i) not in outcomes and str(i) not in finished_jobs and str(i) not in bad:
                 bad[str(i)] = {"job_num": str(i), "point": "?", "status": "no outcome",
@@ -124,36 +172,80 @@ class SweepSummaryCallback(Callback):
                              "-", "-", str(rec.get("error") or "")[:120]))
                 summary.append({"job": job, "point": rec.get("point") or "?", "status": str(rec.get("status", "?")).upper(),
                                 "run_id": rec.get("run_id"), "error": str(rec.get("error") or "")[:300]})
-        FAILED_POINTS.extend(f"{rec.get('point') or job}: {rec.get('error') or rec.get('status')}" for job, rec in bad.items())
         header = ("#", "point", "status", "MLflow run", "job id", "wall s", "error")
         widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)] if rows else [len(h) for h in header]
         lines = ["  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip() for row in [header, *rows]]
         print("\nSweep summary (" + sweep_id + ")\n" + "\n".join(lines), flush=True)
         if store_error is None:
             print(window.ui_hint(str(config.tracking.uri), exp_id), flush=True)
-        if FAILED_POINTS:
+        if bad:
             print(f"{len(bad)} point(s) did not finish; tracebacks of failed runs are in MLflow (traceback.txt). "
                   "Re-running the same command trains only the points that did not finish.", flush=True)
-        close_parent(summary, out_dir=Path(sweep_id), children=runs)
         if failed_base:
             print("The base model's evaluation failed (traceback.txt in its MLflow run); the trained points have no "
                   "flip rates. Re-running the same command evaluates it again.", flush=True)
-            FAILED_BASE.extend(failed_base)
+        return bad, failed_base, summary, runs
 
 
-def close_parent(summary: list[dict], status: str | None = None, out_dir: Path | None = None, children=()) -> None:
-    """End the sweep's parent run once (:func:`orchestrator.window.close_sweep_run`), with the report when one was
-    built and the union of its ``children``'s datasets; never raises."""
-    global PARENT_CLOSED
-    if PARENT_RUN_ID is None or PARENT_CLOSED:
+def write_sweep(sweep_dir: Path, record: dict) -> None:
+    """Write the sweep's own outcome to ``<sweep_dir>/rlvr_sweep.json``; never raises."""
+    try:
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        (sweep_dir / SWEEP_FILE).write_text(json.dumps(record))
+    except OSError as e:
+        log.error("could not write the sweep's outcome to %s: %s", sweep_dir / SWEEP_FILE, e)
+
+
+def read_sweep(sweep_dir: Path) -> dict:
+    """The sweep's outcome as its callback wrote it (``status``: running or the parent run's end status;
+    ``parent_run_id``; ``failed_points``, ``failed_base``: lists of one-line descriptions; ``report``); ``{}`` when
+    the sweep wrote none."""
+    try:
+        return json.loads((Path(sweep_dir) / SWEEP_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def close_parent(parent_run_id: str | None, summary: list[dict], status: str | None = None, out_dir: Path | None = None,
+                 children=(), report_html: Path | None = None) -> str | None:
+    """End the sweep's parent run (:func:`orchestrator.window.close_sweep_run`) with the report when one was built and
+    the union of its ``children``'s datasets. Returns the status it ended with (None when there is no parent or it
+    could not be closed); never raises."""
+    if parent_run_id is None:
+        return None
+    try:
+        window.log_union_of_datasets(parent_run_id, children)
+    except Exception as e:
+        log.warning("the sweep's parent run %s: datasets not logged: %s: %s", parent_run_id, type(e).__name__, e)
+    try:
+        final = window.close_sweep_run(parent_run_id, summary, status, report_html, out_dir)
+        log.info("sweep run %s: %s", parent_run_id, final)
+        return final
+    except Exception as e:
+        log.error("could not close the sweep's parent run %s: %s: %s", parent_run_id, type(e).__name__, e)
+        return None
+
+
+def end_unfinished(sweep_dir: Path, status: str) -> None:
+    """Close the parent run of a sweep that stopped before its end (``status``: KILLED or FAILED), when its callback
+    opened one and did not close it; never raises."""
+    rec = read_sweep(sweep_dir)
+    if rec.get("status") != "running" or not rec.get("parent_run_id"):
         return
-    PARENT_CLOSED = True
-    try:
-        window.log_union_of_datasets(PARENT_RUN_ID, children)
-    except Exception as e:
-        log.warning("the sweep's parent run %s: datasets not logged: %s: %s", PARENT_RUN_ID, type(e).__name__, e)
-    try:
-        final = window.close_sweep_run(PARENT_RUN_ID, summary, status, REPORT_HTML, out_dir)
-        log.info("sweep run %s: %s", PARENT_RUN_ID, final)
-    except Exception as e:
-        log.error("could not close the sweep's parent run %s: %s: %s", PARENT_RUN_ID, type(e).__name__, e)
+    final = close_parent(rec["parent_run_id"], [], status)
+    write_sweep(Path(sweep_dir), rec | {"status": final or status})
+
+
+def current_sweep_dir() -> Path | None:
+    """The folder of the sweep this process ran (None when no multirun started in it)."""
+    d = os.environ.get(SWEEP_DIR_ENV)
+    return Path(d) if d else None
+
+
+def exit_status(sweep_dir: Path) -> int:
+    """1 when a point of the sweep did not finish or its base model's evaluation failed, else 0 (from
+    ``rlvr_sweep.json``; a sweep that wrote no outcome there ended before its callback: 1)."""
+    rec = read_sweep(sweep_dir)
+    if not rec or rec.get("status") == "running":
+        return 1
+    return 1 if rec.get("failed_points") or rec.get("failed_base") else 0

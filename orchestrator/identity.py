@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -49,3 +51,12 @@ def training_hash(cfg: DictConfig) -> str:
         container.pop(group, None)
     blob = json.dumps(container, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def git_commit() -> str:
+    """The git commit of the suite's checkout (``git rev-parse HEAD``), or ``"unknown"`` outside a checkout."""
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                              cwd=Path(__file__).resolve().parent).stdout.strip() or "unknown"
+    except Exception:
+        return "unknown"

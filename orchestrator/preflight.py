@@ -35,6 +35,16 @@ def _key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
+def count_points(task_overrides: list[str], sweeper_params: dict | None) -> int:
+    """The number of points Hydra's basic sweeper makes of the command line's ``task_overrides`` and the composed
+    ``hydra.sweeper.params`` (a key on the command line replaces the preset's), without composing anything: what a
+    running sweep's callback can count (composing inside a running Hydra app would reset its global state)."""
+    user = [o for o in task_overrides if not o.lstrip("+~").startswith("hydra")]
+    given = {_key(o) for o in user}
+    params = [f"{k}={v}" for k, v in (sweeper_params or {}).items() if k not in given]
+    return len(_expand(params + user))
+
+
 def _with_sweeper_params(user: list[str], compose, *errors, config_name: str = "config",
                          hydra_overrides: tuple = ()) -> list[str]:
     """``hydra.sweeper.params`` of the composed config (an experiment preset's sweep) followed by the

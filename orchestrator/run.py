@@ -19,7 +19,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import tempfile
 import threading
 import time
@@ -32,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import integrity, lease, tracking, window
 from .base import log_metrics
-from .identity import config_hash, training_hash
+from .identity import config_hash, git_commit, training_hash
 from .validate import validate_config
 
 log = logging.getLogger("rlvr")
@@ -51,14 +50,6 @@ def _hydra_job() -> tuple[Path | None, str, str, int | None]:
         return Path(hc.runtime.output_dir), hc.job.override_dirname or "", sweep_id, num
     except Exception:
         return None, "", "", None
-
-
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                              cwd=Path(__file__).resolve().parent).stdout.strip() or "unknown"
-    except Exception:
-        return "unknown"
 
 
 def _install_preemption_handler() -> None:
@@ -350,7 +341,7 @@ def run(cfg: DictConfig) -> dict:
         core.lifecycle.Interrupted: SIGTERM/SIGINT outside SLURM; the run is marked KILLED (its state saved
             first when it was training).
         Exception: whatever training or evaluation raised; the MLflow run is then marked FAILED
-        with the traceback saved as ``traceback.txt``.
+            with the traceback saved as ``traceback.txt``.
     """
     warnings = validate_config(cfg)
     for w in warnings:
@@ -369,7 +360,7 @@ def run(cfg: DictConfig) -> dict:
         full, name = name, f"{name[:MAX_RUN_NAME - 20]}...{hashlib.sha256(name.encode()).hexdigest()[:12]}"
         log.warning("point name shortened to %r (%d characters; the full name is in the tag rlvr.point)", name, len(full))
     tags = {tracking.TAG_HASH: chash, tracking.TAG_TRAIN_HASH: thash, "rlvr.algo": str(cfg.algo.name), "rlvr.host": socket.gethostname(),
-            "rlvr.git_commit": _git_commit(), "rlvr.sweep_id": sweep_id, "rlvr.job_num": str(job_num),
+            "rlvr.git_commit": git_commit(), "rlvr.sweep_id": sweep_id, "rlvr.job_num": str(job_num),
             "rlvr.slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
             "rlvr.requeue_count": os.environ.get("SLURM_RESTART_COUNT", "0"), "rlvr.point": (point or name)[:4900]}
     if warnings:

@@ -1,29 +1,29 @@
-"""Hydra callback: build the report when a multirun ends. A failure is reported, never raised."""
+"""The report step of a sweep's end: :class:`orchestrator.callbacks.SweepCallback` calls :func:`sweep_report` by the
+dotted name the config tree gives it (``hydra.callbacks.sweep.report``). A failure is reported, never raised."""
 from __future__ import annotations
 
 import logging
-
-from hydra.experimental.callback import Callback
+from pathlib import Path
 
 log = logging.getLogger("rlvr")
 
 
-class ReportCallback(Callback):
-    """``on_multirun_end``: ``reports.build.build(experiment, tracking uri, baseline)`` when ``report.enabled``."""
+def sweep_report(config, parent_run_id: str | None) -> Path | None:
+    """Build the sweep's report (:func:`reports.build.build` with ``report.baseline`` and ``report.out_dir``), nested
+    under the sweep's parent run ``parent_run_id``, when ``report.enabled``. Returns the path of ``report.html``, or
+    None when disabled or when building failed (logged with the command that rebuilds it; the sweep's results are
+    already safe in MLflow)."""
+    rep = config.get("report", {}) or {}
+    if not rep.get("enabled", True):
+        return None
+    try:
+        from .build import build
 
-    def on_multirun_end(self, config, **kwargs) -> None:
-        rep = config.get("report", {}) or {}
-        if not rep.get("enabled", True):
-            return
-        try:
-            from .build import build
-
-            from orchestrator import callbacks
-
-            res = build(str(config.experiment_name), str(config.tracking.uri), rep.get("baseline"), rep.get("out_dir"),
-                        parent_run_id=callbacks.PARENT_RUN_ID)
-            callbacks.REPORT_HTML = res["html"]  # the summary callback logs it to the sweep's parent run
-            log.info("report: %s", res["html"])
-        except Exception as e:  # the sweep's results are already safe in MLflow
-            log.error("the sweep finished but its report could not be built: %s: %s "
-                      "(rebuild with: python -m reports --experiment %s)", type(e).__name__, e, config.experiment_name)
+        res = build(str(config.experiment_name), str(config.tracking.uri), rep.get("baseline"), rep.get("out_dir"),
+                    parent_run_id=parent_run_id)
+        log.info("report: %s", res["html"])
+        return Path(res["html"])
+    except Exception as e:
+        log.error("the sweep finished but its report could not be built: %s: %s "
+                  "(rebuild with: python -m reports --experiment %s)", type(e).__name__, e, config.experiment_name)
+        return None

@@ -239,9 +239,10 @@ def test_full_disk_and_read_only_store_fail_at_preflight_and_leave_no_half_made_
     assert "Read-only file system" in lines[0]
 
 
-def test_a_point_that_leaves_no_run_or_a_failed_outcome_fails_the_sweep(tmp_path, monkeypatch):
+def test_a_point_that_leaves_no_run_or_a_failed_outcome_fails_the_sweep(tmp_path):
     """The summary's exit status counts points that failed before any MLflow run existed (their outcome file)
-    and jobs that left no outcome at all, not only FAILED runs."""
+    and jobs that left no outcome at all, not only FAILED runs. The sweep's callback is one object: it writes its
+    outcome to the sweep folder, where sweep.py reads the exit status."""
     from omegaconf import OmegaConf
 
     from orchestrator import callbacks
@@ -252,15 +253,21 @@ def test_a_point_that_leaves_no_run_or_a_failed_outcome_fails_the_sweep(tmp_path
         {"job_num": "0", "point": "algo=grpo", "status": "failed", "error": "OSError: [Errno 28] No space left on device"}))
     cfg = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep_dir)}}, "experiment_name": "e",
                             "tracking": {"uri": f"sqlite:///{tmp_path}/m.db", "artifact_root": str(tmp_path / "a")}})
-    monkeypatch.setattr(callbacks, "EXPECTED_POINTS", 2)
-    monkeypatch.setattr(callbacks, "FAILED_POINTS", [])
-    monkeypatch.setattr(callbacks, "OUTCOMES", {})
-    callbacks.SweepSummaryCallback().on_multirun_end(cfg)
-    assert callbacks.FAILED_POINTS == ["algo=grpo: OSError: [Errno 28] No space left on device",
-                                       "?: the job ended without recording an outcome (see its log)"]
+    cb = callbacks.SweepCallback()
+    cb.expected_points = 2  # on_multirun_start counts them from the command line (count_points)
+    assert callbacks.exit_status(sweep_dir) == 1  # a sweep that wrote no outcome did not reach its end
+    cb.on_multirun_end(cfg)
+    rec = callbacks.read_sweep(sweep_dir)
+    assert rec["failed_points"] == ["algo=grpo: OSError: [Errno 28] No space left on device",
+                                    "?: the job ended without recording an outcome (see its log)"]
+    assert callbacks.exit_status(sweep_dir) == 1
+    (sweep_dir / "0" / callbacks.OUTCOME_FILE).write_text(json.dumps({"job_num": "0", "point": "algo=grpo", "status": "duplicate"}))
+    (sweep_dir / "1").mkdir()
+    (sweep_dir / "1" / callbacks.OUTCOME_FILE).write_text(json.dumps({"job_num": "1", "point": "algo=gspo", "status": "finished"}))
+    cb.on_multirun_end(cfg)
+    assert callbacks.read_sweep(sweep_dir)["failed_points"] == [] and callbacks.exit_status(sweep_dir) == 0
 
 
-@pytest.mark.slow
 def test_corrupt_samples_are_reevaluated_and_a_corrupt_checkpoint_retrained(tmp_path):
     args = [*ARGS[:4], "train.steps=2", *ARGS[5:]]
     assert _sweep(tmp_path, *args).returncode == 0
