@@ -24,7 +24,7 @@ its own process beside TRL's. For vLLM it also reports the weight sync's seconds
 raw ``vllm.LLM.generate`` on the same engine, prompts and sampling settings (n = 8 per prompt, temperature 1,
 48 tokens; detokenised, as a user of ``LLM.generate`` gets it): the rollout's generated tokens/s against raw vLLM's.
 TRL's ``use_vllm`` colocate mode is not in the table: on vLLM's CPU build it fails at its first weight sync (the
-README says why).
+docs/performance.md says why).
 """
 from __future__ import annotations
 

@@ -78,9 +78,12 @@ class BaseEvaluation:
     """The base run of one sweep point's identity.
 
     Args:
-        cfg: the point's composed config; exp_id: its MLflow experiment; sweep_id, job_num: the point's
-        Hydra sweep folder and job number (its own claim is recognised by them); root: a folder for the
-        base run's files (a claim taken over keeps the folder of the run it takes over when reachable);
+        cfg: the point's composed config.
+        exp_id: its MLflow experiment.
+        sweep_id: the point's Hydra sweep folder (with ``job_num`` its own claim is recognised).
+        job_num: the point's Hydra job number.
+        root: a folder for the base run's files (a claim taken over keeps the folder of the run it takes
+            over when reachable).
         heldout_rows: the held-out training split (for ``arithmetic``/``kk`` benchmarks).
     """
 

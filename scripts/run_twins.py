@@ -1,9 +1,9 @@
 """Run the CPU twins of the paper presets at their full size (SmolLM2-135M) and check what each one produced.
 
 The test suite runs every preset's pipeline on the tiny random model (tests/e2e/test_presets.py); this script is
-for the real twins, which take 3-15 minutes each on two CPU cores (README, "Paper presets"), too long for CI.
+for the real twins, which take 3-15 minutes each on two CPU cores (docs/performance.md, "Paper presets' CPU twins"), too long for CI.
 
-    python scripts/run_twins.py                          # the five twins whose times the README quotes
+    python scripts/run_twins.py                          # the five twins whose times docs/performance.md quotes
     python scripts/run_twins.py trgrpo_kk_cpu --work DIR # one twin, its store and report under DIR/<twin>
     python scripts/run_twins.py quatro_log_ratio_ablation_cpu --set model=tiny-random   # what the tests run
 

@@ -485,7 +485,7 @@ else:
 # (`verify(parse(gold), parse(response))`), per benchmark: *only suite* counts samples scored correct
 # here and wrong by plain math-verify, *only math-verify* the reverse. When the share is not small, a
 # grader choice moves the numbers above; the samples themselves are in each run's
-# `verifier_disagreements.csv` artifact (README, "Answer verification", says where the graders differ).
+# `verifier_disagreements.csv` artifact (docs/verification.md says where the graders differ).
 
 # %%
 verifier = R.metric_table(shown, r"verifier_disagreement|verifier_only_suite|verifier_only_math_verify")

@@ -1,6 +1,6 @@
 """Experiment presets (sweeps/experiment/): every sweep point of every preset composes and validates,
 the command line prints it (``--cfg job``), and the log-ratio ablation twin runs on the tiny model through
-scripts/run_twins.py, the script that runs the full twins (3-15 min each on 2 cores; measured times in the README)."""
+scripts/run_twins.py, the script that runs the full twins (3-15 min each on 2 cores; measured times in docs/performance.md)."""
 
 import pytest
 

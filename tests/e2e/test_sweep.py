@@ -398,7 +398,8 @@ def test_the_report_renders_in_a_real_browser_with_every_figure_shown(sweep_dir,
 
 def test_mlflow_ui_opens_the_sweep_on_its_runs_table(sweep_dir, tmp_path):
     """MLflow's own UI (served by the test's tracking server), rendered in headless Chromium at the link the sweep
-    prints: the runs table (not the GenAI overview), the sweep's parent row, its datasets."""
+    prints: the runs table (not the GenAI overview), the sweep's parent row, its datasets. A screenshot is kept in
+    test-artifacts/ (or $RLVR_TEST_ARTIFACTS)."""
     import shutil
 
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -416,3 +417,11 @@ def test_mlflow_ui_opens_the_sweep_on_its_runs_table(sweep_dir, tmp_path):
     dom = proc.stdout
     assert parent["info"]["run_name"] in dom, dom[-2000:]  # one parent row per sweep (its points nested beneath)
     assert "arithmetic/train" in dom and "matching runs" in dom and "Detect Issues" not in dom
+    # the screenshot docs/img/mlflow_runs.png is taken from (as docs/img/report.png from the report test's)
+    out = Path(os.environ.get("RLVR_TEST_ARTIFACTS", REPO / "test-artifacts"))
+    out.mkdir(parents=True, exist_ok=True)
+    shot = out / "mlflow_runs.png"
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                    f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1600,900", "--hide-scrollbars",
+                    "--virtual-time-budget=30000", f"--screenshot={shot}", url], capture_output=True, text=True, timeout=180)
+    assert shot.is_file() and shot.stat().st_size > 10_000

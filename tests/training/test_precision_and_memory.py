@@ -47,7 +47,7 @@ def test_bf16_first_minibatch_ratio_is_exactly_one_and_tracks_fp32(tiny_cfg, tmp
         runs[precision] = logged
     assert [m["train/first_minibatch_ratio_dev"] for m in runs["bf16"]] == [0.0, 0.0]
     assert all(m["train/first_minibatch_ratio_dev"] < 1e-5 for m in runs["fp32"])
-    for a, b in zip(runs["fp32"], runs["bf16"]):  # the documented tolerance (README): 2% on entropy over two steps
+    for a, b in zip(runs["fp32"], runs["bf16"]):  # the documented tolerance (docs/training.md): 2% on entropy over two steps
         assert b["train/entropy"] == pytest.approx(a["train/entropy"], rel=0.02)
     for m in runs["bf16"]:
         for key in ("train/peak_memory_gb", "train/samples_per_s", "train/generate_time_s", "train/reward_time_s",

@@ -109,8 +109,9 @@ def tr_grpo_loss(
     (TR-GRPO paper, Eq. 10-13; clip 0.2/0.24; readings RECONSTRUCTED, see the module docstring.)
 
     Args:
-        logprobs: (B, L) with gradient; batch: ``old_logprobs``, ``response_mask``, and
-        ``ref_logprobs`` when kl_beta > 0; advantages (B,) or (B, L).
+        logprobs: (B, L) with gradient.
+        batch: ``old_logprobs``, ``response_mask``, and ``ref_logprobs`` when kl_beta > 0.
+        advantages: (B,) or (B, L).
     Returns:
         (scalar loss, metrics: ``weight_mean``, ``weight_std``, ``clip_fraction``, ``kl_ref``, ratio stats).
     Raises:

@@ -704,7 +704,8 @@ def compose_verl_config(overrides: list[str]):
     or a test).
 
     Raises:
-        hydra / omegaconf errors naming an override verl's schema does not accept.
+        hydra.errors.HydraException: an override verl's schema does not accept (named in the message;
+            omegaconf's errors likewise).
     """
     from hydra import compose, initialize_config_dir
 
