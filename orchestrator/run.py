@@ -23,6 +23,7 @@ import tempfile
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 import mlflow
@@ -52,45 +53,99 @@ def _hydra_job() -> tuple[Path | None, str, str, int | None]:
         return None, "", "", None
 
 
-def _install_preemption_handler() -> None:
-    """Under SLURM, SIGUSR2 (``--signal``, sent before the time limit or on preemption) asks training to
-    save its full state at the end of the current step; submitit's own handler then requeues the job."""
-    if "SLURM_JOB_ID" not in os.environ:
-        return
-    from core.lifecycle import STOP_REQUESTED
+class StopSignals:
+    """A point's signal handling, as one object that owns its state.
 
-    previous = signal.getsignal(signal.SIGUSR2)
+    Outside SLURM, SIGTERM and SIGINT (``kill``, a container stop, Ctrl-C): while training, the first one asks for
+    the state to be saved at the end of the running step (as SIGUSR2 does on SLURM) and is remembered in
+    :attr:`signum` (the exit status says which); a second one, or one outside training, stops at once
+    (:class:`core.lifecycle.Interrupted`). Under SLURM, SIGUSR2 (``--signal``, sent before the time limit or on
+    preemption) asks training to save its full state at the end of the current step; submitit's own handler, kept in
+    :attr:`previous_usr2`, then requeues the job (:meth:`hand_on_preemption`)."""
 
-    def handler(signum, frame):
-        STOP_REQUESTED.set()
-        _install_preemption_handler.previous = previous
+    def __init__(self):
+        self.signum: int = signal.SIGTERM
+        self.previous_usr2 = None
+        self._previous: dict = {}
 
-    signal.signal(signal.SIGUSR2, handler)
-    _install_preemption_handler.previous = previous
+    def install(self) -> None:
+        """The stop handlers (outside SLURM, on the main thread only); :meth:`restore` puts the previous ones back."""
+        from core.lifecycle import STOP_REQUESTED, TRAINING, Interrupted
 
-
-def _install_stop_handlers() -> dict:
-    """Outside SLURM, SIGTERM and SIGINT (``kill``, a container stop, Ctrl-C): while training, the first one asks
-    for the state to be saved at the end of the running step (as SIGUSR2 does on SLURM); a second one, or one
-    outside training, stops at once (:class:`core.lifecycle.Interrupted`). Returns the previous handlers."""
-    from core.lifecycle import STOP_REQUESTED, TRAINING, Interrupted
-
-    if "SLURM_JOB_ID" in os.environ or threading.current_thread() is not threading.main_thread():
-        return {}
-
-    def handler(signum, frame):
-        if TRAINING.is_set() and not STOP_REQUESTED.is_set():
-            _install_stop_handlers.signum = signum
-            STOP_REQUESTED.set()
-            log.warning("%s received: saving the training state at the end of this step, then stopping "
-                        "(send it again to stop at once)", signal.Signals(signum).name)
+        if "SLURM_JOB_ID" in os.environ or threading.current_thread() is not threading.main_thread():
             return
-        raise Interrupted(signum)
 
-    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    for s in previous:
-        signal.signal(s, handler)
-    return previous
+        def handler(signum, frame):
+            if TRAINING.is_set() and not STOP_REQUESTED.is_set():
+                self.signum = signum
+                STOP_REQUESTED.set()
+                log.warning("%s received: saving the training state at the end of this step, then stopping "
+                            "(send it again to stop at once)", signal.Signals(signum).name)
+                return
+            raise Interrupted(signum)
+
+        self._previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+        for s in self._previous:
+            signal.signal(s, handler)
+
+    def install_preemption(self) -> None:
+        """Under SLURM: SIGUSR2 sets the stop request; submitit's handler is kept for :meth:`hand_on_preemption`."""
+        if "SLURM_JOB_ID" not in os.environ:
+            return
+        from core.lifecycle import STOP_REQUESTED
+
+        def handler(signum, frame):
+            STOP_REQUESTED.set()
+
+        if self.previous_usr2 is None:  # installed once per point: a second run of it keeps submitit's handler
+            self.previous_usr2 = signal.getsignal(signal.SIGUSR2)
+        signal.signal(signal.SIGUSR2, handler)
+
+    def hand_on_preemption(self) -> None:
+        """Call the SIGUSR2 handler that was there before (submitit's: it requeues the job)."""
+        if callable(self.previous_usr2):
+            self.previous_usr2(signal.SIGUSR2, None)
+
+    def restore(self) -> None:
+        for s, h in self._previous.items():
+            signal.signal(s, h)
+        self._previous = {}
+
+
+@dataclass(frozen=True)
+class Point:
+    """What every step of one sweep point's life needs, fixed when the point starts."""
+
+    cfg: DictConfig
+    exp_id: str
+    chash: str  # rlvr.config_hash: the point's identity
+    sweep_id: str
+    job_num: int | None
+    name: str  # the MLflow run name
+    tags: dict
+    params: dict
+    stale_s: float  # a lease older than this without a heartbeat is stale
+    force: bool  # +force=true: train regardless of identical runs
+    run_dir: Path
+    signals: StopSignals
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do with a point (:func:`decide`).
+
+    action: ``duplicate`` (recorded as a duplicate: ``summary`` is the point's result), ``resume`` (continue ``run``,
+    an unfinished run of this point, from its saved state) or ``new`` (a new run; ``run``, when set, is a finished
+    run whose checkpoint the new run takes instead of training: ``reuse`` = ``evaluation`` when only the evaluation
+    settings differ, ``recovered`` when that run's results were corrupt but its checkpoint is good).
+    owner: the lease owner token of this process for the run it trains or resumes.
+    """
+
+    action: str
+    owner: str | None = None
+    run: object = None
+    reuse: str | None = None
+    summary: dict | None = None
 
 
 def _record_duplicate(exp_id, name, tags, params, of_run_id, chash, why, cfg=None) -> dict:
@@ -188,10 +243,15 @@ def _copy_train_metrics(client, src_run_id: str, dst_run_id: str) -> int:
     return last
 
 
-def _claim_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_s, force, run_dir):
-    """Decide who trains this point (see the module docstring). Returns ``("duplicate", summary)``,
-    ``("resume", run, owner)`` or ``("new", owner, recover)`` where ``recover`` is a finished run whose results
-    are corrupt but whose checkpoint is good (re-evaluate it) or None."""
+def decide(pt: Point) -> Decision:
+    """Decide what to do with point ``pt`` (see the module docstring): waits while an identical point's run is live
+    elsewhere, and returns a :class:`Decision`.
+
+    Raises:
+        core.lifecycle.Interrupted: a stop was requested while waiting.
+    """
+    cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_s, force, run_dir = (
+        pt.cfg, pt.exp_id, pt.chash, pt.sweep_id, pt.job_num, pt.name, pt.tags, pt.params, pt.stale_s, pt.force, pt.run_dir)
     client = MlflowClient()
     owner, recover, waited = lease.new_owner(), None, None
     from core.lifecycle import STOP_REQUESTED
@@ -200,7 +260,7 @@ def _claim_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stal
         if STOP_REQUESTED.is_set():
             from core.lifecycle import Interrupted
 
-            raise Interrupted(getattr(_install_stop_handlers, "signum", signal.SIGTERM))
+            raise Interrupted(pt.signals.signum)
         prior = tracking.retry(tracking.find_finished_run, exp_id, chash)
         if prior is not None:
             problems, ckpt_ok = integrity.verify_run(client, prior)
@@ -210,7 +270,7 @@ def _claim_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stal
                                         cfg)
                 if bool(cfg.eval.get("base", True)) and not prior.data.tags.get("rlvr.base_run_id"):
                     _backfill_flips(cfg, exp_id, sweep_id, job_num, run_dir, prior)
-                return "duplicate", out
+                return Decision("duplicate", summary=out)
             for p in problems:
                 log.warning("point %s: finished run %s is not trusted: %s", name, prior.info.run_id, p)
             log.warning("point %s: %s", name, "re-evaluating its checkpoint in a new run" if ckpt_ok else
@@ -222,7 +282,7 @@ def _claim_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stal
         if recover is None and thash:
             source = _trained_checkpoint(client, exp_id, thash, sweep_id, name)
             if source is not None:
-                return "new", owner, source, "evaluation"
+                return Decision("new", owner, source, "evaluation")
         candidates = [r for r in tracking.retry(tracking.runs_with_hash, exp_id, chash)
                       if r.info.status in ("RUNNING", "KILLED", "SCHEDULED") and not r.data.tags.get("rlvr.invalid")]
         # this job's own earlier incarnation (a requeued SLURM job: same sweep, same job number) is never waited for
@@ -231,9 +291,9 @@ def _claim_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stal
         for r in live:
             same_sweep = r.data.tags.get("rlvr.sweep_id") == sweep_id
             if same_sweep and r.data.tags.get("rlvr.job_num") != str(job_num):
-                return "duplicate", _record_duplicate(
+                return Decision("duplicate", summary=_record_duplicate(
                     exp_id, name, tags, params, r.info.run_id, chash,
-                    f"identical to point {r.data.tags.get('rlvr.job_num')} of this sweep, run {r.info.run_id}", cfg)
+                    f"identical to point {r.data.tags.get('rlvr.job_num')} of this sweep, run {r.info.run_id}", cfg))
         if not live and thash:  # the same checkpoint is being trained for another evaluation: wait, then evaluate it
             live = [r for r in tracking.retry(tracking.runs_with_hash, exp_id, thash, tag=tracking.TAG_TRAIN_HASH)
                     if r.info.status == "RUNNING" and _trains(r) and r.data.tags.get(tracking.TAG_HASH) != chash
@@ -258,7 +318,7 @@ def _claim_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stal
             old_dir = safe_run_dir(r.data.tags.get("rlvr.run_dir"), sweep_id)
             hist = tracking.retry(client.get_metric_history, r.info.run_id, "train/reward_mean")
             if old_dir is not None and (has_saved_state(cfg, old_dir) or not hist):
-                return "resume", r, owner
+                return Decision("resume", owner, r)
             why = ("its run folder lies outside this sweep's folders" if old_dir is None and r.data.tags.get("rlvr.run_dir")
                    else "it logged training steps but left no saved state (set train.checkpoint_every=N to keep one)")
             log.warning("point %s: not resuming run %s: %s; it is marked KILLED and the point starts again in a new run",
@@ -267,7 +327,7 @@ def _claim_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stal
             tracking.retry(client.set_terminated, r.info.run_id, "KILLED")
             continue
         break
-    return "new", owner, recover, "recovered"
+    return Decision("new", owner, recover, "recovered" if recover is not None else None)
 
 
 class _Yield(Exception):
@@ -292,11 +352,13 @@ def _earlier_runs(exp_id: str, chash: str, tags: dict, active, stale_s: float, w
                   key=lambda r: (r.info.start_time, r.info.run_id))
 
 
-def _yield_to(earlier, cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_s, force, run_dir, run_id) -> dict:
+def _yield_to(earlier, pt: Point, run_id: str) -> dict | None:
     """This point's run ``run_id`` gives way to ``earlier``: recorded as its duplicate when it is the same point of
-    the same sweep, else deleted and the point claimed again (it then waits for ``earlier``)."""
+    the same sweep (returns the point's summary), else deleted (returns None: the point is decided again, and then
+    waits for ``earlier``)."""
     client = MlflowClient()
-    if earlier.data.tags.get("rlvr.sweep_id") == sweep_id and earlier.data.tags.get(tracking.TAG_HASH) == chash:
+    name, chash = pt.name, pt.chash
+    if earlier.data.tags.get("rlvr.sweep_id") == pt.sweep_id and earlier.data.tags.get(tracking.TAG_HASH) == chash:
         tracking.retry(client.set_tag, run_id, tracking.TAG_KIND, "duplicate")
         tracking.retry(client.set_tag, run_id, tracking.TAG_DUP_OF, earlier.info.run_id)
         mlflow.end_run()
@@ -304,7 +366,7 @@ def _yield_to(earlier, cfg, exp_id, chash, sweep_id, job_num, name, tags, params
         return {"status": "duplicate", "run_id": run_id, "duplicate_of": earlier.info.run_id, "config_hash": chash}
     mlflow.end_run()
     tracking.retry(client.delete_run, run_id)  # another sweep (or another evaluation) owns the training: wait for it
-    return _run_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_s, force, run_dir)
+    return None
 
 
 def _trains(run) -> bool:
@@ -366,20 +428,29 @@ def run(cfg: DictConfig) -> dict:
     if warnings:
         tags["rlvr.warnings"] = " | ".join(warnings)[:5000]
     tags |= window.parent_tags(exp_id, sweep_id)  # nested under the sweep's run (a resumed run moves to this sweep)
-    force = bool(cfg.get("force", False))
-    stale_s = float(cfg.tracking.get("lease_stale_s", 300))
-    previous_handlers = _install_stop_handlers()
+    signals = StopSignals()
+    pt = Point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params,
+               stale_s=float(cfg.tracking.get("lease_stale_s", 300)), force=bool(cfg.get("force", False)),
+               run_dir=run_dir, signals=signals)
+    signals.install()
     try:
-        return _run_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_s, force, run_dir)
+        while True:  # a point whose run gave way to an identical one started first is decided again
+            out = _run_point(pt)
+            if out is not None:
+                return out
     finally:
-        for s_, h in previous_handlers.items():
-            signal.signal(s_, h)
+        signals.restore()
 
 
-def _run_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_s, force, run_dir) -> dict:
-    decision = _claim_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_s, force, run_dir)
-    if decision[0] == "duplicate":
-        return decision[1]
+def _run_point(pt: Point) -> dict | None:
+    """One run of point ``pt``: decide, then train (or resume, or take a checkpoint), evaluate and log. Returns the
+    point's summary, or None when its new run gave way to an identical point's earlier run and was deleted (decide
+    again)."""
+    decision = decide(pt)
+    if decision.action == "duplicate":
+        return decision.summary
+    cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_s, force, run_dir = (
+        pt.cfg, pt.exp_id, pt.chash, pt.sweep_id, pt.job_num, pt.name, pt.tags, pt.params, pt.stale_s, pt.force, pt.run_dir)
 
     import training
     from core.lifecycle import STOP_REQUESTED, TRAINING, Interrupted, Preempted, final_checkpoint_dir
@@ -388,8 +459,9 @@ def _run_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_
 
     client = MlflowClient()
     active_before, recover, reuse = 0.0, None, None
-    if decision[0] == "resume":
-        _, resume, owner = decision
+    owner = decision.owner
+    if decision.action == "resume":
+        resume = decision.run
         run_dir = Path(resume.data.tags.get("rlvr.run_dir") or run_dir)
         hist = tracking.retry(client.get_metric_history, resume.info.run_id, "train/reward_mean")
         logged_through = max((m.step for m in hist), default=-1)
@@ -402,7 +474,7 @@ def _run_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_
         log.info("point %s: resuming MLflow run %s from %s (metrics logged through step %d)",
                  name, resume.info.run_id, run_dir, logged_through)
     else:
-        _, owner, recover, reuse = decision
+        recover, reuse = decision.run, decision.reuse
         logged_through = -1
         active = mlflow.start_run(experiment_id=exp_id, run_name=name,
                                   tags={**tags, tracking.TAG_KIND: "trained", "rlvr.run_dir": str(run_dir),
@@ -412,15 +484,14 @@ def _run_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_
         # (or one with the same training and another evaluation: it trains, this point then evaluates its checkpoint)
         earlier = [] if force else _earlier_runs(exp_id, chash, tags, active, stale_s, recover is None)
         if earlier:
-            return _yield_to(earlier[0], cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_s, force,
-                             run_dir, active.info.run_id)
+            return _yield_to(earlier[0], pt, active.info.run_id)
         if recover is not None:
             tracking.retry(mlflow.set_tag, tracking.TAG_TRAINED_IN if reuse == "evaluation" else "rlvr.recovered_from",
                            recover.info.run_id)
     run_id = active.info.run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml({k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "hydra"}))
-    _install_preemption_handler()
+    pt.signals.install_preemption()
     beat = lease.Heartbeat(client, run_id)
     beat.start()
     monitor = window.system_metrics(cfg, run_id).__enter__()
@@ -455,7 +526,7 @@ def _run_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_
         else:
             # an identical point created at the same moment may only now be visible (its row committed after this
             # one's, though started first): the earliest still trains, the other yields before training
-            earlier = [] if force or decision[0] != "new" else _earlier_runs(exp_id, chash, tags, active, stale_s, True)
+            earlier = [] if force or decision.action != "new" else _earlier_runs(exp_id, chash, tags, active, stale_s, True)
             if earlier:
                 raise _Yield(earlier[0])
             TRAINING.set()
@@ -476,14 +547,12 @@ def _run_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_
         if "SLURM_JOB_ID" in os.environ:
             # state saved: leave the run RUNNING for the requeued job, and let submitit requeue us
             log.warning("point %s preempted; state saved in %s", name, run_dir)
-            previous = getattr(_install_preemption_handler, "previous", None)
-            if callable(previous):
-                previous(signal.SIGUSR2, None)
+            pt.signals.hand_on_preemption()
             raise
         beat.stop.set()
         STOP_REQUESTED.clear()
         mlflow.end_run(status="KILLED")
-        raise Interrupted(getattr(_install_stop_handlers, "signum", signal.SIGTERM), state_saved=True,
+        raise Interrupted(pt.signals.signum, state_saved=True,
                           where=f"run {run_id}") from None
     except BaseException as e:
         beat.stop.set()
@@ -512,8 +581,7 @@ def _run_point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_
         monitor.__exit__(None, None, None)
     if yield_to is not None:
         log.info("point %s: run %s of the same point started first: yielding to it", name, yield_to.info.run_id)
-        return _yield_to(yield_to, cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_s, force, run_dir,
-                         run_id)
+        return _yield_to(yield_to, pt, run_id)
     tracking.retry(mlflow.set_tags, {"rlvr.active_s": active_s(), window.NOTE_TAG: window.describe(
         cfg, tags.get("rlvr.point", name), metrics)})
     mlflow.end_run()
