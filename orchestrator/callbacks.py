@@ -81,8 +81,9 @@ class SweepCallback(Callback):
         from .identity import git_commit
         from .preflight import count_points
 
-        sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
-        os.environ[SWEEP_DIR_ENV] = str(sweep_dir)  # Hydra keeps no sweep-level config once the sweep returns
+        sweep_id = str(config.hydra.sweep.dir)  # as the jobs see it (rlvr.sweep_id): they find the parent run by it
+        sweep_dir = Path(sweep_id)
+        os.environ[SWEEP_DIR_ENV] = str(sweep_dir.resolve())  # Hydra keeps no sweep-level config once the sweep returns
         exp_id = tracking.retry(tracking.setup_experiment, str(config.tracking.uri), str(config.experiment_name),
                                 str(config.tracking.artifact_root))
         try:
@@ -91,7 +92,7 @@ class SweepCallback(Callback):
         except Exception as e:  # pre-flight parsed them already; without the count, missing jobs go unnoticed
             log.warning("could not count the sweep's points: %s: %s", type(e).__name__, e)
         try:
-            self.parent_run_id = window.open_sweep_run(exp_id, str(sweep_dir), git_commit())
+            self.parent_run_id = window.open_sweep_run(exp_id, sweep_id, git_commit())
         except Exception as e:  # the points still run; they are then top-level runs
             log.warning("could not create the sweep's parent run: %s: %s", type(e).__name__, e)
         write_sweep(sweep_dir, {"status": "running", "parent_run_id": self.parent_run_id,

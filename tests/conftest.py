@@ -13,6 +13,33 @@ if Path("/tmp/rlvr-slurm/etc/slurm.conf").exists():  # the cluster of scripts/sl
     os.environ.setdefault("SLURM_CONF", "/tmp/rlvr-slurm/etc/slurm.conf")
 
 
+GPU_INSTALL_TEST = "test_the_readmes_gpu_install_resolves_verls_pins_without_trl"
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The GPU install's pip resolution (tests/training/test_verl_engine.py) waits mostly on the network for about two
+    minutes: when that test is selected, it starts here, in the background, and the test reads its result."""
+    if any(item.name == GPU_INSTALL_TEST for item in items):
+        import subprocess
+        import tempfile
+
+        report = Path(tempfile.mkdtemp(prefix="rlvr-gpu-dry-run-")) / "gpu.json"
+        proc = subprocess.Popen(["bash", "scripts/install.sh"], cwd=REPO, env=dict(os.environ, RLVR_GPU="1",
+                                RLVR_DRY_RUN=str(report)), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        config.stash[GPU_DRY_RUN] = (proc, report)
+
+
+GPU_DRY_RUN = pytest.StashKey[tuple]()
+
+
+@pytest.fixture(scope="session")
+def gpu_dry_run(request):
+    """(exit status, stderr, report path) of the GPU install's dry run started at collection (see above)."""
+    proc, report = request.config.stash[GPU_DRY_RUN]
+    _, err = proc.communicate(timeout=900)
+    return proc.returncode, err, report
+
+
 def require_benchmarks():
     if not BENCHMARK_DIR.is_dir():
         pytest.skip(f"benchmark files not found at {BENCHMARK_DIR} (the shared/ folder beside the repo)")
