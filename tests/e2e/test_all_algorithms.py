@@ -2,15 +2,12 @@
 
 The rollouts come from vLLM's engine where it is installed (its CPU build in CI): one engine for the whole sweep
 process, taking each point's policy weights in place, so every algorithm also logs the training-inference mismatch.
+The sweep (tests/e2e/conftest.py) also evaluates through that engine, which tests/e2e/test_vllm.py reads.
 """
 import pytest
 
-from core.sampling import SAMPLERS
-
-from tests.e2e.test_sweep import TINY, _runs, _sweep
-
-ALGOS = ["grpo", "dr_grpo", "dapo", "gspo", "cispo", "gpg", "gmpo", "quatro", "tr_grpo", "tr_grpo_literal", "exppo",
-         "grpo_h", "grpo_ur", "f_grpo"]
+from tests.e2e.conftest import ALGOS, ROLLOUT, VLLM
+from tests.e2e.test_sweep import _runs
 
 # metrics that only the algorithm's own estimator, loss or engine feature logs
 OWN_METRICS = {
@@ -31,19 +28,8 @@ OWN_METRICS = {
 }
 
 
-VLLM = SAMPLERS["vllm"].missing() is None
-ROLLOUT = "vllm" if VLLM else "hf"
 MISMATCH = ["train/mismatch_logprob_abs_diff", "train/mismatch_kl", "train/mismatch_ratio_out_share",
             "train/weight_sync_time_s"] if VLLM else []
-
-
-@pytest.fixture(scope="module")
-def all_algos_dir(tmp_path_factory):
-    cwd = tmp_path_factory.mktemp("algos")
-    proc = _sweep(cwd, "-m", f"algo={','.join(ALGOS)}", *TINY, f"train.rollout.sampler={ROLLOUT}", "train.steps=1", "train.max_new_tokens=16", "eval.n=2", "eval.ks=[1,2]",
-                  "eval.max_prompts=1", "report.enabled=false")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return cwd, proc
 
 
 @pytest.mark.parametrize("algo", ALGOS)

@@ -1,7 +1,9 @@
-"""A sweep point evaluated by the real vLLM engine (its CPU build in CI), and `python -m orchestrator.evaluate --sampler vllm`.
+"""Sweep points evaluated by the real vLLM engine (its CPU build in CI), and `python -m orchestrator.evaluate
+--sampler vllm`.
 
-The base model is evaluated once inside the sweep (vLLM) and once more by the CLI in another process:
-same model, same seeds, so the two sample tables must be identical.
+The points are those of the all-algorithms sweep (tests/e2e/conftest.py: rollouts and evaluations on one vLLM engine
+for the whole sweep process). Its base model is evaluated once inside the sweep and once more by the CLI in another
+process: same model, same seeds, so the two sample tables must be identical.
 """
 import math
 import os
@@ -13,38 +15,40 @@ import pytest
 
 from core.sampling import SAMPLERS
 from tests.conftest import REPO as REPO_ROOT
-from tests.e2e.test_sweep import TINY, _runs, _sweep
+from tests.e2e.conftest import EVAL
+from tests.e2e.test_sweep import _runs
 
 pytestmark = pytest.mark.skipif(SAMPLERS["vllm"].missing() is not None,
                                 reason="vLLM is not installed (scripts/install.sh installs its CPU build)")
 COLUMNS = ["benchmark", "prompt_id", "sample_idx", "prompt", "gold", "response", "n_tokens", "finish_reason",
            "extracted_answer", "correct", "reference_correct", "mean_token_entropy", "seed", "subset", "tool_calls"]
+N, PROMPTS = 2, 2  # the sweep's eval.n and eval.max_prompts (EVAL)
 
 
 @pytest.fixture(scope="module")
-def vllm_sweep(tmp_path_factory):
-    cwd = tmp_path_factory.mktemp("vllm-sweep")
-    proc = _sweep(cwd, "-m", "algo=grpo", "eval.sampler=vllm", *TINY, "report.enabled=false")
-    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-4000:])
+def vllm_sweep(all_algos_dir):
+    cwd, _ = all_algos_dir
     client, runs = _runs(cwd)
-    return cwd, client, {r.data.tags["rlvr.kind"]: r for r in runs}
+    base = [r for r in runs if r.data.tags["rlvr.kind"] == "base"]
+    trained = {r.data.params["algo.name"]: r for r in runs if r.data.tags["rlvr.kind"] == "trained"}
+    assert len(base) == 1 and len(trained) == 14
+    return cwd, client, base[0], trained
 
 
 def _download(client, run, tmp_path, name="samples.parquet"):
     return pd.read_parquet(client.download_artifacts(run.info.run_id, name, str(tmp_path / run.info.run_id)))
 
 
-def test_sweep_point_sampled_by_vllm_logs_every_table(vllm_sweep, tmp_path):
-    _, client, runs = vllm_sweep
-    assert set(runs) == {"trained", "base"} and all(r.info.status == "FINISHED" for r in runs.values())
-    for kind, run in runs.items():
-        assert run.data.tags["rlvr.sampler"] == "vllm"
+def test_sweep_points_sampled_by_vllm_log_every_table(vllm_sweep, tmp_path):
+    _, client, base, trained = vllm_sweep
+    assert all(r.info.status == "FINISHED" and r.data.tags["rlvr.sampler"] == "vllm" for r in [base, *trained.values()])
+    for run in (base, trained["grpo"], trained["quatro"]):
         assert run.data.tags["rlvr.entropy_method"].startswith("exact: full next-token distribution at the sampling "
                                                                "temperature, from the float32 logits vLLM sampled from")
         df = _download(client, run, tmp_path)
         assert list(df.columns) == COLUMNS
         per_prompt = df.groupby("prompt_id").size()
-        assert len(per_prompt) == 4 and (per_prompt == 4).all()  # smoke: 4 prompts x n = 4
+        assert len(per_prompt) == PROMPTS and (per_prompt == N).all()
         assert set(df["finish_reason"]) <= {"stop", "length"}
         assert df["n_tokens"].between(1, 8).all() and (df.loc[df["finish_reason"] == "length", "n_tokens"] == 8).all()
         # the tiny random model's next-token distribution is almost uniform over its 49,152 tokens
@@ -52,31 +56,33 @@ def test_sweep_point_sampled_by_vllm_logs_every_table(vllm_sweep, tmp_path):
         assert df["mean_token_entropy"].between(0.9 * math.log(49152), math.log(49152)).all()
         assert df.groupby("prompt_id")["seed"].nunique().eq(1).all()  # one seeded request per prompt
         m = run.data.metrics
-        for key in ("pass_at_1", "pass_at_4", "avg_at_4", "ucc_at_4", "ucr", "entropy", "effective_yield"):
+        for key in ("pass_at_1", f"pass_at_{N}", f"avg_at_{N}", f"ucc_at_{N}", "ucr", "entropy", "effective_yield"):
             assert f"eval/arithmetic/{key}" in m and f"eval/mean/{key}" in m, key
-    trained = runs["trained"]
-    assert trained.data.tags["rlvr.base_run_id"] == runs["base"].info.run_id
-    assert "eval/arithmetic/flip/very_hard/solved_from_unsolved" in trained.data.metrics
-    assert "flip_rates.csv" in {a.path for a in client.list_artifacts(trained.info.run_id)}
+    for run in trained.values():
+        assert run.data.tags["rlvr.base_run_id"] == base.info.run_id
+    grpo = trained["grpo"]
+    assert "eval/arithmetic/flip/very_hard/solved_from_unsolved" in grpo.data.metrics
+    assert "flip_rates.csv" in {a.path for a in client.list_artifacts(grpo.info.run_id)}
 
 
 def test_cli_vllm_on_the_base_model_reproduces_the_sweeps_base_samples(vllm_sweep, tmp_path, tiny_cfg):
     from core.models import model_path
 
-    cwd, client, runs = vllm_sweep
+    cwd, client, base, _ = vllm_sweep
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.evaluate", "--checkpoint", model_path(tiny_cfg.model), "--eval", "smoke",
-                           "--sampler", "vllm", "--out", str(tmp_path / "cli")], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
+    overrides = [o.removeprefix("eval.") for o in EVAL]
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.evaluate", "--checkpoint", model_path(tiny_cfg.model),
+                           "--eval", "smoke", "--sampler", "vllm", "--out", str(tmp_path / "cli"), *overrides],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     cli = pd.read_parquet(tmp_path / "cli" / "samples.parquet")
-    sweep = _download(client, runs["base"], tmp_path)
+    sweep = _download(client, base, tmp_path)
     key = ["benchmark", "prompt_id", "sample_idx"]
     cli, sweep = cli.sort_values(key).reset_index(drop=True), sweep.sort_values(key).reset_index(drop=True)
     same = ["prompt_id", "sample_idx", "response", "n_tokens", "finish_reason", "seed", "correct"]
     pd.testing.assert_frame_equal(cli[same], sweep[same])  # two engines, same seeds: the same samples
     assert cli["mean_token_entropy"].to_numpy() == pytest.approx(sweep["mean_token_entropy"].to_numpy(), rel=1e-6)
-    assert cli["response"].nunique() > 4  # and they are real, distinct samples
+    assert len(cli) == N * PROMPTS and cli["response"].nunique() == len(cli)  # and they are real, distinct samples
 
 
 SYNC = """
