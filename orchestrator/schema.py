@@ -12,58 +12,15 @@ Keys whose meaning depends on other keys (``eval.ks`` within ``eval.n``, ...) ke
 from __future__ import annotations
 
 import inspect
-import math
-import re
-from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from core.config_keys import ANY, DEVICE, MAP, B, BadValue, F, I, L, S, Spec, check_value as _check_value  # noqa: F401
 
 from .errors import ConfigError
 
 MAX_NAME = 120  # experiment_name: MLflow shows it in URLs and the report's folder name is made of it
 
-
-@dataclass(frozen=True)
-class Spec:
-    """``kind``: int, float, bool, str, list, map or any; ``lo``/``hi``: inclusive bounds (``lo_open``: lo
-    excluded); ``choices``: allowed strings; ``pattern``: a regex strings must match in full; ``null``: None
-    allowed; ``item``: the Spec of each list element; ``min_len``/``max_len``: list length or string length."""
-    kind: str
-    lo: float | None = None
-    hi: float | None = None
-    lo_open: bool = False
-    choices: tuple = ()
-    pattern: str | None = None
-    null: bool = False
-    item: "Spec | None" = None
-    min_len: int | None = None
-    max_len: int | None = None
-    note: str = field(default="", compare=False)
-
-
-def I(lo=None, hi=None, null=False):  # noqa: E743
-    return Spec("int", lo, hi, null=null)
-
-
-def F(lo=None, hi=None, lo_open=False, null=False):
-    return Spec("float", lo, hi, lo_open=lo_open, null=null)
-
-
-def B(null=False):
-    return Spec("bool", null=null)
-
-
-def S(choices=(), null=False, pattern=None, max_len=None, min_len=None):
-    return Spec("str", choices=tuple(choices), null=null, pattern=pattern, max_len=max_len, min_len=min_len)
-
-
-def L(item=None, null=False, min_len=None, max_len=None):
-    return Spec("list", item=item, null=null, min_len=min_len, max_len=max_len)
-
-
-ANY = Spec("any")
-MAP = Spec("map")
-DEVICE = r"auto|cpu|cuda(:\d+)?"
 
 SCHEMA: dict[str, Spec] = {
     # top level
@@ -147,59 +104,12 @@ BUILTIN_DATA = ("arithmetic", "kk", "math", "products", "dsr_uniform", "orz", "k
                 "search_train")  # data tasks whose keys the schema lists
 
 
-def _type_name(v) -> str:
-    return "null" if v is None else type(v).__name__
-
-
 def check_value(key: str, value, spec: Spec) -> None:
-    """Raise :class:`ConfigError` naming ``key`` unless ``value`` fits ``spec``."""
-    def bad(why: str):
-        raise ConfigError(f"{key}={value!r}: {why}")
-
-    if value is None:
-        if not spec.null and spec.kind != "any":
-            bad("must not be null")
-        return
-    if spec.kind == "any":
-        return
-    if spec.kind == "bool":
-        if not isinstance(value, bool):
-            bad("expected true or false")
-    elif spec.kind in ("int", "float"):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (spec.kind == "int" and not isinstance(value, int)):
-            bad(f"expected {'an integer' if spec.kind == 'int' else 'a number'}, got {_type_name(value)}")
-        if not math.isfinite(float(value)):
-            bad("expected a finite number")
-        lo_ok = spec.lo is None or (value > spec.lo if spec.lo_open else value >= spec.lo)
-        if not lo_ok or (spec.hi is not None and value > spec.hi):
-            lo = "" if spec.lo is None else f"{'(' if spec.lo_open else '['}{spec.lo:g}"
-            hi = "" if spec.hi is None else f"{spec.hi:g}]"
-            bad(f"out of range: expected a value in {lo or '(-inf'}, {hi or 'inf)'}")
-    elif spec.kind == "str":
-        if not isinstance(value, str):
-            bad(f"expected a string, got {_type_name(value)}")
-        if spec.choices and value not in spec.choices:
-            bad(f"expected one of {list(spec.choices)}")
-        if spec.pattern and not re.fullmatch(spec.pattern, value):
-            bad(f"does not match {spec.pattern}")
-        if spec.max_len is not None and len(value) > spec.max_len:
-            bad(f"{len(value)} characters; at most {spec.max_len}")
-        if spec.min_len is not None and len(value) < spec.min_len:
-            bad("must not be empty")
-    elif spec.kind == "list":
-        if not isinstance(value, (list, tuple, ListConfig)):
-            bad(f"expected a list, e.g. {key}=[{value}]")
-        if spec.min_len is not None and len(value) < spec.min_len or spec.max_len is not None and len(value) > spec.max_len:
-            bad(f"expected a list of {spec.min_len if spec.min_len == spec.max_len else f'at least {spec.min_len}'} item(s)")
-        if spec.item is not None:
-            for i, v in enumerate(value):
-                try:
-                    check_value(f"{key}[{i}]", v, spec.item)
-                except ConfigError as e:
-                    raise ConfigError(f"{key}={list(value)!r}: item {i}: {str(e).split(': ', 1)[1]}") from None
-    elif spec.kind == "map":
-        if not isinstance(value, (dict, DictConfig)):
-            bad("expected a mapping")
+    """Raise :class:`ConfigError` naming ``key`` unless ``value`` fits ``spec`` (:func:`core.config_keys.check_value`)."""
+    try:
+        _check_value(key, value, spec)
+    except BadValue as e:
+        raise ConfigError(str(e)) from None
 
 
 def _annotation_spec(annotation, default) -> Spec:
