@@ -24,7 +24,7 @@ from core.sampling import SamplerOptions, SamplingSettings, build_sampler, resol
 
 from core.tasks import get_task, score_responses
 
-from .tables import budget_metrics, compute_tables, metric_key  # noqa: F401  (metric_key re-exported)
+from .tables import TABLES, budget_metrics, compute_tables, metric_key  # noqa: F401  (metric_key re-exported)
 
 log = logging.getLogger("rlvr")
 
@@ -269,8 +269,8 @@ def evaluate(sampler, eval_cfg, out_dir, heldout_rows=None, chat_template: bool 
     Args:
         sampler: a :class:`core.sampling.Sampler` (see :func:`evaluate_checkpoint` to build one from a folder).
         eval_cfg: ``n``, ``ks``, ``temperature``, ``top_p``, ``max_new_tokens``, ``seed``, ``benchmarks``,
-            optional ``data_dir``, ``max_prompts``, ``prompt_template``, ``batch_prompts``, ``ucc_ks``,
-            ``ucc_threshold``, ``similarity_metric``, ``flip_k``.
+            optional ``data_dir``, ``max_prompts``, ``prompt_template``, ``batch_prompts``, and the knobs of the
+            registered metric tables (``ucc_ks``, ``ucc_threshold``, ``similarity_metric``, ``flip_k``, a plug-in's).
         out_dir: where the files go (an existing samples.parquet there is resumed).
         heldout_rows: rows of the held-out training split (for the ``arithmetic`` and ``kk`` benchmarks).
         base_samples: the base model's samples on the same prompts, for flip rates.
@@ -308,10 +308,9 @@ def evaluate(sampler, eval_cfg, out_dir, heldout_rows=None, chat_template: bool 
     per_bench = eval_cfg.get("decoding") or {}
     ks_of = {b: [int(k) for k in c.ks] for b, c in plan.items()}
     tables, metrics = compute_tables(
-        samples, ks_of if per_bench else ks_of[next(iter(plan))], ucc_ks=eval_cfg.get("ucc_ks"),
-        similarity_metric=eval_cfg.get("similarity_metric", "rouge_l"),
-        ucc_threshold=float(eval_cfg.get("ucc_threshold", 0.7)), base_samples=base_samples, flip_k=eval_cfg.get("flip_k"),
+        samples, ks_of if per_bench else ks_of[next(iter(plan))], base_samples=base_samples,
         kinds={b: get_task(b).kind for b in rows}, same_answer={b: get_task(b).same_answer for b in rows},
+        eval_cfg=eval_cfg,  # every registered table's knobs (eval.ucc_ks, eval.flip_k, a plug-in's keys...)
     )
     if per_bench:  # each benchmark at its own budget (its largest k), and the suite's unweighted means
         metrics.update(budget_metrics(tables, {b: max(k) for b, k in ks_of.items()}))
@@ -319,8 +318,9 @@ def evaluate(sampler, eval_cfg, out_dir, heldout_rows=None, chat_template: bool 
     if "entropy" in tables and len(tables["entropy"]) and getattr(sampler, "entropy_method", None):
         tables["entropy"] = tables["entropy"].assign(method=sampler.entropy_method)
     files = {"samples.parquet": out_dir / "samples.parquet"}
+    listings = {n for e in TABLES.values() for n in e.listings}  # written even when empty: none is a result
     for name, table in tables.items():
-        if len(table) or name == "verifier_disagreements":
+        if len(table) or name in listings:
             table.to_csv(out_dir / f"{name}.csv")
             files[f"{name}.csv"] = out_dir / f"{name}.csv"
     return metrics, files

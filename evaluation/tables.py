@@ -1,23 +1,24 @@
-"""All evaluation tables as pure functions of ``samples.parquet`` (plus a base model's samples).
+"""All evaluation tables as pure functions of ``samples.parquet`` (plus a base model's samples), each a registered
+:class:`~evaluation.metrics.table_registry.MetricTable` of :data:`TABLES`.
 
-``compute_tables(samples, ks, ...)`` returns pandas tables as the papers show them and the flat
-MLflow metrics (``eval/<benchmark>/<metric>``, ``eval/mean/<metric>`` = unweighted mean over
-benchmarks). ``python -m evaluation.recompute`` calls it on saved samples.
+``compute_tables(samples, ks, ...)`` loops over :data:`TABLES` and returns pandas tables as the papers show them and
+the flat MLflow metrics (``eval/<benchmark>/<metric>``, ``eval/mean/<metric>`` = unweighted mean over benchmarks).
+``python -m evaluation.recompute`` calls it on saved samples. A new table is one plug-in module calling
+:func:`register_table` (docs/extending.md; ``tests/plugins/toy_metric.py``).
 """
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
+from core.config_keys import F, I, L, S
+
 from .metrics.difficulty import flip_rates
 from .metrics.diversity import METRICS, mean_pairwise_similarity, ucc_at_k
 from .metrics.modes import prompt_mode_stats
 from .metrics.passk import pass_at_k, passk_table
-
-
-def metric_key(name: str) -> str:
-    """MLflow-safe metric name: ``pass@8`` -> ``pass_at_8`` (MLflow rejects '@')."""
-    return name.replace("@", "_at_")
+from .metrics.table_registry import (TABLES, MetricName, MetricTable, TableSettings, find_table,  # noqa: F401
+                                     knob_values, metric_key, register_table)
 
 
 def _with_mean(table: pd.DataFrame) -> pd.DataFrame:
@@ -179,80 +180,10 @@ def verifier_tables(samples: pd.DataFrame, tail_chars: int = 400) -> tuple[pd.Da
 
 def flip_metrics(base_samples: pd.DataFrame, samples: pd.DataFrame, k: int | None = None) -> tuple[pd.DataFrame, dict]:
     """Flip-rate table (see :func:`evaluation.metrics.difficulty.flip_rates`) and its MLflow metrics
-    ``eval/<benchmark>/flip/<bucket>/<measure>`` (benchmark ``all``: every prompt pooled)."""
+    ``eval/<benchmark>/flip/<bucket>/<measure>`` (benchmark ``all``: every prompt pooled), named by the registered
+    ``flip_rates`` table."""
     table = flip_rates(base_samples, samples, k)
-    metrics = {}
-    for (bench, bucket), row in table.iterrows():
-        for col, v in row.items():
-            if pd.notna(v):
-                metrics[f"eval/{bench}/flip/{bucket}/{col}"] = float(v)
-    return table, metrics
-
-
-def compute_tables(samples: pd.DataFrame, ks, ucc_ks=None, similarity_metric: str = "rouge_l", ucc_threshold: float = 0.7,
-                   base_samples: pd.DataFrame | None = None, flip_k: int | None = None,
-                   kinds: dict | None = None, same_answer: dict | None = None) -> tuple[dict, dict]:
-    """Every evaluation table and its flat MLflow metrics.
-
-    Args:
-        samples: the samples table (see evaluation.evaluate.SAMPLE_COLUMNS).
-        ks: pass@k values (each <= the smallest n per prompt), or ``{benchmark: ks}`` when benchmarks have their
-            own budgets (per-benchmark decoding, ``eval.decoding``): each group of benchmarks with the same ks and
-            n is tabled on its own, the tables joined, and every ``mean`` row recomputed over the benchmarks that
-            have the column (unweighted); :func:`budget_metrics` then gives the suite mean at each benchmark's own k.
-        ucc_ks: UCC@k values (default: the ks >= 8, or the largest k).
-        base_samples: the base model's samples on the same prompts, for flip rates.
-        flip_k: None for the literal flip rule, else the budget-k reading.
-        kinds: {benchmark: task kind}; adds the ``kinds`` table (``eval/kind/<kind>/<metric>``).
-        same_answer: {benchmark: same(a, b)}, the tasks' answer equivalences for the modes table.
-    Tables ``verifier`` (``eval/<benchmark>/verifier_disagreement``...) and ``verifier_disagreements`` (the
-    samples) appear when samples carry plain math-verify's verdict (:func:`verifier_tables`).
-    Returns:
-        (tables {name: DataFrame}, metrics {"eval/<benchmark>/<metric>": float}).
-    """
-    if isinstance(ks, dict):
-        groups: dict = {}
-        n_of = samples.groupby(["benchmark", "prompt_id"]).size().groupby(level=0).min()
-        for bench in sorted(set(samples["benchmark"])):
-            key = (tuple(int(k) for k in ks[bench]), int(n_of[bench]))
-            groups.setdefault(key, []).append(bench)
-        parts = [_tables(samples[samples["benchmark"].isin(benches)], list(key[0]), ucc_ks, similarity_metric,
-                         ucc_threshold, same_answer) for key, benches in groups.items()]
-        tables = _join(parts)
-    else:
-        tables = _tables(samples, ks, ucc_ks, similarity_metric, ucc_threshold, same_answer)
-    if kinds:
-        tables["kinds"] = kind_table(tables["passk"], kinds)
-    metrics = _flatten(tables)
-    if base_samples is not None:
-        tables["flip_rates"], flip = flip_metrics(base_samples, samples, flip_k)
-        metrics.update(flip)
-    return tables, metrics
-
-
-def _tables(samples, ks, ucc_ks, similarity_metric, ucc_threshold, same_answer) -> dict:
-    ks = [int(k) for k in ks]
-    ucc_ks = [int(k) for k in (ucc_ks or [k for k in ks if k >= 8] or [max(ks)])]
-    n = int(samples.groupby(["benchmark", "prompt_id"]).size().min())
-    tables = {
-        "passk": passk_table(samples, ks).rename(columns={"avg@n": f"avg@{n}"}),
-        "ucc": ucc_table(samples, [k for k in ucc_ks if k <= n], similarity_metric, ucc_threshold),
-        "similarity": similarity_table(samples),
-        "entropy": entropy_table(samples),
-        "modes": modes_table(samples, ks, same_answer),
-        "subsets": subset_table(samples, ks),
-    }
-    tables["passk"].index.name = "benchmark"
-    if tables["subsets"].empty:
-        del tables["subsets"]
-    verifier, disagreements = verifier_tables(samples)
-    if len(verifier):
-        tables["verifier"] = verifier
-        tables["verifier_disagreements"] = disagreements  # written even when empty: none is a result
-    tools = tool_table(samples)
-    if len(tools):
-        tables["tools"] = tools
-    return tables
+    return table, TABLES["flip_rates"].flatten({"flip_rates": table})
 
 
 def tool_table(samples: pd.DataFrame) -> pd.DataFrame:
@@ -267,12 +198,166 @@ def tool_table(samples: pd.DataFrame) -> pd.DataFrame:
     return _with_mean(pd.DataFrame(rows).T)
 
 
-def _join(parts: list[dict]) -> dict:
-    """One table per name from per-group tables: rows stacked, ``mean`` rows recomputed over all benchmarks."""
+# ---------------------------------------------------------------------------- the registered tables
+
+def _ucc_ks(s: TableSettings) -> list[int]:
+    return [int(k) for k in (s["eval.ucc_ks"] or [k for k in s.ks if k >= 8] or [max(s.ks)])]
+
+
+def _check_ucc(eval_cfg, n: int) -> None:
+    ks = (eval_cfg or {}).get("ucc_ks")
+    if ks and all(int(k) > n for k in ks):
+        raise ValueError(f"eval.ucc_ks={list(ks)}: every k is larger than eval.n={n}; no UCC@k would be computed")
+
+
+def _check_flip(eval_cfg, n: int) -> None:
+    k = (eval_cfg or {}).get("flip_k")
+    if k is not None and int(k) > n:
+        raise ValueError(f"eval.flip_k={k}: larger than eval.n={n} (a prompt has only n samples)")
+
+
+def _passk(samples, s: TableSettings) -> pd.DataFrame:
+    table = passk_table(samples, list(s.ks)).rename(columns={"avg@n": f"avg@{s.n}"})
+    table.index.name = "benchmark"
+    return table
+
+
+def _verifier(samples, s: TableSettings):
+    table, listing = verifier_tables(samples)
+    return {"verifier": table, "verifier_disagreements": listing} if len(table) else None
+
+
+register_table("passk", _passk, section="pass@k", columns=("pass@{k}", "avg@{n}"), summary=("pass@1",),
+               doc="Unbiased pass@k (k in eval.ks) and avg@n (mean accuracy over the n samples) per benchmark.")
+register_table(
+    "ucc", lambda samples, s: ucc_table(samples, [k for k in _ucc_ks(s) if k <= s.n], s["eval.similarity_metric"],
+                                        float(s["eval.ucc_threshold"])),
+    section="Distinct correct solutions (UCC@k) and similarity among correct answers", columns=("ucc@{k}", "ucr"),
+    summary=("ucc@{k}", "ucr"), checks=_check_ucc,
+    knobs={"eval.ucc_ks": L(I(1), null=True, default=None, doc="UCC@k values (null: the ks >= 8, else the largest k)"),
+           "eval.ucc_threshold": F(0, 1, default=0.7, doc="two correct responses are one solution at similarity >= this"),
+           "eval.similarity_metric": S(METRICS, default="rouge_l", doc="the similarity UCC@k clusters by")},
+    doc="UCC@k: distinct correct solutions among k responses; UCR: distinct correct solutions / n.")
+register_table("similarity", lambda samples, s: similarity_table(samples),
+               section="Distinct correct solutions (UCC@k) and similarity among correct answers",
+               columns=tuple(f"{m}_mean" for m in METRICS), summary=("rouge_l_mean",),
+               doc="Mean pairwise similarity among each prompt's correct responses (prompts with >= 2).")
+register_table("entropy", lambda samples, s: entropy_table(samples), section="Entropy",
+               columns=("entropy", "entropy_correct", "entropy_wrong"),
+               doc="Mean token entropy (nats): all samples, correct ones, wrong ones.")
+register_table("modes", lambda samples, s: modes_table(samples, list(s.ks), s.same_answer),
+               section="Answer modes (ExPPO's metrics)",
+               columns=("accuracy", "observed_yield", "effective_yield", "disagreement", "coverage@{k}"),
+               doc="ExPPO's coverage@k, accuracy, observed and effective yield, correct-pair disagreement D.")
+register_table("subsets", lambda samples, s: subset_table(samples, list(s.ks)).pipe(lambda t: t if len(t) else None),
+               section="Accuracy by subset (K&K: by number of people)", columns=("n_prompts", "accuracy", "pass@{k}"),
+               rows="{benchmark}/{subset}", doc="Accuracy and pass@k per subset of a benchmark (K&K: people per puzzle).")
+register_table("verifier", _verifier, section="Grader check: this suite's verifier against plain math-verify",
+               columns=("verifier_disagreement", "verifier_only_suite", "verifier_only_math_verify"),
+               listings=("verifier_disagreements",),
+               doc="How often this suite's verdict differs from plain math-verify's (and the disagreeing samples).")
+register_table("tools", lambda samples, s: tool_table(samples).pipe(lambda t: t if len(t) else None),
+               section="Tool use", columns=("exact_match", "tool_calls", "no_answer_share"),
+               doc="Exact match, tool calls per episode and the share of episodes without an answer.")
+register_table("kinds", lambda samples, s: kind_table(s.tables["passk"], s.kinds) if s.kinds else None,
+               section="By task kind", columns=("benchmarks", "pass@{k}", "avg@{n}"), rows="kind/{kind}",
+               per_group=False, doc="pass@k and avg@n averaged over the benchmarks of each task kind (unweighted).")
+register_table("flip_rates", lambda samples, s: None if s.base_samples is None else
+               flip_rates(s.base_samples, samples, None if s["eval.flip_k"] is None else int(s["eval.flip_k"])),
+               section="Flip rates against the base model",
+               columns=("n_prompts", "solved_from_unsolved", "improved", "regressed"), rows="{benchmark}/flip/{bucket}",
+               per_group=False, checks=_check_flip,
+               knobs={"eval.flip_k": I(1, null=True, default=None,
+                                       doc="null: literal flip rule (no correct sample among all n); k: budget-k reading")},
+               doc="Per difficulty bucket of the base model: prompts flipped to solved, improved, regressed.")
+
+
+def compute_tables(samples: pd.DataFrame, ks, ucc_ks=None, similarity_metric: str | None = None,
+                   ucc_threshold: float | None = None, base_samples: pd.DataFrame | None = None,
+                   flip_k: int | None = None, kinds: dict | None = None, same_answer: dict | None = None,
+                   eval_cfg=None) -> tuple[dict, dict]:
+    """Every registered metric table (:data:`TABLES`: the built-ins and plug-ins) and its flat MLflow metrics.
+
+    Args:
+        samples: the samples table (see evaluation.evaluate.SAMPLE_COLUMNS).
+        ks: pass@k values (each <= the smallest n per prompt), or ``{benchmark: ks}`` when benchmarks have their
+            own budgets (per-benchmark decoding, ``eval.decoding``): each group of benchmarks with the same ks and
+            n is tabled on its own, the tables joined, and every ``mean`` row recomputed over the benchmarks that
+            have the column (unweighted); :func:`budget_metrics` then gives the suite mean at each benchmark's own k.
+        ucc_ks: UCC@k values (default: ``eval_cfg.ucc_ks``, else the ks >= 8, or the largest k).
+        similarity_metric, ucc_threshold: UCC@k's similarity and threshold (default: ``eval_cfg``'s, else
+            rouge_l and 0.7).
+        base_samples: the base model's samples on the same prompts, for flip rates.
+        flip_k: None for the literal flip rule (unless ``eval_cfg.flip_k`` is set), else the budget-k reading.
+        kinds: {benchmark: task kind}; adds the ``kinds`` table (``eval/kind/<kind>/<metric>``).
+        same_answer: {benchmark: same(a, b)}, the tasks' answer equivalences for the modes table.
+        eval_cfg: the ``eval`` config node (DictConfig or dict): every registered table's knobs (``eval.<key>``)
+            are read from it, explicit arguments above taking precedence, else the knob's default.
+    Tables ``verifier`` (``eval/<benchmark>/verifier_disagreement``...) and ``verifier_disagreements`` (the
+    samples) appear when samples carry plain math-verify's verdict (:func:`verifier_tables`); a table whose
+    ``compute`` returns None is left out.
+    Returns:
+        (tables {name: DataFrame}, metrics {"eval/<row>/<metric>": float}); each table's metric names as its
+        entry's ``rows`` and ``columns`` say (:meth:`MetricTable.flatten`).
+    Raises:
+        ValueError: a k larger than a prompt's number of samples (coverage@k), a flip_k larger than n, or a
+            table's value that is not a number.
+    """
+    knobs = knob_values(eval_cfg, {"eval.ucc_ks": ucc_ks, "eval.similarity_metric": similarity_metric,
+                                   "eval.ucc_threshold": ucc_threshold, "eval.flip_k": flip_k})
+    entries = TABLES.values()
+    n_of = samples.groupby(["benchmark", "prompt_id"]).size().groupby(level=0).min()
+    common = dict(knobs=knobs, base_samples=base_samples, kinds=kinds, same_answer=same_answer)
+    if isinstance(ks, dict):
+        groups: dict = {}
+        for bench in sorted(set(samples["benchmark"])):
+            key = (tuple(int(k) for k in ks[bench]), int(n_of[bench]))
+            groups.setdefault(key, []).append(bench)
+        parts = [_group_tables(samples[samples["benchmark"].isin(benches)], list(key[0]), common)
+                 for key, benches in groups.items()]
+        all_ks = sorted({int(k) for v in ks.values() for k in v})
+    else:
+        parts = [_group_tables(samples, ks, common)]
+        all_ks = [int(k) for k in ks]
+    owner = {t: e for p in parts for e, got in p.items() for t in got}
+    flat = [{t: df for got in p.values() for t, df in got.items()} for p in parts]
+    tables = _join(flat, entries) if len(parts) > 1 else flat[0]
+    settings = TableSettings(ks=tuple(all_ks), n=int(n_of.min()) if len(n_of) else 0, tables=tables, **common)
+    for e in entries:
+        if not e.per_group:
+            got = e.as_dict(e.compute(samples, settings))
+            owner.update(dict.fromkeys(got, e.name))
+            tables.update(got)
+    metrics = {}
+    for name, table in tables.items():  # in the tables' order
+        metrics.update(TABLES[owner[name]].flatten({name: table}))
+    return tables, metrics
+
+
+def _group_tables(samples, ks, common: dict) -> dict[str, dict[str, pd.DataFrame]]:
+    """{entry name: its tables} of every registered table with ``per_group``, in registration order, for one group
+    of benchmarks sharing ``ks`` and n."""
+    ks = [int(k) for k in ks]
+    n = int(samples.groupby(["benchmark", "prompt_id"]).size().min())
+    out: dict = {}
+    done: dict = {}
+    for e in TABLES.values():
+        if e.per_group:
+            got = e.as_dict(e.compute(samples, TableSettings(ks=tuple(ks), n=n, tables=dict(done), **common)))
+            if got:
+                out[e.name] = got
+                done.update(got)
+    return out
+
+
+def _join(parts: list[dict], entries) -> dict:
+    """One table per name from per-group tables: rows stacked, ``mean`` rows recomputed over all benchmarks;
+    sample listings (an entry's ``listings``) stacked with a fresh index."""
+    listings = {n for e in entries for n in e.listings}
     out = {}
     for name in dict.fromkeys(n for p in parts for n in p):
         frames = [p[name] for p in parts if name in p]
-        if name == "verifier_disagreements":
+        if name in listings:
             out[name] = pd.concat(frames, ignore_index=True)
             continue
         if not any(len(f) for f in frames):
@@ -283,22 +368,6 @@ def _join(parts: list[dict]) -> dict:
         out[name] = _with_mean(table) if had_mean else table
         out[name].index.name = frames[0].index.name
     return out
-
-
-def _flatten(tables: dict) -> dict:
-    metrics = {}
-    for name, table in tables.items():
-        if name == "verifier_disagreements":
-            continue
-        if name == "kinds":
-            for kind, row in table.iterrows():
-                metrics.update({f"eval/kind/{kind}/{metric_key(c)}": float(v) for c, v in row.items() if pd.notna(v)})
-            continue
-        for bench, row in table.iterrows():
-            for col, v in row.items():
-                if pd.notna(v):
-                    metrics[f"eval/{bench}/{metric_key(col)}"] = float(v)
-    return metrics
 
 
 def budget_metrics(tables: dict, budgets: dict) -> dict:

@@ -1,4 +1,9 @@
-"""MLflow -> pandas: the tables and series the report notebook shows (pure functions, tested)."""
+"""MLflow -> pandas: the tables and series the report notebook shows (pure functions, tested).
+
+Evaluation metrics are found through the metric-table registry (:data:`evaluation.tables.TABLES`): an entry's
+``parse`` maps an MLflow metric name to its table, row and column, so no metric name is matched by a pattern here and
+a plug-in table (``plugins`` config key, :func:`load_plugins`) is found like the built-ins.
+"""
 from __future__ import annotations
 
 import re
@@ -7,11 +12,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from evaluation.tables import TABLES, MetricTable, find_table, metric_key
+
 TRAIN_PANELS = ["train/reward_mean", "train/accuracy", "train/entropy", "train/kl_ref", "train/clip_fraction",
                 "train/ppo_kl", "train/grad_norm", "train/lambda_mean", "train/lambda_floored_groups",
                 "train/reversed_share", "train/mismatch_kl", "train/mismatch_logprob_abs_diff", "train/tis_weight_mean"]
 # (mismatch_*: the training-inference mismatch with vLLM rollouts, training/mismatch.py; tis_*: its correction)
-_PASSK = re.compile(r"^eval/([^/]+)/pass_at_(\d+)$")
 BASE_LABEL = "Initialization"  # the papers' name for the starting model's row
 
 
@@ -219,43 +225,116 @@ def train_summary(hist: dict) -> pd.DataFrame:
     return df
 
 
-def metric_table(runs: pd.DataFrame, pattern: str) -> pd.DataFrame:
-    """Rows (run, benchmark), columns = metric names matching ``eval/<benchmark>/<pattern>`` (display names)."""
-    rx = re.compile(rf"^eval/([^/]+)/({pattern})$")
-    records = {}
+def table_entry(table: str | MetricTable) -> MetricTable:
+    """The registered metric table ``table`` (a name of :data:`evaluation.tables.TABLES`, or the entry itself).
+
+    Raises:
+        KeyError: no table of that name is registered (the message lists the registered ones).
+    """
+    return table if isinstance(table, MetricTable) else TABLES[table]
+
+
+def plugin_modules(runs: pd.DataFrame) -> list[str]:
+    """The modules named in the runs' ``plugins`` config key (the MLflow param ``plugins``, a list's string form),
+    in first-seen order."""
+    import ast
+
+    out: list[str] = []
+    for params in (runs["params"] if len(runs) and "params" in runs else []):
+        raw = (params or {}).get("plugins")
+        if not raw or raw in ("None", "[]"):
+            continue
+        try:
+            mods = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            mods = [m.strip(" '\"") for m in str(raw).strip("[]").split(",")]
+        out.extend(str(m) for m in (mods if isinstance(mods, (list, tuple)) else [mods]) if m)
+    return list(dict.fromkeys(out))
+
+
+def load_plugins(runs: pd.DataFrame) -> list[str]:
+    """Import the runs' plug-in modules (:func:`plugin_modules`) so that their metric tables are registered and
+    shown. Returns one line per module that failed to import (the report names them and goes on)."""
+    from core.registry import load_plugins as _load
+
+    problems = []
+    for m in plugin_modules(runs):
+        try:
+            _load([m])
+        except ImportError as e:
+            problems.append(str(e))
+    return problems
+
+
+def metric_sections(exclude=()) -> dict[str, list[MetricTable]]:
+    """{report section title: its registered tables}, in registration order, leaving out the tables named in
+    ``exclude`` (those the report shows in sections of their own)."""
+    out: dict[str, list[MetricTable]] = {}
+    for entry in TABLES.values():
+        if entry.name not in exclude:
+            out.setdefault(entry.section, []).append(entry)
+    return out
+
+
+def _column_order(entry: MetricTable, first=()):
+    def order(c):
+        got = entry.parse_column(c)
+        template, fields = got if got else (c, {})
+        return (c not in first, template, tuple(fields.values()))
+    return order
+
+
+def metric_table(runs: pd.DataFrame, table: str | MetricTable, columns=None, sort: bool = True) -> pd.DataFrame:
+    """The registered metric table ``table`` as the runs logged it at the main evaluation temperature.
+
+    Args:
+        runs: :func:`load_runs`' frame (``label`` and ``metrics`` are read).
+        table: a registered table's name or entry.
+        columns: only these column templates or columns (``"coverage@{k}"``, ``"pass@1"``), each the table's.
+        sort: sort the rows (by run label, then the row fields).
+    Returns:
+        Rows (run, <the table's row fields>): (run, benchmark) for per-benchmark tables, (run, kind) for ``kinds``;
+        columns the display names (``pass@8``), ordered by column family then number. Empty when no run logged it.
+    Raises:
+        KeyError: an unregistered table. ValueError: a column that is not the table's.
+    """
+    entry = table_entry(table)
+    for c in columns or ():
+        if c not in entry.columns and not entry.owns(c):
+            raise ValueError(f"column {c!r} is not one of metric table {entry.name!r}'s {entry.columns}")
+    records: dict = {}
+    names: list = []
     for _, r in runs.iterrows():
         for key, v in r["metrics"].items():
-            m = rx.match(key)
-            if m and m.group(1) != "flip":
-                records.setdefault((r["label"], m.group(1)), {})[display_name(m.group(2))] = v
+            m = entry.parse(key)
+            if m is None or m.temperature is not None:
+                continue
+            if columns and m.template not in columns and m.column not in columns:
+                continue
+            names = list(m.row)
+            records.setdefault((r["label"], *m.row.values()), {})[m.column] = v
     if not records:
         return pd.DataFrame()
     df = pd.DataFrame.from_dict(records, orient="index")
-    df.index = pd.MultiIndex.from_tuples(df.index, names=["run", "benchmark"])
-
-    def order(c):
-        m = re.search(r"@(\d+)$", c)
-        return (re.sub(r"@\d+$", "", c), int(m.group(1)) if m else 0)
-
-    return df[sorted(df.columns, key=order)].sort_index()
+    df.index = pd.MultiIndex.from_tuples(df.index, names=["run", *names])
+    df = df[sorted(df.columns, key=_column_order(entry))]
+    return df.sort_index() if sort else df
 
 
-def temperature_table(runs: pd.DataFrame, benchmark: str = "mean",
-                      pattern: str = r"pass_at_1|ucr|ucc_at_\d+|rouge_l_mean") -> pd.DataFrame:
-    """Rows (run, temperature), columns = metrics of ``benchmark`` matching ``pattern`` at the main
-    evaluation temperature (``eval/...``) and every extra one (``eval_T<t>/...``). Empty when no run
-    was evaluated at an extra temperature."""
-    rx = re.compile(rf"^eval(?:_T([0-9.e-]+))?/{re.escape(benchmark)}/({pattern})$")
+def temperature_table(runs: pd.DataFrame, benchmark: str = "mean") -> pd.DataFrame:
+    """Rows (run, temperature), columns = the summary columns of every registered table (``summary``: pass@1, UCR,
+    UCC@k, rouge_l_mean for the built-ins) for ``benchmark``, at the main evaluation temperature (``eval/...``) and
+    every extra one (``eval_T<t>/...``). Empty when no run was evaluated at an extra temperature."""
     records = {}
     for _, r in runs.iterrows():
-        if not any(k.startswith("eval_T") for k in r["metrics"]):
+        parsed = [(find_table(k), v) for k, v in r["metrics"].items()]
+        if not any(m is not None and m.temperature is not None for m, _ in parsed):
             continue
         main_t = float(r["params"].get("eval.temperature", "nan"))
-        for key, v in r["metrics"].items():
-            m = rx.match(key)
-            if m:
-                t = float(m.group(1)) if m.group(1) else main_t
-                records.setdefault((r["label"], t), {})[display_name(m.group(2))] = v
+        for m, v in parsed:
+            if m is not None and m.row == {"benchmark": benchmark} and TABLES[m.table].in_summary(m.column):
+                t = m.temperature if m.temperature is not None else main_t
+                records.setdefault((r["label"], t), {})[m.column] = v
     if not records:
         return pd.DataFrame()
     df = pd.DataFrame.from_dict(records, orient="index")
@@ -265,20 +344,20 @@ def temperature_table(runs: pd.DataFrame, benchmark: str = "mean",
 
 def subset_table(runs: pd.DataFrame, metric: str = "accuracy") -> pd.DataFrame:
     """Rows = runs, columns = ``<benchmark>/<subset>`` (e.g. ``kk/3_people``, ordered by the number in
-    the subset name): ``metric`` per subset from ``eval/<benchmark>/<subset>/<metric>``."""
-    rx = re.compile(rf"^eval/([^/]+)/([^/]+)/{re.escape(metric)}$")
+    the subset name): column ``metric`` (``accuracy``, ``pass@2``...) of the registered ``subsets`` table."""
+    entry = table_entry("subsets")
     records = {}
     for _, r in runs.iterrows():
         for key, v in r["metrics"].items():
-            m = rx.match(key)
-            if m and m.group(1) != "flip":
-                records.setdefault(r["label"], {})[f"{m.group(1)}/{m.group(2)}"] = v
+            m = entry.parse(key)
+            if m is not None and m.temperature is None and metric in (m.column, metric_key(m.column)):
+                records.setdefault(r["label"], {})[f"{m.row['benchmark']}/{m.row['subset']}"] = v
     if not records:
         return pd.DataFrame()
     df = pd.DataFrame.from_dict(records, orient="index")
 
     def order(c):
-        num = re.findall(r"\d+", c)
+        num = re.findall(r"\d+", c)  # the number in the subset's name (3_people), not a metric name
         return (c.split("/")[0], int(num[0]) if num else 0, c)
 
     df.index.name = "run"
@@ -286,30 +365,15 @@ def subset_table(runs: pd.DataFrame, metric: str = "accuracy") -> pd.DataFrame:
 
 
 def kind_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Rows (run, task kind), columns pass@k / avg@n (display names) and the number of benchmarks, from
-    ``eval/kind/<kind>/<metric>`` (the unweighted mean over each kind's benchmarks)."""
-    rx = re.compile(r"^eval/kind/([^/]+)/([^/]+)$")
-    records = {}
-    for _, r in runs.iterrows():
-        for key, v in r["metrics"].items():
-            m = rx.match(key)
-            if m:
-                records.setdefault((r["label"], m.group(1)), {})[display_name(m.group(2))] = v
-    if not records:
-        return pd.DataFrame()
-    df = pd.DataFrame.from_dict(records, orient="index")
-    df.index = pd.MultiIndex.from_tuples(df.index, names=["run", "kind"])
-
-    def order(c):
-        m = re.search(r"@(\d+)$", c)
-        return (c != "benchmarks", re.sub(r"@\d+$", "", c), int(m.group(1)) if m else 0)
-
-    return df[sorted(df.columns, key=order)]
+    """Rows (run, task kind), columns the number of benchmarks, then pass@k / avg@n (display names), from the
+    registered ``kinds`` table (``eval/kind/<kind>/<metric>``: the unweighted mean over each kind's benchmarks)."""
+    df = metric_table(runs, "kinds", sort=False)
+    return df[sorted(df.columns, key=_column_order(table_entry("kinds"), first=("benchmarks",)))] if len(df) else df
 
 
 def passk_table(runs: pd.DataFrame) -> pd.DataFrame:
     """pass@k (columns ordered by k) and avg@n per (run, benchmark), including the ``mean`` benchmark."""
-    return metric_table(runs, r"pass_at_\d+|avg_at_\d+")
+    return metric_table(runs, "passk")
 
 
 def bold_best_html(df: pd.DataFrame, digits: int = 4) -> str:
@@ -324,24 +388,25 @@ def bold_best_html(df: pd.DataFrame, digits: int = 4) -> str:
 
 def flip_table(runs: pd.DataFrame, benchmark: str | None = "all") -> pd.DataFrame:
     """Rows (run, bucket) (or (run, benchmark, bucket) with ``benchmark=None``), columns ``n_prompts``,
-    ``solved_from_unsolved``, ``improved``, ``regressed``, from ``eval/<benchmark>/flip/<bucket>/<measure>``
-    (benchmark ``all``: every prompt pooled)."""
-    rx = re.compile(r"^eval/([^/]+)/flip/([^/]+)/([^/]+)$")
+    ``solved_from_unsolved``, ``improved``, ``regressed`` (the registered ``flip_rates`` table's columns), from
+    ``eval/<benchmark>/flip/<bucket>/<measure>`` (benchmark ``all``: every prompt pooled)."""
+    entry = table_entry("flip_rates")
     order = {b: i for i, b in enumerate(("very_hard", "hard", "medium", "easy"))}
     rec = {}
     for _, r in runs.iterrows():
         for key, v in r["metrics"].items():
-            m = rx.match(key)
-            if m and (benchmark is None or m.group(1) == benchmark):
-                idx = (r["label"], m.group(2)) if benchmark is not None else (r["label"], m.group(1), m.group(2))
-                rec.setdefault(idx, {})[m.group(3)] = v
+            m = entry.parse(key)
+            if m is not None and m.temperature is None and (benchmark is None or m.row["benchmark"] == benchmark):
+                bench, bucket = m.row["benchmark"], m.row["bucket"]
+                idx = (r["label"], bucket) if benchmark is not None else (r["label"], bench, bucket)
+                rec.setdefault(idx, {})[m.column] = v
     if not rec:
         return pd.DataFrame()
     df = pd.DataFrame.from_dict(rec, orient="index")
     df.index = pd.MultiIndex.from_tuples(df.index, names=["run", "bucket"] if benchmark is not None else ["run", "benchmark", "bucket"])
     runs_order = {lab: i for i, lab in enumerate(runs["label"])}
     keys = sorted(df.index, key=lambda ix: (runs_order.get(ix[0], 1e9), *ix[1:-1], order.get(ix[-1], 9)))
-    cols = [c for c in ("n_prompts", "solved_from_unsolved", "improved", "regressed") if c in df.columns]
+    cols = [c for c in entry.columns if c in df.columns]
     return df.loc[keys, cols]
 
 
@@ -375,10 +440,11 @@ def eval_trajectories(tracking_uri: str, runs: pd.DataFrame, key: str) -> dict:
 
 
 def largest_k_key(runs: pd.DataFrame, benchmark: str = "mean") -> str | None:
-    """``eval/<benchmark>/pass_at_<K>`` for the largest K any run logged, or None."""
-    ks = [int(m.group(2)) for _, r in runs.iterrows() for k in r["metrics"] for m in [_PASSK.match(k)]
-          if m and m.group(1) == benchmark]
-    return f"eval/{benchmark}/pass_at_{max(ks)}" if ks else None
+    """``eval/<benchmark>/pass_at_<K>`` for the largest K any run logged (the ``passk`` table's ``pass@{k}``), or None."""
+    entry = table_entry("passk")
+    ks = [m.fields["k"] for _, r in runs.iterrows() for key in r["metrics"] for m in [entry.parse(key)]
+          if m is not None and m.temperature is None and m.template == "pass@{k}" and m.row["benchmark"] == benchmark]
+    return f"eval/{entry.row_prefix(benchmark)}/{metric_key(entry.display('pass@{k}', {'k': max(ks)}))}" if ks else None
 
 
 def download_samples(tracking_uri: str, runs: pd.DataFrame, dst: Path, problems: list | None = None) -> dict:

@@ -66,6 +66,8 @@ def save(fig, name):
 
 
 runs = R.short_labels(R.load_runs(tracking_uri, experiment))
+plugin_problems = R.load_plugins(runs)  # the runs' plug-in modules: their metric tables get sections below
+SHOWN = set()  # the metric tables shown so far (the last section shows every other registered table)
 done = R.finished(runs)  # trained runs: training curves
 shown = R.evaluated(runs)  # the base model ("Initialization") and the trained runs: evaluation tables
 n_base = int(((runs["kind"] == "base") & (runs["status"] == "FINISHED")).sum()) if len(runs) else 0
@@ -75,6 +77,14 @@ COLORS = R.run_colors(list(shown["label"]) + list(done["label"])) if len(runs) e
 def color(label):
     """The run's colour, the same in every figure."""
     return COLORS.get(label)
+
+
+def heading(*names):
+    """The section heading of the registered metric tables ``names`` (their entries' ``section``), marked shown."""
+    SHOWN.update(names)
+    display(Markdown(f"## {R.table_entry(names[0]).section}"))
+
+
 display(Markdown(f"**Experiment** `{experiment}` at `{tracking_uri}`: {len(runs)} runs, "
                  f"{len(done)} trained and finished, {n_base} base-model evaluation(s) (the *Initialization* rows), "
                  f"{int((runs['kind'] == 'duplicate').sum()) if len(runs) else 0} recorded as duplicates, "
@@ -85,6 +95,8 @@ if runs.empty:
     note("This experiment has no runs yet: there is nothing to report.")
 elif done.empty:
     note("No run of this experiment finished training: the sections below are empty. See the run table for the failures.")
+for problem in plugin_problems:
+    note(f"A plug-in of these runs could not be imported, so its tables are not shown: {problem}")
 
 # %% [markdown]
 # ## Runs
@@ -200,9 +212,10 @@ else:
     save(fig, "quatro_advantage")
     display(HTML(adv_curves.set_index(["delta", "G", "correct"]).to_html(float_format=lambda v: f"{v:.4f}")))
 
+# %%
+heading("passk")
+
 # %% [markdown]
-# ## pass@k
-#
 # Unbiased pass@k per benchmark and the unweighted mean over benchmarks (best value per column in bold);
 # *Initialization* is the starting model under the same protocol.
 
@@ -219,10 +232,11 @@ else:
         display(HTML(R.bold_best_html(passk.xs(bench, level="benchmark"))))
     mean = passk.xs("mean", level="benchmark") if "mean" in passk.index.get_level_values("benchmark") else None
     if mean is not None:
-        ks = [c for c in mean.columns if c.startswith("pass@")]
+        passk_entry = R.table_entry("passk")
+        ks = {c: got[1]["k"] for c in mean.columns for got in [passk_entry.parse_column(c)] if got and got[0] == "pass@{k}"}
         fig, ax = plt.subplots(figsize=(6, 3.6))
         for label, row in mean.iterrows():
-            ax.plot([np.log2(int(c.split("@")[1])) for c in ks], [row[c] for c in ks], marker="o", label=label,
+            ax.plot([np.log2(k) for k in ks.values()], [row[c] for c in ks], marker="o", label=label,
                     color=color(label))
         ax.set_xlabel("log2 k")
         ax.set_ylabel("pass@k (mean over benchmarks)")
@@ -238,7 +252,8 @@ else:
 # standard deviation.
 
 # %%
-seed_tables = {"pass@k": R.passk_table(shown), "answer modes": R.metric_table(shown, r"effective_yield|disagreement|observed_yield")}
+seed_tables = {"pass@k": R.passk_table(shown),
+               "answer modes": R.metric_table(shown, "modes", columns=("observed_yield", "effective_yield", "disagreement"))}
 for key, what in (("seed", "training seeds"), ("eval.seed", "decoding seeds")):
     aggregated = {name: R.seed_aggregate(t, key=key) for name, t in seed_tables.items()}
     if all(t.empty for t in aggregated.values()):
@@ -249,9 +264,10 @@ for key, what in (("seed", "training seeds"), ("eval.seed", "decoding seeds")):
             display(Markdown(f"**{name}, mean ± std over {what}**"))
             display(HTML(t.rename(columns={"seeds": what}).to_html()))
 
+# %%
+heading("kinds")
+
 # %% [markdown]
-# ## By task kind
-#
 # pass@k averaged over the benchmarks of each kind (math, multiple choice, code, logic), unweighted, as the
 # papers report a suite's mean: code's pass@k (all unit tests passing) beside math's.
 
@@ -264,15 +280,16 @@ else:
         display(Markdown(f"**{kind}**"))
         display(HTML(R.bold_best_html(kinds.xs(kind, level="kind"))))
 
+# %%
+heading("tools")
+
 # %% [markdown]
-# ## Tool use
-#
 # Question answering with a search tool (TR-GRPO's Table 3, after Search-R1): exact match per benchmark (general and
 # multi-hop means in the task-kind table above), search calls per episode, and the share of episodes that ended
 # without an answer; below, the same during training, step by step.
 
 # %%
-tool_table = R.metric_table(shown, r"exact_match|tool_calls|no_answer_share")
+tool_table = R.metric_table(shown, "tools")
 if tool_table.empty:
     note("No run called tools.")
 else:
@@ -289,15 +306,17 @@ else:
         axs[0][0].legend(fontsize=7)
         save(fig, "tool_use")
 
-# %% [markdown]
-# ## Distinct correct solutions (UCC@k) and similarity among correct answers
-
 # %%
-ucc = R.metric_table(shown, r"ucc_at_\d+|ucr")
+heading("ucc", "similarity")
+ucc = R.metric_table(shown, "ucc")
 if ucc.empty:
     note("No UCC@k metrics were logged.")
 else:
     display(HTML(R.bold_best_html(ucc)))
+similarity = R.metric_table(shown, "similarity")
+if len(similarity):
+    display(Markdown("Mean pairwise similarity among each prompt's correct responses, per benchmark:"))
+    display(HTML(similarity.to_html(float_format=lambda v: f"{v:.4f}")))
 sample_problems = []
 samples_by_run = R.download_samples(tracking_uri, shown, Path(work_dir) / "samples", sample_problems) if len(shown) else {}
 for problem in sample_problems:  # named once here; the sections that need these samples leave the run out
@@ -317,11 +336,9 @@ else:
     display(Markdown("Mean pairwise similarity among each prompt's correct responses, one point per prompt "
                      "with at least two correct responses (lower: more diverse solutions)."))
 
-# %% [markdown]
-# ## Entropy
-
 # %%
-ent = R.metric_table(shown, r"entropy|entropy_correct|entropy_wrong")
+heading("entropy")
+ent = R.metric_table(shown, "entropy")
 if ent.empty:
     note("No entropy metrics were logged.")
 else:
@@ -330,9 +347,10 @@ else:
     if methods:
         display(Markdown("Mean next-token entropy in nats; method: " + "; ".join(methods) + "."))
 
+# %%
+heading("flip_rates")
+
 # %% [markdown]
-# ## Flip rates against the base model
-#
 # Prompts bucketed by the base model's pass rate over all its samples (edges 8/32/128 of 256, scaled to n);
 # per bucket, the share of prompts the base left unsolved and the trained policy solved, the share whose
 # pass rate improved, and the share that regressed to unsolved.
@@ -380,7 +398,7 @@ else:
     for label, (steps, values) in traj.items():
         ax.plot(steps, values, marker="o", label=label, color=color(label))
     ax.set_xlabel("training step")
-    ax.set_ylabel(R.display_name(traj_key.split("/")[-1]) + " (mean over benchmarks)")
+    ax.set_ylabel(R.find_table(traj_key).column + " (mean over benchmarks)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize=7)
     save(fig, "checkpoint_trajectory")
@@ -406,10 +424,8 @@ else:
         display(Markdown(f"Per-prompt accuracy minus baseline `{label}`:"))
         display(HTML(diffs.to_html(float_format=lambda v: f"{v:.4f}")))
 
-# %% [markdown]
-# ## Accuracy by subset (K&K: by number of people)
-
 # %%
+heading("subsets")
 subsets = R.subset_table(shown)
 if subsets.empty:
     note("No per-subset metrics were logged (only K&K puzzles have subsets).")
@@ -427,7 +443,10 @@ else:
     save(fig, "subset_accuracy")
 
 # %% [markdown]
-# ## Temperature variation (UCR and pass@1 at each evaluation temperature)
+# ## Temperature variation (the tables' summary columns at each evaluation temperature)
+#
+# pass@1, UCR, UCC@k and ROUGE-L similarity (each registered table's `summary` columns) of the mean over benchmarks,
+# at the main evaluation temperature and every extra one.
 
 # %%
 temps = R.temperature_table(shown)
@@ -436,11 +455,9 @@ if temps.empty:
 else:
     display(HTML(R.bold_best_html(temps)))
 
-# %% [markdown]
-# ## Answer modes (ExPPO's metrics)
-
 # %%
-modes = R.metric_table(shown, r"coverage_at_\d+|accuracy|observed_yield|effective_yield|disagreement")
+heading("modes")
+modes = R.metric_table(shown, "modes")
 if modes.empty:
     note("No answer-mode metrics were logged.")
 else:
@@ -478,9 +495,10 @@ if examples.empty:
 else:
     display(HTML(examples.set_index(["prompt", "run"]).to_html()))
 
+# %%
+heading("verifier")
+
 # %% [markdown]
-# ## Grader check: this suite's verifier against plain math-verify
-#
 # Share of samples whose verdict differs between this suite's verifier and plain math-verify
 # (`verify(parse(gold), parse(response))`), per benchmark: *only suite* counts samples scored correct
 # here and wrong by plain math-verify, *only math-verify* the reverse. When the share is not small, a
@@ -488,10 +506,25 @@ else:
 # `verifier_disagreements.csv` artifact (docs/verification.md says where the graders differ).
 
 # %%
-verifier = R.metric_table(shown, r"verifier_disagreement|verifier_only_suite|verifier_only_math_verify")
+verifier = R.metric_table(shown, "verifier")
 if verifier.empty:
     note("No math benchmark was graded in these runs (or they were evaluated before the audit existed).")
 else:
     if "verifier_disagreement" in verifier and (verifier["verifier_disagreement"].fillna(0) == 0).all():
         note("The two graders agree on every sample of every run.")
     display(HTML(verifier.to_html(float_format=lambda v: f"{v:.4f}")))
+
+# %%
+# The metric tables no section above shows (plug-in tables: a module named in the runs' `plugins` config key that
+# registers a table with `evaluation.tables.register_table`), one section each, titled by the table's entry.
+titles = {R.table_entry(n).section for n in SHOWN}
+for section, entries in R.metric_sections(exclude=SHOWN).items():
+    display(Markdown(f"## {section}" + (" (more tables)" if section in titles else "")))
+    for entry in entries:
+        table = R.metric_table(shown, entry)
+        if entry.doc:
+            display(Markdown(entry.doc))
+        if table.empty:
+            note(f"No {entry.name} metrics were logged.")
+        else:
+            display(HTML(R.bold_best_html(table)))
