@@ -26,7 +26,9 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
+from .config_keys import MAP, B, F, I, S
 from .generation import Generation, response_mask_from_ids  # noqa: F401  (the samplers' return type, re-exported)
+from .registry import Registry
 
 
 
@@ -217,17 +219,20 @@ class SamplerSpec:
     rollout: Callable | None = None
     rollout_cost: Callable | None = None
     rollout_logprobs: bool = False   # its rollouts carry the sampler's own log-probs (what a mismatch correction needs)
+    config: dict = field(default_factory=dict)  # the ``eval.*`` keys it reads: {dotted key: Spec}, from ``cls.CONFIG``
 
 
-SAMPLERS: dict[str, SamplerSpec] = {}
+SAMPLERS: Registry = Registry("sampler")  # the built-in samplers register below; others from a ``plugins`` module
 
 
 def register_sampler(name: str, missing: Callable[[], str | None], auto_rank: Callable[[], int | None]):
     """Class decorator: register a sampler class by name: its ``from_path(model_path, options)`` constructor, and when
-    it has them its ``for_policy(model, tokenizer, model_path, options)`` rollout constructor and ``rollout_cost(plan)``."""
+    it has them its ``for_policy(model, tokenizer, model_path, options)`` rollout constructor, ``rollout_cost(plan)`` and
+    ``CONFIG`` (the config keys it reads, ``{"eval.<key>": Spec}``, collected by the schema)."""
     def deco(cls):
-        SAMPLERS[name] = SamplerSpec(name, cls.from_path, missing, auto_rank, getattr(cls, "for_policy", None),
-                                     getattr(cls, "rollout_cost", None), bool(getattr(cls, "rollout_logprobs", False)))
+        SAMPLERS.register(name, SamplerSpec(name, cls.from_path, missing, auto_rank, getattr(cls, "for_policy", None),
+                                            getattr(cls, "rollout_cost", None), bool(getattr(cls, "rollout_logprobs", False)),
+                                            dict(getattr(cls, "CONFIG", {}) or {})), replace=True)
         return cls
     return deco
 
@@ -415,6 +420,13 @@ class VLLMSampler:
     Raises:
         ImportError: vLLM is not installed.
     """
+
+    CONFIG = {  # eval.vllm.*: vllm.LLM arguments (null: the sampler's own default); any other under eval.vllm.extra
+        "eval.vllm.dtype": S(("auto", "float32", "bfloat16", "float16"), null=True),
+        "eval.vllm.enforce_eager": B(null=True), "eval.vllm.gpu_memory_utilization": F(0, 1, lo_open=True, null=True),
+        "eval.vllm.kv_cache_memory_bytes": I(1, null=True), "eval.vllm.max_model_len": I(1, null=True),
+        "eval.vllm.tensor_parallel_size": I(1, null=True), "eval.vllm.extra": MAP,
+    }
 
     name = "vllm"
     rollout_logprobs = True

@@ -74,6 +74,76 @@ def decoding_plan(eval_cfg) -> dict:
     return plan
 
 
+def check_decoding(eval_cfg) -> list[str]:
+    """The rules that relate the evaluation's decoding keys to each other, per benchmark (:func:`decoding_plan`):
+    every k of ``ks`` in [1, n] (pass@k is undefined for k > n); extra temperatures that print alike (they would
+    share a folder and metric keys). Types and ranges of single keys are their declarations' (the schema's).
+
+    Returns:
+        Warnings: greedy decoding (temperature 0) with n > 1 (n copies of one sequence).
+    Raises:
+        ValueError: naming the key and the bad value.
+    """
+    warnings = []
+    for b, c in decoding_plan(eval_cfg).items():
+        where = "eval" if c is eval_cfg else f"eval.decoding.{b}"
+        n, ks = int(c.n), list(c.ks)
+        bad = [k for k in ks if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= n]
+        if bad:
+            n_key = "eval.n" if c is eval_cfg else "n"
+            raise ValueError(f"{where}.ks={ks}: every k must be an integer in [1, {n_key}={n}] (pass@k is undefined "
+                             f"for k > n); bad: {bad}")
+        if float(c.temperature) == 0 and n > 1:
+            warnings.append(f"{where}: greedy decoding (temperature 0) with n={n}: the n samples of a prompt are one "
+                            "sequence, so pass@k equals pass@1 for every k; the papers' greedy protocols use n=1")
+    temps = [float(t) for t in (eval_cfg.get("extra_temperatures") or [])]
+    if len({f"{t:g}" for t in temps}) != len(temps):
+        raise ValueError(f"eval.extra_temperatures={temps}: two temperatures print alike (same folder and keys)")
+    return list(dict.fromkeys(warnings))
+
+
+def smallest_n(eval_cfg) -> int:
+    """The smallest number of samples per prompt over the benchmarks (``eval.n`` or a benchmark's own)."""
+    return min(int(c.n) for c in decoding_plan(eval_cfg).values())
+
+
+def check_eval(eval_cfg, data_name: str | None = None) -> list[str]:
+    """The one evaluation check, for the sweep's pre-flight and the evaluation command alike: every benchmark is a
+    registered task and passes its own ``validate``; a held-out benchmark is the split of the training data
+    (``data_name``; None: no training run); :func:`check_decoding`; the sampler can run here and can serve the
+    benchmarks (:func:`evaluation_sampler`); every metric table's own ``validate`` (flip rates within n, ...).
+
+    Returns:
+        Warnings (legal but suspicious settings).
+    Raises:
+        ValueError: naming the key and the bad value (types and ranges of single keys are checked by the schema
+            before this runs).
+    """
+    from core.tasks import task_names
+
+    from .tables import TABLES
+
+    benches = list(eval_cfg.benchmarks)
+    for b in benches:
+        try:
+            task = get_task(b)
+        except KeyError:
+            raise ValueError(f"eval.benchmarks={benches}: unknown benchmark {b!r}; registered tasks: "
+                             f"{task_names()}") from None
+        if task.heldout_from_data:
+            if data_name is not None and data_name != b:
+                raise ValueError(f"eval.benchmarks={benches}: {b!r} is the held-out split of data={b}, but "
+                                 f"data={data_name}")
+        else:
+            task.validate(eval_cfg, "eval")
+    warnings = check_decoding(eval_cfg)
+    evaluation_sampler(eval_cfg)
+    n = smallest_n(eval_cfg)
+    for table in TABLES.values():
+        table.validate(eval_cfg, n)
+    return warnings
+
+
 def _set_aside_stale_samples(eval_cfg, out_dir: Path, sampler=None) -> None:
     """Resume only samples drawn with the same sampling settings (and the same sampler and batch size):
     when ``out_dir`` holds samples drawn with others (recorded in ``sampling.json``), rename them to
@@ -160,12 +230,14 @@ def settings_from(eval_cfg, chat_template: bool = True) -> SamplingSettings:
     return SamplingSettings(float(eval_cfg.temperature), float(eval_cfg.top_p), int(eval_cfg.max_new_tokens), bool(chat_template))
 
 
-def sampler_options(eval_cfg) -> SamplerOptions:
+def sampler_options(eval_cfg, sampler: str = "vllm") -> SamplerOptions:
     """The :class:`core.sampling.SamplerOptions` of an ``eval`` config (``device``, ``dtype``, ``entropy``,
-    ``score_rows``, ``score_tokens``, and ``vllm.*`` as the vLLM engine's arguments)."""
+    ``score_rows``, ``score_tokens``) for the sampler named ``sampler``, whose own options are the subtree
+    ``eval.<sampler>`` (``eval.vllm.*``: the vLLM engine's arguments, ``extra`` merged in; keys declared by the
+    sampler's ``CONFIG``)."""
     from omegaconf import OmegaConf
 
-    engine = eval_cfg.get("vllm") or {}
+    engine = eval_cfg.get(sampler) or {}
     if not isinstance(engine, dict):
         engine = OmegaConf.to_container(engine, resolve=True)
     extra = engine.pop("extra", None) or {}
@@ -281,16 +353,11 @@ def evaluate(sampler, eval_cfg, out_dir, heldout_rows=None, chat_template: bool 
         (``pass_at_<k>``, ``avg_at_<n>``, ``ucc_at_<k>``, ``ucr``, ``rouge_l_mean``..., ``entropy``,
         ``effective_yield``..., ``flip/<bucket>/<measure>``, ``verifier_disagreement``...); files {name: path}.
     Raises:
-        ValueError: a k in ``eval_cfg.ks`` larger than ``eval_cfg.n`` (checked before sampling).
+        ValueError: a k in ``eval_cfg.ks`` larger than ``eval_cfg.n`` (:func:`check_decoding`, before sampling).
     """
     timings = collections.Counter() if timings is None else timings
+    check_decoding(eval_cfg)  # before any sampling
     plan = decoding_plan(eval_cfg)
-    for b, c in plan.items():
-        n, ks = int(c.n), [int(k) for k in c.ks]
-        bad = [k for k in ks if k > n or k < 1]
-        if bad:
-            where = f"eval.decoding.{b}" if c is not eval_cfg else "eval"
-            raise ValueError(f"{where}: ks={ks}: every k must be in [1, n={n}]; bad: {bad}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     _set_aside_stale_samples(eval_cfg, out_dir, sampler)
@@ -326,7 +393,6 @@ def evaluate(sampler, eval_cfg, out_dir, heldout_rows=None, chat_template: bool 
     return metrics, files
 
 
-MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 10.0  # keys stay plain decimals (MLflow rejects '+' in 1e+06)
 
 
 def temperature_key(t: float) -> str:
@@ -350,17 +416,12 @@ def evaluate_temperatures(sampler, eval_cfg, out_dir, heldout_rows=None, chat_te
     Returns:
         (metrics, files) with files keyed by their path relative to ``out_dir``.
     Raises:
-        ValueError: an extra temperature <= 0 (checked before any sampling).
+        ValueError: bad decoding settings (:func:`check_decoding`, before any sampling).
     """
     from omegaconf import OmegaConf
 
     temps = [float(t) for t in (eval_cfg.get("extra_temperatures") or [])]
-    bad = [t for t in temps if not MIN_TEMPERATURE <= t <= MAX_TEMPERATURE]
-    if bad:
-        raise ValueError(f"eval.extra_temperatures={temps}: every temperature must be in "
-                         f"[{MIN_TEMPERATURE}, {MAX_TEMPERATURE}]; bad: {bad}")
-    if len({f"{t:g}" for t in temps}) != len(temps):
-        raise ValueError(f"eval.extra_temperatures={temps}: two temperatures print alike (same folder and keys)")
+    check_decoding(eval_cfg)  # before any sampling
     out_dir = Path(out_dir)
     metrics, files = evaluate(sampler, eval_cfg, out_dir, heldout_rows, chat_template, base_samples=base_samples,
                               tools_cfg=tools_cfg, timings=timings)
@@ -395,7 +456,7 @@ def evaluate_checkpoint(model_path, eval_cfg, out_dir, heldout_rows=None, chat_t
     t0 = time.time()
     timings: collections.Counter = collections.Counter()
     name = evaluation_sampler(eval_cfg, sampler)
-    smp = build_sampler(name, model_path, sampler_options(eval_cfg))
+    smp = build_sampler(name, model_path, sampler_options(eval_cfg, name))
     timings["engine_start_s"] += time.time() - t0
     try:
         if temperatures:

@@ -48,15 +48,14 @@ def main(argv=None) -> int:
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     eval_cfg = cfg.eval
-    n, ks = int(eval_cfg.n), list(eval_cfg.ks)
-    if any(k > n or k < 1 for k in ks):
-        print(f"error: eval.ks={ks}: every k must be in [1, eval.n={n}]", file=sys.stderr)
-        return 2
     from .errors import ConfigError
-    from .validate import check_eval_engine
+    from .schema import check_schema
+    from .validate import validate_eval
 
-    try:
-        check_eval_engine(cfg, n)  # sampler available here, dtype, flip_k <= n, vLLM arguments
+    try:  # the same checks as the sweep's pre-flight: every key's declaration, then the evaluation's own check
+        check_schema(cfg)
+        for w in validate_eval(cfg):
+            print(f"warning: {w}", file=sys.stderr)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -46,14 +46,14 @@ def count_points(task_overrides: list[str], sweeper_params: dict | None) -> int:
 
 
 def _with_sweeper_params(user: list[str], compose, *errors, config_name: str = "config",
-                         hydra_overrides: tuple = ()) -> list[str]:
+                         hydra_overrides: tuple = (), search: list[str] = ()) -> list[str]:
     """``hydra.sweeper.params`` of the composed config (an experiment preset's sweep) followed by the
     command line's overrides; a key given on the command line replaces the preset's value for it."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
         fixed = [o.input_line for o in OverridesParser.create().parse_overrides(user) if not o.is_sweep_override()]
-        cfg = compose(config_name, overrides=fixed, return_hydra_config=True)
+        cfg = compose(config_name, overrides=fixed + list(search), return_hydra_config=True)
     except errors as e:
         text = str(e).split("Config search path")[0]
         raise ConfigError(" ".join(ln.strip() for ln in text.splitlines() if ln.strip())) from None
@@ -80,20 +80,22 @@ def sweep_points(overrides: list[str], config_name: str = "config", multirun: bo
     from omegaconf.errors import OmegaConfBaseException
 
     user = [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
+    search = [o for o in overrides if o.lstrip("+~").startswith("hydra.searchpath")]  # plug-ins' own config folders
     out = []
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
             if multirun:
                 user = _with_sweeper_params(user, compose, HydraException, OmegaConfBaseException, config_name=config_name,
-                                            hydra_overrides=[o for o in overrides if o.lstrip("+~").startswith("hydra.sweeper.params")])
+                                            hydra_overrides=[o for o in overrides if o.lstrip("+~").startswith("hydra.sweeper.params")],
+                                            search=search)
             try:
                 points = _expand(user)
             except HydraException as e:
                 raise ConfigError(f"cannot parse overrides {user}: {str(e).splitlines()[0]}") from None
             for point in points:
                 try:
-                    out.append((point, compose(config_name, overrides=point)))
+                    out.append((point, compose(config_name, overrides=point + search)))
                 except (HydraException, OmegaConfBaseException) as e:
                     text = str(e).split("Config search path")[0]
                     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]

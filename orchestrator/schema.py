@@ -1,8 +1,12 @@
 """A type and range for every key of the config tree, checked before anything starts.
 
-:data:`SCHEMA` maps each dotted key (``train.lr``) to a :class:`Spec`. :func:`check_schema` walks the composed
+The schema only collects: :data:`SCHEMA` holds the keys of the run itself (seed, tracking, training loop, model,
+evaluation protocol); each component declares its own keys next to its code (a task's ``config``, an engine's
+``CONFIG``, a sampler's ``CONFIG``, a metric table's ``knobs``, an algorithm's function signature) and
+:func:`collect_specs` gathers those the composed config selects. Each dotted key (``train.lr``) maps to a
+:class:`core.config_keys.Spec`. :func:`check_schema` walks the composed
 config: a key the schema does not know is refused (a typo given with ``+``), except under the free-form
-subtrees of :data:`FREE` and the parameters of a plug-in task's data config; a value of the wrong type, out of
+subtrees of :data:`FREE` and the data config of a task that declares no keys; a value of the wrong type, out of
 range or not among the choices is refused with one line naming the key and the value. The parameters of the
 algorithm's advantage estimator and policy loss are typed from the registered function's annotations
 (``float``, ``bool``, ``str``, ``float | None``), their ranges left to the function's registered validator.
@@ -56,41 +60,22 @@ SCHEMA: dict[str, Spec] = {
     "model.chat_template": B(), "model.hidden_size": I(1), "model.intermediate_size": I(1), "model.num_heads": I(1),
     "model.num_layers": I(1), "model.init_seed": I(0),
     # data (the task's own validate() checks values against each other)
-    "data.name": S(min_len=1), "data.source": S(("hub", "local"), null=True), "data.path": S(null=True),
-    "data.hub_path": S(), "data.hub_config": S(null=True), "data.hub_split": S(), "data.levels": L(I(1, 5), null=True),
-    "data.difficulties": L(S(("introductory", "interview", "competition")), null=True),
-    "data.n_entities": I(1), "data.datasets": L(S(min_len=1), min_len=1), "data.response_prefix": S(null=True),
-    "data.max_prompts": I(1, null=True), "data.seed": I(0), "data.template": S(), "data.difficulty": I(1, 3),
-    "data.operations": L(S(("+", "-", "*")), min_len=1), "data.n_eval": I(0),
-    "data.train_sizes": L(I(1), min_len=1), "data.eval_sizes": L(I(1), min_len=1),
-    "data.train_per_size": I(1, null=True), "data.eval_per_size": I(0, null=True), "data.code_reward": S(("share", "all_pass")),
+    "data.name": S(min_len=1),  # the task's own keys: its ``config`` (core/tasks/<module>.py)
     # evaluation
     "eval.name": S(null=True), "eval.base": B(), "eval.batch_prompts": I(1, null=True),
     "eval.benchmarks": L(S(min_len=1), min_len=1), "eval.checkpoints": S(("final", "all")),
     "eval.code_reward": S(("share", "all_pass")), "eval.data_dir": S(null=True), "eval.device": S(pattern=DEVICE),
     "eval.dtype": S(("auto", "float32", "bfloat16", "float16")), "eval.entropy": B(),
-    "eval.extra_temperatures": L(F(0.01, 10), null=True), "eval.flip_k": I(1, null=True), "eval.ks": L(I(1), min_len=1),
+    "eval.extra_temperatures": L(F(0.01, 10), null=True), "eval.ks": L(I(1), min_len=1),
     "eval.max_new_tokens": I(1), "eval.max_prompts": I(1, null=True), "eval.n": I(1), "eval.prompt_template": S(null=True),
     "eval.sampler": S(min_len=1), "eval.score_rows": I(1), "eval.score_tokens": I(1), "eval.seed": I(0),
-    "eval.similarity_metric": S(("rouge_l", "jaccard", "tfidf_cosine", "edit")),
-    "eval.temperature": F(0, 10), "eval.top_p": F(0, 1, lo_open=True), "eval.ucc_ks": L(I(1), null=True),
-    "eval.ucc_threshold": F(0, 1), "eval.vllm.dtype": S(("auto", "float32", "bfloat16", "float16"), null=True),
-    "eval.vllm.enforce_eager": B(null=True), "eval.vllm.gpu_memory_utilization": F(0, 1, lo_open=True, null=True),
-    "eval.vllm.kv_cache_memory_bytes": I(1, null=True), "eval.vllm.max_model_len": I(1, null=True),
-    "eval.vllm.tensor_parallel_size": I(1, null=True), "eval.vllm.extra": MAP, "eval.decoding": Spec("map", null=True),
+    "eval.temperature": F(0, 10), "eval.top_p": F(0, 1, lo_open=True), "eval.decoding": Spec("map", null=True),
     # tools (multi-turn rollouts)
     "tools.max_turns": I(1), "tools.max_obs_tokens": I(1), "tools.search.url": S(null=True, pattern=r"https?://\S+"),
     "tools.search.index": S(null=True), "tools.search.backend": S(("bm25", "e5")), "tools.search.topk": I(1),
     "tools.search.timeout_s": F(0, lo_open=True),
     # engine
-    "engine.name": S(min_len=1), "engine.dataloader_num_workers": I(0), "engine.device": S(pattern=DEVICE),
-    "engine.extra_overrides": L(S()), "engine.gradient_checkpointing": B(), "engine.keep_checkpoints": I(1),
-    "engine.max_prompt_length": I(1), "engine.micro_batch_size_per_gpu": I(1), "engine.n_gpus_per_node": I(1),
-    "engine.nnodes": I(1), "engine.optimizer_offload": B(), "engine.param_offload": B(),
-    "engine.rollout.gpu_memory_utilization": F(0, 1, lo_open=True), "engine.rollout.max_num_batched_tokens": I(1),
-    "engine.rollout.name": S(("vllm", "sglang", "hf")), "engine.rollout.tensor_model_parallel_size": I(1),
-    "engine.strategy": S(("auto", "fsdp", "fsdp2", "megatron")), "engine.use_remove_padding": B(),
-    "engine.attn_implementation": S(("auto", "flash_attention_2", "flash_attention_3", "sdpa", "eager")),
+    "engine.name": S(min_len=1),  # the engine's own keys: its CONFIG (training/engines/<name>.py)
     # algorithm (advantage.* and policy_loss.* are typed from the registered functions)
     "algo.name": S(min_len=1), "algo.kl_beta": F(0), "algo.entropy_coef": F(0),
     "algo.advantage.name": S(min_len=1), "algo.policy_loss.name": S(min_len=1),
@@ -100,9 +85,6 @@ SCHEMA: dict[str, Spec] = {
 }
 FREE = ("hydra", "eval.vllm.extra")
 DECODING_KEYS = ("n", "ks", "temperature", "top_p", "max_new_tokens")  # eval.decoding.<benchmark>.<key>, typed as eval.<key>  # subtrees passed through as they are
-BUILTIN_DATA = ("arithmetic", "kk", "math", "products", "dsr_uniform", "orz", "kk_published", "apps", "search_demo",
-                "search_train")  # data tasks whose keys the schema lists
-
 
 def check_value(key: str, value, spec: Spec) -> None:
     """Raise :class:`ConfigError` naming ``key`` unless ``value`` fits ``spec`` (:func:`core.config_keys.check_value`)."""
@@ -179,6 +161,48 @@ def key_spec(key: str, specs: dict) -> Spec | None:
     return specs.get(key)
 
 
+def collect_specs(cfg) -> dict[str, Spec]:
+    """Every key the composed ``cfg`` may hold, with its :class:`Spec`: :data:`SCHEMA` (the keys of the run itself:
+    seed, tracking, train, model, the evaluation protocol) and the declarations of the components the config selects
+    or may select: the algorithm's functions (:func:`algorithm_specs`), the training data task's ``config``
+    (``data.<key>``; a task that declares none takes any key), the engine's ``CONFIG``, every sampler's ``CONFIG``
+    and every metric table's ``knobs``. Plug-in modules named in ``plugins`` are imported first.
+
+    Raises:
+        ConfigError: a plug-in module that does not import.
+    """
+    from core.registry import load_plugins
+    from core.sampling import SAMPLERS
+    from core.tasks import TASKS
+    from evaluation.tables import TABLES
+    from training.engines import engine_config
+
+    plugins = OmegaConf.select(cfg, "plugins")
+    check_value("plugins", OmegaConf.to_container(plugins) if isinstance(plugins, ListConfig) else plugins, SCHEMA["plugins"])
+    try:
+        load_plugins(plugins)
+    except ImportError as e:
+        raise ConfigError(str(e)) from None
+    specs = {**SCHEMA, **algorithm_specs(cfg)}
+    data_name = OmegaConf.select(cfg, "data.name")
+    if data_name in TASKS:
+        specs.update({f"data.{k}": v for k, v in TASKS.get(data_name).config.items()})
+    specs.update(engine_config(str(OmegaConf.select(cfg, "engine.name"))))
+    for spec in SAMPLERS.values():
+        specs.update(spec.config)
+    for table in TABLES.values():
+        specs.update(table.knobs)
+    return specs
+
+
+def free_data(cfg) -> bool:
+    """True when the training data task declares no keys (a plug-in task's data config is free-form)."""
+    from core.tasks import TASKS
+
+    name = OmegaConf.select(cfg, "data.name")
+    return name not in TASKS or not TASKS.get(name).config
+
+
 def check_schema(cfg) -> list[str]:
     """Check every key of ``cfg`` against :data:`SCHEMA` (and the algorithm's signatures).
 
@@ -187,8 +211,8 @@ def check_schema(cfg) -> list[str]:
     Raises:
         ConfigError: one line naming the first unknown key or bad value.
     """
-    specs = {**SCHEMA, **algorithm_specs(cfg)}
-    data_name = OmegaConf.select(cfg, "data.name")
+    specs = collect_specs(cfg)
+    data_free = free_data(cfg)
     # shallow keys first: a bad top-level knob (delta) is named itself, not where it is interpolated
     for key, value in sorted(leaves(cfg).items(), key=lambda kv: kv[0].count(".")):
         if key.split(".")[0] == "hydra":
@@ -204,8 +228,7 @@ def check_schema(cfg) -> list[str]:
                               f"{list(DECODING_KEYS)}")
         if spec is None:
             free = any(key == f or key.startswith(f + ".") for f in FREE)
-            plugin_data = key.startswith("data.") and data_name not in BUILTIN_DATA
-            if free or plugin_data:
+            if free or (data_free and key.startswith("data.")):
                 continue
             group = key.rsplit(".", 1)[0] if "." in key else ""
             known = sorted(k.rsplit(".", 1)[-1] for k in specs if (k.rsplit(".", 1)[0] if "." in k else "") == group)

@@ -9,7 +9,7 @@ if [ -n "${RLVR_GPU:-}" ]; then
   # GPU machines (RLVR_GPU=1): verl 0.9.1 with the pins of its vllm extra (torch 2.11.0 CUDA, vLLM 0.24.0,
   # transformers 5.9.0), nvidia-ml-py for GPU system metrics, the test extras. No CPU torch pin (constraints.txt),
   # no vLLM CPU build, and no TRL: TRL 1.x lacks the AutoModelForCausalLMWithValueHead that verl's actor set-up
-  # imports whenever TRL is installed (the suite's verl module guards that import too, training/engines/verl_platform.py).
+  # imports whenever TRL is installed (the suite's verl module guards that import too, training/engines/verl_support/verl_platform.py).
   # RLVR_DRY_RUN=FILE resolves the same requirements without installing and writes pip's report to FILE.
   GPU_REQS=(-e ".[dev,gpu,verl]")
   if [ -n "${RLVR_DRY_RUN:-}" ]; then

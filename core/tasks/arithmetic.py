@@ -10,6 +10,7 @@ import itertools
 import random
 
 from .base import register_task
+from core.config_keys import I, L, S
 from .math import MathScored
 
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
@@ -61,6 +62,8 @@ class Arithmetic(MathScored):
     """Generated arithmetic as a task: ``load("train" | "eval", data_cfg)`` (see :func:`arithmetic_splits`)."""
 
     name = "arithmetic"
+    config = {"difficulty": I(1, 3), "operations": L(S(("+", "-", "*")), min_len=1), "seed": I(0), "n_eval": I(0),
+              "template": S()}
     heldout_from_data = True
 
     def load(self, split: str, cfg) -> list[dict]:

@@ -14,9 +14,11 @@ imports or one named in the ``plugins`` config key (``python sweep.py 'plugins=[
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Sequence
+
+from core.config_keys import I, S, Spec
+from core.registry import Registry, load_plugins  # noqa: F401  (load_plugins: re-exported)
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,8 @@ class Task:
     kind: str = "math"                 # the report groups benchmarks by kind: math, multiple_choice, code, logic
     heldout_from_data: bool = False    # eval rows = load("eval", <training data config of this name>)
     template: str = "{problem}"        # default rendering of ``problem`` (``eval.prompt_template`` overrides)
+    config: dict[str, Spec] = {}       # keys of its training data config it reads (relative: ``difficulty``), declared
+                                       # next to its code and collected by the schema (none declared: free-form)
     tools: tuple = ()                  # tools its responses may call (core.tools: "search"): multi-turn rollouts;
                                        # rows may name a ``corpus`` file the search tool indexes when none is set
 
@@ -99,7 +103,12 @@ def read_jsonl(path) -> list:
     return out
 
 
-TASKS: dict[str, Task] = {}
+# keys shared by training sets read from the Hugging Face hub or a local file (each task's ``config`` combines them)
+HUB_KEYS: dict[str, Spec] = {"source": S(("hub", "local"), null=True), "path": S(null=True), "hub_path": S(),
+                             "hub_config": S(null=True), "hub_split": S(), "max_prompts": I(1, null=True),
+                             "seed": I(0), "n_eval": I(0)}
+
+TASKS: Registry = Registry("task", packages=("core.tasks",))  # the folder's modules register on first look-up
 
 
 def register_task(task):
@@ -111,9 +120,7 @@ def register_task(task):
     obj = task() if isinstance(task, type) else task
     if not obj.name:
         raise ValueError(f"task {obj!r} has no name")
-    if obj.name in TASKS and type(TASKS[obj.name]) is not type(obj):
-        raise ValueError(f"task {obj.name!r} is registered twice ({type(TASKS[obj.name]).__name__}, {type(obj).__name__})")
-    TASKS[obj.name] = obj
+    TASKS.register(obj.name, obj)
     return task
 
 
@@ -123,28 +130,12 @@ def get_task(name: str) -> Task:
     Raises:
         KeyError: naming the unknown task and listing the registered ones.
     """
-    try:
-        return TASKS[str(name)]
-    except KeyError:
-        raise KeyError(f"unknown task {name!r}; registered: {sorted(TASKS)}") from None
+    return TASKS.get(str(name))
 
 
 def task_names() -> list[str]:
     """Registered task names, sorted."""
-    return sorted(TASKS)
-
-
-def load_plugins(modules) -> None:
-    """Import the modules named in the ``plugins`` config key (their ``register_task`` calls run on import).
-
-    Raises:
-        ImportError: naming the module that failed to import.
-    """
-    for m in modules or []:
-        try:
-            importlib.import_module(str(m))
-        except Exception as e:
-            raise ImportError(f"plugins: cannot import {m!r}: {type(e).__name__}: {e}") from None
+    return TASKS.names()
 
 
 def load_prompts(data_cfg, split: str) -> list[dict]:

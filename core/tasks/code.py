@@ -24,7 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
-from .base import Score, Task, read_jsonl, register_task
+from .base import HUB_KEYS, Score, Task, read_jsonl, register_task
+from core.config_keys import L, S
 
 HUMANEVAL_TEMPLATE = ("Complete the following Python function. Reply with the complete function in one ```python code "
                       "block.\n\n```python\n{problem}```")
@@ -325,6 +326,8 @@ class APPS(CodeTask):
     input, never at import (:meth:`program`)."""
 
     name = "apps"
+    config = {**HUB_KEYS, "difficulties": L(S(("introductory", "interview", "competition")), null=True),
+              "code_reward": S(("share", "all_pass"))}
     heldout_from_data = True
     template = APPS_TEMPLATE
 

@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 
 from .base import Score, Task, read_jsonl, register_task
+from core.config_keys import I, L, S
 
 NAMES = ["Zoey", "Oliver", "Liam", "Emma", "Noah", "Ava", "Mason", "Mia", "Lucas", "Sofia", "Ethan", "Aria",
          "James", "Chloe", "Jack", "Lily", "Owen", "Grace", "Henry", "Ella", "Samuel", "Nora", "David", "Ruby"]
@@ -235,6 +236,8 @@ class KnightsKnaves(Task):
     """Knights and Knaves as a task (``data=kk``; its held-out puzzles are the benchmark ``kk``, by ``subset``)."""
 
     name = "kk"
+    config = {"train_sizes": L(I(1), min_len=1), "eval_sizes": L(I(1), min_len=1), "train_per_size": I(1, null=True),
+              "eval_per_size": I(0, null=True), "seed": I(0)}
     kind = "logic"
     heldout_from_data = True
 
@@ -331,6 +334,7 @@ class KnightsKnavesPublished(KnightsKnaves):
     benchmark ``kk_published``, by size), scored with the K&K reward. TR-GRPO trains on 3-7 people."""
 
     name = "kk_published"
+    config = {**KnightsKnaves.config, "source": S(("hub", "local"), null=True), "hub_path": S(), "path": S(null=True)}
 
     def load(self, split: str, cfg) -> list[dict]:
         sizes = list(cfg.train_sizes if split == "train" else cfg.eval_sizes)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from .base import read_jsonl, register_task
+from .base import HUB_KEYS, read_jsonl, register_task
+from core.config_keys import I, L, S
 from .math import MathScored, rows_from_records
 
 DEFAULT_TEMPLATE = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
@@ -118,6 +119,7 @@ class MathTrain(MathScored):
     """The MATH training set as a task: ``load("train" | "eval", data_cfg)`` (see :func:`load_math_train`)."""
 
     name = "math"
+    config = {**HUB_KEYS, "levels": L(I(1, 5), null=True), "template": S()}
     heldout_from_data = True
     normalise = None  # records -> MATH-style records (data sets in another format)
 

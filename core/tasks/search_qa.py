@@ -25,7 +25,8 @@ import re
 import string
 from pathlib import Path
 
-from .base import Score, Task, read_jsonl, register_task
+from .base import HUB_KEYS, Score, Task, read_jsonl, register_task
+from core.config_keys import I, L, S
 
 SEARCH_TEMPLATE = (
     "Answer the question. Think inside <think> </think>. When you need a fact you do not know, search for it by "
@@ -142,6 +143,7 @@ class SearchTrain(SearchQA):
     shuffled by ``seed``; the first ``n_eval`` are held out (the benchmark ``search_train``)."""
 
     name = "search_train"
+    config = {**HUB_KEYS, "datasets": L(S(min_len=1), min_len=1)}
     heldout_from_data = True
 
     def load(self, split: str, cfg) -> list[dict]:
@@ -209,6 +211,8 @@ class SearchDemo(SearchQA):
     it gets no loss."""
 
     name = "search_demo"
+    config = {"n_entities": I(1), "seed": I(0), "n_eval": I(0), "max_prompts": I(1, null=True),
+              "response_prefix": S(null=True)}
     heldout_from_data = True
     template = DEMO_TEMPLATE
     own_corpus = True  # its rows name the corpus the search tool indexes

@@ -4,7 +4,7 @@ back to its table (:meth:`MetricTable.parse`, :func:`find_table`).
 
 The built-in tables are registered in :mod:`evaluation.tables`; import :data:`TABLES` and :func:`register_table` from
 there (importing this module alone does not register them). A plug-in table is one module that calls
-:func:`register_table` once (docs/extending.md; ``tests/plugins/toy_metric.py`` is the example); naming the module in
+:func:`register_table` once (docs/extending.md has an example); naming the module in
 the ``plugins`` config key makes :func:`evaluation.tables.compute_tables` compute it, log its metrics and the report
 show it in a section of its own.
 

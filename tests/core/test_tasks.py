@@ -162,28 +162,6 @@ def test_without_bubblewrap_code_tasks_refuse_to_start(monkeypatch):
         get_task("humaneval").validate(OmegaConf.create({}), "eval")
 
 
-# ------------------------------------------------------------------------------------- a plugin task in a sweep
-
-def test_a_plugin_registers_a_math_benchmark_and_a_new_task_kind_and_a_sweep_point_evaluates_them(tmp_path):
-    from tests.e2e.test_sweep import TINY, _runs, _sweep
-
-    data = tmp_path / "data" / "toy_math"
-    data.mkdir(parents=True)
-    data.joinpath("test.jsonl").write_text("\n".join(json.dumps({"problem": f"What is {a} + 1?", "answer": str(a + 1)})
-                                                    for a in range(3)) + "\n")
-    proc = _sweep(tmp_path, "plugins=[tests.plugins.toy_tasks]", "eval.benchmarks=[toy_math,toy_echo]",
-                  f"eval.data_dir={tmp_path / 'data'}", *TINY, "eval.base=false", "report.enabled=false")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    client, [run] = _runs(tmp_path)
-    m = run.data.metrics
-    for key in ("eval/toy_math/pass_at_1", "eval/toy_echo/pass_at_4", "eval/kind/math/pass_at_1", "eval/kind/echo/avg_at_4"):
-        assert key in m, key
-    df = pd.read_parquet(client.download_artifacts(run.info.run_id, "samples.parquet", str(tmp_path / "dl")))
-    assert set(df["benchmark"]) == {"toy_math", "toy_echo"} and len(df) == (3 + 4) * 4
-    proc = _sweep(tmp_path, "eval.benchmarks=[toy_echo]", *TINY, timeout=120)  # without the plugin: refused up front
-    assert proc.returncode == 2 and "unknown benchmark 'toy_echo'" in proc.stderr
-
-
 @needs_sandbox
 def test_cli_evaluates_code_and_multiple_choice_tasks_side_by_side(tmp_path, benchmark_dir, tiny_cfg):
     from core.models import model_path

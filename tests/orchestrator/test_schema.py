@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from orchestrator import ConfigError
 from orchestrator.preflight import sweep_points
-from orchestrator.schema import FREE, SCHEMA, algorithm_specs, key_spec, leaves
+from orchestrator.schema import FREE, SCHEMA, collect_specs, free_data, key_spec, leaves
 from orchestrator.validate import validate_config
 from tests.conftest import REPO
 
@@ -70,15 +70,16 @@ def configs():
 def test_every_key_of_every_preset_is_in_the_schema_and_the_presets_pass(configs):
     for ov, cfg in configs:
         validate_config(cfg)  # an unknown key or a bad value in a preset would raise here
-        specs = {**SCHEMA, **algorithm_specs(cfg)}
-        unknown = [k for k in leaves(cfg) if k.split(".")[0] != "hydra" and key_spec(k, specs) is None and k not in FREE]
+        specs = collect_specs(cfg)
+        unknown = [k for k in leaves(cfg) if k.split(".")[0] != "hydra" and key_spec(k, specs) is None and k not in FREE
+                   and not (k.startswith("data.") and free_data(cfg))]  # a plug-in task that declares no keys
         assert unknown == [], ov
 
 
 def test_each_key_refuses_bad_values_with_one_line_naming_it(configs):
     tried, seen = 0, set()
     for ov, cfg in configs:
-        specs = {**SCHEMA, **algorithm_specs(cfg)}
+        specs = collect_specs(cfg)
         for key in leaves(cfg):
             spec = key_spec(key, specs)
             if spec is None or key in seen:
@@ -96,6 +97,16 @@ def test_each_key_refuses_bad_values_with_one_line_naming_it(configs):
     assert seen >= {k for k in SCHEMA if not k.startswith(("model.", "data.", "engine.", "eval.vllm.")) and k != "force"
                     and k not in ("report.baseline", "algo.dynamic_sampling.enabled")} - {"eval.code_reward", "eval.name", "eval.decoding"}
     assert tried > 300
+    # the keys the components declare next to their code are walked too: the verl engine's, the vLLM sampler's,
+    # every training task's of a data preset
+    from core.sampling import SAMPLERS
+    from core.tasks import get_task
+    from training.engines import engine_config
+
+    declared = set(engine_config("verl")) | set(SAMPLERS["vllm"].config) - {"eval.vllm.extra"}
+    for f in glob.glob(str(REPO / "sweeps" / "data" / "*.yaml")):
+        declared |= {f"data.{k}" for k in get_task(os.path.basename(f)[:-5]).config}
+    assert declared - seen == set()
 
 
 def test_unknown_keys_long_names_and_a_group_of_one():

@@ -247,7 +247,7 @@ def test_translated_config_composes_and_validates_against_verls_schema(tmp_path)
 def test_parquet_has_verls_rl_dataset_layout_and_reward_scores_with_the_verifier(tmp_path):
     import pandas as pd
 
-    from training.engines.verl_reward import compute_score
+    from training.engines.verl_support.verl_reward import compute_score
 
     rows = [{"id": "a", "prompt": "Compute 2 + 3.", "gold": "5", "task": "arithmetic"},
             {"id": "b", "prompt": "Compute 1 + 1.", "gold": "2", "task": "arithmetic"},
@@ -508,7 +508,7 @@ def test_metrics_file_recreated_by_a_resumed_verl_is_read_from_the_start(tmp_pat
 def test_reward_function_is_right_under_verls_thread_pool():
     from concurrent.futures import ThreadPoolExecutor
 
-    from training.engines.verl_reward import compute_score
+    from training.engines.verl_support.verl_reward import compute_score
 
     jobs = [(f"the answer is \\boxed{{{i}}}", str(i if i % 3 else i + 1)) for i in range(48)]
     with ThreadPoolExecutor(16) as ex:
@@ -693,7 +693,7 @@ def test_verls_actor_setup_survives_an_installed_trl_with_the_suites_environment
     'AutoModelForCausalLMWithValueHead'": verl patches that class whenever TRL is installed); with the environment
     engine=verl gives verl's processes, on a GPU (no CPU platform) and on the CPU, it succeeds."""
     pytest.importorskip("trl", reason="TRL is not installed (the bench extra)")
-    from training.engines.verl_platform import trl_has_value_head
+    from training.engines.verl_support.verl_platform import trl_has_value_head
 
     bare = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_MODULES", "VERL_PLATFORM")}
     if not trl_has_value_head():  # the TRL of this environment lacks the class: verl alone must fail
@@ -749,7 +749,7 @@ def test_cpu_runs_get_fsdp2_sdpa_and_the_cpu_settings_composed_by_verls_schema(t
     assert a.rollout.enforce_eager and not a.rollout.enable_chunked_prefill and not a.rollout.enable_sleep_mode
     assert c.ray_kwargs.ray_init.num_gpus == 1 and c.trainer.device == "cpu"
     env = V.verl_environment(cfg)
-    assert env["VERL_PLATFORM"] == "cpu" and env["VERL_USE_EXTERNAL_MODULES"].split(",")[0] == "training.engines.verl_platform"
+    assert env["VERL_PLATFORM"] == "cpu" and env["VERL_USE_EXTERNAL_MODULES"].split(",")[0] == "training.engines.verl_support.verl_platform"
     gpu = _cfg("engine=verl")  # on GPUs verl's defaults, and only the external module (its TRL guard)
     g = V.compose_verl_config(V.verl_overrides(gpu, "/models/m", tmp_path / "d", tmp_path / "r")).actor_rollout_ref
     import importlib.util

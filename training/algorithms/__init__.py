@@ -1,9 +1,10 @@
 """Algorithm core: pure-torch advantage estimators and policy losses, registered by config name.
 
-Importing this package registers every algorithm; look them up with :func:`get_advantage_fn`
+The modules of this folder register themselves (found by a folder scan on the first look-up); look them up with
+:func:`get_advantage_fn`
 and :func:`get_policy_loss_fn`.
 """
-from . import advantages, clipped, exppo, quatro, sequence, shaping, tr_grpo, vanilla  # noqa: F401  (registration)
+
 from .aggregation import LOSS_AGG_MODES, agg_loss, masked_mean
 from .kl import kl_k3
 from .registry import (

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from typing import Callable, Dict
 
-_ADVANTAGES: Dict[str, Callable] = {}
-_POLICY_LOSSES: Dict[str, Callable] = {}
+from core.registry import Registry
+
+# the modules of this folder register on import (folder scan: core.registry.discover); plug-ins via ``plugins``
+_ADVANTAGES: Registry = Registry("advantage estimator", packages=("training.algorithms",))
+_POLICY_LOSSES: Registry = Registry("policy loss", packages=("training.algorithms",))
 _VALIDATORS: Dict[tuple, Callable] = {}
 _NEEDS: Dict[tuple, tuple] = {}  # (kind, name) -> batch fields beyond rewards and groups, with why
 BATCH_FIELDS = ("old_logprobs", "ref_logprobs")  # what a registered function may declare it needs
@@ -67,9 +70,7 @@ def register_advantage(name: str, needs: dict | None = None) -> Callable[[Callab
     declared = _check_needs("advantage", name, needs or {})
 
     def deco(fn: Callable) -> Callable:
-        if name in _ADVANTAGES and _ADVANTAGES[name] is not fn:
-            raise ValueError(f"advantage estimator {name!r} is registered twice")
-        _ADVANTAGES[name] = fn
+        _ADVANTAGES.register(name, fn)  # ValueError when another function has the name
         _NEEDS[("advantage", name)] = declared
         return fn
 
@@ -89,9 +90,7 @@ def register_policy_loss(name: str, needs: dict | None = None) -> Callable[[Call
     declared = _check_needs("policy loss", name, needs or {})
 
     def deco(fn: Callable) -> Callable:
-        if name in _POLICY_LOSSES and _POLICY_LOSSES[name] is not fn:
-            raise ValueError(f"policy loss {name!r} is registered twice")
-        _POLICY_LOSSES[name] = fn
+        _POLICY_LOSSES.register(name, fn)
         _NEEDS[("policy_loss", name)] = declared
         return fn
 
@@ -127,12 +126,7 @@ def get_advantage_fn(name: str) -> Callable:
     Raises:
         KeyError: naming the unknown estimator and listing the registered ones.
     """
-    try:
-        return _ADVANTAGES[name]
-    except KeyError:
-        raise KeyError(
-            f"unknown advantage estimator {name!r}; registered: {sorted(_ADVANTAGES)}"
-        ) from None
+    return _ADVANTAGES.get(name)
 
 
 def get_policy_loss_fn(name: str) -> Callable:
@@ -141,20 +135,17 @@ def get_policy_loss_fn(name: str) -> Callable:
     Raises:
         KeyError: naming the unknown loss and listing the registered ones.
     """
-    try:
-        return _POLICY_LOSSES[name]
-    except KeyError:
-        raise KeyError(f"unknown policy loss {name!r}; registered: {sorted(_POLICY_LOSSES)}") from None
+    return _POLICY_LOSSES.get(name)
 
 
 def registered_advantages() -> list[str]:
     """Names of all registered advantage estimators, sorted."""
-    return sorted(_ADVANTAGES)
+    return _ADVANTAGES.names()
 
 
 def registered_policy_losses() -> list[str]:
     """Names of all registered policy losses, sorted."""
-    return sorted(_POLICY_LOSSES)
+    return _POLICY_LOSSES.names()
 
 
 def base_params(name: str, params: dict) -> tuple[dict, dict]:
@@ -165,7 +156,7 @@ def base_params(name: str, params: dict) -> tuple[dict, dict]:
     import inspect
 
     params = dict(params or {})
-    fn = _ADVANTAGES.get(name)
+    fn = _ADVANTAGES.get(name) if name in _ADVANTAGES else None
     if fn is None or not params.get("base_estimator"):
         return params, {}
     sig = inspect.signature(fn).parameters

@@ -30,6 +30,7 @@ from core.models import load_policy
 from core.progress import LineProgress
 from training.algorithms import agg_loss, get_advantage_fn, get_policy_loss_fn, kl_k3, masked_mean, needs_of
 from training.algorithms.aggregation import token_weights
+from training.engines import register_engine
 from training.mismatch import mismatch_metrics, tis_metrics, tis_weights
 from training.batch import concat_batches
 from core.tasks import load_prompts
@@ -77,6 +78,9 @@ def load_state(run_dir, device="cpu") -> dict:
     if run_dir not in path.parents:
         raise ValueError(f"training state {run_dir / STATE_FILE} resolves to {path}, outside the run folder {run_dir}")
     return torch.load(path, map_location=device, weights_only=True)
+
+
+register_engine("local")  # no engine.* keys of its own (sweeps/engine/local.yaml: the name only)
 
 
 def validate(cfg) -> list[str]:

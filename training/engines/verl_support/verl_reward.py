@@ -1,4 +1,4 @@
-"""verl reward function for engine=verl (``reward.custom_reward_function.path=pkg://training.engines.verl_reward``).
+"""verl reward function for engine=verl (``reward.custom_reward_function.path=pkg://training.engines.verl_support.verl_reward``).
 
 The same checker as the local engine: the prompt row travels in ``extra_info["row"]`` (written by
 :func:`training.engines.verl.write_parquet`) and is scored by its registered task (:mod:`core.tasks`); rows

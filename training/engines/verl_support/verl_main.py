@@ -1,4 +1,4 @@
-"""Child process of the verl engine: ``python -m training.engines.verl_main <verl overrides...>``.
+"""Child process of the verl engine: ``python -m training.engines.verl_support.verl_main <verl overrides...>``.
 
 Composes verl's ``ppo_trainer`` config with the overrides (verl's own schema), registers this suite's
 ``rlvr`` advantage estimator and policy loss in this process and -- through Ray's

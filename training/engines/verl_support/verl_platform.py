@@ -161,7 +161,7 @@ def check_versions() -> None:
         except importlib.metadata.PackageNotFoundError:
             have = None
         if have != want:
-            raise RuntimeError(f"engine.device=cpu: the CPU adjustments of training/engines/verl_platform.py are written "
+            raise RuntimeError(f"engine.device=cpu: the CPU adjustments of training/engines/verl_support/verl_platform.py are written "
                                f"for {dist}=={want}, and {dist} {have or 'is not installed'} is installed "
                                f"(pip install -c constraints.txt '{dist}=={want}')")
 
