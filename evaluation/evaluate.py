@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm.auto import tqdm
 
+from core.config_keys import DEVICE, B, BadValue, F, I, L, S, Spec, check_value
 from core.progress import LineProgress
 from core.sampling import SamplerOptions, SamplingSettings, build_sampler, resolve_sampler
 
@@ -45,6 +46,19 @@ SAMPLING_KEYS = ("temperature", "top_p", "max_new_tokens", "n", "seed", "prompt_
 #: what ``eval.decoding.<benchmark>`` may set for one benchmark (the rest of ``eval`` applies to all); the config
 #: schema types each as the ``eval`` key of its name
 DECODING_KEYS = ("n", "ks", "temperature", "top_p", "max_new_tokens")
+
+
+# The evaluation's own keys (``eval.*``; a sampler's ``eval.<name>.*`` and a metric table's knobs are declared by them)
+CONFIG: dict[str, Spec] = {
+    "eval.name": S(null=True), "eval.base": B(), "eval.batch_prompts": I(1, null=True),
+    "eval.benchmarks": L(S(min_len=1), min_len=1), "eval.checkpoints": S(("final", "all")),
+    "eval.code_reward": S(("share", "all_pass")), "eval.data_dir": S(null=True), "eval.device": S(pattern=DEVICE),
+    "eval.dtype": S(("auto", "float32", "bfloat16", "float16")), "eval.entropy": B(),
+    "eval.extra_temperatures": L(F(0.01, 10), null=True), "eval.ks": L(I(1), min_len=1),
+    "eval.max_new_tokens": I(1), "eval.max_prompts": I(1, null=True), "eval.n": I(1), "eval.prompt_template": S(null=True),
+    "eval.sampler": S(min_len=1), "eval.score_rows": I(1), "eval.score_tokens": I(1), "eval.seed": I(0),
+    "eval.temperature": F(0, 10), "eval.top_p": F(0, 1, lo_open=True), "eval.decoding": Spec("map", null=True),
+}
 
 
 def decoding_plan(eval_cfg) -> dict:
@@ -96,7 +110,12 @@ def check_decoding(eval_cfg) -> list[str]:
         if float(c.temperature) == 0 and n > 1:
             warnings.append(f"{where}: greedy decoding (temperature 0) with n={n}: the n samples of a prompt are one "
                             "sequence, so pass@k equals pass@1 for every k; the papers' greedy protocols use n=1")
-    temps = [float(t) for t in (eval_cfg.get("extra_temperatures") or [])]
+    temps = list(eval_cfg.get("extra_temperatures") or [])
+    try:
+        check_value("eval.extra_temperatures", temps, CONFIG["eval.extra_temperatures"])  # also for library callers
+    except BadValue as e:
+        raise ValueError(str(e)) from None
+    temps = [float(t) for t in temps]
     if len({f"{t:g}" for t in temps}) != len(temps):
         raise ValueError(f"eval.extra_temperatures={temps}: two temperatures print alike (same folder and keys)")
     return list(dict.fromkeys(warnings))

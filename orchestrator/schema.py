@@ -61,15 +61,7 @@ SCHEMA: dict[str, Spec] = {
     "model.num_layers": I(1), "model.init_seed": I(0),
     # data (the task's own validate() checks values against each other)
     "data.name": S(min_len=1),  # the task's own keys: its ``config`` (core/tasks/<module>.py)
-    # evaluation
-    "eval.name": S(null=True), "eval.base": B(), "eval.batch_prompts": I(1, null=True),
-    "eval.benchmarks": L(S(min_len=1), min_len=1), "eval.checkpoints": S(("final", "all")),
-    "eval.code_reward": S(("share", "all_pass")), "eval.data_dir": S(null=True), "eval.device": S(pattern=DEVICE),
-    "eval.dtype": S(("auto", "float32", "bfloat16", "float16")), "eval.entropy": B(),
-    "eval.extra_temperatures": L(F(0.01, 10), null=True), "eval.ks": L(I(1), min_len=1),
-    "eval.max_new_tokens": I(1), "eval.max_prompts": I(1, null=True), "eval.n": I(1), "eval.prompt_template": S(null=True),
-    "eval.sampler": S(min_len=1), "eval.score_rows": I(1), "eval.score_tokens": I(1), "eval.seed": I(0),
-    "eval.temperature": F(0, 10), "eval.top_p": F(0, 1, lo_open=True), "eval.decoding": Spec("map", null=True),
+    # evaluation: its keys are evaluation.evaluate.CONFIG's (collected below)
     # tools (multi-turn rollouts)
     "tools.max_turns": I(1), "tools.max_obs_tokens": I(1), "tools.search.url": S(null=True, pattern=r"https?://\S+"),
     "tools.search.index": S(null=True), "tools.search.backend": S(("bm25", "e5")), "tools.search.topk": I(1),
@@ -157,7 +149,7 @@ def key_spec(key: str, specs: dict) -> Spec | None:
 
     parts = key.split(".")
     if len(parts) == 4 and key.startswith("eval.decoding.") and parts[3] in DECODING_KEYS:
-        return SCHEMA[f"eval.{parts[3]}"]
+        return specs.get(f"eval.{parts[3]}")
     return specs.get(key)
 
 
@@ -183,7 +175,9 @@ def collect_specs(cfg) -> dict[str, Spec]:
         load_plugins(plugins)
     except ImportError as e:
         raise ConfigError(str(e)) from None
-    specs = {**SCHEMA, **algorithm_specs(cfg)}
+    from evaluation.evaluate import CONFIG as EVAL_CONFIG
+
+    specs = {**SCHEMA, **EVAL_CONFIG, **algorithm_specs(cfg)}
     data_name = OmegaConf.select(cfg, "data.name")
     if data_name in TASKS:
         specs.update({f"data.{k}": v for k, v in TASKS.get(data_name).config.items()})
