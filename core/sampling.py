@@ -220,6 +220,7 @@ class SamplerSpec:
     rollout_cost: Callable | None = None
     rollout_logprobs: bool = False   # its rollouts carry the sampler's own log-probs (what a mismatch correction needs)
     config: dict = field(default_factory=dict)  # the ``eval.*`` keys it reads: {dotted key: Spec}, from ``cls.CONFIG``
+    tools: bool = False  # it runs multi-turn tool episodes (``sample(..., tools=...)``), from ``cls.supports_tools``
 
 
 SAMPLERS: Registry = Registry("sampler")  # the built-in samplers register below; others from a ``plugins`` module
@@ -228,11 +229,13 @@ SAMPLERS: Registry = Registry("sampler")  # the built-in samplers register below
 def register_sampler(name: str, missing: Callable[[], str | None], auto_rank: Callable[[], int | None]):
     """Class decorator: register a sampler class by name: its ``from_path(model_path, options)`` constructor, and when
     it has them its ``for_policy(model, tokenizer, model_path, options)`` rollout constructor, ``rollout_cost(plan)`` and
-    ``CONFIG`` (the config keys it reads, ``{"eval.<key>": Spec}``, collected by the schema)."""
+    ``CONFIG`` (the config keys it reads, ``{"eval.<key>": Spec}``, collected by the schema) and ``supports_tools``
+    (True: its ``sample`` runs multi-turn tool episodes)."""
     def deco(cls):
         SAMPLERS.register(name, SamplerSpec(name, cls.from_path, missing, auto_rank, getattr(cls, "for_policy", None),
                                             getattr(cls, "rollout_cost", None), bool(getattr(cls, "rollout_logprobs", False)),
-                                            dict(getattr(cls, "CONFIG", {}) or {})), replace=True)
+                                            dict(getattr(cls, "CONFIG", {}) or {}),
+                                            bool(getattr(cls, "supports_tools", False))), replace=True)
         return cls
     return deco
 
@@ -253,6 +256,11 @@ def resolve_sampler(name: str) -> str:
     if reason:
         raise ValueError(f"eval.sampler={name!r}: {reason}")
     return name
+
+
+def tool_samplers() -> list[str]:
+    """Names of the registered samplers that run multi-turn tool episodes (``supports_tools``), sorted."""
+    return sorted(n for n, spec in SAMPLERS.items() if spec.tools)
 
 
 def build_sampler(name: str, model_path, options: SamplerOptions | None = None) -> "Sampler":
@@ -277,6 +285,7 @@ class HFSampler:
 
     name = "hf"
     preferred_batch_prompts = 4
+    supports_tools = True  # sample(..., tools=...) runs multi-turn episodes (core.agent)
 
     def __init__(self, model, tokenizer, with_entropy: bool = True, score_rows: int = 16, score_tokens: int = 512):
         self.model, self.tokenizer = model, tokenizer

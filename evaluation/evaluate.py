@@ -186,18 +186,24 @@ def _set_aside_stale_samples(eval_cfg, out_dir: Path, sampler=None) -> None:
 
 def evaluation_sampler(eval_cfg, sampler: str | None = None) -> str:
     """The sampler an evaluation uses: ``sampler`` or ``eval.sampler`` resolved (:func:`core.sampling.resolve_sampler`),
-    except that ``auto`` picks ``hf`` when a benchmark's task calls tools (only it runs multi-turn episodes).
+    except that when a benchmark's task calls tools only a sampler that declares ``supports_tools`` serves it
+    (``auto`` then takes the first of them that can run here).
 
     Raises:
-        ValueError: the sampler cannot run here, or a sampler other than ``hf`` asked for tool benchmarks.
+        ValueError: the sampler cannot run here, or one without tool support asked for tool benchmarks.
     """
+    from core.sampling import SAMPLERS, tool_samplers
+
     asked = str(sampler or eval_cfg.get("sampler", "auto"))
     tool_benches = [b for b in eval_cfg.benchmarks if getattr(get_task(b), "tools", ())]
     if tool_benches:
-        if asked not in ("auto", "hf"):
-            raise ValueError(f"eval.sampler={asked!r}: benchmarks {tool_benches} call tools, which only the hf "
-                             "sampler does (set eval.sampler=hf)")
-        return resolve_sampler("hf")
+        able = tool_samplers()
+        if asked == "auto":
+            ready = [n for n in able if SAMPLERS[n].missing() is None]
+            asked = ready[0] if ready else (able[0] if able else "auto")
+        elif asked not in able:
+            raise ValueError(f"eval.sampler={asked!r}: benchmarks {tool_benches} call tools, which only the "
+                             f"samplers {able} run (set eval.sampler={able[0] if able else 'hf'})")
     return resolve_sampler(asked)
 
 
@@ -298,9 +304,11 @@ def sample_benchmarks(sampler, rows_by_bench: dict, n: int, seed: int, samples_p
     todo = [(b, r) for b, rows in rows_by_bench.items() for r in rows if (b, r["id"]) not in finished]
     frames = [done] if len(done) else []
     with_tools = {b: bool(tool_names(rows[:1])) for b, rows in rows_by_bench.items()}
-    if any(with_tools[b] for b, _ in todo) and getattr(sampler, "name", "") != "hf":
+    if any(with_tools[b] for b, _ in todo) and not getattr(sampler, "supports_tools", False):
+        from core.sampling import tool_samplers
+
         raise ValueError(f"benchmarks {sorted(b for b, t in with_tools.items() if t)} call tools, which only the "
-                         f"transformers sampler does: set eval.sampler=hf (got {getattr(sampler, 'name', sampler)!r})")
+                         f"samplers {tool_samplers()} run: set eval.sampler=hf (got {getattr(sampler, 'name', sampler)!r})")
     tools = open_tools_for([r for b, r in todo if with_tools[b]], tools_cfg)
     tc = tools_cfg if tools_cfg is not None else {}
     chunks, cur = [], []

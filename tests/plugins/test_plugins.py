@@ -88,3 +88,21 @@ def test_one_plugin_of_every_kind_runs_through_one_sweep_point(tmp_path):
     # the sampler: it sampled every prompt, one per call (its own key)
     calls = [int(x) for x in log.read_text().split()]
     assert calls and set(calls) == {1} and sum(calls) == 3 + 4
+
+
+def test_tool_benchmarks_take_a_sampler_that_declares_tool_support():
+    """Tool support is a capability a sampler declares (``supports_tools``), not a name the evaluation knows: the
+    plug-in sampler inherits the transformers sampler's, vLLM's (no multi-turn episodes through this interface) is
+    refused for a benchmark that calls tools, with the capable samplers named."""
+    from omegaconf import OmegaConf
+
+    from core.sampling import SAMPLERS, tool_samplers
+    from evaluation.evaluate import evaluation_sampler
+    from tests.plugins import toy_sampler  # noqa: F401  (registers toy_hf)
+
+    assert tool_samplers() == ["hf", "toy_hf"] and not SAMPLERS["vllm"].tools
+    cfg = OmegaConf.create({"benchmarks": ["search_demo"], "sampler": "toy_hf"})
+    assert evaluation_sampler(cfg) == "toy_hf"
+    assert evaluation_sampler(OmegaConf.merge(cfg, {"sampler": "auto"})) == "hf"
+    with pytest.raises(ValueError, match=r"only the samplers \['hf', 'toy_hf'\] run"):
+        evaluation_sampler(OmegaConf.merge(cfg, {"sampler": "vllm"}))
