@@ -43,23 +43,28 @@ class Spec:
 
 
 def I(lo=None, hi=None, null=False, default=NO_DEFAULT, doc=""):  # noqa: E743
+    """An integer key in [lo, hi] (either bound None: open). Returns the :class:`Spec`; ``null``: None allowed."""
     return Spec("int", lo, hi, null=null, default=default, doc=doc)
 
 
 def F(lo=None, hi=None, lo_open=False, null=False, default=NO_DEFAULT, doc=""):
+    """A finite number in [lo, hi] (``lo_open``: lo excluded). Returns the :class:`Spec`; ``null``: None allowed."""
     return Spec("float", lo, hi, lo_open=lo_open, null=null, default=default, doc=doc)
 
 
 def B(null=False, default=NO_DEFAULT, doc=""):
+    """A true/false key. Returns the :class:`Spec`; ``null``: None allowed."""
     return Spec("bool", null=null, default=default, doc=doc)
 
 
 def S(choices=(), null=False, pattern=None, max_len=None, min_len=None, default=NO_DEFAULT, doc=""):
+    """A string key: one of ``choices``, matching ``pattern``, of length within ``min_len``/``max_len``. Returns the :class:`Spec`; ``null``: None allowed."""
     return Spec("str", choices=tuple(choices), null=null, pattern=pattern, max_len=max_len, min_len=min_len,
                 default=default, doc=doc)
 
 
 def L(item=None, null=False, min_len=None, max_len=None, default=NO_DEFAULT, doc=""):
+    """A list key whose items fit ``item``, of length within ``min_len``/``max_len``. Returns the :class:`Spec`; ``null``: None allowed."""
     return Spec("list", item=item, null=null, min_len=min_len, max_len=max_len, default=default, doc=doc)
 
 

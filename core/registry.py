@@ -87,10 +87,12 @@ class Registry(Generic[T]):
         return self.get(name)
 
     def values(self) -> list[T]:
+        """The registered plug-ins in registration order."""
         self._ensure()
         return list(self._items.values())
 
     def keys(self) -> list[str]:
+        """Registered names in registration order."""
         self._ensure()
         return list(self._items)
 
