@@ -15,29 +15,70 @@ if Path("/tmp/rlvr-slurm/etc/slurm.conf").exists():  # the cluster of scripts/sl
 
 GPU_INSTALL_TEST = "test_the_readmes_gpu_install_resolves_verls_pins_without_trl"
 
+# The suite runs on two pytest-xdist workers (pyproject's addopts: ``-n 2 --dist loadgroup``): a file's tests stay on one
+# worker (its module fixtures run once), and the files below share one worker besides, because they share a session
+# fixture (the all-algorithms sweep) or a machine-wide resource (verl's local Ray clusters). The longest group is
+# scheduled first, so that it does not start last and finish alone.
+SHARED_GROUPS = {
+    "tests/e2e/test_verl_cpu.py": "verl",
+    "tests/training/test_verl_engine.py": "verl",
+    "tests/e2e/test_all_algorithms.py": "all_algorithms",
+    "tests/e2e/test_vllm.py": "all_algorithms",
+}
+FIRST_GROUPS = ("verl",)
+
+
+def _group(item) -> str:
+    path = item.path.relative_to(REPO).as_posix()
+    return SHARED_GROUPS.get(path, path)
+
 
 def pytest_collection_modifyitems(session, config, items):
-    """The GPU install's pip resolution (tests/training/test_verl_engine.py) waits mostly on the network for about two
-    minutes: when that test is selected, it starts here, in the background, and the test reads its result."""
+    """Groups every test for xdist (see SHARED_GROUPS) and starts the GPU install's pip resolution
+    (tests/training/test_verl_engine.py), which waits mostly on the network for about two minutes, in the background
+    when that test is selected: once per test run however many workers collect it, the test reading its result."""
+    for item in items:
+        if not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(_group(item)))
+    items.sort(key=lambda item: _group(item) not in FIRST_GROUPS)  # stable: the order within a group is kept
     if any(item.name == GPU_INSTALL_TEST for item in items):
+        folder = _dry_run_folder(config)
+        try:
+            folder.mkdir(parents=True)  # the first worker to get here starts it
+        except FileExistsError:
+            return
         import subprocess
-        import tempfile
 
-        report = Path(tempfile.mkdtemp(prefix="rlvr-gpu-dry-run-")) / "gpu.json"
-        proc = subprocess.Popen(["bash", "scripts/install.sh"], cwd=REPO, env=dict(os.environ, RLVR_GPU="1",
-                                RLVR_DRY_RUN=str(report)), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        config.stash[GPU_DRY_RUN] = (proc, report)
+        subprocess.Popen(["bash", "-c", f'bash scripts/install.sh 2> "{folder}/stderr"; echo $? > "{folder}/rc.tmp"; '
+                          f'mv "{folder}/rc.tmp" "{folder}/rc"'], cwd=REPO, stdout=subprocess.DEVNULL,
+                         env=dict(os.environ, RLVR_GPU="1", RLVR_DRY_RUN=str(folder / "gpu.json")), start_new_session=True)
 
 
-GPU_DRY_RUN = pytest.StashKey[tuple]()
+def _dry_run_folder(config) -> Path:
+    """A folder per test run, the same on every xdist worker (their shared test-run id)."""
+    import tempfile
+    import uuid
+
+    run = getattr(config, "workerinput", {}).get("testrunuid")
+    if run is None:
+        run = config.stash.setdefault(RUN_ID, uuid.uuid4().hex)
+    return Path(tempfile.gettempdir()) / f"rlvr-gpu-dry-run-{run}"
+
+
+RUN_ID = pytest.StashKey[str]()
 
 
 @pytest.fixture(scope="session")
 def gpu_dry_run(request):
     """(exit status, stderr, report path) of the GPU install's dry run started at collection (see above)."""
-    proc, report = request.config.stash[GPU_DRY_RUN]
-    _, err = proc.communicate(timeout=900)
-    return proc.returncode, err, report
+    import time
+
+    folder = _dry_run_folder(request.config)
+    deadline = time.time() + 900
+    while not (folder / "rc").is_file():
+        assert time.time() < deadline, f"the GPU install's dry run did not finish within 15 minutes ({folder})"
+        time.sleep(1)
+    return int((folder / "rc").read_text()), (folder / "stderr").read_text(), folder / "gpu.json"
 
 
 def require_benchmarks():
