@@ -15,10 +15,12 @@ if Path("/tmp/rlvr-slurm/etc/slurm.conf").exists():  # the cluster of scripts/sl
 
 GPU_INSTALL_TEST = "test_the_readmes_gpu_install_resolves_verls_pins_without_trl"
 
-# The suite runs on two pytest-xdist workers (pyproject's addopts: ``-n 2 --dist loadgroup``): a file's tests stay on one
+# The suite runs on two pytest-xdist workers (pyproject's addopts: ``-n 2 --dist loadfile``): a file's tests stay on one
 # worker (its module fixtures run once), and the files below share one worker besides, because they share a session
-# fixture (the all-algorithms sweep) or a machine-wide resource (verl's local Ray clusters). The longest group is
-# scheduled first, so that it does not start last and finish alone.
+# fixture (the all-algorithms sweep) or a machine-wide resource (verl's local Ray clusters): the scheduler is xdist's
+# file scheduler with these groups (pytest_xdist_make_scheduler). The longest group is scheduled first, so that it
+# does not start last and finish alone. (xdist's own ``xdist_group`` marks do not group under pytest 9: it appends the
+# group to ``item._nodeid``, which pytest 9's ``nodeid`` no longer reads.)
 SHARED_GROUPS = {
     "tests/e2e/test_verl_cpu.py": "verl",
     "tests/training/test_verl_engine.py": "verl",
@@ -28,19 +30,27 @@ SHARED_GROUPS = {
 FIRST_GROUPS = ("verl",)
 
 
-def _group(item) -> str:
-    path = item.path.relative_to(REPO).as_posix()
+def _group(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
     return SHARED_GROUPS.get(path, path)
 
 
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's file scheduler, with the files of :data:`SHARED_GROUPS` as one unit each."""
+    from xdist.scheduler import LoadFileScheduling
+
+    class GroupedFiles(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    return GroupedFiles(config, log)
+
+
 def pytest_collection_modifyitems(session, config, items):
-    """Groups every test for xdist (see SHARED_GROUPS) and starts the GPU install's pip resolution
+    """Puts the :data:`FIRST_GROUPS` first and starts the GPU install's pip resolution
     (tests/training/test_verl_engine.py), which waits mostly on the network for about two minutes, in the background
     when that test is selected: once per test run however many workers collect it, the test reading its result."""
-    for item in items:
-        if not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(_group(item)))
-    items.sort(key=lambda item: _group(item) not in FIRST_GROUPS)  # stable: the order within a group is kept
+    items.sort(key=lambda item: _group(item.nodeid) not in FIRST_GROUPS)  # stable: the order within a group is kept
     if any(item.name == GPU_INSTALL_TEST for item in items):
         folder = _dry_run_folder(config)
         try:
