@@ -1,4 +1,4 @@
-"""Answer checking: math-verify's reading of a response, with three fixes, in a process pool with timeouts.
+"""Answer checking: math-verify's reading of a response, with its known misreadings fixed, in a process pool with timeouts.
 
 ``is_correct(response, gold)`` and :class:`Verifier.check_many` score model outputs against gold
 answers. Every check returns two verdicts: this project's (``correct``) and plain math-verify's
@@ -25,7 +25,11 @@ disagreement audit, :mod:`evaluation.tables`). The pipeline per response:
    a 60-digit evaluation of the difference and, when that vanishes, its minimal polynomial, all under a
    1 s alarm; a check that runs out of time keeps math-verify's verdict. No unbounded ``simplify()`` runs.
    Numerals written in a base (``52_8``) must name the same base digits as the gold: math-verify reads
-   ``52_9`` as 52 and accepts it;
+   ``52_9`` as 52 and accepts it; units written on both sides must have the same power (math-verify drops
+   units: ``864 \\mbox{ inches}^3`` would pass for ``^2``, :func:`_unit_power`). A gold that math-verify reads
+   as one of its numbers because its LaTeX reading failed (:func:`_is_fragment`) passes only answers that write
+   the same numbers in the same order (math-verify's verdict on ``...\\omega^{3}`` for ``...\\omega^{2}`` is 2 = 2), and
+   a gold's sentence period (``...\\{1\\}$.``) is dropped before reading (inside the math it stops the reading);
 6. (tail, gold) pairs are deduplicated and cached; math-verify runs in worker *processes* (its timeouts
    use ``signal.alarm``, which does not work in threads), each item with a wall-clock bound; a worker stuck
    in C code (``9^{9^{9^{9}}}``) is killed and replaced, the item scoring incorrect.
@@ -139,11 +143,26 @@ def gold_texts(gold: str) -> list[str]:
     """The gold's readings in the order they are tried: as written when it is delimited LaTeX (starts with
     ``$``, ``\\(`` or ``\\[``, or holds ``\\boxed``) or prose with math inside (``The answer is $5$``),
     else ``$gold$`` with the gold's own stray ``$`` removed (OlympiadBench writes lists as ``69$,$84``, and
-    some golds end in ``$.``); then ``\\boxed{gold}``; then the bare text."""
+    some golds end in ``$.``); then ``\\boxed{gold}``; then the bare text. The first is plain math-verify's
+    reading (the reference verdict); this project's reading tries one before it (:func:`_own_gold_texts`)."""
     g = str(gold).strip()
-    as_written = _DELIMITED.search(g) or (re.search(r"(?<!\\)\$", g) and _PROSE.search(g))
-    first = g if as_written else "$" + re.sub(r"(?<!\\)\$", "", g) + "$"
+    first = g if _as_written(g) else "$" + re.sub(r"(?<!\\)\$", "", g) + "$"
     return list(dict.fromkeys([first, f"\\boxed{{{g}}}", g]))
+
+
+def _as_written(g: str) -> bool:
+    return bool(_DELIMITED.search(g) or (re.search(r"(?<!\\)\$", g) and _PROSE.search(g)))
+
+
+def _own_gold_texts(gold: str) -> list[str]:
+    """This project's readings of a gold: :func:`gold_texts`, after, for a gold ending in ``$.`` (a sentence's
+    period: ``(-\\infty, 0) \\cup\\{1\\}$.``), the math without that period, which inside the math stops the
+    reading (math-verify then falls back to the number 0)."""
+    g = str(gold).strip()
+    texts = gold_texts(g)
+    if g.endswith("$.") and not _as_written(g):
+        texts.insert(0, "$" + re.sub(r"(?<!\\)\$", "", g[:-2]) + "$")
+    return list(dict.fromkeys(texts))
 
 
 # ----------------------------------------------------------------------------- worker side
@@ -171,20 +190,61 @@ def _verify(gold: list, pred: list) -> bool:
         return False
 
 
-def _golds(gold: str) -> tuple[list, list]:
-    """(this project's parse, plain math-verify's parse) of a gold, cached per worker."""
+def _golds(gold: str) -> tuple[list, list, list | None]:
+    """(this project's parse, plain math-verify's parse, the numbers the gold writes when math-verify read it as
+    one of them (:func:`_is_fragment`), else None) of a gold, cached per worker."""
     if gold not in _GOLD_CACHE:
-        texts = gold_texts(gold)
-        plain = _parse(texts[0])
-        ours = plain
-        for text in texts[1:]:
+        plain_text, texts = gold_texts(gold)[0], _own_gold_texts(gold)
+        plain = _parse(plain_text)
+        ours, read = [], None
+        for text in texts:
+            ours, read = (plain if text == plain_text else _parse(text)), text
             if ours:
                 break
-            ours = _parse(text)
+        fragment = _is_fragment(ours, read)
         if len(_GOLD_CACHE) > 10_000:
             _GOLD_CACHE.clear()
-        _GOLD_CACHE[gold] = (ours, plain)
+        _GOLD_CACHE[gold] = (ours, plain, _NUMBER.findall(read) if fragment else None)
     return _GOLD_CACHE[gold]
+
+
+_UNITS = re.compile(r"\\(?:mbox|text|textrm|mathrm)\s*\{([^{}]*[A-Za-z][^{}]*)\}(?:\s*\^\s*\{?\s*(\d+)\s*\}?)?")
+_PLAIN_NUMBER = re.compile(r"-?\d*\.?\d+")
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+_NOT_NUMBER = re.compile(r"\\[%!,;: ]|\\(?:left|right|displaystyle)\b|[$%\s{}]|\.$")
+
+
+def _is_fragment(parsed: list, text: str) -> bool:
+    """True when math-verify read a gold's expression as one of its numbers: its LaTeX reading failed
+    (``E_{0}^{2}`` in ``\\hbar\\omega(v+1/2)-\\frac{E_{0}^{2} e^{2}}{2 m \\omega^{2}}`` stops it) and its fallback
+    took a number from the text (2), so that any expression holding that number would be accepted. A gold that
+    is just a number (``10\\%``, ``$100%$``, ``5 \\text{ cm}``) is not a fragment."""
+    import sympy
+
+    if not parsed or not isinstance(parsed[0], sympy.Basic) or not parsed[0].is_number:
+        return False
+    if _PLAIN_NUMBER.fullmatch(_NOT_NUMBER.sub("", _UNITS.sub("", text.replace("\\boxed", "")))):
+        return False
+    from math_verify import LatexExtractionConfig, parse
+
+    try:
+        return not any(isinstance(x, sympy.Basic) for x in parse(text, extraction_config=[LatexExtractionConfig()],
+                                                                  parsing_timeout=PARSE_TIMEOUT_S))
+    except BaseException:
+        return False
+
+
+def _unit_power(text: str | None) -> int | None:
+    """The power of the first unit written in an answer (``\\mbox{ inches}^2``: 2; ``\\text{square feet}``: 2;
+    ``\\text{ cm}``: 1), None when it names none. math-verify drops units, so ``864 \\mbox{ inches}^3`` reads as
+    864 and would pass for ``864 \\mbox{ inches}^2``: an area is not a volume."""
+    m = _UNITS.search(text or "")
+    if m is None:
+        return None
+    if m.group(2):
+        return int(m.group(2))
+    word = m.group(1).strip().lower()
+    return 2 if word.startswith(("square", "sq ", "sq.")) else 3 if word.startswith("cubic") else 1
 
 
 def _is_set_answer(parsed: list) -> bool:
@@ -261,7 +321,7 @@ def _exactly_equal(g, p) -> bool | None:
 def _check_one(item: tuple[str, str]) -> Check:
     """Worker: (response tail, gold) -> :class:`Check`."""
     tail, gold = item
-    gold_ours, gold_plain = _golds(gold)
+    gold_ours, gold_plain, gold_numbers = _golds(gold)
     pred_plain = _parse(tail)
     reference = _verify(gold_plain, pred_plain)
 
@@ -273,7 +333,10 @@ def _check_one(item: tuple[str, str]) -> Check:
     elif spans:
         _, end, content, braced = spans[-1]
         percent = _PERCENT.search(content) is not None
-        if len(spans) > 1 or not braced or percent:
+        stray = re.search(r"(?<!\\)\$", content) is not None
+        if stray:  # a box closing over a math delimiter (\boxed{x$.}): the box is the math, its $ stray
+            content = re.sub(r"(?<!\\)\$", "", re.sub(r"(?<!\\)\$\.\s*$", "", content))
+        if len(spans) > 1 or not braced or percent or stray:
             # the last box alone, with what follows it; a percentage as inline math (math-verify 0.9 reads
             # \boxed{28\%} as a string, $28\%$ as the number 28)
             text = (f"${content}$" if percent else f"\\boxed{{{content}}}") + text[end:]
@@ -284,6 +347,14 @@ def _check_one(item: tuple[str, str]) -> Check:
         # math-verify drops a base subscript (52_8 reads as 52): numerals in bases must name the same bases
         gold_bases, pred_bases = _BASE_NUMBER.findall(gold), _BASE_NUMBER.findall(extracted)
         if gold_bases and pred_bases and gold_bases != pred_bases:
+            ok = False
+    answer = spans[-1][2] if spans else tail  # the final box as written, else the whole tail
+    if ok and gold_numbers is not None and _NUMBER.findall(answer) != gold_numbers:
+        ok = False  # math-verify read the gold as one of its numbers: an answer writing other numbers is not it
+    if ok:  # units of different powers (an area against a volume) on both sides
+        gold_power = _unit_power(gold)
+        pred_power = _unit_power(answer)
+        if gold_power is not None and pred_power is not None and gold_power != pred_power:
             ok = False
     if ok:  # exact numbers on both sides: no float tolerance
         g, p = _exact_value(gold_ours[0]), _exact_value(pred[0])
