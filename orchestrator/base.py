@@ -35,7 +35,7 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from . import integrity, lease, tracking, window
+from . import integrity, lease, provenance, tracking, window
 
 log = logging.getLogger("rlvr")
 
@@ -198,7 +198,7 @@ class BaseEvaluation:
                 "rlvr.slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
                 "mlflow.note.content": "The starting model, evaluated with the sweep's protocol (the papers' "
                                        "'Initialization' row); every trained run's flip rates compare against it."}
-        tags |= window.parent_tags(self.exp_id, self.sweep_id)
+        tags |= window.parent_tags(self.exp_id, self.sweep_id) | provenance.tags(self.cfg.eval)
         run = tracking.retry(self.client.create_run, self.exp_id, run_name=RUN_NAME, tags=tags)
         mine = (run.info.start_time, run.info.run_id)
         rivals = [r for r in self._runs() if r.info.run_id != run.info.run_id and claim_is_live(r)

@@ -89,11 +89,12 @@ def main(argv=None) -> int:
 
     from evaluation.evaluate import evaluate_checkpoint
 
-    from . import tracking
+    from . import provenance, tracking
 
     exp_id = tracking.setup_experiment(args.tracking_uri, args.experiment, "mlartifacts")
     with mlflow.start_run(experiment_id=exp_id, run_name=args.run_name or Path(str(args.checkpoint)).name,
-                          tags={"rlvr.kind": "evaluation", "rlvr.checkpoint": str(args.checkpoint), "rlvr.sampler": sampler}) as run:
+                          tags={"rlvr.kind": "evaluation", "rlvr.checkpoint": str(args.checkpoint), "rlvr.sampler": sampler,
+                                **provenance.tags(eval_cfg)}) as run:
         from evaluation.evaluate import benchmark_rows
 
         from . import window

@@ -32,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import integrity, lease, tracking, window
 from .base import log_metrics
+from . import provenance
 from .identity import config_hash, git_commit, training_hash
 from .validate import validate_config
 
@@ -424,7 +425,8 @@ def run(cfg: DictConfig) -> dict:
     tags = {tracking.TAG_HASH: chash, tracking.TAG_TRAIN_HASH: thash, "rlvr.algo": str(cfg.algo.name), "rlvr.host": socket.gethostname(),
             "rlvr.git_commit": git_commit(), "rlvr.sweep_id": sweep_id, "rlvr.job_num": str(job_num),
             "rlvr.slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
-            "rlvr.requeue_count": os.environ.get("SLURM_RESTART_COUNT", "0"), "rlvr.point": (point or name)[:4900]}
+            "rlvr.requeue_count": os.environ.get("SLURM_RESTART_COUNT", "0"), "rlvr.point": (point or name)[:4900],
+            **provenance.tags(cfg.eval)}
     if warnings:
         tags["rlvr.warnings"] = " | ".join(warnings)[:5000]
     tags |= window.parent_tags(exp_id, sweep_id)  # nested under the sweep's run (a resumed run moves to this sweep)
@@ -508,6 +510,9 @@ def _run_point(pt: Point) -> dict | None:
     yield_to = None
     try:
         tracking.retry(mlflow.log_artifact, str(run_dir / "config.yaml"))
+        if pt.tags.get(provenance.TAG_PREFIX + "git_dirty") == "true":  # the code the run ran, not only its commit
+            (run_dir / "git_diff.patch").write_text(provenance.git_diff())
+            tracking.retry(mlflow.log_artifact, str(run_dir / "git_diff.patch"))
         heldout = load_prompts(cfg.data, "eval")
         bench = benchmark_rows(cfg.eval, heldout)  # unreadable benchmark files fail here, before any training
         window.log_datasets(run_id, cfg.data, load_prompts(cfg.data, "train"), bench, cfg.eval)

@@ -58,6 +58,24 @@ def load_runs(tracking_uri: str, experiment: str) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
+def provenance_warnings(runs: pd.DataFrame, shown: int = 4) -> list[str]:
+    """One line per provenance key (:mod:`orchestrator.provenance`: library versions, machine, commit, evaluation
+    protocol) on which the runs differ, naming the values and the runs with each (at most ``shown`` per value)."""
+    from orchestrator.provenance import differences
+
+    if runs.empty:
+        return []
+    lines = []
+    for key, values in differences(dict(zip(runs["label"], runs["tags"]))).items():
+        parts = []
+        for value, labels in values.items():
+            more = f" and {len(labels) - shown} more" if len(labels) > shown else ""
+            parts.append(f"{value} ({', '.join(labels[:shown])}{more})")
+        lines.append(f"The runs compared here differ in {key}: " + "; ".join(parts) + ". A difference between "
+                     "them may come from this rather than from what was swept.")
+    return lines
+
+
 def swept_params(runs: pd.DataFrame) -> list[str]:
     """Parameter keys whose value differs between the trained runs (the sweep's axes), bookkeeping keys
     excluded (base-model runs carry only model, eval and data parameters, so they are left out)."""

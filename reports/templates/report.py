@@ -97,6 +97,8 @@ elif done.empty:
     note("No run of this experiment finished training: the sections below are empty. See the run table for the failures.")
 for problem in plugin_problems:
     note(f"A plug-in of these runs could not be imported, so its tables are not shown: {problem}")
+for line in R.provenance_warnings(runs):  # versions, machine, commit or evaluation protocol not shared by all runs
+    note(line)
 
 # %% [markdown]
 # ## Runs
