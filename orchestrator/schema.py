@@ -201,7 +201,7 @@ def check_schema(cfg) -> list[str]:
     """Check every key of ``cfg`` against :data:`SCHEMA` (and the algorithm's signatures).
 
     Returns:
-        Warnings about legal settings that make training meaningless (a group of one).
+        Warnings about legal but suspicious settings (a checkpoint interval longer than the run).
     Raises:
         ConfigError: one line naming the first unknown key or bad value.
     """
@@ -229,10 +229,6 @@ def check_schema(cfg) -> list[str]:
             raise ConfigError(f"{key}={value!r}: unknown key (a typo?); known keys{f' of {group}' if group else ''}: {known}")
         check_value(key, value, spec)
     warnings = []
-    g = OmegaConf.select(cfg, "train.group_size")
-    if g == 1:
-        warnings.append("train.group_size=1: a group of one response per prompt; group-relative advantages are all 0, "
-                        "so the policy never changes")
     steps, every = OmegaConf.select(cfg, "train.steps"), OmegaConf.select(cfg, "train.checkpoint_every")
     if isinstance(every, int) and isinstance(steps, int) and every > steps:
         warnings.append(f"train.checkpoint_every={every} > train.steps={steps}: the state is saved only at the end")

@@ -37,6 +37,58 @@ def _check_params(kind: str, fn, params: dict) -> None:
     _require(not missing, f"algo.{kind}: missing parameter(s) {missing} for {fn.__name__}")
 
 
+def _check_against_the_model(cfg) -> None:
+    """Every length against the model's context (:func:`core.models.context_length`: prompt and response share it):
+    the training and evaluation response lengths, each benchmark's own, and vLLM's ``max_model_len``. A model whose
+    context cannot be read here (a hub model not downloaded yet) is not checked."""
+    from core.models import context_length
+
+    ctx = context_length(cfg.model)
+    if ctx is None:
+        return
+    model = cfg.model.get("name")
+    lengths = {"train.max_new_tokens": OmegaConf.select(cfg, "train.max_new_tokens"),
+               "eval.max_new_tokens": OmegaConf.select(cfg, "eval.max_new_tokens")}
+    for bench, over in (OmegaConf.select(cfg, "eval.decoding") or {}).items():
+        if over is not None and over.get("max_new_tokens") is not None:
+            lengths[f"eval.decoding.{bench}.max_new_tokens"] = over.get("max_new_tokens")
+    for key, n in lengths.items():
+        _require(n is None or int(n) < ctx, f"{key}={n}: the model {model} holds {ctx} tokens of context, prompt and "
+                                            "response together: a response that long leaves no room for the prompt")
+    max_len = OmegaConf.select(cfg, "eval.vllm.max_model_len")
+    _require(max_len is None or int(max_len) <= ctx,
+             f"eval.vllm.max_model_len={max_len}: the model {model} holds {ctx} tokens of context")
+
+
+def _check_the_policy_can_change(cfg) -> None:
+    """Refuse a group of one response per prompt when the configured advantage estimator gives every such response
+    advantage 0 (measured: the estimator run on four groups of one with rewards 1, 0, 1, 0): the loss gradient is
+    then 0 at every step and the policy never moves. An estimator that does not centre on its group passes."""
+    if OmegaConf.select(cfg, "train.group_size") != 1:
+        return
+    import torch
+
+    from training.batch import RolloutBatch
+
+    node = cfg.algo.advantage
+    params = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k != "name"}
+    B, L = 4, 3
+    g = torch.Generator().manual_seed(0)
+    old = -torch.rand(B, L, generator=g) * 3
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    batch = RolloutBatch(prompt_ids=torch.ones(B, 2, dtype=torch.long), prompt_mask=torch.ones(B, 2, dtype=torch.long),
+                         response_ids=torch.ones(B, L, dtype=torch.long), response_mask=torch.ones(B, L),
+                         old_logprobs=old, rewards=rewards, group_index=torch.arange(B),
+                         response_lengths=torch.full((B,), L), ref_logprobs=old.clone(), correct=rewards > 0)
+    try:
+        adv, _ = get_advantage_fn(str(node.name))(batch, **params)
+    except Exception:  # an estimator that cannot run on this batch is not judged here
+        return
+    _require(not bool(torch.all(torch.as_tensor(adv) == 0)),
+             f"train.group_size=1: {node.name}'s advantages are all 0 in a group of one response per prompt, so the "
+             "policy never changes; use train.group_size >= 2")
+
+
 def validate_eval(cfg, data_name: str | None = None) -> list[str]:
     """The evaluation's own check (:func:`evaluation.evaluate.check_eval`) as a :class:`ConfigError`: what the sweep's
     pre-flight and the evaluation command (``python -m orchestrator.evaluate``) both run.
@@ -59,7 +111,8 @@ def validate_config(cfg: DictConfig) -> list[str]:
     selected component's own check: the algorithm's functions exist, accept the configured parameters and pass
     their registered validators; the training task's ``validate``; the evaluation's (:func:`validate_eval`); the
     engine's ``validate``. What stays here are the rules that relate several parts: DAPO's overlong buffer within
-    the response length, checkpoint evaluation needing kept checkpoints, search-tool tasks needing a corpus.
+    the response length, every length within the model's context, no group of one under an estimator that then
+    gives advantage 0, checkpoint evaluation needing kept checkpoints, search-tool tasks needing a corpus.
 
     Returns:
         Warnings (legal but suspicious settings, e.g. TR-GRPO weights that are constant).
@@ -94,6 +147,10 @@ def validate_config(cfg: DictConfig) -> list[str]:
             overlong_buffer_length(over, int(cfg.train.max_new_tokens))
         except ValueError as e:   # names the bad key and value
             raise ConfigError(str(e)) from None
+
+    # -- the model and the algorithm against the rest: lengths within its context, a policy that can change
+    _check_against_the_model(cfg)
+    _check_the_policy_can_change(cfg)
 
     # -- data: the training task's own checks (plug-in modules were imported by the schema)
     from core.tasks import get_task

@@ -194,6 +194,11 @@ def test_vllm_sampler_without_vllm_stops_before_training(tmp_path, without_vllm)
     (["seed=abc"], "seed='abc': expected an integer"),
     (["eval.ucc_threshold=5"], "eval.ucc_threshold=5: out of range"),
     (["train.device=tpu"], "train.device='tpu'"),
+    # against the model (the tiny model holds 2,048 tokens) and settings under which the policy cannot change
+    (["train.max_new_tokens=2048"], "train.max_new_tokens=2048: the model tiny-random holds 2048 tokens of context"),
+    (["+eval.decoding.arithmetic.max_new_tokens=4000"], "eval.decoding.arithmetic.max_new_tokens=4000: the model"),
+    (["eval.vllm.max_model_len=4096"], "eval.vllm.max_model_len=4096: the model tiny-random holds 2048"),
+    (["algo=grpo,exppo", "train.group_size=1"], "train.group_size=1: grpo's advantages are all 0"),
 ])
 def test_bad_input_stops_before_training(tmp_path, monkeypatch, capsys, args, fragment):
     """sweep.py's first step (orchestrator.preflight.check_command_line) in-process, one case per bad value; the
@@ -202,7 +207,7 @@ def test_bad_input_stops_before_training(tmp_path, monkeypatch, capsys, args, fr
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exit_:
-        check_command_line(["-m", *args, *TINY])
+        check_command_line(["-m", *TINY, *args])  # the case's values last: they replace TINY's
     assert exit_.value.code == 2
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(lines) == 1 and fragment in lines[0], lines
@@ -425,3 +430,68 @@ def test_mlflow_ui_opens_the_sweep_on_its_runs_table(sweep_dir, tmp_path):
                     f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1600,900", "--hide-scrollbars",
                     "--virtual-time-budget=30000", f"--screenshot={shot}", url], capture_output=True, text=True, timeout=180)
     assert shot.is_file() and shot.stat().st_size > 10_000
+
+
+def test_every_run_records_what_decides_its_numbers(sweep_dir):
+    """Provenance (orchestrator/provenance.py) on every trained and base run, read back over the server, against
+    what this test process finds itself: the installed distributions' versions, torch's CUDA build, git's commit."""
+    import importlib.metadata
+    import platform
+
+    import torch
+
+    from orchestrator.identity import git_commit
+
+    _, runs = _served(sweep_dir)
+    recorded = [r for r in runs if r.data.tags.get("rlvr.kind") in ("trained", "base")]
+    assert len(recorded) == 4
+    expected = {"python": platform.python_version(), "torch": torch.__version__,
+                "math_verify": importlib.metadata.version("math-verify"), "hydra": importlib.metadata.version("hydra-core"),
+                "mlflow": importlib.metadata.version("mlflow"), "cuda": torch.version.cuda or "none",
+                "gpu_count": str(torch.cuda.device_count()), "git_commit": git_commit()}
+    for r in recorded:
+        env = {k.removeprefix("rlvr.env."): v for k, v in r.data.tags.items() if k.startswith("rlvr.env.")}
+        assert {k: env.get(k) for k in expected} == expected
+        assert env["vllm"] != "" and env["cpu"] and env["git_dirty"] in ("true", "false")
+    # one protocol for the whole sweep (the evaluation identity), the base model's included
+    assert len({r.data.tags["rlvr.env.eval_identity"] for r in recorded}) == 1
+
+
+def test_the_report_warns_when_compared_runs_differ_in_versions():
+    from reports.data import provenance_warnings
+
+    tags = {"rlvr.env.vllm": "0.24.0", "rlvr.env.torch": "2.11.0"}
+    runs = pd.DataFrame({"label": ["a", "b", "c"], "tags": [tags, tags | {"rlvr.env.vllm": "0.8.5"}, {}]})
+    [line] = provenance_warnings(runs)
+    assert "differ in vllm: 0.24.0 (a); 0.8.5 (b)" in line  # c logged no provenance: not compared
+    assert provenance_warnings(runs.iloc[:1]) == []
+
+
+def test_reproduce_reruns_a_finished_run_bitwise_on_the_cpu(sweep_dir):
+    """``python -m orchestrator.reproduce RUN_ID`` on one of the sweep's runs: a new run from its logged config, and
+    every training metric, step by step, and every pass@k identical to the original's, compared here through MLflow
+    independently of the command's own comparison. Last in the module: it adds a run to the store."""
+    uri = (sweep_dir / "server_uri").read_text()
+    client, runs = _served(sweep_dir)
+    [original] = [r for r in runs if r.data.tags.get("rlvr.kind") == "trained"
+                  and (r.data.params["algo.name"], r.data.params["delta"]) == ("quatro", "0.1")]
+    run_id = original.info.run_id
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.reproduce", run_id, "--tracking-uri", uri, "--strict"],
+                          cwd=sweep_dir, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    new_id = re.search(r"re-run of \w+: run (\w+)", proc.stdout).group(1)
+    again = client.get_run(new_id)
+    assert again.data.tags["rlvr.reproduces"] == run_id and again.info.status == "FINISHED" and new_id != run_id
+    keys = [k for k in original.data.metrics if k.startswith("train/") or "pass_at" in k]
+    assert any(k.startswith("train/") for k in keys) and any("pass_at" in k for k in keys)
+    for key in keys:
+        if any(t in key for t in ("time", "_s", "_ms", "per_s", "memory")):  # the machine's speed, not the results
+            continue
+        a = sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+        b = sorted((m.step, m.value) for m in client.get_metric_history(new_id, key))
+        assert a == b, key
+    # bad input: one line, exit 2, before any work
+    bad = subprocess.run([sys.executable, "-m", "orchestrator.reproduce", "0" * 32, "--tracking-uri", uri],
+                         cwd=sweep_dir, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "RUN_ID=" + "0" * 32 in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

