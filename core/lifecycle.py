@@ -1,5 +1,5 @@
-"""Run lifecycle shared by every engine and the orchestrator: the preemption flag and the layout of
-the Hugging Face checkpoints a training run keeps.
+"""Run lifecycle shared by every engine and the orchestrator: the preemption flag, the phases a stop request may
+end at once, and the layout of the Hugging Face checkpoints a training run keeps.
 
 Layout of a run folder (``run_dir``):
 
@@ -9,6 +9,7 @@ Layout of a run folder (``run_dir``):
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import threading
@@ -16,6 +17,18 @@ from pathlib import Path
 
 STOP_REQUESTED = threading.Event()  # set by a preemption signal handler: save state and stop after this step
 TRAINING = threading.Event()  # set while an engine trains: a stop request is honoured at the end of its step
+
+
+class _Flag:
+    """A flag a signal handler may read and write: a plain attribute, no lock (a handler that waited for a lock the
+    interrupted main thread holds would wait forever)."""
+
+    def __init__(self):
+        self.value = False
+
+
+ABORTABLE = _Flag()  # true while a step generates and scores: a stop request ends the step at once
+OWNER_PID = os.getpid()  # the process whose steps a stop request ends (a forked worker inherits the handlers)
 
 
 class Preempted(Exception):
@@ -29,6 +42,52 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, signum: int, state_saved: bool = False, where: str = ""):
         super().__init__(signum, state_saved, where)
         self.signum, self.state_saved, self.where = int(signum), state_saved, where
+
+
+class StepAborted(BaseException):
+    """A stop request ended a training step before its update (:func:`abortable`): nothing the step changed is in
+    the training state yet, so the state of the last completed step is what a resumed run continues from. A
+    ``BaseException``, as ``KeyboardInterrupt`` is: the ``except Exception`` of a library or of the verifier (which
+    scores a failed check incorrect) must not swallow it."""
+
+
+@contextlib.contextmanager
+def abortable():
+    """A phase of a training step that a stop request may end at once: generation and scoring, which change no
+    weight, optimiser or scheduler state (minutes per step at scale, longer than a scheduler's grace period). A
+    request that arrives inside it raises :class:`StepAborted` from the signal handler, wherever the main thread is
+    (a blocking call is interrupted); one that arrived before it raises on entry.
+
+    Raises:
+        StepAborted: a stop was requested before or during the phase.
+    """
+    global OWNER_PID
+    if STOP_REQUESTED.is_set():
+        raise StepAborted()
+    OWNER_PID = os.getpid()
+    ABORTABLE.value = True
+    try:
+        if STOP_REQUESTED.is_set():  # requested between the check above and the flag
+            raise StepAborted()
+        yield
+    finally:
+        ABORTABLE.value = False
+
+
+def request_stop() -> None:
+    """What a stop signal's handler calls: set :data:`STOP_REQUESTED`, and inside an :func:`abortable` phase raise
+    :class:`StepAborted` there at once; elsewhere training stops at the end of its step. In a forked child of the
+    training process (a worker pool) it does nothing.
+
+    Raises:
+        StepAborted: inside an abortable phase.
+    """
+    if os.getpid() != OWNER_PID:  # a forked worker (the verifier's pool) that inherited the handler: not its step
+        return
+    STOP_REQUESTED.set()
+    if ABORTABLE.value:
+        ABORTABLE.value = False
+        raise StepAborted()
 
 
 def final_checkpoint_dir(run_dir) -> Path:

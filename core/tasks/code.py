@@ -104,8 +104,13 @@ class CodeTask(Task):
         unique = list(dict.fromkeys(jobs))
         import os
 
-        with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
+        pool = ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1)))
+        try:
             results = dict(zip(unique, pool.map(lambda j: run_tests(j[0], list(j[1]), site_packages=j[2]), unique)))
+        except BaseException:  # a stop request (core.lifecycle.StepAborted): the queued programs are not run
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
         out = []
         for job, row in zip(jobs, rows):
             res = results[job]

@@ -86,6 +86,51 @@ def _assert_equal_to_straight(client, run, straight):
         assert got == pytest.approx(want, rel=1e-5, abs=1e-7), key
 
 
+SLOW = ["-m", "algo=grpo", "model=tiny-random", "eval=smoke", "plugins=[tests.plugins.toy_tasks]", "data.name=toy_slow_parity",
+        "eval.benchmarks=[toy_parity]", "eval.base=false", "train.steps=2", "train.checkpoint_every=1",
+        "train.prompts_per_step=2", "train.group_size=4", "train.minibatch_size=4", "train.max_new_tokens=8",
+        "report.enabled=false"]
+
+
+@pytest.mark.slow
+def test_a_stop_inside_a_step_longer_than_a_minute_is_honoured_within_seconds(tmp_path):
+    """Step 1's scoring takes 120 s (tests/plugins/toy_tasks.py: toy_slow_parity), far past a scheduler's grace
+    period. SIGTERM 3 s into it: the process exits within 10 s (exit 143), with the state after step 0 saved and
+    step 0 logged; the same command then redoes step 1 once, and its numbers are those of a run never stopped (the
+    prompt order and random states went back to the step's start)."""
+    from training.engines.local import load_state
+
+    p = subprocess.Popen([sys.executable, str(REPO / "sweep.py"), *SLOW], cwd=tmp_path,
+                         env=dict(_env(), TOY_SLOW_SCORING_S="120"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True)
+    out, sent = [], None
+    for line in p.stdout:
+        out.append(line)
+        if sent is None and "step 1/2" in line:  # step 0 done: step 1 has started, its scoring sleeps
+            time.sleep(3)
+            p.send_signal(signal.SIGTERM)
+            sent = time.time()
+    p.wait(timeout=60)
+    text = "".join(out)
+    assert sent is not None, text[-3000:]
+    assert time.time() - sent < 10 and p.returncode == 143, text[-3000:]
+    assert "stopped during step 1's generation" in text and "training state was saved" in text
+    client, [run] = _trained(tmp_path, "rlvr")
+    assert run.info.status == "KILLED" and _steps(client, run) == [0]
+    assert load_state(run.data.tags["rlvr.run_dir"])["step"] == 0  # the last completed step's state
+
+    proc = _sweep(tmp_path, *SLOW)  # without the slow scoring
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client, [run] = _trained(tmp_path, "rlvr")
+    assert run.info.status == "FINISHED" and _steps(client, run) == [0, 1]
+    (tmp_path / "straight").mkdir()
+    ref = _sweep(tmp_path / "straight", *SLOW)  # never stopped
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    ref_client, [ref_run] = _trained(tmp_path / "straight", "rlvr")
+    for key in ("train/reward_mean", "train/entropy", "train/grad_norm", "train/response_length_mean"):
+        assert _history(client, run, key) == _history(ref_client, ref_run, key), key
+
+
 @pytest.mark.slow
 def test_sigterm_sigint_and_kill9_mid_training_never_log_a_step_twice(tmp_path, straight):
     # SIGTERM: state saved at the end of the running step, run KILLED, exit 143; the re-run resumes it exactly

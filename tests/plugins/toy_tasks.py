@@ -41,3 +41,22 @@ class Parity(Task):
     def score(self, response, row):
         ok = isinstance(response, str) and row["gold"] == "even" and len(response) % 2 == 0
         return Score(float(ok), ok, "even" if isinstance(response, str) and len(response) % 2 == 0 else "odd")
+
+
+@register_task
+class SlowParity(Parity):
+    """toy_parity whose scoring takes ``TOY_SLOW_SCORING_S`` seconds from the second call of a process on (the
+    second training step), for the test of a stop request inside a step longer than a scheduler's grace period
+    (tests/orchestrator/test_faults.py). Without the variable it is toy_parity."""
+
+    name = "toy_slow_parity"
+    calls = 0
+
+    def score_many(self, responses, rows):
+        import os
+        import time
+
+        SlowParity.calls += 1
+        if SlowParity.calls >= 2:
+            time.sleep(float(os.environ.get("TOY_SLOW_SCORING_S", "0")))
+        return [self.score(r, row) for r, row in zip(responses, rows)]

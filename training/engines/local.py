@@ -25,7 +25,8 @@ import torch
 from omegaconf import OmegaConf
 from tqdm.auto import trange
 
-from core.lifecycle import STOP_REQUESTED, Preempted, final_checkpoint_dir, save_atomically, step_checkpoint_dir
+from core.lifecycle import (STOP_REQUESTED, Preempted, StepAborted, abortable, final_checkpoint_dir, save_atomically,
+                            step_checkpoint_dir)
 from core.models import load_policy
 from core.progress import LineProgress
 from training.algorithms import agg_loss, get_advantage_fn, get_policy_loss_fn, kl_k3, masked_mean, needs_of
@@ -284,7 +285,10 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
         after every N-th step is also kept, in ``run_dir/checkpoints/step_<steps done>``
         (:func:`core.lifecycle.saved_checkpoints`).
     Raises:
-        Preempted: :data:`STOP_REQUESTED` was set; the full state was saved first.
+        Preempted: :data:`STOP_REQUESTED` was set; the full state was saved first: at the end of the running step,
+            or, when the request came during the step's generation and scoring (:func:`core.lifecycle.abortable`),
+            at once, as the last completed step's state with the prompt order and random states of the stopped
+            step's start, so that the resumed run redoes that step exactly.
 
     Resumable: with ``train.checkpoint_every = N > 0`` the full state (policy, optimiser, scheduler, step,
     RNG states, prompt order, metrics not yet logged) is saved to ``run_dir/state`` every N steps and
@@ -452,13 +456,12 @@ def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
     rollout, ro = _open_rollout(cfg, model, tokenizer, device, n_steps - start_step, run_dir)
     correction, cap = str(ro.get("correction", "none")), float(ro.get("correction_cap", 2.0))
 
-    lines = LineProgress(f"train {algo.name}", n_steps, start_step)
-    for step in trange(start_step, n_steps, initial=start_step, total=n_steps, desc=f"train {algo.name}", unit="step",
-                       disable=None):
-        t_step = time.perf_counter()
-        # ---- rollout: G responses per prompt from the current (old) policy, with old log-probs;
-        # rewards from the verifier (+ DAPO's overlong shaping); with dynamic sampling, groups that are all
-        # correct or all wrong are dropped and new prompts sampled, for at most max_num_gen_batches rounds
+    def rollout_step(step: int):
+        """One step's generation, scoring and advantages: G responses per prompt from the current (old) policy, with
+        old log-probs; rewards from the verifier (+ DAPO's overlong shaping); with dynamic sampling, groups that are
+        all correct or all wrong are dropped and new prompts sampled, for at most max_num_gen_batches rounds. Changes
+        no weight, so a stop request may end it at once (core.lifecycle.abortable)."""
+        t0 = time.perf_counter()
         kept, sampled, n_kept, rounds, phases = [], [], 0, 0, {}
         while True:
             batch, _texts = collect_rollouts(
@@ -487,7 +490,7 @@ def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
         if dyn.get("enabled", False) and batch.batch_size > n_prompts * G:
             batch = batch.select(torch.arange(n_prompts * G))
         batch = batch.to(device)
-        t_rollout = time.perf_counter() - t_step
+        phases["_rollout_s"] = time.perf_counter() - t0
 
         # ---- advantage (registered estimator; rewards come from the verifier in collect_rollouts)
         if batch.batch_size == 0:
@@ -495,6 +498,33 @@ def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
         else:
             advantages, adv_metrics = adv_fn(batch, **adv_params)
             advantages = advantages.to(device)
+
+        return batch, sampled, rounds, phases, advantages, adv_metrics
+
+    lines = LineProgress(f"train {algo.name}", n_steps, start_step)
+    for step in trange(start_step, n_steps, initial=start_step, total=n_steps, desc=f"train {algo.name}", unit="step",
+                       disable=None):
+        t_step = time.perf_counter()
+        # what a stop during this step's generation rolls back to: the prompt order and the random states at its start
+        at_start = (list(order), order_rng.getstate(), random.getstate(), np.random.get_state(), torch.get_rng_state())
+        try:
+            with abortable():  # a stop request ends generation and scoring at once
+                batch, sampled, rounds, phases, advantages, adv_metrics = rollout_step(step)
+        except StepAborted:
+            # the weights, optimiser and scheduler are still the last completed step's: the resumed run redoes this
+            # step from the same prompts and random states
+            order[:] = at_start[0]
+            order_rng.setstate(at_start[1])
+            random.setstate(at_start[2])
+            np.random.set_state(at_start[3])
+            torch.set_rng_state(at_start[4])
+            save_state(step - 1)
+            for s_, m_ in pending:
+                log_metrics(m_, s_)
+            pending.clear()
+            raise Preempted(f"stopped during step {step}'s generation on request; the state after step {step - 1} "
+                            f"saved to {state_path}") from None
+        t_rollout = phases.pop("_rollout_s")
 
         # ---- K inner epochs of minibatch updates
         t_update = time.perf_counter()
