@@ -25,10 +25,10 @@ disagreement audit, :mod:`evaluation.tables`). The pipeline per response:
    a 60-digit evaluation of the difference and, when that vanishes, its minimal polynomial, all under a
    1 s alarm; a check that runs out of time keeps math-verify's verdict. No unbounded ``simplify()`` runs.
    Numerals written in a base (``52_8``) must name the same base digits as the gold: math-verify reads
-   ``52_9`` as 52 and accepts it; units written on both sides must have the same power (math-verify drops
-   units: ``864 \\mbox{ inches}^3`` would pass for ``^2``, :func:`_unit_power`). A gold that math-verify reads
-   as one of its numbers because its LaTeX reading failed (:func:`_is_fragment`) passes only answers that write
-   the same numbers in the same order (math-verify's verdict on ``...\\omega^{3}`` for ``...\\omega^{2}`` is 2 = 2), and
+   ``52_9`` as 52 and accepts it; a final box and the gold that both state the power of their unit must state
+   the same (math-verify drops units: ``864 \\mbox{ inches}^3`` would pass for ``^2``, :func:`_unit_power`). A gold that math-verify reads
+   as one of its numbers because its LaTeX reading failed (:func:`_is_fragment`) passes only answers whose final
+   box (else last line) writes the same numbers in the same order (math-verify's verdict on ``...\\omega^{3}`` for ``...\\omega^{2}`` is 2 = 2), and
    a gold's sentence period (``...\\{1\\}$.``) is dropped before reading (inside the math it stops the reading);
 6. (tail, gold) pairs are deduplicated and cached; math-verify runs in worker *processes* (its timeouts
    use ``signal.alarm``, which does not work in threads), each item with a wall-clock bound; a worker stuck
@@ -208,7 +208,7 @@ def _golds(gold: str) -> tuple[list, list, list | None]:
     return _GOLD_CACHE[gold]
 
 
-_UNITS = re.compile(r"\\(?:mbox|text|textrm|mathrm)\s*\{([^{}]*[A-Za-z][^{}]*)\}(?:\s*\^\s*\{?\s*(\d+)\s*\}?)?")
+_UNITS = re.compile(r"\\(?:mbox|text|textrm|mathrm)\s*\{([^{}]*[A-Za-z][^{}]*)\}(?:\s*\^\s*\{?\s*(-?\d+)\s*\}?)?")
 _PLAIN_NUMBER = re.compile(r"-?\d*\.?\d+")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _NOT_NUMBER = re.compile(r"\\[%!,;: ]|\\(?:left|right|displaystyle)\b|[$%\s{}]|\.$")
@@ -235,16 +235,24 @@ def _is_fragment(parsed: list, text: str) -> bool:
 
 
 def _unit_power(text: str | None) -> int | None:
-    """The power of the first unit written in an answer (``\\mbox{ inches}^2``: 2; ``\\text{square feet}``: 2;
-    ``\\text{ cm}``: 1), None when it names none. math-verify drops units, so ``864 \\mbox{ inches}^3`` reads as
-    864 and would pass for ``864 \\mbox{ inches}^2``: an area is not a volume."""
-    m = _UNITS.search(text or "")
-    if m is None:
+    """The power an answer states for its one unit (``\\mbox{ inches}^2``, ``\\text{cm^{3}}``: 2 and 3; ``\\text{square
+    feet}``: 2; ``\\text{cubic m}``: 3), None when it states none (``\\text{ cm}``, ``\\text{ cc}``), names no unit, or
+    writes several or a compound one (``\\mathrm{~kg} \\mathrm{~m}^{-2}``, ``\\text{kg/m}^2``): only two stated powers are
+    compared. math-verify drops units, so ``864 \\mbox{ inches}^3`` reads as 864 and would pass for
+    ``864 \\mbox{ inches}^2``: an area is not a volume."""
+    found = list(_UNITS.finditer(text or ""))
+    if len(found) != 1:
         return None
-    if m.group(2):
-        return int(m.group(2))
-    word = m.group(1).strip().lower()
-    return 2 if word.startswith(("square", "sq ", "sq.")) else 3 if word.startswith("cubic") else 1
+    word, outside = found[0].group(1).strip(), found[0].group(2)
+    inside = re.fullmatch(r"(.*?)\^\s*\{?\s*(-?\d+)\s*\}?", word)
+    if inside:
+        word, outside = inside.group(1).strip(), outside or inside.group(2)
+    if "/" in word or (outside and outside.startswith("-")):
+        return None
+    if outside:
+        return int(outside)
+    lower = word.lower()
+    return 2 if lower.startswith(("square ", "sq ", "sq. ")) else 3 if lower.startswith("cubic ") else None
 
 
 def _is_set_answer(parsed: list) -> bool:
@@ -348,10 +356,11 @@ def _check_one(item: tuple[str, str]) -> Check:
         gold_bases, pred_bases = _BASE_NUMBER.findall(gold), _BASE_NUMBER.findall(extracted)
         if gold_bases and pred_bases and gold_bases != pred_bases:
             ok = False
-    answer = spans[-1][2] if spans else tail  # the final box as written, else the whole tail
+    lines = [ln for ln in tail.splitlines() if ln.strip()]
+    answer = spans[-1][2] if spans else (lines[-1] if lines else "")  # the final box as written, else the last line
     if ok and gold_numbers is not None and _NUMBER.findall(answer) != gold_numbers:
         ok = False  # math-verify read the gold as one of its numbers: an answer writing other numbers is not it
-    if ok:  # units of different powers (an area against a volume) on both sides
+    if ok and spans:  # a final box and the gold stating different powers of their unit (an area against a volume)
         gold_power = _unit_power(gold)
         pred_power = _unit_power(answer)
         if gold_power is not None and pred_power is not None and gold_power != pred_power:
@@ -382,6 +391,7 @@ def _worker_init():
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the sweep's stop handler is inherited by fork: not here
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # nor SLURM's preemption signal, sent to every process of the job
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)
     import math_verify  # noqa: F401  (import once per worker)
 

@@ -31,7 +31,9 @@ ENV_KEYS = ("python", *PACKAGES, "cuda", "driver", "gpu", "gpu_count", "cpu", "g
 KEYS = (*ENV_KEYS, "eval_identity")
 #: evaluation settings that do not change the protocol a number was measured with: the decoding seed (a seed sweep
 #: repeats one protocol), whether the base model and which checkpoints are evaluated, the flip rates' k
-NOT_PROTOCOL = ("seed", "base", "checkpoints", "flip_k")
+NOT_PROTOCOL = ("seed", "base", "checkpoints", "flip_k",
+                # and where and how fast it runs: paths, batching, the engine's memory and parallelism knobs
+                "data_dir", "batch_prompts", "score_rows", "device", "vllm")
 NONE = "none"  # a package that is not installed, a machine without a GPU
 CHECKOUT = Path(__file__).resolve().parent.parent
 
@@ -56,21 +58,27 @@ def _cpu_model() -> str:
 
 
 def _gpus() -> tuple[str, str, str, str]:
-    """(CUDA version torch was built for, driver version, GPU model, GPU count), :data:`NONE` where absent."""
+    """(CUDA version torch was built for, driver version, GPU model, GPU count), :data:`NONE` where absent. Read with
+    ``nvidia-smi`` (the visible GPUs: ``CUDA_VISIBLE_DEVICES`` when set), never through CUDA itself, which would
+    allocate memory on a GPU for the whole run in a process that does not use one (verl's driver)."""
+    import os
+
     import torch
 
     cuda = torch.version.cuda or NONE
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if not count:
-        return cuda, NONE, NONE, "0"
-    model = torch.cuda.get_device_name(0)
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=10).stdout.split()
-        driver = out[0] if out else "unknown"
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+        rows = [[x.strip() for x in line.split(",")] for line in out.stdout.splitlines() if line.count(",") >= 2]
     except (OSError, subprocess.SubprocessError):
-        driver = "unknown"
-    return cuda, driver, model, str(count)
+        rows = []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        wanted = {v.strip() for v in visible.split(",") if v.strip()}
+        rows = [r for r in rows if r[0] in wanted]
+    if not rows:
+        return cuda, NONE, NONE, "0"
+    return cuda, rows[0][2], rows[0][1], str(len(rows))
 
 
 def _git(*args: str) -> str | None:
@@ -81,10 +89,12 @@ def _git(*args: str) -> str | None:
     return proc.stdout if proc.returncode == 0 else None
 
 
-def git_diff() -> str:
+def git_diff() -> str | None:
     """The checkout's uncommitted changes: ``git diff HEAD`` (tracked files) and the names of untracked files not
-    ignored, empty when clean or outside a checkout."""
-    diff = _git("diff", "HEAD", "--no-color") or ""
+    ignored; empty when clean, None when git cannot tell (outside a checkout, a refused or timed-out call)."""
+    diff = _git("diff", "HEAD", "--no-color")
+    if diff is None:
+        return None
     untracked = _git("ls-files", "--others", "--exclude-standard") or ""
     if untracked.strip():
         diff += "".join(f"# untracked: {name}\n" for name in untracked.splitlines())
@@ -97,7 +107,8 @@ def environment() -> dict[str, str]:
     :func:`git_diff` is not empty; outside a checkout the commit is ``"unknown"`` and ``git_dirty`` ``"unknown"``."""
     cuda, driver, gpu, count = _gpus()
     commit = git_commit()
-    dirty = "unknown" if commit == "unknown" else str(bool(git_diff())).lower()
+    diff = git_diff() if commit != "unknown" else None
+    dirty = "unknown" if diff is None else str(bool(diff)).lower()
     env = {"python": platform.python_version(), **{k: _version(d) for k, d in PACKAGES.items()}, "cuda": cuda,
            "driver": driver, "gpu": gpu, "gpu_count": count, "cpu": _cpu_model(), "git_commit": commit,
            "git_dirty": dirty}
@@ -106,16 +117,22 @@ def environment() -> dict[str, str]:
 
 def eval_identity(eval_cfg) -> str:
     """16-hex-digit SHA-256 of the evaluation protocol: the resolved ``eval`` group (benchmarks, samples, ks,
-    temperatures, lengths, sampler and its options) without :data:`NOT_PROTOCOL`. Two runs whose pass@k come from
+    temperatures, lengths, prompt template, the sampler that runs) without :data:`NOT_PROTOCOL`. Two runs whose pass@k come from
     different protocols are not comparable, whatever their versions."""
     import hashlib
     import json
 
     from omegaconf import OmegaConf
 
+    from core.sampling import resolve_sampler
+
     ev = OmegaConf.to_container(eval_cfg, resolve=True) if not isinstance(eval_cfg, dict) else dict(eval_cfg)
     for key in NOT_PROTOCOL:
         ev.pop(key, None)
+    try:  # the sampler that runs (auto: vLLM where it is installed), not the word auto
+        ev["sampler"] = resolve_sampler(str(ev.get("sampler", "auto")))
+    except Exception:
+        pass
     return hashlib.sha256(json.dumps(ev, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -126,6 +143,18 @@ def tags(eval_cfg=None, env: dict[str, str] | None = None) -> dict[str, str]:
     if eval_cfg is not None:
         values["eval_identity"] = eval_identity(eval_cfg)
     return {TAG_PREFIX + k: v for k, v in values.items()}
+
+
+def changes(old_tags: dict, new_tags: dict) -> dict[str, str]:
+    """A resumed run (a requeue on another node, a re-run after ``git pull``) whose provenance changed since it
+    started: ``{"rlvr.env_changed": "key: old -> new; ..."}`` with every change so far (the earlier record kept),
+    else ``{}``. Its ``rlvr.env.*`` tags then hold the latest segment's values, and the report warns."""
+    moved = [f"{k.removeprefix(TAG_PREFIX)}: {old_tags[k]} -> {v}" for k, v in new_tags.items()
+             if k.startswith(TAG_PREFIX) and k in old_tags and old_tags[k] != v]
+    if not moved:
+        return {}
+    before = old_tags.get("rlvr.env_changed")
+    return {"rlvr.env_changed": "; ".join([before, *moved] if before else moved)[:5000]}
 
 
 def differences(run_tags: dict[str, dict]) -> dict[str, dict[str, list[str]]]:

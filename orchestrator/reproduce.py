@@ -6,7 +6,7 @@ so the suite's own run identity does not take it for a duplicate; it is tagged `
 records its own provenance (:mod:`orchestrator.provenance`), so the versions that differ between the two runs are
 printed too. Every metric series of the original run (training metrics step by step, evaluation metrics, pass@k)
 is compared with the new run's, value by value; timings, throughput and memory are listed apart, as they differ
-between any two runs. On the CPU a re-run of the same code is bitwise identical (tests/orchestrator/test_reproduce.py).
+between any two runs. On the CPU a re-run of the same code is bitwise identical (tests/e2e/test_sweep.py).
 
 Exit status: 0 when the re-run finished (with ``--strict``: and every compared series is identical, else 1); 2 on
 bad input (no such run, no logged config, a run that did not train), before any work starts.

@@ -58,7 +58,8 @@ class StopSignals:
     """A point's signal handling, as one object that owns its state.
 
     Outside SLURM, SIGTERM and SIGINT (``kill``, a container stop, Ctrl-C): while training, the first one asks for
-    the state to be saved at the end of the running step (as SIGUSR2 does on SLURM) and is remembered in
+    the state to be saved at the end of the running step (as SIGUSR2 does on SLURM), or, during a step's generation
+    and scoring, ends the step at once and saves the last completed step's state (:func:`core.lifecycle.abortable`) and is remembered in
     :attr:`signum` (the exit status says which); a second one, or one outside training, stops at once
     (:class:`core.lifecycle.Interrupted`). Under SLURM, SIGUSR2 (``--signal``, sent before the time limit or on
     preemption) asks training to save its full state at the end of the current step; submitit's own handler, kept in
@@ -71,17 +72,22 @@ class StopSignals:
 
     def install(self) -> None:
         """The stop handlers (outside SLURM, on the main thread only); :meth:`restore` puts the previous ones back."""
-        from core.lifecycle import STOP_REQUESTED, TRAINING, Interrupted
+        from core.lifecycle import ABORTABLE, STOP_REQUESTED, TRAINING, Interrupted, request_stop
 
         if "SLURM_JOB_ID" in os.environ or threading.current_thread() is not threading.main_thread():
             return
 
+        owner = os.getpid()
+
         def handler(signum, frame):
+            if os.getpid() != owner:  # a forked worker (the verifier's pool) that inherited this handler
+                return
             if TRAINING.is_set() and not STOP_REQUESTED.is_set():
                 self.signum = signum
-                STOP_REQUESTED.set()
-                log.warning("%s received: saving the training state at the end of this step, then stopping "
-                            "(send it again to stop at once)", signal.Signals(signum).name)
+                log.warning("%s received: %s, then stopping (send it again to stop at once)", signal.Signals(signum).name,
+                            "ending this step's generation and saving the last completed step's state"
+                            if ABORTABLE.value else "saving the training state at the end of this step")
+                request_stop()  # inside a step's generation or scoring: raises there (core.lifecycle.StepAborted)
                 return
             raise Interrupted(signum)
 
@@ -93,10 +99,10 @@ class StopSignals:
         """Under SLURM: SIGUSR2 sets the stop request; submitit's handler is kept for :meth:`hand_on_preemption`."""
         if "SLURM_JOB_ID" not in os.environ:
             return
-        from core.lifecycle import STOP_REQUESTED
+        from core.lifecycle import request_stop
 
         def handler(signum, frame):
-            STOP_REQUESTED.set()
+            request_stop()  # inside a step's generation or scoring: raises there (core.lifecycle.StepAborted)
 
         if self.previous_usr2 is None:  # installed once per point: a second run of it keeps submitit's handler
             self.previous_usr2 = signal.getsignal(signal.SIGUSR2)
@@ -472,7 +478,7 @@ def _run_point(pt: Point) -> dict | None:
         active_before = float(resume.data.tags.get("rlvr.active_s", "0") or 0)
         tracking.retry(mlflow.set_tags, {k: v for k, v in tags.items() if k != "rlvr.requeue_count"}
                        | {"rlvr.requeue_count": str(max(requeues, int(tags["rlvr.requeue_count"])))}
-                       | lease.owner_tags(owner))
+                       | lease.owner_tags(owner) | provenance.changes(resume.data.tags, tags))
         log.info("point %s: resuming MLflow run %s from %s (metrics logged through step %d)",
                  name, resume.info.run_id, run_dir, logged_through)
     else:
@@ -511,7 +517,7 @@ def _run_point(pt: Point) -> dict | None:
     try:
         tracking.retry(mlflow.log_artifact, str(run_dir / "config.yaml"))
         if pt.tags.get(provenance.TAG_PREFIX + "git_dirty") == "true":  # the code the run ran, not only its commit
-            (run_dir / "git_diff.patch").write_text(provenance.git_diff())
+            (run_dir / "git_diff.patch").write_text(provenance.git_diff() or "")
             tracking.retry(mlflow.log_artifact, str(run_dir / "git_diff.patch"))
         heldout = load_prompts(cfg.data, "eval")
         bench = benchmark_rows(cfg.eval, heldout)  # unreadable benchmark files fail here, before any training
@@ -547,7 +553,8 @@ def _run_point(pt: Point) -> dict | None:
     except _Yield as y:
         beat.stop.set()
         yield_to = y.run
-    except Preempted:
+    except Preempted as e:
+        log.warning("point %s: %s", name, e)
         tracking.retry(mlflow.set_tag, "rlvr.active_s", active_s())
         if "SLURM_JOB_ID" in os.environ:
             # state saved: leave the run RUNNING for the requeued job, and let submitit requeue us

@@ -65,8 +65,12 @@ def provenance_warnings(runs: pd.DataFrame, shown: int = 4) -> list[str]:
 
     if runs.empty:
         return []
-    lines = []
-    for key, values in differences(dict(zip(runs["label"], runs["tags"]))).items():
+    # the runs whose numbers the report shows: finished trained, base and evaluation runs (a duplicate record
+    # carries the environment of the process that recorded it, not of the run that made its numbers)
+    shown_runs = runs[runs["kind"].isin(["trained", "base", "evaluation"]) & (runs["status"] == "FINISHED")]
+    lines = [f"Run {label} changed environment while it ran: {t['rlvr.env_changed']}."
+             for label, t in zip(shown_runs["label"], shown_runs["tags"]) if t.get("rlvr.env_changed")]
+    for key, values in differences(dict(zip(shown_runs["label"], shown_runs["tags"]))).items():
         parts = []
         for value, labels in values.items():
             more = f" and {len(labels) - shown} more" if len(labels) > shown else ""

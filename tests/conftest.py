@@ -15,19 +15,22 @@ if Path("/tmp/rlvr-slurm/etc/slurm.conf").exists():  # the cluster of scripts/sl
 
 GPU_INSTALL_TEST = "test_the_readmes_gpu_install_resolves_verls_pins_without_trl"
 
-# The suite runs on two pytest-xdist workers (pyproject's addopts: ``-n 2 --dist loadfile``): a file's tests stay on one
+# The suite runs on two pytest-xdist workers (pyproject's addopts: ``-n 2 --dist loadfile --no-loadscope-reorder``): a file's tests stay on one
 # worker (its module fixtures run once), and the files below share one worker besides, because they share a session
 # fixture (the all-algorithms sweep) or a machine-wide resource (verl's local Ray clusters): the scheduler is xdist's
-# file scheduler with these groups (pytest_xdist_make_scheduler). The longest group is scheduled first, so that it
-# does not start last and finish alone. (xdist's own ``xdist_group`` marks do not group under pytest 9: it appends the
-# group to ``item._nodeid``, which pytest 9's ``nodeid`` no longer reads.)
+# file scheduler with these groups (pytest_xdist_make_scheduler). (xdist's own ``xdist_group`` marks do not group
+# under pytest 9: xdist appends the group to ``item._nodeid``, which pytest 9's ``nodeid`` no longer reads.)
 SHARED_GROUPS = {
     "tests/e2e/test_verl_cpu.py": "verl",
     "tests/training/test_verl_engine.py": "verl",
     "tests/e2e/test_all_algorithms.py": "all_algorithms",
     "tests/e2e/test_vllm.py": "all_algorithms",
 }
-FIRST_GROUPS = ("verl",)
+# the longest groups, longest first (their durations on 2 cores: verl's about 15 min, the faults and the sweep
+# lifecycle about 5 each, the presets' twins 4, SLURM 3, the all-algorithms sweep and the README sweep 2-3), so that
+# no long one starts last; the rest follow in collection order (pyproject's addopts: --no-loadscope-reorder)
+FIRST_GROUPS = ("verl", "tests/orchestrator/test_faults.py", "tests/orchestrator/test_sweep_lifecycle.py",
+                "tests/e2e/test_presets.py", "tests/slurm/test_slurm.py", "all_algorithms", "tests/e2e/test_sweep.py")
 
 
 def _group(nodeid: str) -> str:
@@ -35,6 +38,7 @@ def _group(nodeid: str) -> str:
     return SHARED_GROUPS.get(path, path)
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of xdist's: unknown when it is not loaded (-p no:xdist)
 def pytest_xdist_make_scheduler(config, log):
     """xdist's file scheduler, with the files of :data:`SHARED_GROUPS` as one unit each."""
     from xdist.scheduler import LoadFileScheduling
@@ -47,10 +51,11 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """Puts the :data:`FIRST_GROUPS` first and starts the GPU install's pip resolution
+    """Puts the :data:`FIRST_GROUPS` first, longest first, and starts the GPU install's pip resolution
     (tests/training/test_verl_engine.py), which waits mostly on the network for about two minutes, in the background
     when that test is selected: once per test run however many workers collect it, the test reading its result."""
-    items.sort(key=lambda item: _group(item.nodeid) not in FIRST_GROUPS)  # stable: the order within a group is kept
+    rank = {g: i for i, g in enumerate(FIRST_GROUPS)}
+    items.sort(key=lambda item: rank.get(_group(item.nodeid), len(rank)))  # stable: the order within a group is kept
     if any(item.name == GPU_INSTALL_TEST for item in items):
         folder = _dry_run_folder(config)
         try:

@@ -460,11 +460,20 @@ def test_every_run_records_what_decides_its_numbers(sweep_dir):
 def test_the_report_warns_when_compared_runs_differ_in_versions():
     from reports.data import provenance_warnings
 
+    from orchestrator.provenance import changes
+
     tags = {"rlvr.env.vllm": "0.24.0", "rlvr.env.torch": "2.11.0"}
-    runs = pd.DataFrame({"label": ["a", "b", "c"], "tags": [tags, tags | {"rlvr.env.vllm": "0.8.5"}, {}]})
+    runs = pd.DataFrame({"label": ["a", "b", "c", "d"], "kind": ["trained", "base", "trained", "duplicate"],
+                         "status": ["FINISHED"] * 4,
+                         "tags": [tags, tags | {"rlvr.env.vllm": "0.8.5"}, {}, tags | {"rlvr.env.vllm": "0.9"}]})
     [line] = provenance_warnings(runs)
-    assert "differ in vllm: 0.24.0 (a); 0.8.5 (b)" in line  # c logged no provenance: not compared
+    assert "differ in vllm: 0.24.0 (a); 0.8.5 (b)" in line  # c logged none, d is a duplicate record: not compared
     assert provenance_warnings(runs.iloc[:1]) == []
+    # a run resumed on another machine: the change is recorded on the run, and the report says so
+    moved = changes(tags, tags | {"rlvr.env.torch": "2.12.0"})
+    assert moved == {"rlvr.env_changed": "torch: 2.11.0 -> 2.12.0"} and changes(tags, tags) == {}
+    runs.at[0, "tags"] = tags | moved
+    assert any("Run a changed environment while it ran: torch: 2.11.0 -> 2.12.0" in x for x in provenance_warnings(runs))
 
 
 def test_reproduce_reruns_a_finished_run_bitwise_on_the_cpu(sweep_dir):

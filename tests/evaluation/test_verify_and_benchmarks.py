@@ -152,6 +152,10 @@ PLAIN_FALSE_ACCEPTS = {
     ("15\\mbox{ cm}^2", "\\boxed{15 \\text{cm}^{3}}", False),
     ("15\\mbox{ cm}^2", "\\boxed{16\\mbox{ cm}^2}", False),
     ("5", "\\boxed{5 \\text{ cm}}", True),                                 # units on one side only
+    ("5 \\text{ cm}^2", "\\boxed{5 \\text{ cm^2}}", True),                     # the power inside the braces
+    ("4.2 \\mathrm{~kg} \\mathrm{~m}^{-2}", "\\boxed{4.2 \\text{ kg/m}^2}", True),  # compound units: not compared
+    ("6 \\text{ cm}^3", "\\boxed{6 \\text{ cc}}", True),                       # a power not stated: not compared
+    ("6 \\text{ cm}^2", "The side is $\\sqrt6 \\text{ cm}$, so the answer is $6 \\text{ cm}^2$", True),  # no box
     ("\\hbar \\omega(v+1 / 2)-\\frac{E_{0}^{2} e^{2}}{2 m \\omega^{2}}", "\\boxed{2}", False),  # the fragment itself
     ("\\hbar \\omega(v+1 / 2)-\\frac{E_{0}^{2} e^{2}}{2 m \\omega^{2}}",
      "\\boxed{\\hbar \\omega(v+1 / 2)-\\frac{E_{0}^{2} e^{2}}{2 m \\omega^{2}}}", True),
