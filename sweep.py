@@ -3,8 +3,9 @@
 Every sweep point is validated first, and every place the sweep writes to is checked (orchestrator.preflight);
 then Hydra runs each point through orchestrator.run, which trains, evaluates and logs to MLflow. A point that
 fails is recorded as FAILED in MLflow and the other points go on; the sweep prints a summary and exits 1 if any
-point did not finish, for any reason. SIGTERM or Ctrl-C (outside SLURM) saves the training state at the end of
-the running step, marks the run KILLED and exits 128 + the signal's number; the same command resumes.
+point did not finish, for any reason. SIGTERM or Ctrl-C (outside SLURM) saves the training state (at the end of
+the running step, or at once during its generation and scoring: the last completed step's), marks the run KILLED
+and exits 128 + the signal's number; the same command resumes.
 """
 import logging
 import os
