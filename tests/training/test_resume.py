@@ -17,7 +17,11 @@ def _cfg(tiny_cfg):
         "checkpoint_every": 1}})
 
 
-def test_preempted_and_resumed_training_matches_an_uninterrupted_run(tiny_cfg, tmp_path):
+@pytest.mark.parametrize("where", ["between steps", "during the update"])
+def test_preempted_and_resumed_training_matches_an_uninterrupted_run(tiny_cfg, tmp_path, monkeypatch, where):
+    """A stop requested once step 1 is logged is honoured before step 2 generates anything (the state after step 1
+    is saved: core.lifecycle.abortable); one requested during step 2's update at the end of step 2. Either way the
+    resumed run logs every step once and ends with the uninterrupted run's weights."""
     cfg = _cfg(tiny_cfg)
     straight = []
     ckpt_a = local.train(cfg, tmp_path / "a", lambda m, s: straight.append((s, m)))
@@ -26,16 +30,29 @@ def test_preempted_and_resumed_training_matches_an_uninterrupted_run(tiny_cfg, t
 
     def log_and_preempt(m, s):
         resumed.append((s, m))
-        if s == 1:
+        if s == 1 and where == "between steps":
             local.STOP_REQUESTED.set()  # as the SIGUSR2 handler does
 
+    if where == "during the update":
+        update, calls = local.update_policy, []
+
+        def update_and_preempt(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 3:  # step 2's update
+                local.STOP_REQUESTED.set()
+            return update(*args, **kwargs)
+
+        monkeypatch.setattr(local, "update_policy", update_and_preempt)
     try:
         with pytest.raises(local.Preempted):
             local.train(cfg, tmp_path / "b", log_and_preempt)
     finally:
         local.STOP_REQUESTED.clear()
-    assert [s for s, _ in resumed] == [0, 1, 2]  # the stop is honoured at the end of the running step
-    ckpt_b = local.train(cfg, tmp_path / "b", lambda m, s: resumed.append((s, m)), logged_through=2)
+        monkeypatch.undo()
+    done = [0, 1] if where == "between steps" else [0, 1, 2]
+    assert [s for s, _ in resumed] == done
+    assert local.load_state(tmp_path / "b")["step"] == done[-1]
+    ckpt_b = local.train(cfg, tmp_path / "b", lambda m, s: resumed.append((s, m)), logged_through=done[-1])
     assert [s for s, _ in resumed] == [0, 1, 2, 3]  # every step exactly once
     for (_, ma), (_, mb) in zip(straight, resumed):
         for key in ("train/entropy", "train/entropy_bonus", "train/grad_norm", "train/response_length_mean"):
