@@ -84,6 +84,7 @@ class SweepCallback(Callback):
         sweep_id = str(config.hydra.sweep.dir)  # as the jobs see it (rlvr.sweep_id): they find the parent run by it
         sweep_dir = Path(sweep_id)
         os.environ[SWEEP_DIR_ENV] = str(sweep_dir.resolve())  # Hydra keeps no sweep-level config once the sweep returns
+        tracking.set_outage_s(config.tracking.get("outage_s", tracking.OUTAGE_S))
         exp_id = tracking.retry(tracking.setup_experiment, str(config.tracking.uri), str(config.experiment_name),
                                 str(config.tracking.artifact_root))
         try:

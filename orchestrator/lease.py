@@ -91,6 +91,11 @@ class Heartbeat(threading.Thread):
         super().__init__(daemon=True, name=f"rlvr-heartbeat-{run_id[:8]}")
         self.client, self.run_id, self.every_s, self.stop = client, run_id, every_s, threading.Event()
         self._last = 0.0
+        self._now = threading.Event()
+
+    def nudge(self) -> None:
+        """Ask the thread to beat now (the training loop, every step) without waiting on the store."""
+        self._now.set()
 
     def beat(self, min_interval_s: float = 2.0) -> None:
         if time.time() - self._last < min_interval_s:
@@ -102,5 +107,9 @@ class Heartbeat(threading.Thread):
             log.warning("heartbeat of run %s failed: %s", self.run_id, e)
 
     def run(self) -> None:
-        while not self.stop.wait(self.every_s):
-            self.beat(0.0)
+        while not self.stop.is_set():
+            nudged = self._now.wait(self.every_s)
+            self._now.clear()
+            if self.stop.is_set():
+                return
+            self.beat(2.0 if nudged else 0.0)

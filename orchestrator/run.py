@@ -38,6 +38,7 @@ from .validate import validate_config
 
 log = logging.getLogger("rlvr")
 MAX_RUN_NAME = 240
+UNSENT = "unsent_metrics.jsonl"  # in the run folder: metrics a lost store did not take (tracking.MetricBuffer)
 POLL_S = 3.0  # how often a point waits on another process that trains it
 
 
@@ -418,6 +419,7 @@ def run(cfg: DictConfig) -> dict:
     chash, thash = config_hash(cfg), training_hash(cfg)
     hydra_dir, point, sweep_id, job_num = _hydra_job()
     run_dir = hydra_dir or Path(tempfile.mkdtemp(prefix="rlvr-run-"))
+    tracking.set_outage_s(cfg.tracking.get("outage_s", tracking.OUTAGE_S))
     exp_id = tracking.retry(tracking.setup_experiment, cfg.tracking.uri, cfg.experiment_name, cfg.tracking.artifact_root)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved.pop("hydra", None)
@@ -471,6 +473,8 @@ def _run_point(pt: Point) -> dict | None:
     if decision.action == "resume":
         resume = decision.run
         run_dir = Path(resume.data.tags.get("rlvr.run_dir") or run_dir)
+        if n := tracking.send_unsent(client, resume.info.run_id, run_dir / UNSENT):
+            log.info("point %s: sent %d metrics the store missed before the run stopped", name, n)
         hist = tracking.retry(client.get_metric_history, resume.info.run_id, "train/reward_mean")
         logged_through = max((m.step for m in hist), default=-1)
         active = mlflow.start_run(run_id=resume.info.run_id)
@@ -502,14 +506,15 @@ def _run_point(pt: Point) -> dict | None:
     pt.signals.install_preemption()
     beat = lease.Heartbeat(client, run_id)
     beat.start()
+    metrics_out = tracking.MetricBuffer(client, run_id, run_dir / UNSENT)
     monitor = window.system_metrics(cfg, run_id).__enter__()
     t0 = time.time()
 
     def log_step(m, step):
         # by run id, not the active run: MLflow's active run is per thread, and the verl engine logs from its own
-        beat.beat()
+        beat.nudge()
         if step > logged_through:  # a step replayed from an older saved state is not logged twice
-            log_metrics(client, run_id, m, step)
+            metrics_out.put(m, step)  # sent in order by its own thread: training never waits on the store
 
     def active_s() -> str:
         return f"{active_before + time.time() - t0:.1f}"
@@ -546,6 +551,7 @@ def _run_point(pt: Point) -> dict | None:
             finally:
                 TRAINING.clear()
                 _tag_rollout(run_dir)
+            metrics_out.flush()  # every training step's metrics are in the store before evaluation starts
         tracking.retry(mlflow.set_tag, "rlvr.checkpoint", str(ckpt))
         _free_memory()
         metrics = evaluate_run(cfg, run_dir, ckpt, heldout, base)
@@ -555,6 +561,7 @@ def _run_point(pt: Point) -> dict | None:
         yield_to = y.run
     except Preempted as e:
         log.warning("point %s: %s", name, e)
+        metrics_out.close()  # the completed steps' metrics reach the store (or UNSENT) before the run is marked
         tracking.retry(mlflow.set_tag, "rlvr.active_s", active_s())
         if "SLURM_JOB_ID" in os.environ:
             # state saved: leave the run RUNNING for the requeued job, and let submitit requeue us
@@ -568,6 +575,7 @@ def _run_point(pt: Point) -> dict | None:
                           where=f"run {run_id}") from None
     except BaseException as e:
         beat.stop.set()
+        metrics_out.close()
         killed = isinstance(e, KeyboardInterrupt)
         try:
             (run_dir / "traceback.txt").write_text(traceback.format_exc())
@@ -590,6 +598,7 @@ def _run_point(pt: Point) -> dict | None:
         raise
     finally:
         beat.stop.set()
+        metrics_out.close()  # what is still queued is sent, or kept in UNSENT for the resumed run
         monitor.__exit__(None, None, None)
     if yield_to is not None:
         log.info("point %s: run %s of the same point started first: yielding to it", name, yield_to.info.run_id)

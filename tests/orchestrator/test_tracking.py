@@ -1,4 +1,5 @@
-"""New SQLite stores as copies of a cached empty store (orchestrator.tracking.ensure_store)."""
+"""MLflow plumbing: new SQLite stores as copies of a cached empty store (orchestrator.tracking.ensure_store); store
+calls that wait out an unreachable server (tracking.retry) and the metric buffer that keeps what a lost store missed."""
 import sqlite3
 
 from mlflow.tracking import MlflowClient
@@ -54,3 +55,69 @@ def test_a_cache_path_that_is_not_a_folder_only_costs_the_migrations(tmp_path, m
     client.log_metric(run.info.run_id, "m", 2.0)
     assert client.get_run(run.info.run_id).data.metrics == {"m": 2.0}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.db", "a.db.lock", "cache"]  # no partial file left
+
+
+def test_store_calls_wait_out_an_unreachable_server_and_only_that(monkeypatch):
+    """tracking.retry against a port nothing listens on (a real refused connection through MLflow's client): it
+    keeps trying until tracking.outage_s, then raises MLflow's error; an error that is not an outage raises at once."""
+    import time
+
+    import pytest
+    from mlflow.exceptions import MlflowException
+
+    from orchestrator import tracking
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # MLflow's own retries off: the suite's alone
+    monkeypatch.setattr(tracking, "OUTAGE_S", 3.0)
+    client = MlflowClient(tracking_uri="http://127.0.0.1:9")
+    calls = []
+
+    def get():
+        calls.append(time.monotonic())
+        return client.get_experiment_by_name("x")
+
+    t0 = time.monotonic()
+    with pytest.raises(MlflowException) as e:
+        tracking.retry(get)
+    assert tracking.transient(e.value) and 2.0 < time.monotonic() - t0 < 6.0
+    gaps = [b - a for a, b in zip(calls, calls[1:])]
+    assert len(calls) >= 4 and gaps[-1] > gaps[0]  # several tries, further apart each time (backoff)
+
+    calls.clear()
+    with pytest.raises(ValueError):
+        tracking.retry(lambda: calls.append(1) or (_ for _ in ()).throw(ValueError("bad value")))
+    assert calls == [1]
+    assert tracking.transient(RuntimeError("(sqlite3.OperationalError) database is locked"))
+    assert tracking.transient(MlflowException("API request to endpoint /x failed with error code 503 != 200"))
+    assert not tracking.transient(MlflowException("RESOURCE_DOES_NOT_EXIST: run 5035 not found"))
+
+
+def test_metrics_a_lost_store_did_not_take_are_kept_in_order_and_sent_on_resume(tmp_path, monkeypatch):
+    """MetricBuffer against a server that cannot be reached past tracking.outage_s: flush raises StoreError
+    naming tracking.outage_s; every metric put is in the unsent file, in order; send_unsent delivers them to a
+    real store, where each step's values are those put."""
+    import pytest
+
+    from orchestrator import tracking
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setattr(tracking, "OUTAGE_S", 0.5)
+    unsent = tmp_path / "unsent_metrics.jsonl"
+    buf = tracking.MetricBuffer(MlflowClient(tracking_uri="http://127.0.0.1:9"), "0" * 32, unsent)
+    for step in range(3):
+        buf.put({"train/reward_mean": step / 4, "train/loss": -step}, step)  # returns at once
+    with pytest.raises(tracking.StoreError, match="tracking.outage_s"):
+        buf.flush()
+    buf.close()
+    assert len(unsent.read_text().splitlines()) == 6
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking.ensure_store(uri)
+    client = MlflowClient(tracking_uri=uri)
+    run = client.create_run(client.create_experiment("e", artifact_location=(tmp_path / "art").as_uri()))
+    assert tracking.send_unsent(client, run.info.run_id, unsent) == 6 and not unsent.exists()
+    hist = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/reward_mean"))
+    assert hist == [(0, 0.0), (1, 0.25), (2, 0.5)]
+    assert [m.value for m in sorted(client.get_metric_history(run.info.run_id, "train/loss"), key=lambda m: m.step)] \
+        == [0.0, -1.0, -2.0]
+    assert tracking.send_unsent(client, run.info.run_id, unsent) == 0  # nothing left: nothing sent twice
