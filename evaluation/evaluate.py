@@ -58,6 +58,7 @@ CONFIG: dict[str, Spec] = {
     "eval.max_new_tokens": I(1), "eval.max_prompts": I(1, null=True), "eval.n": I(1), "eval.prompt_template": S(null=True),
     "eval.sampler": S(min_len=1), "eval.score_rows": I(1), "eval.score_tokens": I(1), "eval.seed": I(0),
     "eval.temperature": F(0, 10), "eval.top_p": F(0, 1, lo_open=True), "eval.decoding": Spec("map", null=True),
+    "eval.select_on": S(("final", "validation")), "eval.validation.n": I(1), "eval.validation.k": I(1),
 }
 
 
@@ -362,7 +363,7 @@ def sample_benchmarks(sampler, rows_by_bench: dict, n: int, seed: int, samples_p
 
 def evaluate(sampler, eval_cfg, out_dir, heldout_rows=None, chat_template: bool = True,
              base_samples: pd.DataFrame | None = None, tools_cfg=None,
-             timings: collections.Counter | None = None) -> tuple[dict, dict]:
+             timings: collections.Counter | None = None, rows: dict[str, list[dict]] | None = None) -> tuple[dict, dict]:
     """Evaluate with ``sampler``: sample, verify, and write ``samples.parquet`` plus one CSV per table.
 
     Args:
@@ -375,6 +376,8 @@ def evaluate(sampler, eval_cfg, out_dir, heldout_rows=None, chat_template: bool 
         base_samples: the base model's samples on the same prompts, for flip rates.
         tools_cfg: the run's ``tools`` config, for benchmarks whose task calls tools (:func:`sample_benchmarks`).
         timings: accumulates wall seconds by phase (``sampling_s``, ``verify_s``, ``metrics_s``), when given.
+        rows: {benchmark: rows} to evaluate instead of :func:`benchmark_rows` (a run's validation split: the
+            benchmark is the training task, its rows the prompts held out of training).
     Returns:
         (metrics, files): metrics keyed ``eval/<benchmark>/<metric>`` and ``eval/mean/<metric>``
         (``pass_at_<k>``, ``avg_at_<n>``, ``ucc_at_<k>``, ``ucr``, ``rouge_l_mean``..., ``entropy``,
@@ -388,7 +391,7 @@ def evaluate(sampler, eval_cfg, out_dir, heldout_rows=None, chat_template: bool 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     _set_aside_stale_samples(eval_cfg, out_dir, sampler)
-    rows = benchmark_rows(eval_cfg, heldout_rows)
+    rows = benchmark_rows(eval_cfg, heldout_rows) if rows is None else rows
     groups: dict = {}  # benchmarks sampled with the same settings go through the sampler together
     for b, c in plan.items():
         key = (int(c.n), float(c.temperature), float(c.top_p), int(c.max_new_tokens))
@@ -465,12 +468,15 @@ def evaluate_temperatures(sampler, eval_cfg, out_dir, heldout_rows=None, chat_te
 
 def evaluate_checkpoint(model_path, eval_cfg, out_dir, heldout_rows=None, chat_template: bool = True,
                         base_samples: pd.DataFrame | None = None, sampler: str | None = None,
-                        temperatures: bool = True, tools_cfg=None) -> tuple[dict, dict, dict]:
+                        temperatures: bool = True, tools_cfg=None,
+                        rows: dict[str, list[dict]] | None = None) -> tuple[dict, dict, dict]:
     """Evaluate the model at ``model_path`` (a Hugging Face folder or hub id) with the configured sampler.
 
     The sampler (``sampler`` or ``eval_cfg.sampler``: ``auto`` | ``hf`` | ``vllm``) starts once, samples at
     the main temperature and (with ``temperatures``) every ``eval_cfg.extra_temperatures``, then frees its
     engine (GPU memory, vLLM's worker processes) before returning, also on an error.
+
+    ``rows``: as :func:`evaluate` (with it, the main temperature only).
 
     Returns:
         (metrics, files, info): as :func:`evaluate_temperatures`; info = {"sampler": resolved name,
@@ -486,12 +492,12 @@ def evaluate_checkpoint(model_path, eval_cfg, out_dir, heldout_rows=None, chat_t
     smp = build_sampler(name, model_path, sampler_options(eval_cfg, name))
     timings["engine_start_s"] += time.time() - t0
     try:
-        if temperatures:
+        if temperatures and rows is None:
             metrics, files = evaluate_temperatures(smp, eval_cfg, out_dir, heldout_rows, chat_template, base_samples,
                                                    tools_cfg, timings)
         else:
             metrics, files = evaluate(smp, eval_cfg, out_dir, heldout_rows, chat_template, base_samples, tools_cfg,
-                                      timings)
+                                      timings, rows=rows)
     finally:
         smp.close()
     return metrics, files, {"sampler": name, "entropy_method": getattr(smp, "entropy_method", None),

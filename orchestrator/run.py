@@ -647,16 +647,66 @@ def flip_rule(k) -> str:
     return rule(None if k is None else int(k))
 
 
-def checkpoints_to_evaluate(cfg, run_dir: Path, final: Path) -> list[tuple[int, Path, Path, bool]]:
+def checkpoints_to_evaluate(cfg, run_dir: Path, final: Path, final_step: int | None = None
+                            ) -> list[tuple[int, Path, Path, bool]]:
     """``[(step, checkpoint, evaluation folder, is_final), ...]``: with ``eval.checkpoints=all`` every kept
     checkpoint (``train.save_every``) in ``run_dir/eval/step_<N>``, then the final one in ``run_dir/eval``;
-    ``step`` is the number of training steps behind the checkpoint (the final: ``train.steps``)."""
+    ``step`` is the number of training steps behind the checkpoint (the final: ``final_step``, by default
+    ``train.steps``; with ``eval.select_on=validation`` the chosen checkpoint's)."""
     from core.lifecycle import saved_checkpoints
 
     out = []
     if str(cfg.eval.get("checkpoints", "final")) == "all":
         out = [(s, p, run_dir / "eval" / f"step_{s}", False) for s, p in saved_checkpoints(run_dir) if s < int(cfg.train.steps)]
-    return out + [(int(cfg.train.steps), Path(final), run_dir / "eval", True)]
+    step = int(cfg.train.steps) if final_step is None else int(final_step)
+    return out + [(step, Path(final), run_dir / "eval", True)]
+
+
+def select_on_validation(cfg, run_dir: Path, final: Path) -> tuple[int, Path]:
+    """The checkpoint the benchmarks evaluate under ``eval.select_on=validation``: every kept checkpoint
+    (``train.save_every``) and the final one are sampled ``eval.validation.n`` times on each prompt of the
+    validation split (``data.validation_prompts`` training prompts held out of training, :func:`core.tasks.load_prompts`);
+    the one with the highest unbiased pass@k (``k = eval.validation.k``) is chosen, the earliest on a tie. Each
+    score is logged to the active run as ``val/pass_at_<k>`` at its step (once; its samples kept in
+    ``run_dir/validation/step_<N>``), and the choice as the tags ``rlvr.selected_step`` and ``rlvr.selected_on``.
+    With ``train.keep_top_k = K`` only the K best kept checkpoints stay on disk afterwards (the final one, which
+    the run's record points to, always stays). The benchmarks never take part in the choice (understand-r1-zero#21).
+
+    Returns:
+        (step, checkpoint folder) of the chosen checkpoint.
+    """
+    from core.lifecycle import saved_checkpoints
+    from core.tasks import load_prompts
+    from evaluation.evaluate import evaluate_checkpoint
+
+    steps, n, k = int(cfg.train.steps), int(cfg.eval.validation.n), int(cfg.eval.validation.k)
+    task = str(cfg.data.name)
+    rows = {task: load_prompts(cfg.data, "validation")}
+    vcfg = OmegaConf.merge(cfg.eval, {"benchmarks": [task], "n": n, "ks": [k], "decoding": None,
+                                      "extra_temperatures": [], "entropy": False, "max_prompts": None})
+    chat = bool(cfg.model.get("chat_template", True))
+    cands = [(s, p) for s, p in saved_checkpoints(run_dir) if s < steps] + [(steps, Path(final))]
+    scores = {}
+    for step, path in cands:
+        out_dir = run_dir / "validation" / f"step_{step}"
+        metrics, _, _ = evaluate_checkpoint(path, vcfg, out_dir, None, chat, temperatures=False,
+                                            tools_cfg=cfg.get("tools"), rows=rows)
+        scores[step] = float(metrics[f"eval/{task}/pass_at_{k}"])
+        if not (out_dir / ".logged").exists():
+            tracking.retry(mlflow.log_metrics, {f"val/pass_at_{k}": scores[step]}, step=step)
+            (out_dir / ".logged").write_text(str(step))
+        log.info("validation: step %d pass@%d %.4f (%d prompts x %d samples)", step, k, scores[step], len(rows[task]), n)
+    ranked = sorted(cands, key=lambda c: (-scores[c[0]], c[0]))
+    best_step, best = ranked[0]
+    tracking.retry(mlflow.set_tags, {"rlvr.selected_step": str(best_step), "rlvr.selected_on":
+                                     f"validation pass@{k}: {len(rows[task])} held-out {task} prompts x {n} samples"})
+    keep = cfg.train.get("keep_top_k")
+    if keep:
+        for step, path in ranked[int(keep):]:
+            if step != steps:
+                shutil.rmtree(path, ignore_errors=True)
+    log.info("validation: step %d chosen of %s", best_step, [s for s, _ in cands])
+    return best_step, Path(best)
 
 
 def _log_files(files: dict, prefix: str | None) -> None:
@@ -684,7 +734,10 @@ def evaluate_run(cfg, run_dir: Path, final: Path, heldout, base=None) -> dict:
 
     chat = bool(cfg.model.get("chat_template", True))
     final_metrics, evaluated = {}, []
-    for step, path, out_dir, is_final in checkpoints_to_evaluate(cfg, run_dir, final):
+    final_step = None
+    if str(cfg.eval.get("select_on", "final")) == "validation":
+        final_step, final = select_on_validation(cfg, run_dir, final)
+    for step, path, out_dir, is_final in checkpoints_to_evaluate(cfg, run_dir, final, final_step):
         metrics, files, info = evaluate_checkpoint(path, cfg.eval, out_dir, heldout, chat, temperatures=is_final,
                                                    tools_cfg=cfg.get("tools"))
         if is_final:

@@ -54,7 +54,7 @@ SCHEMA: dict[str, Spec] = {
     "train.precision": S(("fp32", "bf16")), "train.gradient_checkpointing": B(), "train.device": S(pattern=DEVICE),
     "train.rollout.sampler": S(pattern=r"[a-z][a-z0-9_]*"), "train.rollout.dtype": S(("auto", "float32", "bfloat16", "float16")),
     "train.rollout.gpu_memory_utilization": F(0, 1, lo_open=True), "train.rollout.correction": S(("none", "token_tis", "sequence_tis")),
-    "train.rollout.correction_cap": F(1),
+    "train.rollout.correction_cap": F(1), "train.keep_top_k": I(1, null=True),
     # model
     "model.name": S(min_len=1), "model.source": S(("gguf_wheel", "tiny_random", "pretrained")),
     "model.path": S(null=True), "model.package": S(), "model.gguf_file": S(), "model.tokenizer_name": S(),
@@ -62,6 +62,7 @@ SCHEMA: dict[str, Spec] = {
     "model.num_layers": I(1), "model.init_seed": I(0),
     # data (the task's own validate() checks values against each other)
     "data.name": S(min_len=1),  # the task's own keys: its ``config`` (core/tasks/<module>.py)
+    "data.validation_prompts": I(0),  # core.tasks.load_prompts: the last N training prompts, held out of training
     # evaluation: its keys are evaluation.evaluate.CONFIG's (collected below)
     # tools (multi-turn rollouts)
     "tools.max_turns": I(1), "tools.max_obs_tokens": I(1), "tools.search.url": S(null=True, pattern=r"https?://\S+"),

@@ -169,6 +169,21 @@ def validate_config(cfg: DictConfig) -> list[str]:
     save_every = cfg.train.get("save_every") or 0
     _require(cfg.eval.get("checkpoints", "final") != "all" or save_every > 0,
              "eval.checkpoints=all: no checkpoints are kept during training; set train.save_every=N (N >= 1)")
+    select_on = str(cfg.eval.get("select_on", "final"))
+    n_val = int(OmegaConf.select(cfg, "data.validation_prompts") or 0)
+    if select_on == "validation":
+        _require(n_val > 0, "eval.select_on=validation: no validation split; set data.validation_prompts=N (N >= 1 "
+                            "training prompts held out of training)")
+        _require(save_every > 0, "eval.select_on=validation: only the final checkpoint is kept; set train.save_every=N "
+                                 "(N >= 1) so there is a choice")
+        _require(int(cfg.eval.validation.k) <= int(cfg.eval.validation.n),
+                 f"eval.validation.k={cfg.eval.validation.k}: larger than eval.validation.n={cfg.eval.validation.n}")
+        _require(cfg.eval.get("checkpoints", "final") != "all",
+                 "eval.select_on=validation with eval.checkpoints=all: the run's benchmark metrics would mix the "
+                 "chosen checkpoint's with later ones'; use one or the other")
+    _require(not cfg.train.get("keep_top_k") or select_on == "validation",
+             f"train.keep_top_k={cfg.train.get('keep_top_k')}: checkpoints are ranked on the validation split; set "
+             "eval.select_on=validation")
     benches = list(cfg.eval.benchmarks)
     tool_tasks = [t for t in dict.fromkeys([str(cfg.data.name), *[str(b) for b in benches]])
                   if "search" in getattr(get_task(t), "tools", ()) and not getattr(get_task(t), "own_corpus", False)]

@@ -44,6 +44,8 @@ def load_runs(tracking_uri: str, experiment: str) -> pd.DataFrame:
         tags = r.data.tags
         if tags.get("rlvr.kind") in ("report", "sweep"):  # the report runs and the sweeps' parent runs
             continue
+        if tags.get("rlvr.reproduces"):  # a check of another run (orchestrator.reproduce), not a second point
+            continue
         end = r.info.end_time or r.info.start_time
         is_base = tags.get("rlvr.kind") == "base"
         rows.append({
@@ -121,9 +123,10 @@ def short_labels(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def run_table(runs: pd.DataFrame, tracking_uri: str | None = None) -> pd.DataFrame:
-    """Run table: label, algorithm, swept hyperparameters, status, steps, wall time, the time of each phase
-    (:data:`PHASE_COLUMNS`: the last training step's generate / log-probs / update split and the final
-    evaluation's sampling / entropy / verification / metrics split, seconds), run id."""
+    """Run table: label, algorithm, swept hyperparameters, status, steps, the checkpoint the benchmarks evaluated
+    when a run chose it on a validation split (``eval.select_on=validation``: its step and on what), wall time, the
+    time of each phase (:data:`PHASE_COLUMNS`: the last training step's generate / log-probs / update split and the
+    final evaluation's sampling / entropy / verification / metrics split, seconds), run id."""
     if runs.empty:
         return pd.DataFrame()
     axes = [k for k in swept_params(runs) if not k.startswith("algo.")]
@@ -133,6 +136,11 @@ def run_table(runs: pd.DataFrame, tracking_uri: str | None = None) -> pd.DataFra
         "status": [("duplicate of " + str(d)[:8]) if k == "duplicate" else s for k, s, d in zip(runs["kind"], runs["status"], runs["duplicate_of"])],
         "steps": runs["steps"], "wall time (s)": runs["wall_time_s"].round(1),
     })
+    chosen = [t.get("rlvr.selected_step") for t in runs["tags"]]
+    if any(chosen):  # the benchmarks evaluated this step's checkpoint, not the last (chosen on held-out prompts)
+        table.insert(table.columns.get_loc("steps") + 1, "evaluated checkpoint", [
+            f"step {s} (best {t.get('rlvr.selected_on', 'validation')})" if s else None
+            for s, t in zip(chosen, runs["tags"])])
     for col, key in PHASE_COLUMNS:  # where the time went (last step's training phases; the final evaluation's)
         values = [m.get(key) for m in runs["metrics"]]
         if any(v is not None for v in values):

@@ -139,14 +139,28 @@ def task_names() -> list[str]:
 
 
 def load_prompts(data_cfg, split: str) -> list[dict]:
-    """Rows of the training data set ``data_cfg.name`` for ``split`` (``train``, or ``eval``: its held-out split).
+    """Rows of the training data set ``data_cfg.name`` for ``split``: ``train``; ``eval``, its held-out split;
+    or ``validation``: the last ``data_cfg.validation_prompts`` rows of the task's training split, which ``train``
+    then leaves out (the split checkpoints are chosen on, ``eval.select_on=validation``, never trained on and
+    never a benchmark). Without ``validation_prompts`` (0), ``validation`` is empty and ``train`` is the whole split.
 
     Raises:
-        KeyError: no task of that name; ValueError: a split the task does not have.
+        KeyError: no task of that name; ValueError: a split the task does not have, or a validation split that
+            would leave no training prompt.
     """
-    if split not in ("train", "eval"):
-        raise ValueError(f"split={split!r}: expected 'train' or 'eval'")
-    return get_task(data_cfg.name).load(split, data_cfg)
+    if split not in ("train", "eval", "validation"):
+        raise ValueError(f"split={split!r}: expected 'train', 'eval' or 'validation'")
+    task = get_task(data_cfg.name)
+    if split == "eval":
+        return task.load(split, data_cfg)
+    rows = task.load("train", data_cfg)
+    n_val = int(data_cfg.get("validation_prompts", 0) or 0)
+    if n_val and n_val >= len(rows):
+        raise ValueError(f"data.validation_prompts={n_val}: the training split of {data_cfg.name!r} has only "
+                         f"{len(rows)} prompts")
+    if split == "validation":
+        return rows[len(rows) - n_val:]
+    return rows[:len(rows) - n_val]
 
 
 def score_responses(responses: Sequence[str], rows: Sequence[dict]) -> list[Score]:

@@ -189,6 +189,12 @@ def test_vllm_sampler_without_vllm_stops_before_training(tmp_path, without_vllm)
     (["eval.extra_temperatures=1.5"], "expected a list"),
     (["eval.flip_k=5"], "eval.flip_k=5: larger than eval.n=4"),
     (["eval.checkpoints=all"], "set train.save_every"),
+    # checkpoint selection (orchestrator.run.select_on_validation)
+    (["eval.select_on=validation", "train.save_every=1"], "eval.select_on=validation: no validation split"),
+    (["eval.select_on=validation", "data.validation_prompts=4"], "eval.select_on=validation: only the final"),
+    (["train.keep_top_k=2"], "train.keep_top_k=2: checkpoints are ranked on the validation split"),
+    (["eval.select_on=validation", "data.validation_prompts=4", "train.save_every=1", "eval.validation.k=8"],
+     "eval.validation.k=8: larger than eval.validation.n=4"),
     (["eval.sampler=magic"], "eval.sampler='magic'"),
     # values that once slipped past pre-flight (the schema of orchestrator/schema.py now types every key)
     (["seed=abc"], "seed='abc': expected an integer"),
@@ -500,6 +506,10 @@ def test_reproduce_reruns_a_finished_run_bitwise_on_the_cpu(sweep_dir):
         a = sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
         b = sorted((m.step, m.value) for m in client.get_metric_history(new_id, key))
         assert a == b, key
+    from reports.data import load_runs  # a reproduction is a check, not a second copy of its point in the report
+
+    shown = set(load_runs(uri, "rlvr")["run_id"])
+    assert run_id in shown and new_id not in shown
     # bad input: one line, exit 2, before any work
     bad = subprocess.run([sys.executable, "-m", "orchestrator.reproduce", "0" * 32, "--tracking-uri", uri],
                          cwd=sweep_dir, capture_output=True, text=True, timeout=120)

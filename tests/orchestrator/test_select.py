@@ -1,0 +1,81 @@
+"""Honest checkpoint selection (orchestrator.run.select_on_validation): a validation split held out of the training
+prompts, every kept checkpoint scored on it, the best one evaluated on the benchmarks, ``train.keep_top_k`` keeping
+only the best on disk, and the report naming the chosen step. One sweep point through the real command on the tiny
+model and the toy parity task (a random model's responses are right about half the time; a large learning rate,
+0.05, makes each step's checkpoint answer differently); every number checked against the validation samples by
+hand."""
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.conftest import REPO
+
+STEPS, N_PROMPTS, N_VAL, N, K, TOP = 4, 16, 6, 6, 2, 2
+ARGS = ["-m", "algo=grpo", "model=tiny-random", "eval=smoke", "plugins=[tests.plugins.toy_tasks]", "data.name=toy_parity",
+        f"+data.n_prompts={N_PROMPTS}", f"data.validation_prompts={N_VAL}", "eval.benchmarks=[toy_parity]", "eval.base=false",
+        f"train.steps={STEPS}", "train.save_every=1", "train.prompts_per_step=2", "train.group_size=4",
+        "train.minibatch_size=4", "train.max_new_tokens=8", "train.lr=0.05", "eval.select_on=validation", f"eval.validation.n={N}",
+        f"eval.validation.k={K}", f"train.keep_top_k={TOP}", "report.enabled=false"]
+
+
+def _pass_at_k(n: int, c: int, k: int) -> float:
+    """Chen et al. (2021), eq. 1, with math.comb: 1 - C(n-c, k) / C(n, k)."""
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+@pytest.fixture(scope="module")
+def selected(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("select")
+    proc = subprocess.run([sys.executable, str(REPO / "sweep.py"), *ARGS], cwd=cwd, capture_output=True, text=True,
+                          timeout=900, env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{cwd}/mlflow.db")
+    exp = client.get_experiment_by_name("rlvr")
+    [run] = client.search_runs([exp.experiment_id], filter_string="tags.`rlvr.kind` = 'trained'")
+    return cwd, client, run
+
+
+def test_the_chosen_checkpoint_is_the_best_on_held_out_training_prompts_and_only_the_best_are_kept(selected):
+    cwd, client, run = selected
+    run_dir = Path(run.data.tags["rlvr.run_dir"])
+    logged = {m.step: m.value for m in client.get_metric_history(run.info.run_id, f"val/pass_at_{K}")}
+    assert sorted(logged) == list(range(1, STEPS + 1))  # every kept checkpoint and the final one, once each
+    # each score by hand from its samples: the held-out prompts (the last N_VAL the task makes), N samples each
+    want_ids = {f"p{i}" for i in range(N_PROMPTS - N_VAL, N_PROMPTS)}
+    for step, value in logged.items():
+        s = pd.read_parquet(run_dir / "validation" / f"step_{step}" / "samples.parquet")
+        assert set(s["prompt_id"]) == want_ids, step
+        per = s.groupby("prompt_id")["correct"].agg(["size", "sum"])
+        assert (per["size"] == N).all()
+        assert value == pytest.approx(sum(_pass_at_k(N, int(c), K) for c in per["sum"]) / N_VAL, abs=1e-9)
+    from core.tasks import load_prompts
+    from omegaconf import OmegaConf
+
+    data = OmegaConf.create({"name": "toy_parity", "n_prompts": N_PROMPTS, "validation_prompts": N_VAL})
+    import tests.plugins.toy_tasks  # noqa: F401  (registers toy_parity)
+
+    assert not {r["id"] for r in load_prompts(data, "train")} & want_ids  # never trained on
+    assert len(set(logged.values())) > 1, logged  # the checkpoints differ: the choice is not a tie-break alone
+    best = min(logged, key=lambda s: (-logged[s], s))  # the highest score, the earliest on a tie
+    assert run.data.tags["rlvr.selected_step"] == str(best)
+    assert f"pass@{K}" in run.data.tags["rlvr.selected_on"] and f"{N_VAL} held-out" in run.data.tags["rlvr.selected_on"]
+    # the benchmarks evaluated the chosen checkpoint, once, at its step
+    hist = client.get_metric_history(run.info.run_id, "eval/toy_parity/pass_at_1")
+    assert [m.step for m in hist] == [best]
+    # train.keep_top_k: only the TOP best kept checkpoints stay (the final one, the run's record, always)
+    ranked = sorted(logged, key=lambda s: (-logged[s], s))
+    kept = {int(p.name.split("_")[1]) for p in (run_dir / "checkpoints").glob("step_*")}
+    assert kept == {s for s in ranked[:TOP] if s < STEPS}, (ranked, kept)
+    assert (run_dir / "checkpoint" / "config.json").is_file()
+    # the report's run table names the evaluated checkpoint
+    from reports.data import load_runs, run_table
+
+    table = run_table(load_runs(f"sqlite:///{cwd}/mlflow.db", "rlvr"))
+    assert table["evaluated checkpoint"].dropna().tolist() == [f"step {best} (best {run.data.tags['rlvr.selected_on']})"]
