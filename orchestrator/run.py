@@ -289,9 +289,14 @@ def decide(pt: Point) -> Decision:
         thash = tags.get(tracking.TAG_TRAIN_HASH)
         if recover is None and thash:
             source = _trained_checkpoint(client, exp_id, thash, sweep_id, name)
+            if source is not None and source.data.tags.get(tracking.TAG_HASH) == chash:
+                continue  # this very point finished since the look above: recorded as its duplicate next time round
             if source is not None:
                 return Decision("new", owner, source, "evaluation")
-        candidates = [r for r in tracking.retry(tracking.runs_with_hash, exp_id, chash)
+        same = tracking.retry(tracking.runs_with_hash, exp_id, chash)
+        if any(r.info.status == "FINISHED" and not r.data.tags.get("rlvr.invalid") for r in same):
+            continue  # a run of this point finished between the two queries (it was live a moment ago): look again
+        candidates = [r for r in same
                       if r.info.status in ("RUNNING", "KILLED", "SCHEDULED") and not r.data.tags.get("rlvr.invalid")]
         # this job's own earlier incarnation (a requeued SLURM job: same sweep, same job number) is never waited for
         live = [r for r in candidates if lease.is_live(r, stale_s) and not (
