@@ -3,7 +3,8 @@ actor and reference on gloo, vLLM's CPU build as the rollout server, weights syn
 checkpoints, the Hugging Face export, the usual evaluation), one sweep of two points of the ``verl_smoke`` preset (its
 four algorithms cost a minute of start-up each; these two cover what only the real trainer shows: the estimator's
 old log-probs handed over by the ``compute_advantage`` wrapper, the estimator's metrics, verl's group filter and DAPO's
-reward manager), the first stopped after its first checkpoint and resumed by running the same command again. TR-GRPO,
+reward manager), the first stopped (SIGTERM) inside the step after its first checkpoint, which it must honour within
+seconds, and resumed by running the same command again. TR-GRPO,
 whose weighted KL needs the reference log-probs the ``ppo_loss`` wrapper hands over, takes its step through verl's
 trainer in the search-agent test below.
 
@@ -48,7 +49,7 @@ def _sweep_proc(cwd):
 def verl_sweep(tmp_path_factory):
     """The sweep, stopped (SIGTERM, as a user's or a scheduler's) once its first point has its first verl checkpoint
     and its first step's metrics, then the same command again. Returns ``(cwd, first exit code, checkpointed steps
-    when stopped, steps logged when stopped, second exit code)``: verl saves a step's checkpoint before it logs the
+    when stopped, steps logged when stopped, second exit code, seconds from the signal to the exit)``: verl saves a step's checkpoint before it logs the
     step, so the stop may leave a checkpoint ahead of the log, which the resumed run must not skip."""
     cwd = tmp_path_factory.mktemp("verl_cpu")
     first = _sweep_proc(cwd)
@@ -61,14 +62,17 @@ def verl_sweep(tmp_path_factory):
                 point = d
         time.sleep(0.2)
     assert point is not None, (cwd / "sweep.out").read_text()[-3000:]
+    # verl is inside its next step by now (it checkpoints a step as the step ends and starts the next at once)
+    t0 = time.monotonic()
     first.send_signal(signal.SIGTERM)
     first_rc = first.wait(timeout=300)
+    stop_s = time.monotonic() - t0
     stopped_at = int((point / "verl_checkpoints" / "latest_checkpointed_iteration.txt").read_text())
     client, trained = _trained(cwd)
     logged = len(_history(client, trained["exppo"], "train/reward_mean"))
     second = _sweep_proc(cwd)
     second_rc = second.wait(timeout=2400)
-    return cwd, first_rc, stopped_at, logged, second_rc
+    return cwd, first_rc, stopped_at, logged, second_rc, stop_s
 
 
 def _trained(cwd):
@@ -110,9 +114,11 @@ def _own_metrics(algo) -> set[str]:
 
 
 def test_sweep_is_stopped_then_finishes_with_every_point_trained(verl_sweep):
-    cwd, first_rc, stopped_at, logged, second_rc = verl_sweep
+    cwd, first_rc, stopped_at, logged, second_rc, stop_s = verl_sweep
     out = (cwd / "sweep.out").read_text()
     assert first_rc != 0 and "Run the same command again to resume" in out
+    # a stop inside verl's step is honoured at once (verl's processes stopped, the run marked), not at the step's end
+    assert stop_s < 10, stop_s
     assert second_rc == 0, out[-4000:]
     client, trained = _trained(cwd)
     assert sorted(trained) == sorted(ALGOS)
@@ -121,7 +127,7 @@ def test_sweep_is_stopped_then_finishes_with_every_point_trained(verl_sweep):
 
 
 def test_the_resumed_run_logs_every_step_once(verl_sweep):
-    cwd, _, stopped_at, logged, _ = verl_sweep
+    cwd, _, stopped_at, logged, _, _ = verl_sweep
     client, trained = _trained(cwd)
     run = trained["exppo"]
     for key in ("train/reward_mean", "train/grad_norm", "verl/timing_s/step"):
