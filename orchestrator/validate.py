@@ -39,7 +39,8 @@ def _check_params(kind: str, fn, params: dict) -> None:
 
 def _check_against_the_model(cfg) -> None:
     """Every length against the model's context (:func:`core.models.context_length`: prompt and response share it):
-    the training and evaluation response lengths, each benchmark's own, and vLLM's ``max_model_len``. A model whose
+    the training and evaluation response lengths, each benchmark's own, vLLM's ``max_model_len``, and an engine's prompt
+    budget (``engine.max_prompt_length``) with the training response length. A model whose
     context cannot be read here (a hub model not downloaded yet) is not checked."""
     from core.models import context_length
 
@@ -58,6 +59,13 @@ def _check_against_the_model(cfg) -> None:
     max_len = OmegaConf.select(cfg, "eval.vllm.max_model_len")
     _require(max_len is None or int(max_len) <= ctx,
              f"eval.vllm.max_model_len={max_len}: the model {model} holds {ctx} tokens of context")
+    # an engine that budgets the prompt itself (verl: data.max_prompt_length, its rollout server's max_model_len is
+    # prompt + response) must fit both in the context
+    prompt = OmegaConf.select(cfg, "engine.max_prompt_length")
+    new = OmegaConf.select(cfg, "train.max_new_tokens")
+    _require(prompt is None or new is None or int(prompt) + int(new) <= ctx,
+             f"engine.max_prompt_length={prompt}: with train.max_new_tokens={new} that is {int(prompt or 0) + int(new or 0)} "
+             f"tokens, and the model {model} holds {ctx} tokens of context")
 
 
 def _check_the_policy_can_change(cfg) -> None:

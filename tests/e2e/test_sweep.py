@@ -204,6 +204,8 @@ def test_vllm_sampler_without_vllm_stops_before_training(tmp_path, without_vllm)
     (["train.max_new_tokens=2048"], "train.max_new_tokens=2048: the model tiny-random holds 2048 tokens of context"),
     (["+eval.decoding.arithmetic.max_new_tokens=4000"], "eval.decoding.arithmetic.max_new_tokens=4000: the model"),
     (["eval.vllm.max_model_len=4096"], "eval.vllm.max_model_len=4096: the model tiny-random holds 2048"),
+    (["engine=verl", "engine.device=cpu", "engine.max_prompt_length=2000", "train.max_new_tokens=64"],
+     "engine.max_prompt_length=2000: with train.max_new_tokens=64 that is 2064 tokens, and the model tiny-random holds"),
     (["algo=grpo,exppo", "train.group_size=1"], "train.group_size=1: grpo's advantages are all 0"),
 ])
 def test_bad_input_stops_before_training(tmp_path, monkeypatch, capsys, args, fragment):
