@@ -9,6 +9,10 @@ BENCHMARK_DIR = SHARED / "data" / "benchmarks"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# one OpenMP thread per process (this one and every sweep it starts): the two xdist workers and their sweeps already
+# keep both cores busy, and torch's default of one thread per core made them spin against each other (measured on
+# 2 cores, the presets' and sweep-lifecycle tests: 258 s with the default, 219 s with one thread)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 if Path("/tmp/rlvr-slurm/etc/slurm.conf").exists():  # the cluster of scripts/slurm/start.sh
     os.environ.setdefault("SLURM_CONF", "/tmp/rlvr-slurm/etc/slurm.conf")
 
