@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from evaluation.metrics.difficulty import difficulty_bucket, flip_rates
 from evaluation.metrics.diversity import METRICS, pairwise_similarity, tokenize, ucc_at_k
-from evaluation.metrics.modes import paired_bootstrap_ci, prompt_mode_stats
+from evaluation.metrics.modes import paired_bootstrap_ci, paired_bootstrap_ci_over_seeds, prompt_mode_stats
 from evaluation.tables import compute_tables
 
 
@@ -218,3 +218,21 @@ def test_disagreement_on_the_shared_set_by_hand():
     assert got.loc["B", "delta_D"] == 0.0
     with pytest.raises(KeyError, match="baseline 'C'"):
         shared_set_disagreement({"A": a, "B": b}, baseline="C")
+
+
+def test_the_seed_pooled_bootstrap_is_the_paired_one_with_one_seed_and_carries_the_seed_spread():
+    rng = np.random.default_rng(3)
+    a, b = rng.random(12), rng.random(12)
+    one = paired_bootstrap_ci_over_seeds(a[None], b[None], n_boot=3000, seed=5)
+    ref = paired_bootstrap_ci(a, b, n_boot=3000, seed=5)  # the same prompt draws: the same interval, to the bit
+    assert (one["diff"], one["ci_low"], one["ci_high"]) == (ref["diff"], ref["ci_low"], ref["ci_high"])
+    # by hand: seeds offset by +0.1 and +0.3 on every prompt against b itself; the prompt draws cancel, a
+    # replicate's difference is the mean of two seeds drawn with replacement: 0.1 (p 1/4), 0.2 (1/2), 0.3 (1/4),
+    # so the 95% interval is [0.1, 0.3] around 0.2, where averaging the seeds first would give [0.2, 0.2]
+    two = paired_bootstrap_ci_over_seeds(np.stack([b + 0.1, b + 0.3]), b[None], n_boot=4000, seed=0)
+    assert two["diff"] == pytest.approx(0.2) and two["n_seeds_a"] == 2 and two["n_prompts"] == 12
+    assert two["ci_low"] == pytest.approx(0.1) and two["ci_high"] == pytest.approx(0.3)
+    flat = paired_bootstrap_ci(np.stack([b + 0.1, b + 0.3]).mean(0), b, n_boot=4000)
+    assert flat["ci_high"] - flat["ci_low"] == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(ValueError, match="same non-empty prompts"):
+        paired_bootstrap_ci_over_seeds(np.zeros((2, 3)), np.zeros((2, 4)))
