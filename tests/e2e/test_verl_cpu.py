@@ -49,8 +49,9 @@ def _sweep_proc(cwd):
 def verl_sweep(tmp_path_factory):
     """The sweep, stopped (SIGTERM, as a user's or a scheduler's) once its first point has its first verl checkpoint
     and its first step's metrics, then the same command again. Returns ``(cwd, first exit code, checkpointed steps
-    when stopped, steps logged when stopped, second exit code, seconds from the signal to the exit)``: verl saves a step's checkpoint before it logs the
-    step, so the stop may leave a checkpoint ahead of the log, which the resumed run must not skip."""
+    when stopped, steps logged when stopped, second exit code, seconds from the signal to the exit)``: verl saves a
+    step's checkpoint before it logs the step, so the stop may leave a checkpoint ahead of the log, which the resumed
+    run must not skip."""
     cwd = tmp_path_factory.mktemp("verl_cpu")
     first = _sweep_proc(cwd)
     deadline, point = time.time() + 900, None
