@@ -18,6 +18,7 @@ POINTS = {
     "exppo_decoding_seeds": 6, "exppo_decoding_seeds_cpu": 6, "quatro_group_size": 4, "quatro_group_size_cpu": 4,
     "trgrpo_cross_model": 6, "trgrpo_cross_model_cpu": 4, "trgrpo_math": 4, "trgrpo_math_cpu": 2,
     "quatro_code": 4, "quatro_code_cpu": 4, "trgrpo_search": 4, "trgrpo_search_cpu": 2, "verl_smoke": 4,
+    "cpu_study": 12,
 }
 # what a user adds to a preset before it runs (a Wikipedia index for the search agents): a small index stands in
 NEEDS = {"trgrpo_search": "tools.search.index"}
@@ -40,7 +41,8 @@ def _needs(name, index) -> list[str]:
 # distinct trainings (points whose effective configs are equal train once; the rest are duplicates)
 TRAINED = {"quatro_main_cpu": 8, "quatro_staleness_cpu": 8, "quatro_log_ratio_ablation_cpu": 3,
            "exppo_core_cpu": 6, "trgrpo_kk_cpu": 6, "trgrpo_sensitivity_cpu": 9,
-           "exppo_multi_answer_cpu": 6, "exppo_decoding_seeds_cpu": 6, "exppo_components_cpu": 5}
+           "exppo_multi_answer_cpu": 6, "exppo_decoding_seeds_cpu": 6, "exppo_components_cpu": 5,
+           "cpu_study": 12}
 # distinct trainings where the evaluation differs between points (identity.training_hash): eval.seed=0,1,2 trains once
 TRAININGS = {"exppo_decoding_seeds": 2, "exppo_decoding_seeds_cpu": 2}
 
