@@ -1,8 +1,12 @@
 """Recompute every evaluation table from saved samples, without sampling again.
 
     python -m evaluation.recompute SAMPLES.parquet [--ks 1 2 4 8] [--base-samples BASE.parquet] [--out DIR]
+    python -m evaluation.recompute --study reports_out/<experiment>/study/runs.json [--out DIR]
 
-Writes one CSV per table next to the samples (or to --out) and prints them.
+Writes one CSV per table next to the samples (or to --out) and prints them. With --study, the study's
+comparisons (evaluation.study: every method against the baseline and the base model, paired prompt-bootstrap 95%
+CIs pooled over seeds) from the samples files the report's manifest names; CSVs in <manifest folder>/recomputed
+(or --out), to set beside the report's own (the report writes the manifest and its tables in the same folder).
 """
 from __future__ import annotations
 
@@ -18,13 +22,19 @@ from .tables import compute_tables
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m evaluation.recompute", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("samples")
+    ap.add_argument("samples", nargs="?", default=None)
+    ap.add_argument("--study", default=None, help="a study manifest (runs.json, written by the report)")
+    ap.add_argument("--n-boot", type=int, default=10_000, help="bootstrap replicates (--study)")
     ap.add_argument("--ks", type=int, nargs="+", default=None, help="pass@k values (default: powers of two up to n)")
     ap.add_argument("--base-samples", default=None)
     ap.add_argument("--similarity-metric", default="rouge_l")
     ap.add_argument("--ucc-threshold", type=float, default=0.7)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    if args.study:
+        return _study(args)
+    if args.samples is None:
+        ap.error("give a samples file or --study MANIFEST")
     try:
         samples = pd.read_parquet(args.samples)
         base = pd.read_parquet(args.base_samples) if args.base_samples else None
@@ -53,6 +63,25 @@ def main(argv=None) -> int:
         if len(table):
             table.to_csv(out / f"{name}.csv")
             print(f"== {name}\n{table.round(4).to_string()}\n")
+    return 0
+
+
+def _study(args) -> int:
+    from .study import read_manifest, study_tables
+
+    try:
+        man, samples = read_manifest(args.study)
+    except (OSError, ValueError) as e:
+        print(f"error: --study {args.study}: {e}", file=sys.stderr)
+        return 2
+    tables = study_tables(samples, man["methods"], man["baseline"], man.get("base"), man["ks"], n_boot=args.n_boot,
+                          similarity_metric=man.get("similarity_metric", "rouge_l"),
+                          threshold=man.get("ucc_threshold", 0.7))
+    out = Path(args.out) if args.out else Path(args.study).parent / "recomputed"
+    out.mkdir(parents=True, exist_ok=True)
+    for name, table in tables.items():
+        table.to_csv(out / f"{name}.csv")
+        print(f"== {name}\n{table.round(4).to_string() if len(table) else '(empty)'}\n")
     return 0
 
 

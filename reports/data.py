@@ -99,18 +99,26 @@ def swept_params(runs: pd.DataFrame) -> list[str]:
 
 
 def short_labels(runs: pd.DataFrame) -> pd.DataFrame:
-    """Replace run labels by the algorithm plus the swept non-algorithm hyperparameters
-    (``quatro delta=0.01``); the full override string stays in the MLflow run name."""
+    """Replace run labels by the algorithm plus the swept non-algorithm hyperparameters that vary among that
+    algorithm's runs (``quatro delta=0.01``, ``grpo seed=1``: a key set with the algorithm, such as an arm's
+    ``train.save_every``, says nothing the algorithm's name does not); the full override string stays in the MLflow
+    run name."""
     if runs.empty:
         return runs
     axes = [k for k in swept_params(runs) if not k.startswith("algo.")]
+    varying: dict = {}  # algorithm -> the swept keys that take more than one value among its (non-base) runs
+    for algo, params, kind in zip(runs["algo"], runs["params"], runs["kind"]):
+        if kind != "base":
+            for k in axes:
+                varying.setdefault(algo, {}).setdefault(k, set()).add(params.get(k))
     labels = []
     for algo, params, kind in zip(runs["algo"], runs["params"], runs["kind"]):
         if kind == "base":
             labels.append(BASE_LABEL)
             continue
         # evaluation settings keep their group (eval.seed=1 is a decoding seed, seed=1 a training seed)
-        parts = [algo] + [f"{k if k.startswith('eval.') else k.split('.')[-1]}={params.get(k)}" for k in axes]
+        parts = [algo] + [f"{k if k.startswith('eval.') else k.split('.')[-1]}={params.get(k)}" for k in axes
+                          if len(varying[algo][k]) > 1]
         labels.append(" ".join(parts) + (" (dup)" if kind == "duplicate" else ""))
     seen: dict = {}
     for i, lab in enumerate(labels):  # keep labels unique
@@ -652,3 +660,43 @@ def qualitative_examples(samples_by_run: dict, n_prompts: int = 3, per_run: int 
                 rows.append({"prompt": f"{bench}/{pid}: {prompt}", "run": label, "answer": answer, "count": len(sub),
                              "response_tail": str(sub["response"].iloc[0])[-chars:]})
     return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------- a study over seeds (docs/study.md)
+
+def study_methods(trained: pd.DataFrame, samples: dict, key: str = "seed") -> dict:
+    """{method: [run labels]}: the finished trained runs with samples, grouped by :func:`seed_group` (runs that
+    differ only by the training ``seed``), in run order; ``{}`` when no method has two seeds (no study)."""
+    methods: dict = {}
+    for label in trained["label"] if len(trained) else []:
+        if label in samples:
+            methods.setdefault(seed_group(label, key), []).append(label)
+    return methods if any(len(v) > 1 for v in methods.values()) else {}
+
+
+def study_baseline(methods: dict, trained: pd.DataFrame, baseline: str | None) -> str | None:
+    """The method the study compares against: ``baseline`` itself when it is a method, else the method of the first
+    run whose label or algorithm is ``baseline``; None without one."""
+    if baseline is None or not methods:
+        return None
+    if baseline in methods:
+        return baseline
+    for _, r in trained.iterrows():
+        if baseline in (r["label"], r["algo"]):
+            for method, labels in methods.items():
+                if r["label"] in labels:
+                    return method
+    return None
+
+
+def seed_band(hist: dict, methods: dict, key: str) -> dict:
+    """{method: (steps, mean, min, max)} of training metric ``key`` over each method's seeds, on the steps every
+    seed logged (from :func:`histories`); methods without the metric left out."""
+    out = {}
+    for method, labels in methods.items():
+        series = [pd.Series(hist[key][lab][1], index=hist[key][lab][0]) for lab in labels if lab in hist.get(key, {})]
+        if not series:
+            continue
+        df = pd.concat(series, axis=1, join="inner").sort_index()
+        out[method] = (df.index.to_numpy(), df.mean(axis=1).to_numpy(), df.min(axis=1).to_numpy(), df.max(axis=1).to_numpy())
+    return out

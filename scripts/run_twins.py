@@ -6,6 +6,7 @@ for the real twins, which take 3-15 minutes each on two CPU cores (docs/performa
     python scripts/run_twins.py                          # the five twins whose times docs/performance.md quotes
     python scripts/run_twins.py trgrpo_kk_cpu --work DIR # one twin, its store and report under DIR/<twin>
     python scripts/run_twins.py quatro_log_ratio_ablation_cpu --set model=tiny-random   # what the tests run
+    python scripts/run_twins.py cpu_study                # the CPU study (about an hour, docs/study.md)
 
 For each twin: ``python sweep.py -m experiment=<twin>`` in its own folder, then checks that the sweep exited 0,
 that every distinct effective config (``orchestrator.identity.config_hash`` over the preset's points) has a
@@ -37,7 +38,16 @@ def _staleness_epochs(trained):
     return [] if epochs == [1, 2, 4, 8] else [f"GSPO's inner epochs {epochs}, expected [1, 2, 4, 8]"]
 
 
-CHECKS = {"trgrpo_kk_cpu": _kk_sizes, "quatro_staleness_cpu": _staleness_epochs}
+def _study(trained):
+    """cpu_study: every method with two or more FINISHED seeds (the study's comparisons pool over them)."""
+    seeds: dict = {}
+    for r in trained:
+        if r.info.status == "FINISHED":
+            seeds.setdefault((r.data.params["algo.name"], r.data.params.get("delta")), set()).add(r.data.params["seed"])
+    return [f"{algo} has seeds {sorted(s)}, expected two or more" for algo, s in seeds.items() if len(s) < 2]
+
+
+CHECKS = {"trgrpo_kk_cpu": _kk_sizes, "quatro_staleness_cpu": _staleness_epochs, "cpu_study": _study}
 
 
 def run_twin(name: str, work: Path, overrides=(), capture: bool = False) -> tuple[list[str], list]:
@@ -85,7 +95,7 @@ def main(argv=None) -> int:
                     help="an override after the preset, for every twin (repeatable)")
     ap.add_argument("--work", type=Path, default=Path("twins_out"), help="folder for the twins' stores and reports")
     args = ap.parse_args(argv)
-    known = sorted(p.stem for p in (REPO / "sweeps" / "experiment").glob("*_cpu.yaml"))
+    known = sorted(p.stem for p in (REPO / "sweeps" / "experiment").glob("*_cpu.yaml")) + ["cpu_study"]
     bad = [t for t in args.twins if t not in known]
     if bad:
         print(f"unknown twin(s) {bad}; the CPU twins are: {', '.join(known)}", file=sys.stderr)

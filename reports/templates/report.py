@@ -426,6 +426,89 @@ else:
         display(Markdown(f"Per-prompt accuracy minus baseline `{label}`:"))
         display(HTML(diffs.to_html(float_format=lambda v: f"{v:.4f}")))
 
+# %% [markdown]
+# ## Study: methods over seeds against the baseline and the base model
+#
+# For sweeps that train each method with several seeds (`experiment=cpu_study`, docs/study.md): each method's mean
+# over seeds and prompts, its difference from the baseline method with a paired prompt-bootstrap 95% CI pooled
+# over the seeds (prompts resampled together, each method's seeds on their own), whether the CI excludes 0, and
+# the prompts that would resolve the difference at 80% power with the same seeds (from the prompt part of the
+# spread); then each method's pass@k against the base model's at every k (does the curve cross it, Yue et al.
+# 2025), and the KL to the reference and the training-inference mismatch over training (mean over seeds, band:
+# min to max). Every number here is recomputed from the samples by
+# `python -m evaluation.recompute --study <report folder>/study/runs.json`.
+
+# %%
+import evaluation.study as S  # noqa: E402
+
+methods = R.study_methods(done, samples_by_run)
+study_base = R.study_baseline(methods, done, baseline)
+if not methods:
+    note("No method was trained with two or more seeds (add seed=0,1 to the sweep): no study comparison.")
+elif study_base is None:
+    note(f"No baseline method among {sorted(methods)} (report.baseline={baseline!r}): no study comparison.")
+else:
+    STUDY = Path(work_dir) / "study"
+    STUDY.mkdir(parents=True, exist_ok=True)
+    ks = [int(c.split("@")[1]) for c in R.passk_table(shown).columns if c.startswith("pass@") and c.split("@")[1].isdigit()]
+    base_lab = R.base_label(runs) if R.base_label(runs) in samples_by_run else None
+    files = {lab: Path(work_dir) / "samples" / rid / "samples.parquet" for lab, rid in zip(shown["label"], shown["run_id"])
+             if lab in samples_by_run and (lab == base_lab or any(lab in v for v in methods.values()))}
+    ucc_cfg = {"similarity_metric": "rouge_l", "threshold": 0.7}
+    S.write_manifest(STUDY / "runs.json", files, methods, study_base, base_lab, ks, **ucc_cfg)
+    study = S.study_tables(samples_by_run, methods, study_base, base_lab, ks, **ucc_cfg)
+    for name, table in study.items():
+        table.to_csv(STUDY / f"{name}.csv")
+    comp = study["comparisons"]
+    shown_cmp = pd.DataFrame({
+        "method": [m for m, _ in comp.index], "metric": [x for _, x in comp.index],
+        "method mean": comp["mean"].map("{:.4f}".format), f"{study_base} mean": comp["baseline_mean"].map("{:.4f}".format),
+        "difference [95% CI]": [f"{d:+.4f} [{lo:+.4f}, {hi:+.4f}]" for d, lo, hi in zip(comp["diff"], comp["ci_low"], comp["ci_high"])],
+        "resolved": comp["resolved"].map({True: "yes", False: "no"}),
+        "prompts for 80% power": [("-" if not np.isfinite(v) else f"{v:,.0f}") for v in comp["prompts_needed"]],
+        "seeds": [f"{a} vs {b}" for a, b in zip(comp["n_seeds_a"], comp["n_seeds_b"])]}).set_index(["method", "metric"])
+    display(Markdown(f"**Against `{study_base}`** ({int(comp['n_prompts'].iloc[0])} prompts; entropy in nats per token):"))
+    display(HTML(shown_cmp.to_html()))
+    if study["base_curves"].empty:
+        note("No base-model run with samples: no comparison with the base model.")
+    else:
+        curves = study["base_curves"]
+        fig, ax = plt.subplots(figsize=(7, 3.8))
+        meths = list(dict.fromkeys(curves.index.get_level_values("method")))
+        for i, m in enumerate(meths):
+            g = curves.xs(m, level="method").sort_index()
+            x = np.log2(g.index.to_numpy(dtype=float)) + (i - (len(meths) - 1) / 2) * 0.06
+            c = color(methods[m][0])
+            ax.errorbar(x, g["diff"], yerr=[g["diff"] - g["ci_low"], g["ci_high"] - g["diff"]], marker="o", ms=4,
+                        capsize=2, label=m, color=c)
+        ax.axhline(0, color="0.4", lw=0.8)
+        ax.set_xlabel("log2 k")
+        ax.set_ylabel("pass@k minus the base model's")
+        ax.legend(fontsize=7, ncol=2)
+        save(fig, "study_base_crossing")
+        display(Markdown("Each method's pass@k minus the base model's (paired prompt-bootstrap 95% CI over prompts "
+                         "and seeds); below 0 at large k means the curves cross (Yue et al. 2025):"))
+        display(HTML(study["crossings"].to_html()))
+    kl_keys = [k for k in ("train/kl_ref", "train/mismatch_kl", "train/entropy", "train/reward_mean") if k in hist]
+    if kl_keys:
+        fig, axs = plt.subplots(1, len(kl_keys), figsize=(4.2 * len(kl_keys), 3.2), squeeze=False)
+        rows_kl = {}
+        for ax, key in zip(axs[0], kl_keys):
+            for m, (st, mean_, lo, hi) in R.seed_band(hist, methods, key).items():
+                c = color(methods[m][0])
+                ax.plot(st, mean_, marker="o", ms=3, label=m, color=c)
+                ax.fill_between(st, lo, hi, color=c, alpha=0.15)
+                rows_kl.setdefault(m, {})[f"{key.removeprefix('train/')} first"] = mean_[0]
+                rows_kl[m][f"{key.removeprefix('train/')} last"] = mean_[-1]
+            ax.set_title(key.removeprefix("train/"))
+            ax.set_xlabel("step")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axs[0][0].legend(fontsize=7)
+        save(fig, "study_training")
+        kl_table = pd.DataFrame.from_dict(rows_kl, orient="index").rename_axis("method (mean over seeds)")
+        kl_table.to_csv(STUDY / "training.csv")
+        display(HTML(kl_table.to_html(float_format=lambda v: f"{v:.4g}")))
+
 # %%
 heading("subsets")
 subsets = R.subset_table(shown)
