@@ -385,12 +385,20 @@ def _die_with_parent() -> None:
         pass
 
 
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(0)
+
+
 def _worker_init():
     import signal
 
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the sweep's stop handler is inherited by fork: not here
+    # the sweep's stop handler is inherited by fork: not here. SIGTERM (from the pool's terminate(), the parent's
+    # death, or a signal to the whole process group: pkill -f, scancel) exits by raising, so a worker blocked in
+    # the task queue's get() leaves the queue's lock released: killed with the default action it kept it, and the
+    # parent's Pool.terminate() then waited on that lock for ever (a stopped sweep that never exited)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # nor SLURM's preemption signal, sent to every process of the job
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)
     import math_verify  # noqa: F401  (import once per worker)

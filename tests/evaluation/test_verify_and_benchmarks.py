@@ -7,6 +7,7 @@ import sympy
 
 from core.tasks.math import load_local_benchmark
 from core.verify import _BASE_NUMBER, check_answer, is_correct, last_boxed
+from tests.conftest import REPO
 
 
 @pytest.mark.parametrize("response,gold,expected", [
@@ -92,6 +93,31 @@ def test_adversarial_outputs_are_bounded_and_incorrect():
     assert v.check_many(["\\boxed{7}"] * 256, ["7"] * 256) == [(True, "7", True)] * 256
     assert v.hits - hits == 255 and sum(1 for key in v.cache if key[0] == "\\boxed{7}") == 1
     v.close()
+
+
+def test_the_pool_closes_after_its_idle_workers_got_sigterm():
+    """A signal to the whole process group (``pkill -f``, ``scancel``, a supervisor) reaches the verifier's forked
+    workers too. Killed with the default action, a worker waiting for a task kept the task queue's lock, and
+    Pool.terminate() in close() waited on it for ever: the sweep said "stopped" and never exited (seen in the CPU
+    study, 2026-12-04). Run in a child process so that a regression fails on its timeout instead of hanging here."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, signal, time\n"
+        "from core.verify import Verifier\n"
+        "v = Verifier(workers=2)\n"
+        "assert [c.correct for c in v.check_many(['\\\\boxed{7}', '8'], ['7', '7'])] == [True, False]\n"
+        "time.sleep(0.5)  # both workers back in the queue's get()\n"
+        "pids = [p.pid for p in v._pool._pool]\n"
+        "for pid in pids: os.kill(pid, signal.SIGTERM)\n"
+        "time.sleep(0.5)\n"
+        "t0 = time.monotonic(); v.close(); print('closed', round(time.monotonic() - t0, 2))\n"
+        "v2 = Verifier(workers=1); assert v2.check_many(['\\\\boxed{3}'], ['3'])[0].correct; v2.close()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("closed")
 
 
 def test_bad_output_scores_zero_without_raising():
