@@ -25,6 +25,7 @@ def main(argv=None) -> int:
     ap.add_argument("samples", nargs="?", default=None)
     ap.add_argument("--study", default=None, help="a study manifest (runs.json, written by the report)")
     ap.add_argument("--n-boot", type=int, default=10_000, help="bootstrap replicates (--study)")
+    ap.add_argument("--markdown", action="store_true", help="--study: also print the tables as docs/study.md shows them")
     ap.add_argument("--ks", type=int, nargs="+", default=None, help="pass@k values (default: powers of two up to n)")
     ap.add_argument("--base-samples", default=None)
     ap.add_argument("--similarity-metric", default="rouge_l")
@@ -67,7 +68,7 @@ def main(argv=None) -> int:
 
 
 def _study(args) -> int:
-    from .study import read_manifest, study_tables
+    from .study import formatted, formatted_curves, read_manifest, study_tables, to_markdown
 
     try:
         man, samples = read_manifest(args.study)
@@ -82,6 +83,11 @@ def _study(args) -> int:
     for name, table in tables.items():
         table.to_csv(out / f"{name}.csv")
         print(f"== {name}\n{table.round(4).to_string() if len(table) else '(empty)'}\n")
+    if args.markdown:
+        print(to_markdown(formatted(tables["comparisons"], man["baseline"])) + "\n")
+        if len(tables["base_curves"]):
+            print(to_markdown(formatted_curves(tables["base_curves"])) + "\n")
+            print(to_markdown(tables["crossings"]) + "\n")
     return 0
 
 

@@ -82,20 +82,37 @@ def seed_matrix(samples: dict, labels: list, metric: str, prompts=None, **kw) ->
     return np.vstack([v.reindex(prompts).to_numpy(dtype=float) for v in values]), prompts
 
 
-def prompts_needed(diff: float, se: float, n_prompts: int, power: float = 0.8) -> float:
-    """Prompts at which a difference ``diff`` measured with standard error ``se`` on ``n_prompts`` prompts would be
-    resolved by a two-sided 95% test with the given power, assuming the error shrinks as 1/sqrt(prompts):
-    n_prompts * ((z_0.975 + z_power) * se / |diff|)^2 (the usual normal-approximation sample size). inf when
-    ``diff`` is 0.
+def prompts_needed(diff: float, se: float, n_prompts: int, power: float = 0.8, se_seed: float = 0.0) -> float:
+    """Prompts at which a difference ``diff`` would be resolved by a two-sided 95% test with the given power: its
+    variance must fall to (|diff| / (z_0.975 + z_power))^2. The prompt part ``se`` (measured on ``n_prompts``
+    prompts) shrinks as 1/prompts, the seed part ``se_seed`` does not: n_prompts * se^2 / (target - se_seed^2)
+    (with ``se_seed`` 0: the usual normal-approximation sample size n_prompts * ((z_0.975 + z_power) se / |diff|)^2).
+    inf when ``diff`` is 0 or the seed part alone is too large (more seeds are needed: :func:`seeds_needed`).
 
     Raises:
-        ValueError: a power outside (0.5, 1) (only 0.8 is tabulated here).
+        ValueError: a power other than 0.8 (the only one tabulated here).
     """
     if power != 0.8:
         raise ValueError(f"power={power}: only 0.8 is supported")
     if diff == 0 or not np.isfinite(diff):
         return float("inf")
-    return float(n_prompts * ((Z_975 + Z_80) * se / abs(diff)) ** 2)
+    target = (abs(diff) / (Z_975 + Z_80)) ** 2
+    if se_seed ** 2 >= target:
+        return float("inf")
+    return float(n_prompts * se ** 2 / (target - se_seed ** 2))
+
+
+def seeds_needed(diff: float, se_prompts: float, se_seed: float, n_seeds: int) -> float:
+    """Training seeds per method at which ``diff`` would be resolved (95%, 80% power) with the same prompts: the
+    seed part of the variance ``se_seed^2`` (measured with ``n_seeds`` seeds) shrinks as 1/seeds, the prompt part
+    does not: n_seeds * se_seed^2 / (target - se_prompts^2); inf when the prompt part alone is too large, 0 seeds
+    more when the difference is resolved without seed variance."""
+    if diff == 0 or not np.isfinite(diff):
+        return float("inf")
+    target = (abs(diff) / (Z_975 + Z_80)) ** 2
+    if se_prompts ** 2 >= target:
+        return float("inf")
+    return float(n_seeds * se_seed ** 2 / (target - se_prompts ** 2))
 
 
 def _compare(a: np.ndarray, b: np.ndarray, n_boot: int, seed: int) -> dict:
@@ -106,9 +123,13 @@ def _compare(a: np.ndarray, b: np.ndarray, n_boot: int, seed: int) -> dict:
     prompt_only = paired_bootstrap_ci(a.mean(axis=0), b.mean(axis=0), n_boot=n_boot, seed=seed)
     se = (ci["ci_high"] - ci["ci_low"]) / (2 * Z_975)
     se_prompts = (prompt_only["ci_high"] - prompt_only["ci_low"]) / (2 * Z_975)
-    return {**ci, "se": se, "se_prompts": se_prompts,
+    se_seed = float(np.sqrt(max(0.0, se ** 2 - se_prompts ** 2)))
+    return {**ci, "se": se, "se_prompts": se_prompts, "se_seed": se_seed,
+            "seed_share": se_seed ** 2 / se ** 2 if se > 0 else 0.0,
             "resolved": bool(ci["ci_low"] > 0 or ci["ci_high"] < 0),
-            "prompts_needed": prompts_needed(ci["diff"], se_prompts, ci["n_prompts"])}
+            "prompts_needed": prompts_needed(ci["diff"], se_prompts, ci["n_prompts"], se_seed=se_seed),
+            "seeds_needed": seeds_needed(ci["diff"], se_prompts, se_seed, max(ci["n_seeds_a"], ci["n_seeds_b"])),
+            "scale_needed": float(((Z_975 + Z_80) * se / abs(ci["diff"])) ** 2) if ci["diff"] else float("inf")}
 
 
 def compare_methods(samples: dict, methods: dict, baseline: str, metrics, n_boot: int = 10_000, seed: int = 0,
@@ -122,8 +143,11 @@ def compare_methods(samples: dict, methods: dict, baseline: str, metrics, n_boot
         index (method, metric); columns ``mean`` and ``baseline_mean`` (over seeds and prompts), ``diff``,
         ``ci_low``, ``ci_high`` (paired prompt bootstrap pooled over seeds, 95%), ``resolved`` (the CI excludes 0),
         ``se`` (the CI's width / 2 z_0.975), ``se_prompts`` (the same with the seeds averaged first: the prompt
-        part), ``prompts_needed`` (:func:`prompts_needed` on ``se_prompts``), ``n_prompts``, ``n_seeds_a``,
-        ``n_seeds_b``.
+        part), ``se_seed`` (sqrt(se^2 - se_prompts^2): the training seeds' part, which more prompts do not shrink)
+        and ``seed_share`` (its share of the variance), ``prompts_needed`` and ``seeds_needed`` (:func:`prompts_needed`,
+        :func:`seeds_needed`: the prompts, or the seeds per method, that would resolve the difference at 80% power,
+        the other kept), ``scale_needed`` (m = ((z_0.975 + z_0.8) se / |diff|)^2: prompts and seeds both multiplied
+        by m would), ``n_prompts``, ``n_seeds_a``, ``n_seeds_b``.
     Raises:
         KeyError: an unknown baseline or a run without samples.
     """
@@ -247,3 +271,60 @@ def read_manifest(path) -> tuple[dict, dict]:
             raise ValueError(f"{path.parent / f} (run {lab!r}): cannot be read as a samples table "
                              f"({type(e).__name__})") from e
     return man, samples
+
+
+def formatted(comparisons: pd.DataFrame, baseline: str) -> pd.DataFrame:
+    """:func:`compare_methods`' table as the report and docs/study.md show it (strings, 4 decimals): method mean,
+    baseline mean, difference with its 95% CI, resolved, and for an unresolved difference what would resolve it at
+    80% power: the prompts with the same seeds, or the seeds per method with the same prompts, or, where the other
+    part of the variance alone is too large for either, both scaled together; seeds."""
+    c = comparisons
+    return pd.DataFrame({
+        "method mean": c["mean"].map("{:.4f}".format), f"{baseline} mean": c["baseline_mean"].map("{:.4f}".format),
+        "difference [95% CI]": [f"{d:+.4f} [{lo:+.4f}, {hi:+.4f}]" for d, lo, hi in zip(c["diff"], c["ci_low"], c["ci_high"])],
+        "resolved": c["resolved"].map({True: "yes", False: "no"}),
+        "to resolve at 80% power": [_to_resolve(r) for _, r in c.iterrows()],
+        "seeds": [f"{a} vs {b}" for a, b in zip(c["n_seeds_a"], c["n_seeds_b"])]}, index=c.index)
+
+
+def _to_resolve(r) -> str:
+    """"-" for a resolved difference, else "N prompts", "N seeds", "N prompts or M seeds", or "N prompts and M seeds"
+    (both multiplied by ``scale_needed``) when neither alone can."""
+    if r["resolved"]:
+        return "-"
+    if not np.isfinite(r["scale_needed"]):
+        return "no difference"
+    options = []
+    if np.isfinite(r["prompts_needed"]):
+        options.append(f"{int(np.ceil(r['prompts_needed'])):,} prompts")
+    if np.isfinite(r["seeds_needed"]):
+        options.append(f"{max(int(r['n_seeds_a']), int(np.ceil(r['seeds_needed']))):,} seeds")
+    if options:
+        return " or ".join(options)
+    m = r["scale_needed"]
+    return (f"{int(np.ceil(m * r['n_prompts'])):,} prompts and "
+            f"{int(np.ceil(m * max(r['n_seeds_a'], r['n_seeds_b']))):,} seeds")
+
+
+def formatted_curves(curves: pd.DataFrame) -> pd.DataFrame:
+    """:func:`base_curves`' table as shown: rows methods, one column per k, each ``pass@k (difference from the base
+    model [95% CI])``; a first row with the base model's pass@k."""
+    ks = sorted(set(curves.index.get_level_values("k")))
+    rows = {"base model": {f"pass@{k}": f"{curves.xs(k, level='k')['base'].iloc[0]:.4f}" for k in ks}}
+    for method in dict.fromkeys(curves.index.get_level_values("method")):
+        g = curves.xs(method, level="method")
+        rows[method] = {f"pass@{k}": f"{g.loc[k, 'mean']:.4f} ({g.loc[k, 'diff']:+.4f} [{g.loc[k, 'ci_low']:+.4f}, "
+                                      f"{g.loc[k, 'ci_high']:+.4f}])" for k in ks}
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis("method")
+
+
+def to_markdown(df: pd.DataFrame) -> str:
+    """A pipe table of ``df`` (index levels first), for docs pages."""
+    names = [n or "" for n in df.index.names]
+    head = "| " + " | ".join([*names, *map(str, df.columns)]) + " |"
+    rule = "| " + " | ".join("---" for _ in range(len(names) + len(df.columns))) + " |"
+    body = []
+    for idx, row in df.iterrows():
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        body.append("| " + " | ".join([*map(str, idx), *map(str, row.tolist())]) + " |")
+    return "\n".join([head, rule, *body])

@@ -460,13 +460,7 @@ else:
     for name, table in study.items():
         table.to_csv(STUDY / f"{name}.csv")
     comp = study["comparisons"]
-    shown_cmp = pd.DataFrame({
-        "method": [m for m, _ in comp.index], "metric": [x for _, x in comp.index],
-        "method mean": comp["mean"].map("{:.4f}".format), f"{study_base} mean": comp["baseline_mean"].map("{:.4f}".format),
-        "difference [95% CI]": [f"{d:+.4f} [{lo:+.4f}, {hi:+.4f}]" for d, lo, hi in zip(comp["diff"], comp["ci_low"], comp["ci_high"])],
-        "resolved": comp["resolved"].map({True: "yes", False: "no"}),
-        "prompts for 80% power": [("-" if not np.isfinite(v) else f"{v:,.0f}") for v in comp["prompts_needed"]],
-        "seeds": [f"{a} vs {b}" for a, b in zip(comp["n_seeds_a"], comp["n_seeds_b"])]}).set_index(["method", "metric"])
+    shown_cmp = S.formatted(comp, study_base)
     display(Markdown(f"**Against `{study_base}`** ({int(comp['n_prompts'].iloc[0])} prompts; entropy in nats per token):"))
     display(HTML(shown_cmp.to_html()))
     if study["base_curves"].empty:
@@ -479,7 +473,7 @@ else:
             g = curves.xs(m, level="method").sort_index()
             x = np.log2(g.index.to_numpy(dtype=float)) + (i - (len(meths) - 1) / 2) * 0.06
             c = color(methods[m][0])
-            ax.errorbar(x, g["diff"], yerr=[g["diff"] - g["ci_low"], g["ci_high"] - g["diff"]], marker="o", ms=4,
+            ax.errorbar(x, g["diff"], yerr=np.clip([g["diff"] - g["ci_low"], g["ci_high"] - g["diff"]], 0, None), marker="o", ms=4,
                         capsize=2, label=m, color=c)
         ax.axhline(0, color="0.4", lw=0.8)
         ax.set_xlabel("log2 k")
@@ -489,6 +483,8 @@ else:
         display(Markdown("Each method's pass@k minus the base model's (paired prompt-bootstrap 95% CI over prompts "
                          "and seeds); below 0 at large k means the curves cross (Yue et al. 2025):"))
         display(HTML(study["crossings"].to_html()))
+        display(Markdown("pass@k (difference from the base model [95% CI]):"))
+        display(HTML(S.formatted_curves(curves).to_html()))
     kl_keys = [k for k in ("train/kl_ref", "train/mismatch_kl", "train/entropy", "train/reward_mean") if k in hist]
     if kl_keys:
         fig, axs = plt.subplots(1, len(kl_keys), figsize=(4.2 * len(kl_keys), 3.2), squeeze=False)
@@ -503,7 +499,8 @@ else:
             ax.set_title(key.removeprefix("train/"))
             ax.set_xlabel("step")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        axs[0][0].legend(fontsize=7)
+        fullest = max(axs[0], key=lambda a: len(a.get_lines()))  # the panel every method logged (GSPO has no KL term)
+        fullest.legend(fontsize=7)
         save(fig, "study_training")
         kl_table = pd.DataFrame.from_dict(rows_kl, orient="index").rename_axis("method (mean over seeds)")
         kl_table.to_csv(STUDY / "training.csv")

@@ -73,12 +73,23 @@ def test_two_seeds_pool_over_seeds_and_the_prompt_part_averages_them_first():
     prompt_only = paired_bootstrap_ci(A.mean(0), B.mean(0), n_boot=3000)
     assert row["se_prompts"] == pytest.approx((prompt_only["ci_high"] - prompt_only["ci_low"]) / (2 * 1.959963984540054))
     assert (row["n_seeds_a"], row["n_seeds_b"], row["n_prompts"]) == (2, 2, 20)
+    # the variance splits into the prompt part and the seed part; scaling both by m resolves the difference
+    assert row["se"] ** 2 == pytest.approx(row["se_prompts"] ** 2 + row["se_seed"] ** 2)
+    assert row["scale_needed"] == pytest.approx(((1.959964 + 0.841621) * row["se"] / abs(row["diff"])) ** 2, rel=1e-5)
 
 
 def test_prompts_needed_is_the_normal_sample_size():
     # (1.96 + 0.8416)^2 = 7.849: a difference of 2 standard errors on 24 prompts needs 24 * 7.849 / 4 = 47.1 prompts
     assert S.prompts_needed(0.1, 0.05, 24) == pytest.approx(24 * (1.959964 + 0.841621) ** 2 / 4, rel=1e-5)
     assert S.prompts_needed(0.0, 0.05, 24) == float("inf")
+    # with a seed part: target variance (0.1 / 2.8016)^2 = 1.274e-3; seeds take 0.03^2 = 9e-4 of it, so the prompt
+    # part 0.05^2 on 24 prompts must fall to 3.74e-4: 24 * 2.5e-3 / 3.74e-4 = 160.4 prompts
+    target = (0.1 / (1.959964 + 0.841621)) ** 2
+    assert S.prompts_needed(0.1, 0.05, 24, se_seed=0.03) == pytest.approx(24 * 0.05 ** 2 / (target - 0.03 ** 2), rel=1e-5)
+    assert S.prompts_needed(0.1, 0.05, 24, se_seed=0.04) == float("inf")  # 1.6e-3 > target: more prompts cannot do it
+    # seeds: the prompt part 0.02^2 = 4e-4 stays, the seed part 0.03^2 with 2 seeds shrinks: 2 * 9e-4 / 8.74e-4
+    assert S.seeds_needed(0.1, 0.02, 0.03, 2) == pytest.approx(2 * 0.03 ** 2 / (target - 0.02 ** 2), rel=1e-5)
+    assert S.seeds_needed(0.1, 0.05, 0.03, 2) == float("inf")
     with pytest.raises(ValueError, match="power=0.9"):
         S.prompts_needed(0.1, 0.05, 24, power=0.9)
 
@@ -120,3 +131,28 @@ def test_recompute_study_writes_the_tables_from_a_manifest(tmp_path, capsys):
     (tmp_path / "bad.json").write_text("{}")
     assert main(["--study", str(tmp_path / "bad.json")]) == 2
     assert "not a study manifest" in capsys.readouterr().err
+
+
+def test_the_shown_tables_format_the_numbers_they_are_given(tmp_path, capsys):
+    comp = pd.DataFrame({"mean": [0.5, 0.3, 0.3, 0.3], "baseline_mean": [0.25] * 4, "diff": [0.25, 0.05, 0.05, 0.05],
+                         "ci_low": [0.1, -0.1, -0.1, -0.1], "ci_high": [0.4, 0.2, 0.2, 0.2],
+                         "resolved": [True, False, False, False], "prompts_needed": [12.4, 96.2, float("inf"), float("inf")],
+                         "seeds_needed": [1.0, float("inf"), 4.2, float("inf")], "scale_needed": [0.5, 4.0, 3.0, 2.5],
+                         "n_prompts": [24] * 4, "n_seeds_a": [2] * 4, "n_seeds_b": [2] * 4},
+                        index=pd.MultiIndex.from_tuples([("quatro", "pass@1"), ("gspo", "pass@1"), ("exppo", "pass@1"),
+                                                         ("tr_grpo", "pass@1")], names=["method", "metric"]))
+    shown = S.formatted(comp, "grpo")
+    assert shown.loc[("quatro", "pass@1")].tolist() == ["0.5000", "0.2500", "+0.2500 [+0.1000, +0.4000]", "yes", "-", "2 vs 2"]
+    assert shown.loc[("gspo", "pass@1"), "to resolve at 80% power"] == "97 prompts"
+    assert shown.loc[("exppo", "pass@1"), "to resolve at 80% power"] == "5 seeds"
+    # neither alone: both multiplied by 2.5 (24 prompts -> 60, 2 seeds -> 5)
+    assert shown.loc[("tr_grpo", "pass@1"), "to resolve at 80% power"] == "60 prompts and 5 seeds"
+    md = S.to_markdown(shown).splitlines()
+    assert md[0] == ("| method | metric | method mean | grpo mean | difference [95% CI] | resolved | to resolve at 80% power "
+                     "| seeds |")
+    assert md[3] == "| gspo | pass@1 | 0.3000 | 0.2500 | +0.0500 [-0.1000, +0.2000] | no | 97 prompts | 2 vs 2 |"
+    curves = pd.DataFrame({"mean": [0.5, 0.9], "base": [0.4, 0.95], "diff": [0.1, -0.05], "ci_low": [0.0, -0.1],
+                           "ci_high": [0.2, 0.0]}, index=pd.MultiIndex.from_tuples([("grpo", 1), ("grpo", 4)], names=["method", "k"]))
+    fc = S.formatted_curves(curves)
+    assert fc.loc["base model"].tolist() == ["0.4000", "0.9500"]
+    assert fc.loc["grpo", "pass@4"] == "0.9000 (-0.0500 [-0.1000, +0.0000])"
