@@ -31,7 +31,8 @@ def build(experiment: str, tracking_uri: str = "sqlite:///mlflow.db", baseline: 
             paired-bootstrap differences; out_dir: where files go (default ``reports_out/<experiment>``);
             parent_run_id: the sweep's parent run, under which the report run is nested.
     Returns:
-        {"notebook": path, "html": path, "figures": [paths], "run_id": MLflow report run id or None}.
+        {"notebook": path, "html": path, "figures": [paths], "paper": [paths of the PDF/SVG figures and CSV/LaTeX
+        tables under ``out_dir/paper``], "run_id": MLflow report run id or None}.
     Raises:
         Exception: whatever executing the notebook raised (the sweep callback catches it).
     """
@@ -83,8 +84,11 @@ def build(experiment: str, tracking_uri: str = "sqlite:///mlflow.db", baseline: 
             mlflow.log_artifact(str(html_path))
             for f in figures:
                 mlflow.log_artifact(str(f), artifact_path="figures")
+            if (out / "paper").is_dir():  # PDF/SVG figures, CSV/LaTeX tables
+                mlflow.log_artifacts(str(out / "paper"), artifact_path="paper")
             run_id = r.info.run_id
-    return {"notebook": nb_path, "html": html_path, "figures": figures, "run_id": run_id}
+    return {"notebook": nb_path, "html": html_path, "figures": figures,
+            "paper": sorted((out / "paper").glob("*")) if (out / "paper").is_dir() else [], "run_id": run_id}
 
 
 def main(argv=None) -> int:

@@ -629,13 +629,14 @@ def quatro_advantage_curves(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def staleness_axes(runs: pd.DataFrame) -> tuple[list, list] | None:
-    """(inner-epoch values, learning rates) when the sweep varies both (the QUATRO paper's staleness study,
-    its Fig. 1 and 4), else None."""
+    """(inner-epoch values, learning rates) when the sweep varies the inner epochs (the QUATRO paper's staleness
+    study, its Fig. 1 and 4: a column per number of epochs, a colour per learning rate; one learning rate draws one
+    colour, as the CPU twin has), else None."""
     if runs.empty:
         return None
     epochs = sorted({int(p["train.ppo_epochs"]) for p in runs["params"] if p.get("train.ppo_epochs")})
     lrs = sorted({float(p["train.lr"]) for p in runs["params"] if p.get("train.lr")})
-    return (epochs, lrs) if len(epochs) > 1 and len(lrs) > 1 else None
+    return (epochs, lrs) if len(epochs) > 1 and lrs else None
 
 
 def qualitative_examples(samples_by_run: dict, n_prompts: int = 3, per_run: int = 3, chars: int = 240) -> pd.DataFrame:
@@ -700,3 +701,19 @@ def seed_band(hist: dict, methods: dict, key: str) -> dict:
         df = pd.concat(series, axis=1, join="inner").sort_index()
         out[method] = (df.index.to_numpy(), df.mean(axis=1).to_numpy(), df.min(axis=1).to_numpy(), df.max(axis=1).to_numpy())
     return out
+
+
+# ---------------------------------------------------------------------------- export for a paper
+
+def export_table(df: pd.DataFrame, directory, name: str, digits: int = 4) -> list[Path]:
+    """Write ``df`` as ``<directory>/<name>.csv`` and ``<name>.tex`` (a LaTeX ``tabular`` with booktabs rules,
+    special characters escaped, floats to ``digits`` places), for a paper; returns the two paths. An empty frame
+    writes nothing. Raises OSError when the directory cannot be written."""
+    if df is None or df.empty:
+        return []
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    csv, tex = d / f"{name}.csv", d / f"{name}.tex"
+    df.to_csv(csv)
+    tex.write_text(df.to_latex(escape=True, float_format=f"%.{digits}f", na_rep="-"), encoding="utf-8")
+    return [csv, tex]

@@ -58,11 +58,22 @@ def note(text):
     display(Markdown(f"*{text}*"))
 
 
+PAPER = Path(work_dir) / "paper"  # every figure as PDF and SVG, every table as CSV and LaTeX (booktabs), for a paper
+PAPER.mkdir(parents=True, exist_ok=True)
+
+
 def save(fig, name):
     fig.tight_layout()
     fig.savefig(FIG / f"{name}.png", dpi=110)
+    for ext in ("pdf", "svg"):
+        fig.savefig(PAPER / f"{name}.{ext}")
     plt.close(fig)
     display(Image(filename=str(FIG / f"{name}.png")))
+
+
+def export(df, name):
+    """Export a shown table to paper/<name>.csv and .tex."""
+    R.export_table(df, PAPER, name)
 
 
 runs = R.short_labels(R.load_runs(tracking_uri, experiment))
@@ -108,6 +119,7 @@ if runs.empty:
     note("No runs.")
 else:
     display(HTML(R.run_table(runs).to_html()))
+    export(R.run_table(runs), "runs")
 
 # %% [markdown]
 # ## Cost
@@ -122,6 +134,7 @@ if cost.empty:
     note("No trained run: no cost to show.")
 else:
     display(HTML(cost.to_html(na_rep="-")))
+    export(cost, "cost")
 
 # %% [markdown]
 # ## Training curves
@@ -147,9 +160,10 @@ else:
     axes.flat[0].legend(fontsize=7)
     save(fig, "training_curves")
     display(HTML(R.train_summary(hist).to_html(float_format=lambda v: f"{v:.4g}")))
+    export(R.train_summary(hist), "training_summary")
 
 # %% [markdown]
-# ## Staleness: inner epochs x learning rate
+# ## QUATRO Fig. 1 and 4: staleness (inner epochs x learning rate)
 #
 # The QUATRO paper's Fig. 1 and 4: rows clip fraction, entropy and reward; one column per number of inner
 # epochs; colour by learning rate, line style by algorithm.
@@ -157,7 +171,7 @@ else:
 # %%
 axes_ = R.staleness_axes(done)
 if axes_ is None or not hist:
-    note("The sweep does not vary both train.ppo_epochs and train.lr (experiment=quatro_staleness does).")
+    note("The sweep does not vary train.ppo_epochs (experiment=quatro_staleness and its CPU twin do).")
 else:
     epochs, lrs = axes_
     panels = [k for k in ("train/clip_fraction", "train/entropy", "train/reward_mean") if k in hist]
@@ -213,6 +227,7 @@ else:
     ax.legend(fontsize=7)
     save(fig, "quatro_advantage")
     display(HTML(adv_curves.set_index(["delta", "G", "correct"]).to_html(float_format=lambda v: f"{v:.4f}")))
+    export(adv_curves.set_index(["delta", "G", "correct"]), "quatro_advantage")
 
 # %%
 heading("passk")
@@ -232,6 +247,7 @@ else:
             continue  # one benchmark: its mean row is the same table
         display(Markdown(f"**{bench}**"))
         display(HTML(R.bold_best_html(passk.xs(bench, level="benchmark"))))
+        export(passk.xs(bench, level="benchmark"), f"passk_{bench}")
     mean = passk.xs("mean", level="benchmark") if "mean" in passk.index.get_level_values("benchmark") else None
     if mean is not None:
         passk_entry = R.table_entry("passk")
@@ -265,6 +281,7 @@ for key, what in (("seed", "training seeds"), ("eval.seed", "decoding seeds")):
         if not t.empty:
             display(Markdown(f"**{name}, mean ± std over {what}**"))
             display(HTML(t.rename(columns={"seeds": what}).to_html()))
+            export(t.rename(columns={"seeds": what}), f"{name.replace(' ', '_').replace('@', '_at_')}_over_{key.replace('.', '_')}")
 
 # %%
 heading("kinds")
@@ -281,6 +298,7 @@ else:
     for kind in kinds.index.get_level_values("kind").unique():
         display(Markdown(f"**{kind}**"))
         display(HTML(R.bold_best_html(kinds.xs(kind, level="kind"))))
+        export(kinds.xs(kind, level="kind"), f"passk_kind_{kind}")
 
 # %%
 heading("tools")
@@ -296,6 +314,7 @@ if tool_table.empty:
     note("No run called tools.")
 else:
     display(HTML(tool_table.to_html(float_format=lambda v: f"{v:.4f}")))
+    export(tool_table, "tools")
     tool_hist = R.histories(tracking_uri, done, keys=["train/tool_calls_mean", "train/no_answer_share"]) if len(done) else {}
     if tool_hist:
         fig, axs = plt.subplots(1, len(tool_hist), figsize=(4.2 * len(tool_hist), 3), squeeze=False)
@@ -315,10 +334,12 @@ if ucc.empty:
     note("No UCC@k metrics were logged.")
 else:
     display(HTML(R.bold_best_html(ucc)))
+    export(ucc, "ucc")
 similarity = R.metric_table(shown, "similarity")
 if len(similarity):
     display(Markdown("Mean pairwise similarity among each prompt's correct responses, per benchmark:"))
     display(HTML(similarity.to_html(float_format=lambda v: f"{v:.4f}")))
+    export(similarity, "similarity")
 sample_problems = []
 samples_by_run = R.download_samples(tracking_uri, shown, Path(work_dir) / "samples", sample_problems) if len(shown) else {}
 for problem in sample_problems:  # named once here; the sections that need these samples leave the run out
@@ -346,6 +367,7 @@ if ent.empty:
 else:
     methods = sorted({r["tags"].get("rlvr.entropy_method") for _, r in shown.iterrows()} - {None, "None"})
     display(HTML(ent.to_html(float_format=lambda v: f"{v:.4f}")))
+    export(ent, "entropy")
     if methods:
         display(Markdown("Mean next-token entropy in nats; method: " + "; ".join(methods) + "."))
 
@@ -365,6 +387,7 @@ else:
     rules = R.flip_rules(done)
     display(Markdown("Rule: " + "; ".join(rules) + ". All benchmarks pooled:" if rules else "All benchmarks pooled:"))
     display(HTML(flips.to_html(float_format=lambda v: f"{v:.3f}")))
+    export(flips, "flip_rates")
     buckets = [b for b in ("very_hard", "hard", "medium", "easy") if b in flips.index.get_level_values("bucket")]
     run_order = list(dict.fromkeys(flips.index.get_level_values("run")))
     measures = [("solved_from_unsolved", "flipped to solved"), ("improved", "pass rate improved"), ("regressed", "regressed to unsolved")]
@@ -404,8 +427,9 @@ else:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize=7)
     save(fig, "checkpoint_trajectory")
-    display(HTML(pd.DataFrame({lab: pd.Series(v, index=st) for lab, (st, v) in traj.items()}).rename_axis("step")
-                 .to_html(float_format=lambda v: f"{v:.4f}")))
+    traj_table = pd.DataFrame({lab: pd.Series(v, index=st) for lab, (st, v) in traj.items()}).rename_axis("step")
+    display(HTML(traj_table.to_html(float_format=lambda v: f"{v:.4f}")))
+    export(traj_table, "checkpoint_trajectory")
 
 # %% [markdown]
 # ## Differences against the baseline (paired prompt bootstrap, 95% CI)
@@ -425,6 +449,7 @@ else:
         diffs = R.baseline_differences(samples, label)
         display(Markdown(f"Per-prompt accuracy minus baseline `{label}`:"))
         display(HTML(diffs.to_html(float_format=lambda v: f"{v:.4f}")))
+        export(diffs, "baseline_differences")
 
 # %% [markdown]
 # ## Study: methods over seeds against the baseline and the base model
@@ -463,6 +488,7 @@ else:
     shown_cmp = S.formatted(comp, study_base)
     display(Markdown(f"**Against `{study_base}`** ({int(comp['n_prompts'].iloc[0])} prompts; entropy in nats per token):"))
     display(HTML(shown_cmp.to_html()))
+    export(shown_cmp, "study_comparisons")
     if study["base_curves"].empty:
         note("No base-model run with samples: no comparison with the base model.")
     else:
@@ -483,8 +509,10 @@ else:
         display(Markdown("Each method's pass@k minus the base model's (paired prompt-bootstrap 95% CI over prompts "
                          "and seeds); below 0 at large k means the curves cross (Yue et al. 2025):"))
         display(HTML(study["crossings"].to_html()))
+        export(study["crossings"], "study_crossings")
         display(Markdown("pass@k (difference from the base model [95% CI]):"))
         display(HTML(S.formatted_curves(curves).to_html()))
+        export(S.formatted_curves(curves), "study_base_curves")
     kl_keys = [k for k in ("train/kl_ref", "train/mismatch_kl", "train/entropy", "train/reward_mean") if k in hist]
     if kl_keys:
         fig, axs = plt.subplots(1, len(kl_keys), figsize=(4.2 * len(kl_keys), 3.2), squeeze=False)
@@ -505,6 +533,7 @@ else:
         kl_table = pd.DataFrame.from_dict(rows_kl, orient="index").rename_axis("method (mean over seeds)")
         kl_table.to_csv(STUDY / "training.csv")
         display(HTML(kl_table.to_html(float_format=lambda v: f"{v:.4g}")))
+        export(kl_table, "study_training")
 
 # %%
 heading("subsets")
@@ -513,6 +542,7 @@ if subsets.empty:
     note("No per-subset metrics were logged (only K&K puzzles have subsets).")
 else:
     display(HTML(R.bold_best_html(subsets)))
+    export(subsets, "subsets")
     fig, ax = plt.subplots(figsize=(6.5, 3.4))
     xs = [int(re.findall(r"\d+", c)[0]) if re.findall(r"\d+", c) else i for i, c in enumerate(subsets.columns)]
     for label, row in subsets.iterrows():
@@ -536,6 +566,7 @@ if temps.empty:
     note("No run was evaluated at extra temperatures (eval.extra_temperatures).")
 else:
     display(HTML(R.bold_best_html(temps)))
+    export(temps, "temperatures")
 
 # %%
 heading("modes")
@@ -544,6 +575,7 @@ if modes.empty:
     note("No answer-mode metrics were logged.")
 else:
     display(HTML(R.bold_best_html(modes)))
+    export(modes, "modes")
 # ExPPO's Table 2B: D on the Shared set (prompts where every run has >= 2 correct), Delta-D against the baseline
 shared_label = baseline or R.base_label(runs)
 if shared_label is not None and shared_label not in samples_by_run and shared_label in set(done["algo"]):
@@ -563,6 +595,7 @@ else:
         display(Markdown(f"Disagreement D on the Shared set ({int(shared['n_shared'].iloc[0])} prompts), Delta-D against "
                          f"`{shared_label}` with a paired prompt-bootstrap 95% CI (ExPPO's Table 2B):"))
         display(HTML(shared.to_html(float_format=lambda v: f"{v:.4f}")))
+        export(shared, "shared_set_disagreement")
 
 # %% [markdown]
 # ## Qualitative examples
@@ -595,6 +628,7 @@ else:
     if "verifier_disagreement" in verifier and (verifier["verifier_disagreement"].fillna(0) == 0).all():
         note("The two graders agree on every sample of every run.")
     display(HTML(verifier.to_html(float_format=lambda v: f"{v:.4f}")))
+    export(verifier, "verifier")
 
 # %%
 # The metric tables no section above shows (plug-in tables: a module named in the runs' `plugins` config key that
@@ -610,3 +644,4 @@ for section, entries in R.metric_sections(exclude=SHOWN).items():
             note(f"No {entry.name} metrics were logged.")
         else:
             display(HTML(R.bold_best_html(table)))
+            R.export_table(table, PAPER, entry.name)

@@ -37,6 +37,9 @@ def test_the_twin_trains_each_method_with_two_seeds_and_reports_the_study(twin):
     html = (cwd / "reports_out" / "cpu_study" / "report.html").read_text()
     assert "Study: methods over seeds against the baseline and the base model" in html
     assert (cwd / "reports_out" / "cpu_study" / "figures" / "study_base_crossing.png").is_file()
+    paper = cwd / "reports_out" / "cpu_study" / "paper"  # for a paper: the figure as PDF and SVG, the table in LaTeX
+    assert {"study_base_crossing.pdf", "study_base_crossing.svg", "study_comparisons.tex", "study_training.pdf"} <= {
+        p.name for p in paper.iterdir()}
     man = json.loads((study / "runs.json").read_text())
     assert man["methods"] == {"grpo": ["grpo seed=0", "grpo seed=1"], "quatro": ["quatro seed=0", "quatro seed=1"]}
     assert (man["baseline"], man["base"], man["ks"]) == ("grpo", "Initialization", [1, 2, 4])

@@ -132,6 +132,53 @@ def test_staleness_sweep_report_has_the_faceted_figure_and_seed_means(tmp_path):
     assert "0.4500 ± 0.0707" in seeds   # the two seeds of gspo, 1 epoch, lr 1e-6: 0.4 and 0.5
 
 
+def test_staleness_grid_draws_with_one_learning_rate_and_every_figure_and_table_is_exported(tmp_path):
+    """The CPU twin of the staleness study sweeps one learning rate (issue 33): the grid is drawn (one colour), and
+    the report writes every figure as PDF and SVG and every table as CSV and booktabs LaTeX under paper/, logged to
+    MLflow with the report."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    mlflow.set_tracking_uri(uri)
+    exp = mlflow.create_experiment("stale1", artifact_location=(tmp_path / "art").as_uri())
+    for algo in ("gspo", "quatro"):
+        for epochs in (1, 2, 4, 8):
+            with mlflow.start_run(experiment_id=exp, run_name=f"algo={algo}", tags={"rlvr.kind": "trained"}):
+                mlflow.log_params({"algo.name": algo, "train.ppo_epochs": epochs, "train.lr": 1e-5, "seed": 0,
+                                   "train.steps": 2, "delta": 0.1, "train.group_size": 8})
+                for step in (0, 1):
+                    mlflow.log_metrics({"train/clip_fraction": 0.05 * epochs, "train/entropy": 1.0 - 0.1 * step,
+                                        "train/reward_mean": 0.5}, step=step)
+                mlflow.log_metrics({"eval/a/pass_at_1": 0.1 * epochs, "eval/mean/pass_at_1": 0.1 * epochs})
+    assert R.staleness_axes(R.load_runs(uri, "stale1")) == ([1, 2, 4, 8], [1e-5])
+    res = build("stale1", uri, out_dir=tmp_path / "out", log_to_mlflow=True)
+    _assert_clean_notebook(res["notebook"])
+    assert "does not vary train.ppo_epochs" not in res["html"].read_text()
+    paper = tmp_path / "out" / "paper"
+    for name in ("staleness", "training_curves", "passk_curves"):
+        assert (paper / f"{name}.pdf").read_bytes().startswith(b"%PDF"), name
+        assert "<svg" in (paper / f"{name}.svg").read_text()[:2000], name
+    # the pass@k table for benchmark a: one row per run, the values logged above (0.1 x epochs), in booktabs
+    passk = pd.read_csv(paper / "passk_a.csv", index_col=0)
+    assert sorted(passk["pass@1"].round(4)) == sorted([0.1, 0.2, 0.4, 0.8] * 2)
+    tex = (paper / "passk_a.tex").read_text()
+    assert "\\toprule" in tex and "\\midrule" in tex and "\\bottomrule" in tex and "0.8000" in tex
+    assert {p.name for p in res["paper"]} >= {"staleness.pdf", "staleness.svg", "runs.csv", "runs.tex", "passk_a.tex"}
+    logged = {f.path for f in MlflowClient(uri).list_artifacts(res["run_id"], "paper")}
+    assert {"paper/staleness.pdf", "paper/staleness.svg", "paper/passk_a.csv", "paper/passk_a.tex"} <= logged
+
+
+def test_export_table_writes_csv_and_escaped_booktabs(tmp_path):
+    df = pd.DataFrame({"pass@1": [0.5, 0.25]}, index=pd.Index(["quatro delta=0.01", "tr_grpo"], name="run"))
+    csv, tex = R.export_table(df, tmp_path / "paper", "t")
+    assert pd.read_csv(csv, index_col=0).equals(df)
+    lines = tex.read_text().splitlines()
+    assert lines[0] == "\\begin{tabular}{lr}" and lines[1] == "\\toprule"
+    assert "tr\\_grpo & 0.2500 \\\\" in lines   # the underscore escaped, four places
+    assert R.export_table(pd.DataFrame(), tmp_path / "paper", "empty") == []
+
+
 def test_cost_table_by_hand():
     """Wall time, GPU-hours, steps/s and samples/s over all steps, peak memory: one local GPU run with three steps,
     one verl run (GPUs from its engine settings), one run that evaluated another's checkpoint (no training figures)."""
