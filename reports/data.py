@@ -717,3 +717,13 @@ def export_table(df: pd.DataFrame, directory, name: str, digits: int = 4) -> lis
     df.to_csv(csv)
     tex.write_text(df.to_latex(escape=True, float_format=f"%.{digits}f", na_rep="-"), encoding="utf-8")
     return [csv, tex]
+
+
+def configured_baseline(runs: pd.DataFrame) -> str | None:
+    """The sweep's own ``report.baseline`` (logged with every run's config): the most common non-null value among
+    the trained runs, so that ``python -m reports`` without ``--baseline`` rebuilds the report the sweep built."""
+    if runs.empty:
+        return None
+    values = [p.get("report.baseline") for p, k in zip(runs["params"], runs["kind"]) if k == "trained"]
+    values = [v for v in values if v not in (None, "", "None", "null")]
+    return max(set(values), key=values.count) if values else None

@@ -77,6 +77,7 @@ def export(df, name):
 
 
 runs = R.short_labels(R.load_runs(tracking_uri, experiment))
+baseline = baseline or R.configured_baseline(runs)  # python -m reports without --baseline: the sweep's report.baseline
 plugin_problems = R.load_plugins(runs)  # the runs' plug-in modules: their metric tables get sections below
 SHOWN = set()  # the metric tables shown so far (the last section shows every other registered table)
 done = R.finished(runs)  # trained runs: training curves

@@ -87,3 +87,16 @@ def test_recompute_gives_the_reports_numbers_and_they_match_the_logged_metrics(t
     for k in (1, 2, 4):
         assert curves.loc[("grpo", k), "base"] == pytest.approx(base.data.metrics[f"eval/arithmetic/pass_at_{k}"], abs=1e-9)
         assert curves.loc[("grpo", k), "mean"] == pytest.approx(mean("grpo", f"eval/arithmetic/pass_at_{k}"), abs=1e-9)
+
+
+def test_a_rebuilt_report_without_baseline_takes_the_sweeps_own(twin, tmp_path):
+    """python -m reports --experiment cpu_study (no --baseline) rebuilds the same study section: report.baseline=grpo
+    is read back from the runs' logged config."""
+    from reports.build import build
+
+    cwd, problems, _ = twin
+    assert problems == []
+    res = build("cpu_study", f"sqlite:///{cwd}/mlflow.db", out_dir=tmp_path / "again", log_to_mlflow=False)
+    assert "Against <code>grpo</code>" in res["html"].read_text()
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "again" / "study" / "comparisons.csv"),
+                                  pd.read_csv(cwd / "reports_out" / "cpu_study" / "study" / "comparisons.csv"))

@@ -169,6 +169,14 @@ def test_staleness_grid_draws_with_one_learning_rate_and_every_figure_and_table_
     assert {"paper/staleness.pdf", "paper/staleness.svg", "paper/passk_a.csv", "paper/passk_a.tex"} <= logged
 
 
+def test_the_configured_baseline_is_the_trained_runs_common_value():
+    runs = pd.DataFrame({"kind": ["base", "trained", "trained", "trained", "duplicate"],
+                         "params": [{}, {"report.baseline": "grpo"}, {"report.baseline": "grpo"}, {"report.baseline": "None"},
+                                    {"report.baseline": "gspo"}]})
+    assert R.configured_baseline(runs) == "grpo"
+    assert R.configured_baseline(runs.iloc[[0, 3]]) is None
+
+
 def test_export_table_writes_csv_and_escaped_booktabs(tmp_path):
     df = pd.DataFrame({"pass@1": [0.5, 0.25]}, index=pd.Index(["quatro delta=0.01", "tr_grpo"], name="run"))
     csv, tex = R.export_table(df, tmp_path / "paper", "t")
