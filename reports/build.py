@@ -22,14 +22,16 @@ def _parameters_source(**params) -> str:
 
 
 def build(experiment: str, tracking_uri: str = "sqlite:///mlflow.db", baseline: str | None = None, out_dir=None,
-          log_to_mlflow: bool = True, timeout_s: int = 600, parent_run_id: str | None = None) -> dict:
+          log_to_mlflow: bool = True, timeout_s: int = 600, parent_run_id: str | None = None,
+          sections: list | None = None) -> dict:
     """Write and execute the report notebook for ``experiment``; export HTML; log both to MLflow.
 
     Args:
         experiment: MLflow experiment name; tracking_uri: the store (a relative sqlite path is
             resolved against the current directory); baseline: run label or algorithm name for the
             paired-bootstrap differences; out_dir: where files go (default ``reports_out/<experiment>``);
-            parent_run_id: the sweep's parent run, under which the report run is nested.
+            parent_run_id: the sweep's parent run, under which the report run is nested; sections: the paper
+            tables shown first (``report.sections``, :mod:`reports.sections`; None: read back from the runs' config).
     Returns:
         {"notebook": path, "html": path, "figures": [paths], "paper": [paths of the PDF/SVG figures and CSV/LaTeX
         tables under ``out_dir/paper``], "run_id": MLflow report run id or None}.
@@ -49,7 +51,7 @@ def build(experiment: str, tracking_uri: str = "sqlite:///mlflow.db", baseline: 
     for cell in nb.cells:
         if "parameters" in cell.get("metadata", {}).get("tags", []):
             cell.source = _parameters_source(experiment=experiment, tracking_uri=tracking_uri, baseline=baseline,
-                                             figures_dir=str(out / "figures"), work_dir=str(out))
+                                             figures_dir=str(out / "figures"), work_dir=str(out), sections=sections)
             break
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.metadata["title"] = f"RLVR sweep report: {experiment}"  # the HTML page's title

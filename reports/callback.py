@@ -20,7 +20,7 @@ def sweep_report(config, parent_run_id: str | None) -> Path | None:
         from .build import build
 
         res = build(str(config.experiment_name), str(config.tracking.uri), rep.get("baseline"), rep.get("out_dir"),
-                    parent_run_id=parent_run_id)
+                    parent_run_id=parent_run_id, sections=list(rep.get("sections") or []))
         log.info("report: %s", res["html"])
         return Path(res["html"])
     except Exception as e:

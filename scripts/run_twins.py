@@ -10,7 +10,8 @@ for the real twins, which take 3-15 minutes each on two CPU cores (docs/performa
 
 For each twin: ``python sweep.py -m experiment=<twin>`` in its own folder, then checks that the sweep exited 0,
 that every distinct effective config (``orchestrator.identity.config_hash`` over the preset's points) has a
-FINISHED trained run, that the report was written, and the twin's own checks below. Prints the wall time of
+FINISHED trained run, that the report was written with every paper table its ``report.sections`` names, non-empty,
+and the twin's own checks below. Prints the wall time of
 each. Exit status: 0 when every twin passed, 1 otherwise, 2 for an unknown twin name (before any work).
 """
 from __future__ import annotations
@@ -28,17 +29,18 @@ DEFAULT = ["quatro_main_cpu", "quatro_staleness_cpu", "exppo_core_cpu", "trgrpo_
            "quatro_log_ratio_ablation_cpu"]
 
 
-def _kk_sizes(trained):
+def _kk_sizes(trained, cfgs):
     want = {"eval/kk/2_people/accuracy", "eval/kk/3_people/accuracy", "eval/kk/4_people/accuracy"}
     return [f"{r.info.run_id}: missing {sorted(want - set(r.data.metrics))}" for r in trained if not want <= set(r.data.metrics)]
 
 
-def _staleness_epochs(trained):
+def _staleness_epochs(trained, cfgs):
+    want = sorted({int(c.train.ppo_epochs) for c in cfgs})  # the preset's 1, 2, 4, 8 unless overridden
     epochs = sorted(int(r.data.params["train.ppo_epochs"]) for r in trained if r.data.params["algo.name"] == "gspo")
-    return [] if epochs == [1, 2, 4, 8] else [f"GSPO's inner epochs {epochs}, expected [1, 2, 4, 8]"]
+    return [] if epochs == want else [f"GSPO's inner epochs {epochs}, expected {want}"]
 
 
-def _study(trained):
+def _study(trained, cfgs):
     """cpu_study: every method with two or more FINISHED seeds (the study's comparisons pool over them)."""
     seeds: dict = {}
     for r in trained:
@@ -64,9 +66,11 @@ def run_twin(name: str, work: Path, overrides=(), capture: bool = False) -> tupl
     from orchestrator.tracking import TAG_HASH, TAG_KIND
 
     try:
-        expected = {config_hash(cfg) for _, cfg in sweep_points([f"experiment={name}", *overrides], multirun=True)}
+        points = sweep_points([f"experiment={name}", *overrides], multirun=True)
     except ConfigError as e:
         return [f"does not compose: {e}"], []
+    expected = {config_hash(cfg) for _, cfg in points}
+    sections = list(points[0][1].report.get("sections") or [])  # the paper's tables the report must show
     cwd = work / name
     cwd.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run([sys.executable, str(REPO / "sweep.py"), "-m", f"experiment={name}", *overrides], cwd=cwd,
@@ -82,9 +86,14 @@ def run_twin(name: str, work: Path, overrides=(), capture: bool = False) -> tupl
     if expected - finished:
         problems.append(f"{len(expected - finished)} of the {len(expected)} distinct configs have no FINISHED "
                         f"trained run (trained runs: {sorted(r.info.status for r in trained)})")
-    if not (cwd / "reports_out" / name / "report.html").is_file():
+    report = cwd / "reports_out" / name / "report.html"
+    if not report.is_file():
         problems.append("no report.html")
-    return problems + CHECKS.get(name, lambda _: [])(trained), trained
+    else:
+        html = report.read_text(encoding="utf-8")
+        problems += [f"the report's paper section {s!r} is missing or empty" for s in sections
+                     if f'class="paper-table" data-section="{s}"' not in html]
+    return problems + CHECKS.get(name, lambda *_: [])(trained, [cfg for _, cfg in points]), trained
 
 
 def main(argv=None) -> int:

@@ -22,6 +22,7 @@ tracking_uri = "sqlite:///mlflow.db"
 baseline = None
 figures_dir = "figures"
 work_dir = "."
+sections = None
 
 # %%
 import logging
@@ -121,6 +122,38 @@ if runs.empty:
 else:
     display(HTML(R.run_table(runs).to_html()))
     export(R.run_table(runs), "runs")
+
+# %% [markdown]
+# ## The paper's tables
+#
+# The tables of the paper the sweep reproduces (`report.sections`, set by every paper preset), in the paper's
+# layout, each titled with the paper's table or figure number; each drawn from what the sweep has, or, where the
+# sweep lacks the data, naming the key to sweep. The sections below show every metric in full.
+
+# %%
+import reports.sections as PS  # noqa: E402
+
+paper_sections = PS.sections_of(runs, sections)
+if not paper_sections:
+    note("This sweep names no paper tables (report.sections; every paper preset sets its paper's).")
+else:
+    ctx = PS.Context(runs, shown, done, tracking_uri,
+                     lambda: R.download_samples(tracking_uri, shown, Path(work_dir) / "samples") if len(shown) else {},
+                     baseline)
+    for name in paper_sections:
+        sec, tab = PS.build_section(name, ctx)
+        if sec is None:
+            display(HTML(f'<h3 id="paper-{name}">{name}</h3>'))
+            note(f"No paper section is called {name!r}; the known ones: {', '.join(sorted(PS.SECTIONS))}.")
+            continue
+        display(HTML(f'<h3 id="paper-{name}">{sec.title}</h3>'))
+        if PS.is_empty(tab):
+            display(HTML(f'<p class="paper-missing" data-section="{name}"><em>This sweep has no data for it: sweep '
+                         f'{sec.needs}.</em></p>'))
+        else:
+            display(HTML(f'<div class="paper-table" data-section="{name}" style="overflow-x:auto">'
+                         + tab.to_html(float_format=lambda v: f"{v:.4f}", na_rep="-") + "</div>"))
+            export(tab, f"paper_{name}")
 
 # %% [markdown]
 # ## Cost

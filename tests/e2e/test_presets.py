@@ -49,6 +49,14 @@ TRAININGS = {"exppo_decoding_seeds": 2, "exppo_decoding_seeds_cpu": 2}
 
 def test_every_preset_is_listed_and_every_twin_has_a_full_preset():
     assert set(PRESETS) == set(POINTS)
+    # every preset names its paper's tables (reports/sections.py), each a registered section, the twin the same
+    from reports.sections import SECTIONS
+
+    for name in PRESETS:
+        sections = list(_points_with_index(name)[0].report.sections)
+        assert sections and not set(sections) - set(SECTIONS), (name, sections)
+        if name.endswith("_cpu"):
+            assert sections == list(_points_with_index(name.removesuffix("_cpu"))[0].report.sections), name
     for name in PRESETS:
         if name.endswith("_cpu"):
             assert name.removesuffix("_cpu") in PRESETS
@@ -69,6 +77,14 @@ def test_every_sweep_point_composes_and_validates(name, search_index):
     if name in TRAINED:
         assert len({config_hash(cfg) for _, cfg in points}) == TRAINED[name]
     assert len({training_hash(cfg) for _, cfg in points}) == TRAININGS.get(name, len({config_hash(c) for _, c in points}))
+
+
+def _points_with_index(name):
+    """The composed points of a preset (a built index standing in where the preset needs one)."""
+    from orchestrator.preflight import sweep_points
+
+    extra = [f"{NEEDS[name]}=/tmp"] if name in NEEDS else []
+    return [cfg for _, cfg in sweep_points([f"experiment={name}", *extra], multirun=True)]
 
 
 def _points(name):
@@ -238,6 +254,18 @@ def test_log_ratio_ablation_twin_runs_both_arms(tmp_path):
         assert steps == [0, 1] and "eval/arithmetic/pass_at_4" in r.data.metrics
     # without the penalty no sample can have its gradient reversed (the loss logs 0 by construction)
     assert arms[("False", "mean")].data.metrics["train/reversed_share"] == 0.0
+
+
+def test_staleness_twin_draws_the_staleness_grid_with_its_one_learning_rate(tmp_path):
+    """quatro_staleness_cpu sweeps one learning rate: its report draws QUATRO's Fig. 1/4 grid (one colour) and its
+    paper tables (run_twin checks each is present and non-empty). The tiny model and inner epochs 1 and 2 (the
+    preset's 1, 2, 4, 8 are the same pipeline) keep it to CI's budget."""
+    problems, trained = _run_twins_script().run_twin("quatro_staleness_cpu", tmp_path,
+                                                     ["model=tiny-random", "train.ppo_epochs=1,2"], capture=True)
+    assert problems == [] and len(trained) == 4
+    out = tmp_path / "quatro_staleness_cpu" / "reports_out" / "quatro_staleness_cpu"
+    assert (out / "figures" / "staleness.png").is_file() and (out / "paper" / "staleness.pdf").is_file()
+    assert "does not vary train.ppo_epochs" not in (out / "report.html").read_text()
 
 
 def test_run_twins_refuses_an_unknown_twin_before_any_work_and_names_a_bad_override(capsys, tmp_path):

@@ -36,6 +36,8 @@ def test_the_twin_trains_each_method_with_two_seeds_and_reports_the_study(twin):
         assert (study / name).is_file(), name
     html = (cwd / "reports_out" / "cpu_study" / "report.html").read_text()
     assert "Study: methods over seeds against the baseline and the base model" in html
+    # the preset's paper tables (run_twin checked each is non-empty): titled, first
+    assert html.index('id="paper-training_seeds"') < html.index("Study: methods over seeds")
     assert (cwd / "reports_out" / "cpu_study" / "figures" / "study_base_crossing.png").is_file()
     paper = cwd / "reports_out" / "cpu_study" / "paper"  # for a paper: the figure as PDF and SVG, the table in LaTeX
     assert {"study_base_crossing.pdf", "study_base_crossing.svg", "study_comparisons.tex", "study_training.pdf"} <= {

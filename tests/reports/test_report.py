@@ -152,9 +152,21 @@ def test_staleness_grid_draws_with_one_learning_rate_and_every_figure_and_table_
                                         "train/reward_mean": 0.5}, step=step)
                 mlflow.log_metrics({"eval/a/pass_at_1": 0.1 * epochs, "eval/mean/pass_at_1": 0.1 * epochs})
     assert R.staleness_axes(R.load_runs(uri, "stale1")) == ([1, 2, 4, 8], [1e-5])
-    res = build("stale1", uri, out_dir=tmp_path / "out", log_to_mlflow=True)
+    res = build("stale1", uri, out_dir=tmp_path / "out", log_to_mlflow=True,
+                sections=["quatro_staleness", "quatro_passk", "trgrpo_dynamics", "quatro_entropy", "no_such_table"])
     _assert_clean_notebook(res["notebook"])
-    assert "does not vary train.ppo_epochs" not in res["html"].read_text()
+    html = res["html"].read_text()
+    assert "does not vary train.ppo_epochs" not in html
+    # the paper's tables first, titled with the paper's numbers: drawn from what the sweep has, or naming the key
+    for name in ("quatro_staleness", "quatro_passk", "trgrpo_dynamics"):
+        assert f'class="paper-table" data-section="{name}"' in html, name
+    assert "QUATRO Fig. 1 and 4: clip fraction, entropy and reward" in html
+    assert html.index('id="paper-quatro_staleness"') < html.index('id="Cost"')
+    assert 'class="paper-missing" data-section="quatro_entropy"' in html and "sweep eval.entropy=true" in html
+    assert "No paper section is called &#x27;no_such_table&#x27;" in html or "No paper section is called 'no_such_table'" in html
+    stale = pd.read_csv(tmp_path / "out" / "paper" / "paper_quatro_staleness.csv", index_col=0)
+    assert sorted(stale["clip_fraction"].round(6)) == sorted([0.05 * e for e in (1, 2, 4, 8)] * 2)  # as logged
+    assert list(stale["ppo_epochs"]) == [1, 1, 2, 2, 4, 4, 8, 8]
     paper = tmp_path / "out" / "paper"
     for name in ("staleness", "training_curves", "passk_curves"):
         assert (paper / f"{name}.pdf").read_bytes().startswith(b"%PDF"), name
