@@ -468,6 +468,7 @@ def _run_point(pt: Point) -> dict | None:
         pt.cfg, pt.exp_id, pt.chash, pt.sweep_id, pt.job_num, pt.name, pt.tags, pt.params, pt.stale_s, pt.force, pt.run_dir)
 
     import training
+    from training.token_probs import ARTIFACT as TOKEN_PROBS
     from core.lifecycle import STOP_REQUESTED, TRAINING, Interrupted, Preempted, final_checkpoint_dir
     from evaluation.evaluate import benchmark_rows
     from core.tasks import load_prompts
@@ -557,6 +558,8 @@ def _run_point(pt: Point) -> dict | None:
                 TRAINING.clear()
                 _tag_rollout(run_dir)
             metrics_out.flush()  # every training step's metrics are in the store before evaluation starts
+            if (run_dir / TOKEN_PROBS).is_file():  # the sampled tokens' mean probabilities (TR-GRPO's Fig. 1)
+                tracking.retry(mlflow.log_artifact, str(run_dir / TOKEN_PROBS))
         tracking.retry(mlflow.set_tag, "rlvr.checkpoint", str(ckpt))
         _free_memory()
         metrics = evaluate_run(cfg, run_dir, ckpt, heldout, base)

@@ -518,6 +518,39 @@ def download_samples(tracking_uri: str, runs: pd.DataFrame, dst: Path, problems:
     return out
 
 
+def token_prob_table(tracking_uri: str, runs: pd.DataFrame, top: int = 20) -> pd.DataFrame:
+    """TR-GRPO's Fig. 1 as a table: for each run that logged ``token_probs.csv`` (the local engine's per-token
+    counts over all training rollouts, :mod:`training.token_probs`), its ``top`` most frequent sampled tokens ranked
+    by their mean probability under the rollout policy (rank 1: the highest).
+
+    Returns:
+        Rows (run, rank), columns ``token`` (Python repr, so whitespace shows), ``count``, ``share`` (of the run's
+        response tokens), ``mean_prob``; empty when no run logged the file.
+    """
+    import tempfile
+
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri)
+    parts = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _, r in runs.iterrows():
+            try:
+                path = mlflow.artifacts.download_artifacts(run_id=r["run_id"], artifact_path="token_probs.csv",
+                                                           dst_path=str(Path(tmp) / r["run_id"]))
+                df = pd.read_csv(path, keep_default_na=False)
+            except Exception:
+                continue
+            if df.empty:
+                continue
+            df = df.sort_values(["count", "token_id"], ascending=[False, True]).head(top)
+            df = df.sort_values(["mean_prob", "count"], ascending=[False, False]).reset_index(drop=True)
+            df.index = pd.RangeIndex(1, len(df) + 1, name="rank")
+            df["token"] = [repr(str(t)) for t in df["token"]]
+            parts[r["label"]] = df[["token", "count", "share", "mean_prob"]]
+    return pd.concat(parts, names=["run", "rank"]) if parts else pd.DataFrame()
+
+
 def baseline_differences(samples: dict, baseline: str, metric: str = "accuracy", n_boot: int = 2000) -> pd.DataFrame:
     """Per run: mean difference of per-prompt ``metric`` against ``baseline`` (a run label or an
     algorithm's first run) with a paired prompt-bootstrap 95% CI, on the prompts both runs share."""
@@ -559,15 +592,42 @@ def prompt_similarities(samples_by_run: dict) -> pd.DataFrame:
 
 def run_colors(labels) -> dict:
     """{run label: colour}, one colour per run for every figure of the report (the base model grey, the
-    others from matplotlib's tab10/tab20 in the order given), so a run keeps its colour across figures."""
+    others in the order given from matplotlib's tab10 up to 10 runs, tab20 up to 20, and tab20, tab20b and tab20c
+    together up to 60; beyond that they repeat), so a run keeps its colour across figures."""
     import matplotlib
 
     labels = list(dict.fromkeys(labels))
     others = [lab for lab in labels if lab != BASE_LABEL]
-    cmap = matplotlib.colormaps["tab10" if len(others) <= 10 else "tab20"]
-    colors = {lab: cmap(i % cmap.N) for i, lab in enumerate(others)}
+    if len(others) <= 20:
+        cmap = matplotlib.colormaps["tab10" if len(others) <= 10 else "tab20"]
+        palette = [cmap(i) for i in range(cmap.N)]
+    else:
+        palette = [matplotlib.colormaps[m](i) for m in ("tab20", "tab20b", "tab20c") for i in range(20)]
+    colors = {lab: palette[i % len(palette)] for i, lab in enumerate(others)}
     colors[BASE_LABEL] = (0.45, 0.45, 0.45, 1.0)
     return colors
+
+
+LEGEND_INSIDE = 6  # entries a legend may have inside the axes; more go outside, clear of the data
+
+
+def legend(ax, handles=None, labels=None, fig=None):
+    """Draw ``ax``'s legend where it covers no data: inside (matplotlib's best place) with up to
+    :data:`LEGEND_INSIDE` entries; with more, outside: to the right of ``ax`` in columns of up to 16 entries, or,
+    given the multi-panel ``fig``, below the whole figure. Figures are saved with ``bbox_inches="tight"`` so an
+    outside legend is kept. Returns the legend (None without entries)."""
+    if handles is None:
+        handles, labels = ax.get_legend_handles_labels()
+    n = len(handles)
+    if not n:
+        return None
+    if n <= LEGEND_INSIDE:
+        return ax.legend(handles, labels, fontsize=7)
+    if fig is not None:
+        return fig.legend(handles, labels, fontsize=6, loc="upper center", bbox_to_anchor=(0.5, 0.0),
+                          ncol=min(4, -(-n // 8)), frameon=False)
+    return ax.legend(handles, labels, fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                     ncol=-(-n // 16), frameon=False, borderaxespad=0.0)
 
 
 def seed_group(label: str, key: str = "seed") -> str:

@@ -274,6 +274,12 @@ def _trgrpo_sensitivity(ctx):
         if len(t) else t
 
 
+@register_section("trgrpo_tokens", "TR-GRPO Fig. 1: the most frequent sampled tokens ranked by mean probability",
+                  "engine=local (it logs token_probs.csv for every trained run)")
+def _trgrpo_tokens(ctx):
+    return R.token_prob_table(ctx.tracking_uri, ctx.done)
+
+
 @register_section("trgrpo_math", "TR-GRPO Table 2: math (greedy accuracy, avg@16, pass@16 by benchmark)",
                   "eval=trgrpo_math")
 def _trgrpo_math(ctx):

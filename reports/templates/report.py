@@ -51,6 +51,8 @@ from IPython.display import HTML, Image, Markdown, display  # noqa: E402
 from reports import data as R  # noqa: E402
 
 pd.set_option("display.precision", 4)
+# long or wide tables scroll inside the page (a 32-run sweep's tables stay readable beside the text)
+display(HTML("<style>table.dataframe{display:block;max-width:100%;max-height:40em;overflow:auto}</style>"))
 FIG = Path(figures_dir)
 FIG.mkdir(parents=True, exist_ok=True)
 
@@ -65,9 +67,9 @@ PAPER.mkdir(parents=True, exist_ok=True)
 
 def save(fig, name):
     fig.tight_layout()
-    fig.savefig(FIG / f"{name}.png", dpi=110)
+    fig.savefig(FIG / f"{name}.png", dpi=110, bbox_inches="tight")  # tight: a legend outside the axes is kept
     for ext in ("pdf", "svg"):
-        fig.savefig(PAPER / f"{name}.{ext}")
+        fig.savefig(PAPER / f"{name}.{ext}", bbox_inches="tight")
     plt.close(fig)
     display(Image(filename=str(FIG / f"{name}.png")))
 
@@ -191,7 +193,7 @@ else:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     for ax in list(axes.flat)[len(keys):]:
         ax.axis("off")
-    axes.flat[0].legend(fontsize=7)
+    R.legend(axes.flat[0], fig=fig if len(keys) > 1 else None)
     save(fig, "training_curves")
     display(HTML(R.train_summary(hist).to_html(float_format=lambda v: f"{v:.4g}")))
     export(R.train_summary(hist), "training_summary")
@@ -233,7 +235,7 @@ else:
         for h, lab in zip(*ax.get_legend_handles_labels()):
             by_label.setdefault(lab, h)
     if by_label:
-        axs[0, -1].legend(list(by_label.values()), list(by_label.keys()), fontsize=6)
+        R.legend(axs[0, -1], list(by_label.values()), list(by_label.keys()), fig=fig)
     save(fig, "staleness")
 
 # %% [markdown]
@@ -258,7 +260,7 @@ else:
     ax.set_ylabel("advantage")
     ax.set_ylim(max(-5.0, float(adv_curves["A_wrong"].min()) * 1.1), None)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.legend(fontsize=7)
+    R.legend(ax)
     save(fig, "quatro_advantage")
     display(HTML(adv_curves.set_index(["delta", "G", "correct"]).to_html(float_format=lambda v: f"{v:.4f}")))
     export(adv_curves.set_index(["delta", "G", "correct"]), "quatro_advantage")
@@ -292,7 +294,7 @@ else:
                     color=color(label))
         ax.set_xlabel("log2 k")
         ax.set_ylabel("pass@k (mean over benchmarks)")
-        ax.legend(fontsize=7)
+        R.legend(ax)
         save(fig, "passk_curves")
 
 # %% [markdown]
@@ -358,7 +360,7 @@ else:
             ax.set_title(key.split("/", 1)[1])
             ax.set_xlabel("step")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        axs[0][0].legend(fontsize=7)
+        R.legend(axs[0][0], fig=fig)
         save(fig, "tool_use")
 
 # %%
@@ -433,7 +435,7 @@ else:
         ax.set_xlabel("difficulty under the base model")
     axes[0].set_ylim(0, max(0.05, float(flips[[c for c, _ in measures]].max().max()) * 1.15))
     axes[0].set_ylabel("share of the bucket's prompts")
-    axes[0].legend(fontsize=7)
+    R.legend(axes[0], fig=fig)
     save(fig, "flip_rates")
     per_bench = R.flip_table(done, benchmark=None)
     benches = [b for b in per_bench.index.get_level_values("benchmark").unique() if b != "all"]
@@ -459,7 +461,7 @@ else:
     ax.set_xlabel("training step")
     ax.set_ylabel(R.find_table(traj_key).column + " (mean over benchmarks)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.legend(fontsize=7)
+    R.legend(ax)
     save(fig, "checkpoint_trajectory")
     traj_table = pd.DataFrame({lab: pd.Series(v, index=st) for lab, (st, v) in traj.items()}).rename_axis("step")
     display(HTML(traj_table.to_html(float_format=lambda v: f"{v:.4f}")))
@@ -538,7 +540,7 @@ else:
         ax.axhline(0, color="0.4", lw=0.8)
         ax.set_xlabel("log2 k")
         ax.set_ylabel("pass@k minus the base model's")
-        ax.legend(fontsize=7, ncol=2)
+        R.legend(ax)
         save(fig, "study_base_crossing")
         display(Markdown("Each method's pass@k minus the base model's (paired prompt-bootstrap 95% CI over prompts "
                          "and seeds); below 0 at large k means the curves cross (Yue et al. 2025):"))
@@ -562,7 +564,7 @@ else:
             ax.set_xlabel("step")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         fullest = max(axs[0], key=lambda a: len(a.get_lines()))  # the panel every method logged (GSPO has no KL term)
-        fullest.legend(fontsize=7)
+        R.legend(fullest, fig=fig)
         save(fig, "study_training")
         kl_table = pd.DataFrame.from_dict(rows_kl, orient="index").rename_axis("method (mean over seeds)")
         kl_table.to_csv(STUDY / "training.csv")
@@ -585,7 +587,7 @@ else:
     ax.set_ylabel("accuracy")
     ax.set_ylim(-0.02, 1.02)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.legend(fontsize=7)
+    R.legend(ax)
     save(fig, "subset_accuracy")
 
 # %% [markdown]

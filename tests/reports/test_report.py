@@ -218,3 +218,77 @@ def test_cost_table_by_hand():
     assert (t.loc["a", "peak allocated (GiB)"], t.loc["a", "peak reserved (GiB)"]) == (12.5, 15.0)
     assert t.loc["b", "GPUs"] == 16 and t.loc["b", "GPU-hours"] == 16.0 and np.isnan(t.loc["b", "steps/s"])
     assert t.loc["c", "trained in"] == "01234567" and np.isnan(t.loc["c", "steps/s"]) and np.isnan(t.loc["c", "GPUs"])
+
+
+def test_token_probability_table_ranks_each_runs_most_frequent_tokens_by_mean_probability(tmp_path):
+    """TR-GRPO's Fig. 1 section reads each trained run's token_probs.csv from a real store: the ``top`` most
+    frequent tokens (by count), then ranked by mean probability; a run without the file is left out."""
+    import mlflow
+
+    from reports.sections import SECTIONS, Context
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    mlflow.set_tracking_uri(uri)
+    exp = mlflow.create_experiment("tok", artifact_location=(tmp_path / "art").as_uri())
+    csv = tmp_path / "token_probs.csv"
+    pd.DataFrame({"token_id": [10, 11, 12, 13], "token": [" the", "\n", "3", "nan"], "count": [9, 7, 5, 1],
+                  "share": [0.41, 0.32, 0.23, 0.04], "mean_prob": [0.5, 0.9, 0.7, 0.99]}).to_csv(csv, index=False)
+    for algo in ("grpo", "tr_grpo"):
+        with mlflow.start_run(experiment_id=exp, run_name=f"algo={algo}", tags={"rlvr.kind": "trained"}):
+            mlflow.log_params({"algo.name": algo, "seed": 0})
+            mlflow.log_metric("train/reward_mean", 0.5, step=0)
+            if algo == "tr_grpo":
+                mlflow.log_artifact(str(csv))
+    runs = R.load_runs(uri, "tok")
+    t = R.token_prob_table(uri, runs, top=3)   # 13 ("nan", count 1) is not among the 3 most frequent
+    assert t.index.get_level_values("run").nunique() == 1   # grpo logged no file
+    assert list(t["token"]) == ["'\\n'", "'3'", "' the'"] and list(t["mean_prob"]) == [0.9, 0.7, 0.5]
+    assert list(t.index.get_level_values("rank")) == [1, 2, 3]
+    ctx = Context(runs=runs, shown=runs, done=R.finished(runs), tracking_uri=uri)
+    section = SECTIONS["trgrpo_tokens"].build(ctx)   # the top 20: all four, the token "nan" kept as text
+    assert list(section["token"]) == ["'nan'", "'\\n'", "'3'", "' the'"]
+
+
+def test_at_32_runs_each_run_has_its_own_colour_and_legends_cover_no_data(tmp_path):
+    """Readable at the full staleness preset's 32 runs: 32 distinct colours (and the same one for a run in every
+    figure, as run_colors is computed once per report), and a legend of 32 entries drawn outside the axes (to the
+    right of one axes, below a multi-panel figure), kept in the saved file by bbox_inches="tight"."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.image import imread
+
+    labels = [f"algo={a} train.ppo_epochs={e} train.lr={lr}" for a in ("gspo", "quatro") for e in (1, 2, 4, 8)
+              for lr in (1e-6, 2e-6, 5e-6, 1e-5)]
+    colors = R.run_colors(["Initialization", *labels])
+    assert len({colors[lab] for lab in labels}) == 32 and colors["Initialization"] not in {colors[lab] for lab in labels}
+
+    def overlaps(a, b):
+        return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for i, lab in enumerate(labels):
+        ax.plot([0, 1, 2], [i, i + 1, i], color=colors[lab], label=lab)
+    leg = R.legend(ax)
+    fig.canvas.draw()
+    assert not overlaps(leg.get_window_extent(), ax.get_window_extent())
+    fig.savefig(tmp_path / "one.png", bbox_inches="tight")
+    assert imread(tmp_path / "one.png").shape[1] > fig.get_size_inches()[0] * fig.dpi  # widened to keep the legend
+    plt.close(fig)
+    fig, axs = plt.subplots(1, 3, figsize=(12, 3))
+    for ax in axs:
+        for i, lab in enumerate(labels):
+            ax.plot([0, 1], [i, i], color=colors[lab], label=lab)
+    leg = R.legend(axs[0], fig=fig)
+    fig.canvas.draw()
+    assert all(not overlaps(leg.get_window_extent(), ax.get_window_extent()) for ax in axs)
+    assert len(leg.get_texts()) == 32
+    plt.close(fig)
+    fig, ax = plt.subplots()   # a handful of entries stay inside the axes
+    for lab in labels[:3]:
+        ax.plot([0, 1], [0, 1], label=lab)
+    leg = R.legend(ax)
+    fig.canvas.draw()
+    assert overlaps(leg.get_window_extent(), ax.get_window_extent())
+    plt.close(fig)

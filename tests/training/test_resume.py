@@ -64,6 +64,14 @@ def test_preempted_and_resumed_training_matches_an_uninterrupted_run(tiny_cfg, t
     for k in wa:
         assert torch.equal(wa[k], wb[k]), k
     assert not torch.equal(wa["model.embed_tokens.weight"], local.load_policy(cfg.model)[0].state_dict()["model.embed_tokens.weight"])
+    # the sampled tokens' counts and mean probabilities (TR-GRPO's Fig. 1) survive the stop: the resumed run's file is
+    # the uninterrupted one's, and its counts add up to the response tokens the steps logged (a second count)
+    import pandas as pd
+
+    ta, tb = (pd.read_csv(tmp_path / d / "token_probs.csv", keep_default_na=False) for d in ("a", "b"))
+    pd.testing.assert_frame_equal(ta, tb, rtol=1e-6)
+    tokens = sum(m["train/response_length_mean"] * m["train/batch_responses"] for _, m in straight)
+    assert ta["count"].sum() == round(tokens) and ((ta["mean_prob"] > 0) & (ta["mean_prob"] <= 1)).all()
 
 
 def test_metrics_saved_before_a_crash_are_logged_once_on_resume(tiny_cfg, tmp_path):

@@ -33,6 +33,7 @@ from training.algorithms import agg_loss, get_advantage_fn, get_policy_loss_fn, 
 from training.algorithms.aggregation import token_weights
 from training.engines import register_engine
 from training.mismatch import mismatch_metrics, tis_metrics, tis_weights
+from training.token_probs import ARTIFACT as TOKEN_PROBS, TokenProbs
 from training.batch import concat_batches
 from core.tasks import load_prompts
 from training.rewards import informative_rows, overlong_buffer_length, overlong_penalty
@@ -415,6 +416,7 @@ def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
     state_path = run_dir / "state" / "train_state.pt"
     every, n_steps, start_step, pending = int(t_cfg.get("checkpoint_every", 0) or 0), int(t_cfg.steps), 0, []
     save_every = int(t_cfg.get("save_every", 0) or 0)
+    token_probs = TokenProbs()  # every sampled token's probability, by token id (TR-GRPO's Fig. 1; token_probs.csv)
 
     def save_hf(path: Path) -> None:
         model.save_pretrained(path)
@@ -430,6 +432,8 @@ def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
         np.random.set_state(_np_rng_from(st["np_rng"]))
         torch.set_rng_state(st["torch_rng"])
         start_step = int(st["step"]) + 1
+        if "token_probs" in st:
+            token_probs.load_state_dict(st["token_probs"])
         for s_, m_ in st["pending"]:
             if s_ > logged_through:
                 log_metrics(m_, s_)
@@ -440,7 +444,7 @@ def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                     "order": list(order), "order_rng": _py_rng_to(order_rng.getstate()), "py_rng": _py_rng_to(random.getstate()),
                     "np_rng": _np_rng_to(np.random.get_state()), "torch_rng": torch.get_rng_state(), "step": step,
-                    "pending": pending}, tmp)
+                    "pending": pending, "token_probs": token_probs.state_dict()}, tmp)
         os.replace(tmp, state_path)  # atomic: a kill mid-save leaves the previous state intact
 
     def next_rows():
@@ -585,6 +589,8 @@ def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
             **{k: float(sum(m[k] for m in update_metrics))  # the step's totals, not the per-minibatch mean
                for k in ("update_forward_time_s", "update_backward_time_s") if update_metrics},
         }
+        if seen.batch_size:
+            token_probs.update(seen.response_ids, seen.old_logprobs, seen.response_mask)
         lines.update(step + 1, reward=metrics["reward_mean"], accuracy=metrics["accuracy"],
                      step_s=round(step_time, 1))
         pending.append((step, {f"train/{k}": v for k, v in metrics.items() if v is not None and math.isfinite(v)}))
@@ -602,4 +608,5 @@ def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
             raise Preempted(f"stopped after step {step} on request; state saved to {state_path}")
 
     rollout.close()  # the shared vLLM engine stays up, holding the final policy, for the run's evaluation
+    token_probs.write(run_dir / TOKEN_PROBS, tokenizer)
     return save_atomically(final_checkpoint_dir(run_dir), save_hf)
