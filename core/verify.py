@@ -386,7 +386,27 @@ def _die_with_parent() -> None:
 
 
 def _exit_on_sigterm(signum, frame):
-    raise SystemExit(0)
+    """A pool worker's SIGTERM: release any cross-process lock of the pool's queues this worker holds, then exit at
+    once. An idle worker blocks in the task queue's get() holding its read lock, and a signal can land in the instant
+    after it acquired the lock but before the ``with`` block that would release it on an exception: exiting by
+    raising then still left the lock held about one time in three (2026-12-05), and Pool.terminate() waited on it
+    for ever. So the handler finds the queues in multiprocessing's ``worker`` frame and releases what is its own."""
+    import os
+
+    f = frame
+    while f is not None and not (f.f_code.co_name == "worker" and f.f_code.co_filename.endswith("pool.py")):
+        f = f.f_back
+    if f is not None:
+        for queue in (f.f_locals.get("inqueue"), f.f_locals.get("outqueue")):
+            for name in ("_rlock", "_wlock"):
+                lock = getattr(queue, name, None)
+                sem = getattr(lock, "_semlock", None)
+                try:
+                    if sem is not None and sem._is_mine():
+                        lock.release()
+                except (OSError, ValueError, AttributeError):
+                    pass
+    os._exit(0)
 
 
 def _worker_init():
@@ -395,9 +415,9 @@ def _worker_init():
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # the sweep's stop handler is inherited by fork: not here. SIGTERM (from the pool's terminate(), the parent's
-    # death, or a signal to the whole process group: pkill -f, scancel) exits by raising, so a worker blocked in
-    # the task queue's get() leaves the queue's lock released: killed with the default action it kept it, and the
-    # parent's Pool.terminate() then waited on that lock for ever (a stopped sweep that never exited)
+    # death, or a signal to the whole process group: pkill -f, scancel) releases the queue locks this worker holds
+    # and exits: killed with the default action, a worker blocked in the task queue's get() kept that queue's lock,
+    # and the parent's Pool.terminate() then waited on it for ever (a stopped sweep that never exited)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # nor SLURM's preemption signal, sent to every process of the job
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)
