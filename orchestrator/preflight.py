@@ -105,10 +105,14 @@ def sweep_points(overrides: list[str], config_name: str = "config", multirun: bo
     return out
 
 
-def check_command_line(argv: list[str]) -> int | None:
+def check_command_line(argv: list[str], checks=()) -> int | None:
     """Validate all sweep points of ``argv`` (overrides and ``-m``) and the places they write to
     (:func:`check_locations`); exit 2 with one line on error. Returns the number of points (None when the
     command line is left to Hydra).
+
+    ``checks``: more functions ``(cfg) -> None`` that raise ValueError (one line) on a bad point, from layers this
+    one does not import (sweep.py passes :func:`reports.callback.check_report_config`: the names in
+    ``report.sections``).
 
     Command lines with other Hydra flags (``--cfg``, ``--help``, ``--config-name``, ...) are left to Hydra.
     """
@@ -124,6 +128,11 @@ def check_command_line(argv: list[str]) -> int | None:
             try:
                 for w in validate_config(cfg):
                     print(f"WARNING ({' '.join(point) or 'defaults'}): {w}", file=sys.stderr)
+                for check in checks:
+                    try:
+                        check(cfg)
+                    except ValueError as e:
+                        raise ConfigError(str(e)) from None
             except ConfigError as e:
                 where = f" (sweep point {' '.join(point)})" if len(points) > 1 else ""
                 raise ConfigError(f"{e}{where}") from None

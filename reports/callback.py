@@ -27,3 +27,19 @@ def sweep_report(config, parent_run_id: str | None) -> Path | None:
         log.error("the sweep finished but its report could not be built: %s: %s "
                   "(rebuild with: python -m reports --experiment %s)", type(e).__name__, e, config.experiment_name)
         return None
+
+
+def check_report_config(config) -> None:
+    """Pre-flight check of a sweep point's ``report`` keys (sweep.py runs it on every point before any work):
+    every name in ``report.sections`` is a registered paper section (:mod:`reports.sections`).
+
+    Raises:
+        ValueError: one line naming the unknown names and the known ones.
+    """
+    from .sections import SECTIONS
+
+    names = [str(s) for s in ((config.get("report", {}) or {}).get("sections") or [])]
+    bad = [n for n in names if n not in SECTIONS]
+    if bad:
+        raise ValueError(f"report.sections: {bad} {'is not a' if len(bad) == 1 else 'are not'} paper section"
+                         f"{'' if len(bad) == 1 else 's'} (reports/sections.py has: {', '.join(sorted(SECTIONS))})")

@@ -1,6 +1,6 @@
 """Run the CPU twins of the paper presets at their full size (SmolLM2-135M) and check what each one produced.
 
-The test suite runs every preset's pipeline on the tiny random model (tests/e2e/test_presets.py); this script is
+The test suite runs every twin through this script on the tiny random model (tests/e2e/test_twins.py); this script is
 for the real twins, which take 3-15 minutes each on two CPU cores (docs/performance.md, "Paper presets' CPU twins"), too long for CI.
 
     python scripts/run_twins.py                          # the five twins whose times docs/performance.md quotes

@@ -30,11 +30,11 @@ SHARED_GROUPS = {
     "tests/e2e/test_all_algorithms.py": "all_algorithms",
     "tests/e2e/test_vllm.py": "all_algorithms",
 }
-# the longest groups, longest first (their durations on 2 cores: verl's about 15 min, the faults, the PostgreSQL
-# store and the sweep lifecycle about 5 each, the presets' twins 4, SLURM 3, the all-algorithms sweep and the README
-# sweep 2-3), so that no long one starts last; the rest follow in collection order (pyproject's addopts:
-# --no-loadscope-reorder)
-FIRST_GROUPS = ("verl", "tests/orchestrator/test_faults.py", "tests/orchestrator/test_cluster_store.py",
+# the longest groups, longest first (their durations on 2 cores: verl's about 15 min, every paper twin's report
+# about 7, the faults, the PostgreSQL store and the sweep lifecycle about 5 each, the presets' twins 4, SLURM 3, the
+# all-algorithms sweep and the README sweep 2-3), so that no long one starts last; the rest follow in collection
+# order (pyproject's addopts: --no-loadscope-reorder)
+FIRST_GROUPS = ("verl", "tests/e2e/test_twins.py", "tests/orchestrator/test_faults.py", "tests/orchestrator/test_cluster_store.py",
                 "tests/orchestrator/test_sweep_lifecycle.py", "tests/e2e/test_presets.py", "tests/slurm/test_slurm.py", "all_algorithms", "tests/e2e/test_sweep.py")
 
 

@@ -278,39 +278,28 @@ def test_run_twins_refuses_an_unknown_twin_before_any_work_and_names_a_bad_overr
     assert not list(tmp_path.iterdir())  # nothing ran
 
 
-def test_kk_task_end_to_end_on_the_tiny_model(tmp_path):
-    """K&K through the whole pipeline: the K&K reward in training, the per-size table in evaluation."""
-    proc = _sweep(tmp_path, "model=tiny-random", "data=kk", "eval=kk", "algo=tr_grpo_random", "train.steps=1",
-                  "train.prompts_per_step=2", "train.group_size=2", "train.minibatch_size=4", "train.max_new_tokens=8",
-                  "data.train_sizes=[2]", "data.train_per_size=4", "data.eval_sizes=[2,3]", "data.eval_per_size=2",
-                  "eval.n=2", "eval.ks=[1,2]", "eval.max_new_tokens=8", "experiment_name=kk", "report.enabled=false",
-                  timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    client, [run] = _trained_runs(tmp_path, "kk")
-    # 8 random tokens never spell <think>...</think><answer>...</answer>: every response gets the format penalty
-    assert run.data.metrics["train/reward_mean"] == -1.0
-    assert run.data.metrics["eval/kk/2_people/accuracy"] == 0.0 and "eval/kk/3_people/pass_at_2" in run.data.metrics
-    arts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert "subsets.csv" in arts and "samples.parquet" in arts
+def test_search_agent_twin_trains_with_tool_calls_and_the_report_shows_them(tmp_path):
+    """The search-agent twin (trgrpo_search_cpu) on one point, TR-GRPO (SmolLM2-135M, the generated world, BM25
+    started for the run; the random model never calls the tool): training episodes call the search tool (their
+    results masked), exact match and tool metrics are logged for training and evaluation, and the report shows the
+    preset's paper table (TR-GRPO Table 3, checked by run_twin) and the "Tool use" section."""
+    problems, trained = _run_twins_script().run_twin("trgrpo_search_cpu", tmp_path, [
+        "algo=tr_grpo", "train.steps=1", "train.prompts_per_step=2", "train.group_size=4", "train.minibatch_size=8",
+        "train.max_new_tokens=40", "tools.max_turns=1", "tools.max_obs_tokens=48", "eval.max_prompts=4", "eval.n=2",
+        "eval.ks=[1,2]", "eval.ucc_ks=[2]", "eval.max_new_tokens=40", "eval.batch_prompts=4", "eval.base=false"],
+        capture=True)
+    assert problems == []
+    [run] = trained
+    from mlflow.tracking import MlflowClient
 
-
-def test_search_agent_point_trains_with_tool_calls_and_the_report_shows_them(tmp_path):
-    """One point of the search-agent twin (SmolLM2-135M, the generated world, BM25 started for the run): training
-    episodes call the search tool (their results masked), exact match and tool metrics are logged for training and
-    evaluation, and the report's "Tool use" section shows them."""
-    proc = _sweep(tmp_path, "-m", "data=search_demo", "eval=search_demo", "algo=tr_grpo", "train.steps=1",
-                  "train.prompts_per_step=2", "train.group_size=4", "train.minibatch_size=8", "train.max_new_tokens=40",
-                  "train.temperature=0.8", "tools.max_turns=1", "tools.max_obs_tokens=48", "eval.max_prompts=4",
-                  "eval.n=2", "eval.ks=[1,2]", "eval.ucc_ks=[2]", "eval.max_new_tokens=40", "eval.batch_prompts=4",
-                  "eval.base=false", "experiment_name=search", timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    client, [run] = _trained_runs(tmp_path, "search")
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'trgrpo_search_cpu'}/mlflow.db")
     m = run.data.metrics
     assert m["train/tool_calls_mean"] > 0 and 0 < m["train/tool_token_share"] < 1  # searched; results masked
     assert 0 <= m["train/no_answer_share"] <= 1 and set(client.get_run(run.info.run_id).data.metrics) >= {
         "eval/search_demo/exact_match", "eval/search_demo/tool_calls", "eval/search_demo/no_answer_share"}
     assert m["eval/search_demo/exact_match"] == m["eval/search_demo/pass_at_1"]
     assert m["eval/kind/search_general/pass_at_1"] == m["eval/search_demo/pass_at_1"]
-    html = (tmp_path / "reports_out" / "search" / "report.html").read_text()
+    html = (tmp_path / "trgrpo_search_cpu" / "reports_out" / "trgrpo_search_cpu" / "report.html").read_text()
+    assert html.index('id="paper-trgrpo_search"') < html.index('id="Tool-use"')
     section = html[html.index('id="Tool-use"'):html.index('id="Distinct-correct-solutions')]
     assert "no_answer_share" in section and f"{m['eval/search_demo/tool_calls']:.4f}" in section

@@ -231,6 +231,16 @@ def test_bad_input_on_the_command_line_exits_2_with_one_line(tmp_path):
     assert runs == []
 
 
+def test_an_unknown_report_section_stops_the_sweep_before_any_work(tmp_path):
+    """report.sections names registered paper tables: a typo is refused at pre-flight (exit 2, one line naming it
+    and the known names), not discovered in the report after the sweep has run."""
+    proc = _sweep(tmp_path, "-m", *TINY, "report.sections=[quatro_passk,quatro_pask]", timeout=120)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "report.sections: ['quatro_pask'] is not a paper section" in lines[0] and "quatro_passk" in lines[0]
+    assert _runs(tmp_path)[1] == []
+
+
 def _assert_clean_notebook(path):
     import nbformat
 
@@ -371,23 +381,25 @@ window.addEventListener('load', function () {
   var imgs = Array.prototype.slice.call(document.images);
   var out = document.createElement('pre'); out.id = 'rlvr-browser-check';
   out.textContent = JSON.stringify({images: imgs.length, errors: window.__rlvrErrors, title: document.title,
+    paper: Array.prototype.map.call(document.querySelectorAll('.paper-table'), function (d) {
+      return [d.getAttribute('data-section'), d.querySelectorAll('td').length, d.getBoundingClientRect().height > 0]; }),
     shown: imgs.filter(function (i) { return i.complete && i.naturalWidth > 0 && i.getBoundingClientRect().width > 0; }).length});
   document.body.appendChild(out);
 });
 </script>"""
 
 
-def test_the_report_renders_in_a_real_browser_with_every_figure_shown(sweep_dir, tmp_path):
-    """Headless Chromium (Debian's ``chromium``, installed by .ci/run) opens report.html offline: no script or
-    resource error, every <img> decoded and laid out, as many images as the report's figures folder holds. A
-    screenshot is kept in test-artifacts/ (or $RLVR_TEST_ARTIFACTS)."""
-    import re
+def render_in_browser(report: Path, tmp_path: Path, screenshot: str) -> dict:
+    """Open ``report`` (a report.html) offline in headless Chromium (Debian's ``chromium``, installed by .ci/run;
+    the test is skipped without it): returns what the page saw once loaded (``errors``: script and resource errors;
+    ``images``/``shown``: <img> elements and those decoded and laid out; ``paper``: [section, cells, visible] per paper
+    table; ``title``), and keeps a full-width screenshot as ``screenshot`` in test-artifacts/ (or
+    $RLVR_TEST_ARTIFACTS)."""
     import shutil
 
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
         pytest.skip("chromium is not installed (apt-get install chromium; .ci/run installs it)")
-    report = sweep_dir / "reports_out" / "rlvr" / "report.html"
     html = report.read_text(encoding="utf-8")
     assert not re.findall(r'<script[^>]*src="https?:', html)  # nothing fetched from a CDN
     probe = tmp_path / "probe.html"
@@ -397,16 +409,23 @@ def test_the_report_renders_in_a_real_browser_with_every_figure_shown(sweep_dir,
                           capture_output=True, text=True, timeout=180)
     m = re.search(r'<pre id="rlvr-browser-check">(.*?)</pre>', proc.stdout, re.S)
     assert m, proc.stderr[-2000:]
-    check = json.loads(m.group(1))
-    figures = sorted((report.parent / "figures").glob("*.png"))
-    assert check["errors"] == [] and check["title"] == "RLVR sweep report: rlvr"
-    assert check["images"] == len(figures) >= 3 and check["shown"] == check["images"], check
     out = Path(os.environ.get("RLVR_TEST_ARTIFACTS", REPO / "test-artifacts"))
     out.mkdir(parents=True, exist_ok=True)
-    shot = out / "report.png"
+    shot = out / screenshot
     subprocess.run([browser, *flags, f"--screenshot={shot}", "--window-size=1280,3000", "--hide-scrollbars",
                     report.as_uri()], capture_output=True, text=True, timeout=180)
     assert shot.is_file() and shot.stat().st_size > 10_000
+    return json.loads(m.group(1))
+
+
+def test_the_report_renders_in_a_real_browser_with_every_figure_shown(sweep_dir, tmp_path):
+    """Headless Chromium opens report.html offline: no script or resource error, every <img> decoded and laid out,
+    as many images as the report's figures folder holds. A screenshot is kept in test-artifacts/report.png."""
+    report = sweep_dir / "reports_out" / "rlvr" / "report.html"
+    check = render_in_browser(report, tmp_path, "report.png")
+    figures = sorted((report.parent / "figures").glob("*.png"))
+    assert check["errors"] == [] and check["title"] == "RLVR sweep report: rlvr"
+    assert check["images"] == len(figures) >= 3 and check["shown"] == check["images"], check
 
 
 def test_mlflow_ui_opens_the_sweep_on_its_runs_table(sweep_dir, tmp_path):
