@@ -765,6 +765,12 @@ def seed_band(hist: dict, methods: dict, key: str) -> dict:
 
 # ---------------------------------------------------------------------------- export for a paper
 
+def paper_number(v: float) -> str:
+    """A number of a paper table: four decimals, or three significant digits in scientific notation when it is
+    nonzero and below 0.001 in size (a probability of 2e-5 is not shown as 0.0000)."""
+    return f"{v:.2e}" if v != 0 and abs(v) < 1e-3 else f"{v:.4f}"
+
+
 def export_table(df: pd.DataFrame, directory, name: str, digits: int = 4) -> list[Path]:
     """Write ``df`` as ``<directory>/<name>.csv`` and ``<name>.tex`` (a LaTeX ``tabular`` with booktabs rules,
     special characters escaped, floats to ``digits`` places), for a paper; returns the two paths. An empty frame

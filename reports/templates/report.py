@@ -154,7 +154,7 @@ else:
                          f'{sec.needs}.</em></p>'))
         else:
             display(HTML(f'<div class="paper-table" data-section="{name}" style="overflow-x:auto">'
-                         + tab.to_html(float_format=lambda v: f"{v:.4f}", na_rep="-") + "</div>"))
+                         + tab.to_html(float_format=R.paper_number, na_rep="-") + "</div>"))
             export(tab, f"paper_{name}")
 
 # %% [markdown]

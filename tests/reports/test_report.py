@@ -292,3 +292,8 @@ def test_at_32_runs_each_run_has_its_own_colour_and_legends_cover_no_data(tmp_pa
     fig.canvas.draw()
     assert overlaps(leg.get_window_extent(), ax.get_window_extent())
     plt.close(fig)
+
+
+def test_paper_numbers_keep_small_values_visible():
+    assert [R.paper_number(v) for v in (0.5, 0.0, 2.1e-5, -3e-4, 12.34567, 0.001)] == [
+        "0.5000", "0.0000", "2.10e-05", "-3.00e-04", "12.3457", "0.0010"]
