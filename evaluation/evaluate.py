@@ -185,18 +185,23 @@ def _set_aside_stale_samples(eval_cfg, out_dir: Path, sampler=None) -> None:
     meta.write_text(json.dumps(settings))
 
 
-def evaluation_sampler(eval_cfg, sampler: str | None = None) -> str:
+def evaluation_sampler(eval_cfg, sampler: str | None = None, model_path=None) -> str:
     """The sampler an evaluation uses: ``sampler`` or ``eval.sampler`` resolved (:func:`core.sampling.resolve_sampler`),
     except that when a benchmark's task calls tools only a sampler that declares ``supports_tools`` serves it
-    (``auto`` then takes the first of them that can run here).
+    (``auto`` then takes the first of them that can run here), and that ``auto`` takes vLLM on the CPU too when this
+    process already runs a vLLM engine that serves ``model_path`` (:func:`core.sampling.running_engine_serves`: a
+    training run's rollouts left it holding the final policy, nothing to start or load).
 
     Raises:
         ValueError: the sampler cannot run here, or one without tool support asked for tool benchmarks.
     """
-    from core.sampling import SAMPLERS, tool_samplers
+    from core.sampling import SAMPLERS, running_engine_serves, tool_samplers
 
     asked = str(sampler or eval_cfg.get("sampler", "auto"))
     tool_benches = [b for b in eval_cfg.benchmarks if getattr(get_task(b), "tools", ())]
+    if asked == "auto" and model_path is not None and not tool_benches and "vllm" in SAMPLERS \
+            and running_engine_serves(model_path, sampler_options(eval_cfg, "vllm")):
+        return "vllm"
     if tool_benches:
         able = tool_samplers()
         if asked == "auto":
@@ -256,11 +261,12 @@ def settings_from(eval_cfg, chat_template: bool = True) -> SamplingSettings:
     return SamplingSettings(float(eval_cfg.temperature), float(eval_cfg.top_p), int(eval_cfg.max_new_tokens), bool(chat_template))
 
 
-def sampler_options(eval_cfg, sampler: str = "vllm") -> SamplerOptions:
+def sampler_options(eval_cfg, sampler: str = "vllm", score_budget: int | None = None) -> SamplerOptions:
     """The :class:`core.sampling.SamplerOptions` of an ``eval`` config (``device``, ``dtype``, ``entropy``,
     ``score_rows``, ``score_tokens``) for the sampler named ``sampler``, whose own options are the subtree
     ``eval.<sampler>`` (``eval.vllm.*``: the vLLM engine's arguments, ``extra`` merged in; keys declared by the
-    sampler's ``CONFIG``)."""
+    sampler's ``CONFIG``). ``score_budget``: positions per teacher-forced entropy pass (the run's
+    ``train.micro_batch_tokens`` when it is a number)."""
     from omegaconf import OmegaConf
 
     engine = eval_cfg.get(sampler) or {}
@@ -269,7 +275,7 @@ def sampler_options(eval_cfg, sampler: str = "vllm") -> SamplerOptions:
     extra = engine.pop("extra", None) or {}
     return SamplerOptions(device=str(eval_cfg.get("device", "auto")), dtype=str(eval_cfg.get("dtype", "auto")),
                           entropy=bool(eval_cfg.get("entropy", True)), score_rows=int(eval_cfg.get("score_rows", 16)),
-                          score_tokens=int(eval_cfg.get("score_tokens", 512)),
+                          score_tokens=int(eval_cfg.get("score_tokens", 512)), score_budget=score_budget,
                           engine={**{k: v for k, v in engine.items() if v is not None}, **dict(extra)})
 
 
@@ -469,14 +475,16 @@ def evaluate_temperatures(sampler, eval_cfg, out_dir, heldout_rows=None, chat_te
 def evaluate_checkpoint(model_path, eval_cfg, out_dir, heldout_rows=None, chat_template: bool = True,
                         base_samples: pd.DataFrame | None = None, sampler: str | None = None,
                         temperatures: bool = True, tools_cfg=None,
-                        rows: dict[str, list[dict]] | None = None) -> tuple[dict, dict, dict]:
+                        rows: dict[str, list[dict]] | None = None,
+                        score_budget: int | None = None) -> tuple[dict, dict, dict]:
     """Evaluate the model at ``model_path`` (a Hugging Face folder or hub id) with the configured sampler.
 
     The sampler (``sampler`` or ``eval_cfg.sampler``: ``auto`` | ``hf`` | ``vllm``) starts once, samples at
     the main temperature and (with ``temperatures``) every ``eval_cfg.extra_temperatures``, then frees its
     engine (GPU memory, vLLM's worker processes) before returning, also on an error.
 
-    ``rows``: as :func:`evaluate` (with it, the main temperature only).
+    ``rows``: as :func:`evaluate` (with it, the main temperature only). ``score_budget``: positions per
+    teacher-forced entropy pass (:func:`sampler_options`).
 
     Returns:
         (metrics, files, info): as :func:`evaluate_temperatures`; info = {"sampler": resolved name,
@@ -488,8 +496,8 @@ def evaluate_checkpoint(model_path, eval_cfg, out_dir, heldout_rows=None, chat_t
     """
     t0 = time.time()
     timings: collections.Counter = collections.Counter()
-    name = evaluation_sampler(eval_cfg, sampler)
-    smp = build_sampler(name, model_path, sampler_options(eval_cfg, name))
+    name = evaluation_sampler(eval_cfg, sampler, model_path)
+    smp = build_sampler(name, model_path, sampler_options(eval_cfg, name, score_budget))
     timings["engine_start_s"] += time.time() - t0
     try:
         if temperatures and rows is None:

@@ -209,18 +209,43 @@ def _invalidate(client, run, why: str) -> None:
     tracking.retry(client.set_terminated, run.info.run_id, "KILLED")
 
 
+def _token_budget(cfg) -> int | None:
+    """``train.micro_batch_tokens`` when it is a number (the evaluation's entropy passes hold at most that many
+    positions too), else None."""
+    budget = OmegaConf.select(cfg, "train.micro_batch_tokens")
+    return budget if isinstance(budget, int) and not isinstance(budget, bool) else None
+
+
 def _tag_rollout(run_dir: Path) -> None:
-    """Tag the run with the rollout sampler its engine chose and why (``rollout.json``, written by the local engine:
-    ``rlvr.rollout_sampler``, ``rlvr.rollout_sampler_reason``)."""
+    """Tag the run with what its engine chose and why: the rollout sampler (``rollout.json``:
+    ``rlvr.rollout_sampler``, ``rlvr.rollout_sampler_reason``) and the scoring layout and micro-batch budget
+    (``memory.json``: ``rlvr.packing``, ``rlvr.packing_reason``, ``rlvr.micro_batch_tokens``), each written by the
+    local engine; the memory plan's parts are logged as ``memory/plan_<part>_gb`` metrics and ``memory.json`` as an
+    artifact."""
     import json
 
-    f = Path(run_dir) / "rollout.json"
     try:
-        info = json.loads(f.read_text())
+        info = json.loads((Path(run_dir) / "rollout.json").read_text())
+        tracking.retry(mlflow.set_tags, {"rlvr.rollout_sampler": str(info.get("sampler")),
+                                         "rlvr.rollout_sampler_reason": str(info.get("reason"))[:5000]})
+    except (OSError, ValueError):
+        pass
+    memory = Path(run_dir) / "memory.json"
+    try:
+        info = json.loads(memory.read_text())
     except (OSError, ValueError):
         return
-    tracking.retry(mlflow.set_tags, {"rlvr.rollout_sampler": str(info.get("sampler")),
-                                     "rlvr.rollout_sampler_reason": str(info.get("reason"))[:5000]})
+    tracking.retry(mlflow.set_tags, {"rlvr.packing": str(info.get("layout")),
+                                     "rlvr.packing_reason": str(info.get("layout_reason"))[:5000],
+                                     "rlvr.micro_batch_tokens": str(info.get("micro_batch_tokens"))})
+    plan = info.get("plan") or {}
+    values = {f"memory/plan_{k}": float(v) for k, v in plan.items()
+              if k.endswith("_gb") and isinstance(v, (int, float)) and v is not None}
+    for k, v in (info.get("calibration") or {}).items():
+        values[f"memory/{k}"] = float(v)
+    if values:
+        tracking.retry(mlflow.log_metrics, values, step=0)
+    tracking.retry(mlflow.log_artifact, str(memory))
 
 
 def _recover_from(prior, run_dir: Path) -> None:
@@ -747,7 +772,7 @@ def evaluate_run(cfg, run_dir: Path, final: Path, heldout, base=None) -> dict:
         final_step, final = select_on_validation(cfg, run_dir, final)
     for step, path, out_dir, is_final in checkpoints_to_evaluate(cfg, run_dir, final, final_step):
         metrics, files, info = evaluate_checkpoint(path, cfg.eval, out_dir, heldout, chat, temperatures=is_final,
-                                                   tools_cfg=cfg.get("tools"))
+                                                   tools_cfg=cfg.get("tools"), score_budget=_token_budget(cfg))
         if is_final:
             final_metrics = dict(metrics)
             tracking.retry(mlflow.set_tags, {"rlvr.sampler": info["sampler"], "rlvr.entropy_method": str(info["entropy_method"])})

@@ -58,6 +58,10 @@ SCHEMA: dict[str, Spec] = {
     "train.rollout.sampler": S(pattern=r"[a-z][a-z0-9_]*"), "train.rollout.dtype": S(("auto", "float32", "bfloat16", "float16")),
     "train.rollout.gpu_memory_utilization": F(0, 1, lo_open=True), "train.rollout.correction": S(("none", "token_tis", "sequence_tis")),
     "train.rollout.correction_cap": F(1), "train.keep_top_k": I(1, null=True),
+    # memory (training/memory_plan.py; values the local engine's validate() checks further)
+    "train.micro_batch_tokens": Spec("any"), "train.packing": S(("auto", "tree", "packed", "padded")),
+    "train.memory_check": Spec("any"), "train.device_memory_gb": F(0, lo_open=True, null=True),
+    "train.max_prompt_tokens": I(1),
     # model
     "model.name": S(min_len=1), "model.source": S(("gguf_wheel", "tiny_random", "pretrained")),
     "model.path": S(null=True), "model.package": S(), "model.gguf_file": S(), "model.tokenizer_name": S(),

@@ -6,7 +6,7 @@ import time
 import torch
 
 from core.sampling import prompt_texts
-from core.scoring import autocast, compute_logprobs  # noqa: F401  (re-exported for training code)
+from core.scoring import Scorer, autocast, compute_logprobs  # noqa: F401  (re-exported for training code)
 
 from .batch import RolloutBatch
 from .rewards import row_rewards
@@ -16,7 +16,7 @@ from .rewards import row_rewards
 def collect_rollouts(model, tokenizer, rows: list[dict], group_size: int, temperature: float, top_p: float,
                      max_new_tokens: int, seed: int, chat_template: bool = True, ref_model=None, bf16: bool = False,
                      timings: dict | None = None, old_logprobs: bool = True, tools: dict | None = None,
-                     tools_cfg=None, rollout=None):
+                     tools_cfg=None, rollout=None, scorer=None):
     """Sample a group of ``group_size`` responses for each prompt row and score them.
 
     Args:
@@ -25,13 +25,15 @@ def collect_rollouts(model, tokenizer, rows: list[dict], group_size: int, temper
         timings: when given, wall seconds are added to its ``generate_s``, ``reward_s`` and ``logprob_s``
             (old and reference log-probs) keys.
         old_logprobs: score the samples under the rollout policy here (old log-probs and entropies); False
-            leaves both NaN for :func:`training.engines.local.update_policy` to fill minibatch by minibatch
+            leaves both NaN for :func:`training.update.update_policy` to fill minibatch by minibatch
             (``deferred_old``), the first minibatch from its own forward pass.
         tools: ``{name: core.tools.Tool}``: multi-turn episodes with tool calls (:func:`core.agent.run_episodes`;
             ``tools_cfg.max_turns``, ``tools_cfg.max_obs_tokens``); the response mask then marks the policy's tokens
             only, so every loss, KL and entropy skips the tool's.
         rollout: the rollout sampler (:func:`core.sampling.build_rollout`: ``hf`` on ``model`` itself, or ``vllm``
             holding the policy's weights); None: transformers on ``model``.
+        scorer: the run's :class:`core.scoring.Scorer` for the old and reference passes (token budget, layout);
+            None: one padded pass over the batch.
     Returns:
         (RolloutBatch, texts): the batch's ``extras`` hold ``entropy`` (B, L), the rollout policy's
         next-token entropy, ``finished`` (B,), whether the response ended with EOS (with tools: EOS or an answer),
@@ -58,16 +60,17 @@ def collect_rollouts(model, tokenizer, rows: list[dict], group_size: int, temper
     t1 = time.perf_counter()
     rewards, correct, answered = row_rewards(gen.texts, [r for r in rows for _ in range(group_size)], answered=True)
     t2 = time.perf_counter()
+    scorer = scorer or Scorer()
     if old_logprobs:
-        old, entropy = compute_logprobs(model, gen.prompt_ids, gen.prompt_mask, gen.response_ids, gen.response_mask,
-                                        temperature, with_entropy=True, bf16=bf16)
+        old, entropy = scorer.score(model, gen.prompt_ids, gen.prompt_mask, gen.response_ids, gen.response_mask,
+                                    temperature, with_entropy=True, bf16=bf16)
     else:
         old = torch.full(gen.response_ids.shape, float("nan"), device=gen.response_ids.device)
         entropy = old.clone()
     ref_logprobs = None
     if ref_model is not None:
-        ref_logprobs, _ = compute_logprobs(ref_model, gen.prompt_ids, gen.prompt_mask, gen.response_ids,
-                                           gen.response_mask, temperature, bf16=bf16)
+        ref_logprobs, _ = scorer.score(ref_model, gen.prompt_ids, gen.prompt_mask, gen.response_ids,
+                                       gen.response_mask, temperature, bf16=bf16)
     t3 = time.perf_counter()
     for k, v in (("generate_s", t1 - t0), ("reward_s", t2 - t1), ("logprob_s", t3 - t2)):
         t[k] = t.get(k, 0.0) + v

@@ -8,6 +8,7 @@ and :func:`get_policy_loss_fn`.
 from .aggregation import LOSS_AGG_MODES, agg_loss, masked_mean
 from .kl import kl_k3
 from .registry import (
+    couples_rows,
     get_advantage_fn,
     get_policy_loss_fn,
     need_param,
@@ -21,6 +22,6 @@ from .registry import (
 
 __all__ = [
     "LOSS_AGG_MODES", "agg_loss", "masked_mean", "kl_k3",
-    "get_advantage_fn", "get_policy_loss_fn", "need_param", "needs_of", "register_advantage", "register_policy_loss",
+    "couples_rows", "get_advantage_fn", "get_policy_loss_fn", "need_param", "needs_of", "register_advantage", "register_policy_loss",
     "registered_advantages", "registered_policy_losses", "validate_params",
 ]

@@ -9,10 +9,55 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+from dataclasses import dataclass
 
 import torch
 
 _TOKEN_WEIGHTS: contextvars.ContextVar = contextvars.ContextVar("rlvr_token_weights", default=None)
+_NORMALISERS: contextvars.ContextVar = contextvars.ContextVar("rlvr_minibatch_normalisers", default=None)
+
+
+@dataclass(frozen=True)
+class Normalisers:
+    """The denominators of every aggregation mode, counted over a whole minibatch before it is split into
+    micro-batches (:func:`over_minibatch`), so that the micro-batches' losses add up to the minibatch's.
+
+    Attributes:
+        tokens: response tokens the mask keeps (``token-mean``).
+        sequences: responses (``seq-mean-token-sum``, ``seq-mean-token-sum-norm``).
+        valid_sequences: responses with at least one kept token (``seq-mean-token-mean``).
+        norm_constant: ``seq-mean-token-sum-norm``'s constant where the loss sets none: the configured maximum
+            response length (Dr. GRPO's constant), never a padded width.
+    """
+
+    tokens: float
+    sequences: int
+    valid_sequences: int
+    norm_constant: float | None = None
+
+    @classmethod
+    def of(cls, mask: torch.Tensor, norm_constant: float | None = None) -> "Normalisers":
+        """The normalisers of a minibatch's (B, L) response mask."""
+        m = mask.to(torch.float64)
+        return cls(float(m.sum()), int(m.shape[0]), int((m.sum(-1) > 0).sum()),
+                   None if norm_constant is None else float(norm_constant))
+
+
+@contextlib.contextmanager
+def over_minibatch(normalisers: Normalisers | None):
+    """Within this context :func:`agg_loss` divides by ``normalisers`` (the whole minibatch's) instead of counting
+    the batch it is given: a micro-batch's loss is then its share of the minibatch's loss, and the gradients of
+    the micro-batches add up to the one-pass gradient exactly (for a loss whose only reduction across responses is
+    :func:`agg_loss`: every built-in one; a loss that couples responses otherwise declares it,
+    :func:`training.algorithms.registry.register_policy_loss`). ``None`` changes nothing.
+
+    Peers that got this wrong: verl's critic divided per micro-batch until PR #6957 (gradient K-fold too large);
+    OpenRLHF averaged micro-batch means until #1249."""
+    token = _NORMALISERS.set(normalisers)
+    try:
+        yield
+    finally:
+        _NORMALISERS.reset(token)
 
 
 @contextlib.contextmanager
@@ -65,9 +110,10 @@ def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, norm_constan
             ``seq-mean-token-sum``: sum over tokens per sequence, then mean over sequences;
             ``seq-mean-token-sum-norm``: sum over all tokens / (B * norm_constant) (Dr. GRPO;
             ``norm_constant`` defaults to L, the padded response length).
-        norm_constant: the constant of ``seq-mean-token-sum-norm`` (e.g. the max response length).
+        norm_constant: the constant of ``seq-mean-token-sum-norm`` (e.g. the max response length); None: the
+            :func:`over_minibatch` context's (the trainer sets the configured maximum response length), else L.
     Returns:
-        Scalar tensor.
+        Scalar tensor. Inside :func:`over_minibatch` every denominator is the whole minibatch's.
     Raises:
         ValueError: unknown mode.
     Source: verl ``core_algos.agg_loss``; Dr. GRPO (Liu et al., 2025) for the constant normaliser.
@@ -77,6 +123,21 @@ def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, norm_constan
     if weights is not None:  # inside token_weights(): e.g. the truncated importance-sampling correction
         loss_mat = loss_mat * weights.to(loss_mat.dtype)
     mask = mask.to(loss_mat.dtype)
+    whole = _NORMALISERS.get()
+    if whole is not None:  # a micro-batch's share of its minibatch's loss
+        if mode == "token-mean":
+            return (loss_mat * mask).sum() / max(whole.tokens, 1.0)
+        if mode == "token-sum":
+            return (loss_mat * mask).sum()
+        seq_sum = (loss_mat * mask).sum(-1)
+        if mode == "seq-mean-token-mean":
+            per_seq = seq_sum / mask.sum(-1).clamp(min=1.0)
+            return per_seq.sum() / max(whole.valid_sequences, 1)
+        if mode == "seq-mean-token-sum":
+            return seq_sum.sum() / max(whole.sequences, 1)
+        constant = norm_constant if norm_constant is not None else whole.norm_constant
+        constant = float(constant if constant is not None else loss_mat.shape[-1])
+        return seq_sum.sum() / (max(whole.sequences, 1) * constant)
     if mode == "token-mean":
         return masked_mean(loss_mat, mask)
     if mode == "token-sum":

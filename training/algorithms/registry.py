@@ -14,6 +14,7 @@ _ADVANTAGES: Registry = Registry("advantage estimator", packages=("training.algo
 _POLICY_LOSSES: Registry = Registry("policy loss", packages=("training.algorithms",))
 _VALIDATORS: Dict[tuple, Callable] = {}
 _NEEDS: Dict[tuple, tuple] = {}  # (kind, name) -> batch fields beyond rewards and groups, with why
+_COUPLED: Dict[str, str] = {}  # policy loss -> why it couples responses beyond agg_loss's normalisers
 BATCH_FIELDS = ("old_logprobs", "ref_logprobs")  # what a registered function may declare it needs
 
 
@@ -77,12 +78,20 @@ def register_advantage(name: str, needs: dict | None = None) -> Callable[[Callab
     return deco
 
 
-def register_policy_loss(name: str, needs: dict | None = None) -> Callable[[Callable], Callable]:
+def register_policy_loss(name: str, needs: dict | None = None, couples_rows: str | None = None
+                         ) -> Callable[[Callable], Callable]:
     """Decorator registering a policy loss under ``name``.
 
     The loss's signature is ``fn(logprobs (B, L), batch, advantages, **params) -> (loss, metrics)``
     where ``loss`` is a scalar tensor to minimise. Every loss reads ``old_logprobs`` (the importance ratio);
     ``needs`` declares more (``ref_logprobs`` for a KL term inside the loss), with the reason.
+
+    Micro-batches: a loss whose only reduction across responses is
+    :func:`training.algorithms.aggregation.agg_loss` is split exactly (the trainer sets the whole minibatch's
+    normalisers, :func:`~training.algorithms.aggregation.over_minibatch`). A loss that reads other responses'
+    log-probs (a group statistic of the current policy, say) declares ``couples_rows`` (why); the trainer then
+    scores the minibatch without gradients, takes the loss's gradient with respect to its log-probs over the whole
+    minibatch, and back-propagates it micro-batch by micro-batch: exact too, one more forward pass.
 
     Raises:
         ValueError: if ``name`` is already registered to another function, or an unknown need.
@@ -92,9 +101,20 @@ def register_policy_loss(name: str, needs: dict | None = None) -> Callable[[Call
     def deco(fn: Callable) -> Callable:
         _POLICY_LOSSES.register(name, fn)
         _NEEDS[("policy_loss", name)] = declared
+        if couples_rows:
+            _COUPLED[name] = str(couples_rows)
+        else:
+            _COUPLED.pop(name, None)
         return fn
 
     return deco
+
+
+def couples_rows(name: str) -> str | None:
+    """Why the registered policy loss ``name`` couples responses beyond its aggregation's normalisers (None: it
+    does not; see :func:`register_policy_loss`)."""
+    get_policy_loss_fn(name)  # the folder scan, and a KeyError for an unknown name
+    return _COUPLED.get(name)
 
 
 def need_param(kind: str, name: str, field: str) -> str | None:

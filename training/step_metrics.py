@@ -1,0 +1,111 @@
+"""The metrics a local training step logs (``train/<name>`` in MLflow), from what the step sampled and what its
+update did."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from training.algorithms import masked_mean
+from training.mismatch import mismatch_metrics
+
+
+def peak_memory_gb(device) -> float:
+    """Peak memory so far, GiB: CUDA memory allocated on ``device`` when it is a GPU, else the process's peak
+    resident set size (Linux ``ru_maxrss``, KiB)."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def mean_metrics(items: list[dict]) -> dict:
+    """The mean of each key over the dicts that have it."""
+    keys = {k for m in items for k in m}
+    return {k: float(np.mean([m[k] for m in items if k in m])) for k in keys}
+
+
+#: update metrics summed over a step's optimiser steps (the others are averaged)
+SUMMED = ("update_forward_time_s", "update_backward_time_s", "micro_batches", "update_tokens", "update_padding")
+
+
+@dataclass
+class StepTimes:
+    """A step's wall seconds: the whole step, its rollout (generation, rewards, scoring), its update (less the
+    old-log-prob pass, counted as log-prob time) and the weight sync; ``phases``: the rollout's own split
+    (``generate_s``, ``reward_s``, ``logprob_s``)."""
+
+    step: float = 0.0
+    rollout: float = 0.0
+    update: float = 0.0
+    sync: float | None = None
+    phases: dict = field(default_factory=dict)
+
+
+def response_metrics(seen) -> dict:
+    """What the policy did: reward, accuracy, entropy, lengths, truncation, tool use, over the responses ``seen``
+    (every sampled response; with dynamic sampling the dropped groups too)."""
+    out = {
+        "reward_mean": float(seen.rewards.mean()),
+        "accuracy": float(seen.correct.float().mean()),
+        "entropy": float(masked_mean(seen.extras["entropy"], seen.response_mask)),
+        "response_length_mean": float(seen.response_lengths.float().mean()),
+        "response_length_max": float(seen.response_lengths.max()),
+        "truncated_share": float((~seen.extras["finished"]).float().mean()),
+    }
+    if "tool_calls" in seen.extras:
+        tool = int(seen.extras["tool_tokens"].sum())
+        out.update(tool_calls_mean=float(seen.extras["tool_calls"].float().mean()),
+                   no_answer_share=float((~seen.extras["answered"].bool()).float().mean()),
+                   tool_token_share=float(tool / max(1, tool + int(seen.response_mask.sum()))))
+    if "rollout_logprobs" in seen.extras and seen.batch_size:  # the trainer's old log-probs against the sampler's
+        out.update(mismatch_metrics(seen.old_logprobs, seen.extras["rollout_logprobs"], seen.response_mask))
+    return out
+
+
+def step_metrics(batch, seen, advantages, adv_metrics: dict, update_metrics: list[dict], times: StepTimes,
+                 lr: float, device, dynamic_rounds: int | None = None) -> dict:
+    """One step's metrics (values None when they do not apply; the engine drops them and non-finite ones).
+
+    Args:
+        batch: the batch the update trained on; seen: every sampled response (``batch`` unless dynamic sampling
+            dropped groups); advantages: (B,) or (B, L); adv_metrics: the estimator's own.
+        update_metrics: one dict per optimiser step (:func:`training.update.minibatch_step`): averaged, except
+            the totals of :data:`SUMMED`.
+        dynamic_rounds: generation rounds with DAPO's dynamic sampling (None: off).
+    Returns:
+        {name: value}: the responses' (:func:`response_metrics`), the advantages', the update's (loss terms, grad
+        norm, clip fractions, ``padding_share`` = positions without a token / positions computed in the update's
+        passes), phase times, throughput and memory.
+    """
+    n_tokens = int(seen.response_mask.sum()) + int(seen.prompt_mask.sum())
+    update = mean_metrics(update_metrics)
+    totals = {k: float(sum(m[k] for m in update_metrics)) for k in SUMMED if update_metrics and k in update_metrics[0]}
+    cuda = torch.device(device).type == "cuda"
+    out = {
+        **response_metrics(seen),
+        "advantage_mean": float(advantages.mean()) if batch.batch_size else None,
+        "advantage_abs_mean": float(advantages.abs().mean()) if batch.batch_size else None,
+        "batch_responses": batch.batch_size,
+        **({"dynamic_sampling_rounds": dynamic_rounds, "dynamic_sampling_sampled": seen.batch_size}
+           if dynamic_rounds is not None else {}),
+        "lr": float(lr),
+        "step_time_s": times.step,
+        "rollout_time_s": times.rollout,
+        "update_time_s": times.update,
+        **({"weight_sync_time_s": times.sync} if times.sync is not None else {}),
+        **{f"{k[:-2]}_time_s": v for k, v in times.phases.items()},  # generate, reward, logprob (rollout's split)
+        "tokens_per_s": n_tokens / max(times.step, 1e-9),
+        "samples_per_s": seen.batch_size / max(times.step, 1e-9),
+        "peak_memory_gb": peak_memory_gb(device),
+        "gpus": 1.0 if cuda else 0.0,
+        **({"peak_reserved_gb": torch.cuda.max_memory_reserved(device) / 2**30} if cuda else {}),
+        **{k: float(v) for k, v in adv_metrics.items()},
+        **update,
+        **totals,
+    }
+    if totals.get("update_tokens"):
+        out["padding_share"] = totals["update_padding"] / totals["update_tokens"]
+    return out

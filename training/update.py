@@ -1,0 +1,274 @@
+"""A rollout batch's policy update: ``ppo_epochs`` passes over the batch in shuffled minibatches, one optimiser step
+per minibatch, each minibatch run through the policy in micro-batches under a token budget with exact gradient
+accumulation.
+
+Read top to bottom: :class:`UpdateSettings` (what the config decides), :func:`policy_objective` (the loss of one
+batch of rows), :func:`update_policy` (epochs and minibatches), :func:`minibatch_step` (one optimiser step: the
+micro-batches, their accumulated gradient, the step, the minibatch's metrics).
+
+Exactness: every normaliser a loss divides by (token count, response count, Dr. GRPO's constant) is counted over the
+whole minibatch before it is split (:func:`training.algorithms.aggregation.over_minibatch`), so the micro-batches'
+gradients add up to the one-pass gradient for every registered loss, with the KL and entropy terms and the TIS
+weights (a loss that couples responses otherwise declares it and takes the two-pass route,
+:func:`training.algorithms.registry.register_policy_loss`). The minibatch's metrics (loss terms, clip fractions,
+ratios, the gradient norm) are the whole minibatch's, not a mean of micro-batch values.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from core.scoring import Scorer
+from training.algorithms import agg_loss, kl_k3
+from training.algorithms.aggregation import Normalisers, over_minibatch, token_weights
+from training.mismatch import tis_metrics, tis_weights
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    """The update's settings (``train.*`` and ``algo.*`` keys; :meth:`from_config`).
+
+    Attributes:
+        ppo_epochs: passes over the rollout batch (``train.ppo_epochs``).
+        minibatch_size: responses per optimiser step (``train.minibatch_size``; None: the whole batch).
+        max_grad_norm: gradient clipping (``train.max_grad_norm``).
+        beta: k3 KL coefficient to the reference policy (``algo.kl_beta``).
+        entropy_coef: entropy bonus (``algo.entropy_coef``; GRPO-H).
+        temperature: the sampling temperature the logits are divided by (``train.temperature``).
+        bf16: bf16 autocast (``train.precision=bf16``).
+        align_old: recompute the old log-probs minibatch by minibatch on the update's own path before the first
+            update (default: with bf16, whose results depend on the batch shape).
+        deferred_old: the rollout computed no old log-probs; the update fills them (and the rollout policy's
+            entropies) the same way.
+        correction, correction_cap: the truncated importance-sampling correction (``train.rollout.correction``).
+        norm_constant: ``seq-mean-token-sum-norm``'s constant where the loss sets none: the configured maximum
+            response length (``train.max_new_tokens``).
+        couples_rows: the policy loss reads other responses' log-probs (:func:`training.algorithms.couples_rows`):
+            two passes per split minibatch.
+    """
+
+    ppo_epochs: int = 1
+    minibatch_size: int | None = None
+    max_grad_norm: float = 1.0
+    beta: float = 0.0
+    entropy_coef: float = 0.0
+    temperature: float = 1.0
+    bf16: bool = False
+    align_old: bool | None = None
+    deferred_old: bool = False
+    correction: str = "none"
+    correction_cap: float = 2.0
+    norm_constant: float | None = None
+    couples_rows: bool = False
+
+    @classmethod
+    def from_config(cls, cfg, deferred_old: bool) -> "UpdateSettings":
+        """The settings of a composed run config."""
+        from training.algorithms import couples_rows
+
+        t, algo = cfg.train, cfg.algo
+        ro = t.get("rollout") or {}
+        mb = t.get("minibatch_size")
+        return cls(ppo_epochs=int(t.ppo_epochs), minibatch_size=None if mb is None else int(mb),
+                   max_grad_norm=float(t.max_grad_norm), beta=float(algo.get("kl_beta", 0.0)),
+                   entropy_coef=float(algo.get("entropy_coef", 0.0)), temperature=float(t.temperature),
+                   bf16=str(t.get("precision", "fp32")) == "bf16", deferred_old=deferred_old,
+                   correction=str(ro.get("correction", "none")), correction_cap=float(ro.get("correction_cap", 2.0)),
+                   norm_constant=float(t.max_new_tokens), couples_rows=couples_rows(str(algo.policy_loss.name)) is not None)
+
+    @property
+    def aligned(self) -> bool:
+        """Whether the old log-probs are (re)computed on the update's own path before the first update."""
+        return bool(self.bf16 if self.align_old is None else self.align_old) or self.deferred_old
+
+
+def policy_objective(logprobs, entropy, batch, advantages, loss_fn, loss_params: dict, beta: float = 0.0,
+                     entropy_coef: float = 0.0, weights=None):
+    """The loss one optimiser step minimises (the verl engine's adapter is tested against this).
+
+    loss = policy_loss(logprobs, batch, advantages) + beta * agg(k3 KL to the reference)
+           - entropy_coef * agg(entropy),
+    both extra terms aggregated with the policy loss's own ``loss_agg_mode`` (and ``norm_constant``), as verl does.
+
+    Args:
+        logprobs: (B, L) log pi_theta of the sampled tokens (with gradient); entropy: (B, L) or None
+            (needed when entropy_coef > 0); batch: the minibatch (``ref_logprobs`` when beta > 0);
+        advantages: (B,) or (B, L).
+        weights: (B, L) per-token weights of the policy loss's terms (the truncated importance-sampling correction,
+            :func:`training.mismatch.tis_weights`), applied inside its aggregation
+            (:func:`training.algorithms.aggregation.token_weights`); None: none.
+    Returns:
+        (loss, policy loss term, metrics dict). Inside
+        :func:`~training.algorithms.aggregation.over_minibatch` every term is its share of the minibatch's.
+    """
+    agg_mode = loss_params.get("loss_agg_mode", "token-mean")
+    norm = loss_params.get("norm_constant")
+    with token_weights(weights):
+        pg_loss, m = loss_fn(logprobs, batch, advantages, **loss_params)
+    loss = pg_loss
+    if entropy_coef > 0:
+        ent = agg_loss(entropy, batch.response_mask, agg_mode, norm)
+        loss = loss - entropy_coef * ent
+        m["entropy_bonus"] = float(ent.detach())
+    if beta > 0:
+        kl = agg_loss(kl_k3(logprobs, batch.ref_logprobs), batch.response_mask, agg_mode, norm)
+        loss = loss + beta * kl
+        m["kl_ref"] = float(kl.detach())
+    return loss, pg_loss, m
+
+
+def update_policy(model, optimizer, batch, advantages, loss_fn, loss_params: dict,
+                  settings: UpdateSettings = UpdateSettings(), scorer: Scorer | None = None,
+                  generator: torch.Generator | None = None) -> list[dict]:
+    """``settings.ppo_epochs`` passes over ``batch`` in shuffled minibatches, one AdamW step per minibatch
+    (:func:`minibatch_step`).
+
+    With ``settings.aligned`` the old log-probabilities are recomputed before the first update, without gradients,
+    minibatch by minibatch in the first epoch's order: the same rows, passes and precision path as the updates' own
+    forward passes, so the first minibatch's ratio is exactly 1 in bf16 too. The first minibatch needs no such pass:
+    before any update its own forward pass *is* the rollout policy, so its old log-probs are that pass's values,
+    detached. With ``deferred_old`` the rollout computed no old log-probs at all: they, and the rollout policy's
+    entropies (``batch.extras["entropy"]``), are filled here the same way.
+
+    Args:
+        batch: RolloutBatch of B responses (with ``ref_logprobs`` when beta > 0);
+        advantages: (B,) or (B, L) on the model's device.
+        scorer: the run's passes (token budget and layout, :class:`core.scoring.Scorer`); None: one padded pass per
+            minibatch.
+        generator: the minibatch shuffles' random numbers.
+    Returns:
+        One metrics dict per optimiser step (:func:`minibatch_step`); the first also has
+        ``update_old_logprob_time_s``, the seconds of the old-log-prob pass.
+    """
+    s, scorer = settings, scorer or Scorer()
+    B = batch.batch_size
+    mb_size = int(s.minibatch_size or B)
+    perms = [torch.randperm(B, generator=generator).to(advantages.device) for _ in range(s.ppo_epochs)]
+    t_old = time.perf_counter()
+    if s.aligned:
+        with torch.no_grad():
+            for start in range(mb_size, B, mb_size):  # every minibatch but the first, before any update
+                idx = perms[0][start:start + mb_size]
+                mb = batch.select(idx)
+                lp, ent = scorer.score(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
+                                       s.temperature, with_entropy=s.deferred_old, bf16=s.bf16)
+                batch.old_logprobs[idx] = lp
+                if s.deferred_old:
+                    batch.extras["entropy"][idx] = ent
+    t_old = time.perf_counter() - t_old
+    out = []
+    for perm in perms:
+        for start in range(0, B, mb_size):
+            idx = perm[start:start + mb_size]
+            first = perm is perms[0] and start == 0
+            out.append(minibatch_step(model, optimizer, batch, idx, advantages[idx], loss_fn, loss_params, s, scorer,
+                                      first))
+    if out:
+        out[0]["update_old_logprob_time_s"] = t_old
+    return out
+
+
+def minibatch_step(model, optimizer, batch, idx, advantages, loss_fn, loss_params: dict, s: UpdateSettings,
+                   scorer: Scorer, first: bool) -> dict:
+    """One optimiser step on the rows ``idx`` of ``batch``: their micro-batches (``scorer.plan``), each forward and
+    backward with the minibatch's normalisers, so the accumulated gradient is the minibatch's; gradient clipping to
+    ``max_grad_norm``; the step.
+
+    With ``first`` and ``s.aligned`` the forward passes (before any update) give the rows' old log-probs (and with
+    ``deferred_old`` their entropies), written back to ``batch``.
+
+    Returns:
+        The minibatch's metrics: the loss function's (clip fractions, ratios, ...), ``policy_loss``, ``loss``,
+        ``kl_ref`` / ``entropy_bonus`` when those terms are on, ``grad_norm``, the TIS weights' with a correction,
+        ``micro_batches``, ``update_tokens`` and ``update_padding`` (positions computed and positions without a
+        token, over the forward passes), ``update_forward_time_s``, ``update_backward_time_s``; with ``first``,
+        ``first_minibatch_ratio_dev`` = max |pi_theta / pi_old - 1| over its tokens before any update.
+    """
+    mb = batch.select(idx)
+    B, L = mb.response_ids.shape
+    plan = scorer.plan(mb.prompt_ids, mb.prompt_mask, mb.response_mask)
+    set_old = first and s.aligned
+    want_entropy = s.entropy_coef > 0 or (set_old and s.deferred_old)
+    norms = Normalisers.of(mb.response_mask, s.norm_constant)
+    dtype = torch.float64 if next(model.parameters()).dtype == torch.float64 else torch.float32
+    lp_all = torch.zeros((B, L), dtype=dtype, device=mb.response_ids.device)
+    ent_all = torch.zeros_like(lp_all) if want_entropy else None
+    times = {"forward": 0.0, "backward": 0.0}
+
+    def forward(micro):
+        t0 = time.perf_counter()
+        lp, ent = scorer.forward(model, micro, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
+                                 s.temperature, with_entropy=want_entropy, bf16=s.bf16)
+        rows = micro.rows.to(lp_all.device)
+        lp_all[rows] = lp.detach()
+        if want_entropy:
+            ent_all[rows] = ent.detach()
+        if set_old:  # before any update this pass is the rollout policy: its own old log-probs
+            mb.old_logprobs[rows] = lp.detach()
+            if s.deferred_old:
+                mb.extras["entropy"][rows] = ent.detach()
+        times["forward"] += time.perf_counter() - t0
+        return rows, lp, ent
+
+    def objective(rows_batch, lp, ent, adv):
+        weights = None
+        if s.correction != "none" and "rollout_logprobs" in rows_batch.extras:
+            weights = tis_weights(rows_batch.old_logprobs, rows_batch.extras["rollout_logprobs"],
+                                  rows_batch.response_mask, s.correction, s.correction_cap)
+        loss, pg, m = policy_objective(lp, ent, rows_batch, adv, loss_fn, loss_params, beta=s.beta,
+                                       entropy_coef=s.entropy_coef, weights=weights)
+        if weights is not None:
+            m.update(tis_metrics(weights, rows_batch.response_mask, s.correction_cap))
+        return loss, pg, m
+
+    optimizer.zero_grad(set_to_none=True)
+    if s.couples_rows and len(plan) > 1:
+        # the loss reads other responses' log-probs: its gradient w.r.t. the minibatch's log-probs first (scored
+        # without gradients), then back-propagated through each micro-batch's forward pass
+        with torch.no_grad():
+            for micro in plan:
+                forward(micro)
+        lp_leaf = lp_all.clone().requires_grad_(True)
+        ent_leaf = ent_all.clone().requires_grad_(True) if want_entropy else None
+        loss, pg, m = objective(mb, lp_leaf, ent_leaf, advantages)
+        leaves = [lp_leaf] + ([ent_leaf] if want_entropy else [])
+        grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+        for micro in plan:
+            rows, lp, ent = forward(micro)
+            t0 = time.perf_counter()
+            outs = [lp] + ([ent] if want_entropy else [])
+            pairs = [(o, g[rows]) for o, g in zip(outs, grads) if g is not None]
+            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+            times["backward"] += time.perf_counter() - t0
+    else:
+        with over_minibatch(norms):
+            for micro in plan:
+                rows, lp, ent = forward(micro)
+                sub = mb.select(rows)
+                loss, pg, m = objective(sub, lp, ent, advantages[rows])
+                t0 = time.perf_counter()
+                loss.backward()
+                times["backward"] += time.perf_counter() - t0
+            if len(plan) != 1:  # the whole minibatch's metrics, from the log-probs the passes computed
+                with torch.no_grad():
+                    loss, pg, m = objective(mb, lp_all, ent_all, advantages)
+    if set_old:
+        batch.old_logprobs[idx] = mb.old_logprobs
+        if s.deferred_old:
+            batch.extras["entropy"][idx] = mb.extras["entropy"]
+    t0 = time.perf_counter()
+    grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], s.max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)  # gradients freed until the next step (memory for generation)
+    times["backward"] += time.perf_counter() - t0
+    m.update(policy_loss=float(pg.detach()), loss=float(loss.detach()), grad_norm=float(grad_norm),
+             micro_batches=len(plan), update_tokens=sum(x.tokens for x in plan),
+             update_padding=sum(x.padding for x in plan),
+             update_forward_time_s=times["forward"], update_backward_time_s=times["backward"])
+    if first:  # before any update the ratio must be exactly 1 on every token
+        keep = mb.response_mask.bool()
+        dev = ((lp_all - mb.old_logprobs).exp() - 1).abs()
+        m["first_minibatch_ratio_dev"] = float(dev[keep].max()) if keep.any() else 0.0
+    return m
