@@ -122,6 +122,8 @@ def check_command_line(argv: list[str], checks=()) -> int | None:
     if any(f not in ("-m", "--multirun") for f in flags):
         return None
     overrides = [a for a in argv if not a.startswith("-")]
+    remote = any(_key(a) == "hydra/launcher" and a.split("=", 1)[1] not in ("basic", "local") for a in overrides)
+    shown: set = set()
     try:
         points = sweep_points(overrides, multirun=bool(flags))
         for point, cfg in points:
@@ -133,6 +135,7 @@ def check_command_line(argv: list[str], checks=()) -> int | None:
                         check(cfg)
                     except ValueError as e:
                         raise ConfigError(str(e)) from None
+                check_memory(cfg, remote, shown)
             except ConfigError as e:
                 where = f" (sweep point {' '.join(point)})" if len(points) > 1 else ""
                 raise ConfigError(f"{e}{where}") from None
@@ -142,6 +145,40 @@ def check_command_line(argv: list[str], checks=()) -> int | None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     return len(points)
+
+
+def check_memory(cfg, remote: bool = False, shown: set | None = None) -> None:
+    """The point's memory plan (its engine's ``memory_plan(cfg, remote)``, when it has one and
+    ``train.memory_check`` is not false): printed once per distinct plan, and a plan that does not fit its device
+    refused (:func:`training.memory_plan.refusal`: the total and what would make it fit).
+
+    Args:
+        remote: the points train elsewhere (a cluster launcher): the device's size is ``train.device_memory_gb``
+            or unknown.
+    Raises:
+        ConfigError: the plan does not fit, or the model's shape is unknown here.
+    """
+    from training.engines import get_engine
+
+    if OmegaConf.select(cfg, "train.memory_check") is False:
+        return
+    try:
+        fn = getattr(get_engine(str(cfg.engine.name)), "memory_plan", None)
+    except KeyError:
+        return
+    if fn is None:
+        return
+    try:
+        plan, refused = fn(cfg, remote)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if refused:
+        raise ConfigError(refused)
+    line = plan.summary()
+    if shown is None or line not in shown:
+        print(line, file=sys.stderr)
+        if shown is not None:
+            shown.add(line)
 
 
 def check_tool_services(points) -> None:

@@ -1,0 +1,160 @@
+"""The memory plan: model shapes without downloads, parameter counts against the model cards, the plan of every
+preset offline, pre-flight's refusal of a run that cannot fit, a step at quatro_main's batch shape under a fixed peak,
+and the benchmark's own path."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from omegaconf import OmegaConf
+
+from tests.conftest import REPO
+from training.memory_plan import (ModelShape, RunShape, auto_budget, device_memory_gb, model_shape, plan_memory,
+                                  shipped_shapes)
+
+# total parameters from each model card (Hugging Face hub pages, read 2026-12-05); the plan computes them from the
+# shipped shapes
+CARDS = {"Qwen/Qwen2.5-Math-1.5B": 1.54e9, "Qwen/Qwen2.5-Math-7B": 7.61e9, "Qwen/Qwen2.5-Coder-1.5B": 1.54e9,
+         "Qwen/Qwen2.5-3B": 3.09e9, "Qwen/Qwen2.5-3B-Instruct": 3.09e9, "Qwen/Qwen2.5-7B": 7.61e9,
+         "Qwen/Qwen2.5-7B-Instruct": 7.61e9, "Qwen/Qwen2.5-7B-Instruct-1M": 7.61e9, "Qwen/Qwen3-0.6B": 0.6e9,
+         "Qwen/Qwen3-4B-Instruct-2507": 4.0e9, "microsoft/Phi-3.5-mini-instruct": 3.82e9,
+         "mistralai/Mistral-7B-Instruct-v0.3": 7.25e9, "meta-llama/Llama-3.1-8B-Instruct": 8.03e9,
+         "HuggingFaceTB/SmolLM2-135M-Instruct": 0.135e9}
+
+
+def test_shipped_shapes_give_the_model_cards_parameter_counts():
+    assert set(CARDS) == set(shipped_shapes())
+    for hub_id, total in CARDS.items():
+        n = ModelShape(name=hub_id, **shipped_shapes()[hub_id]).n_params
+        assert n == pytest.approx(total, rel=0.01), hub_id
+
+
+def test_a_loaded_models_shape_and_parameter_count(tiny_cfg, tiny_policy):
+    """Second method: the parameters of real models (the tiny one and SmolLM2's converted config) counted by torch."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from core.models import model_path
+
+    model = tiny_policy[0]
+    assert model_shape(tiny_cfg.model).n_params == sum(p.numel() for p in model.parameters())
+    [(_, cfg)] = __import__("orchestrator.preflight", fromlist=["x"]).sweep_points(["model=smollm2-135m"], multirun=False)
+    config = AutoConfig.from_pretrained(model_path(cfg.model))
+    with __import__("torch").device("meta"):
+        real = AutoModelForCausalLM.from_config(config)
+    assert ModelShape.from_config(config).n_params == sum(p.numel() for p in real.parameters())
+    assert model_shape(cfg.model) == ModelShape(name=str(cfg.model.name), **shipped_shapes()["HuggingFaceTB/SmolLM2-135M-Instruct"])
+
+
+def test_every_preset_is_planned_offline():
+    """Every experiment preset has a plan on an 80 GiB GPU from the shipped shapes (the suite runs offline here:
+    HF_HUB_OFFLINE=1, no hub cache of these models), and every paper preset's points are in the docs' table."""
+    from orchestrator.memory import paper_presets, preset_plan, presets_table
+    from orchestrator.preflight import CONFIG_DIR, sweep_points
+    from training.memory_plan import plan_for
+
+    assert os.environ.get("HF_HUB_OFFLINE") == "1"
+    for path in sorted((CONFIG_DIR / "experiment").glob("*.yaml")):  # each preset's own settings (the twins too)
+        [(_, cfg)] = sweep_points([f"experiment={path.stem}"], multirun=False)
+        plan = plan_for(cfg, device="cuda", device_gb=80.0)
+        assert plan.total_gb > plan.parts["weights"] > 0, path.stem
+    main = preset_plan("quatro_main")
+    assert main["params_b"] == pytest.approx(1.54, abs=0.01) and main["verdict"].startswith("fits as is")
+    seven = preset_plan("exppo_main")  # a 7B model with float32 AdamW state: 16 bytes per parameter, 114 GiB
+    assert seven["static_gb"] > 80 and "engine=verl engine.n_gpus_per_node=" in seven["verdict"]
+    table = presets_table()
+    assert len(table.splitlines()) == len(paper_presets()) + 2
+    # the docs show the current table
+    assert table in (REPO / "docs" / "training.md").read_text(), "docs/training.md: run python -m orchestrator.memory"
+
+
+def test_auto_budget_fits_and_a_bigger_one_does_not():
+    shape = ModelShape("x", 28, 1536, 8960, 12, 2, 128, 151936, True, True, 4096)
+    run = RunShape(minibatch_rows=2048, max_prompt_tokens=512, max_new_tokens=1024, kl=True, bf16=False,
+                   checkpointing=False, rollout="vllm", gpu_share=0.3, prompts_per_step=256, group_size=8)
+    budget = auto_budget(shape, run, "cuda", 80.0)
+    assert budget % 64 == 0 and budget >= run.sequence_tokens
+    assert plan_memory(shape, run, budget, "cuda", 80.0).fits
+    assert not plan_memory(shape, run, budget + 4096, "cuda", 80.0).fits
+    assert not plan_memory(shape, run, None, "cuda", 80.0).fits  # the whole minibatch in one pass: millions of tokens
+    # the activations grow with the budget alone, not with the minibatch
+    big = RunShape(**{**run.__dict__, "minibatch_rows": 8192})
+    assert plan_memory(shape, big, budget, "cuda", 80.0).total_gb == pytest.approx(
+        plan_memory(shape, run, budget, "cuda", 80.0).total_gb)
+
+
+def test_cpu_memory_is_what_the_process_may_use():
+    """The CPU's budget is the machine's available memory plus this process's own resident memory (a sweep process
+    that holds a vLLM engine plans with it): between MemAvailable and MemTotal."""
+    def kib(field):
+        for line in open("/proc/meminfo"):
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 2**20
+    gb = device_memory_gb("cpu")
+    assert kib("MemAvailable") - 0.5 <= gb <= kib("MemTotal") + 0.5
+
+
+def test_quatro_main_on_a_24_gb_cpu_stops_at_preflight(tmp_path):
+    """``python sweep.py -m experiment=quatro_main`` on a CPU of 24 GiB: one line with the plan's total and what
+    would make it fit, exit 2, nothing started (no MLflow run, no sweep folder)."""
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, str(REPO / "sweep.py"), "-m", "experiment=quatro_main", "train.device=cpu",
+                           "train.device_memory_gb=24"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
+    elapsed = time.time() - t0
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    err = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(err) == 1, proc.stderr[-3000:]
+    assert "train.micro_batch_tokens: the run needs about" in err[0] and "would fit with" in err[0], err[0]
+    assert "engine=verl" in err[0] or "80 GiB GPU" in err[0], err[0]
+    assert not (tmp_path / "multirun").exists()
+    print(f"pre-flight refused quatro_main in {elapsed:.1f} s")
+
+
+def test_a_step_at_quatro_mains_batch_shape_runs_under_a_fixed_peak(tmp_path):
+    """256 prompts x 8 responses, the whole 2,048 in one minibatch (quatro_main's shape), on the tiny model with
+    4-token responses and a budget of 4,096 positions per pass: the step trains in several passes, none over the
+    budget (the transformers rollout's key/value cache included), and the process's peak stays within the plan's
+    estimate for that budget (+25%)."""
+    script = f"""
+import json, resource, sys
+sys.path.insert(0, {str(REPO)!r})
+from omegaconf import OmegaConf
+from orchestrator.preflight import sweep_points
+from training.engines.local import train
+from training.memory_plan import plan_for
+[(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke", "algo=gspo", "train.prompts_per_step=256",
+    "train.group_size=8", "train.minibatch_size=2048", "train.max_new_tokens=4", "train.steps=1",
+    "train.micro_batch_tokens=4096", "train.rollout.sampler=hf", "train.device=cpu"], multirun=False)
+logged = []
+train(cfg, {str(tmp_path / 'run')!r}, lambda m, s: logged.append(m))
+print(json.dumps({{"peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "metrics": logged[-1],
+                  "plan_gb": plan_for(cfg).total_gb, "memory": json.load(open({str(tmp_path / 'run' / 'memory.json')!r}))}}))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=900,
+                          env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    m = out["metrics"]
+    assert m["train/batch_responses"] == 2048
+    assert m["train/micro_batches"] >= 2 and m["train/update_tokens"] <= 4096 * m["train/micro_batches"]
+    assert out["memory"]["micro_batch_tokens"] == 4096
+    assert out["peak_gb"] <= 1.25 * out["plan_gb"], out
+    print({k: out[k] for k in ("peak_gb", "plan_gb")}, m["train/micro_batches"], m["train/padding_share"])
+
+
+def test_memory_benchmark_runs_its_configurations(tmp_path):
+    """benchmarks/memory.py on the tiny model: every configuration measured in its own process beside the plan."""
+    out = tmp_path / "mem.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.memory", "--model", "tiny-random", "--responses", "8", "16",
+                           "--budget", "160", "--response-tokens", "8", "--no-checkpointing-row", "--json", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["responses"], r["budget"]) for r in rows] == [(8, 160), (16, 160), (8, None)]
+    for r in rows:
+        assert "error" not in r and r["measured_gb"] > 0 and r["plan_gb"] > 0
+        assert r["plan_vs_measured"] == pytest.approx(r["plan_gb"] / r["measured_gb"], rel=1e-2)
+    assert rows[1]["micro_batches"] > rows[0]["micro_batches"] >= 1 and rows[2]["micro_batches"] == 1
+    assert "plan within 25% of the measured peak" in proc.stdout
