@@ -82,12 +82,12 @@ def _gate(conn):
         raise _Stop()
 
 
-def _local_worker(conn, args, rollout="hf") -> None:
+def _local_worker(conn, args, rollout="hf", packing="auto") -> None:
     import tempfile
 
     from training.engines import local
 
-    cfg = _compose(args, [f"train.rollout.sampler={rollout}"])
+    cfg = _compose(args, [f"train.rollout.sampler={rollout}", f"train.packing={packing}"])
     real = local.collect_rollouts
     waited = [0.0]
 
@@ -105,6 +105,7 @@ def _local_worker(conn, args, rollout="hf") -> None:
                             "forward": m.get("train/update_forward_time_s", 0.0),
                             "backward_optimiser": m.get("train/update_backward_time_s", 0.0),
                             "weight_sync": m.get("train/weight_sync_time_s", 0.0),
+                            "padding_share": m.get("train/padding_share", 0.0),
                             "generated_tokens": m["train/response_length_mean"] * m["train/batch_responses"],
                             "reward_mean": m["train/reward_mean"], "peak_rss_gb": _rss_gb()}))
     try:
@@ -215,38 +216,19 @@ def _trl_worker(conn, args) -> None:
 
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.train_step", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--model", default="smollm2-135m", help="a model preset of sweeps/model/")
-    ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--local-overrides", nargs="*", default=[])
-    ap.add_argument("--rollout", nargs="+", default=None, choices=["vllm", "hf"],
-                    help="the local engine's rollout samplers (train.rollout.sampler), one process each")
-    ap.add_argument("--json", default=None, help="also write the results here")
-    args = ap.parse_args(argv)
-    if args.rollout is None:  # both where vLLM is installed
-        from core.sampling import SAMPLERS
-
-        args.rollout = ["vllm", "hf"] if SAMPLERS["vllm"].missing() is None else ["hf"]
-    WORKERS = {**{f"local, {r} rollouts": _local_worker for r in args.rollout}, "TRL GRPOTrainer": _trl_worker}
-    extra = {**{f"local, {r} rollouts": (r,) for r in args.rollout}, "TRL GRPOTrainer": ()}
-    try:
-        import trl  # noqa: F401
-    except ImportError:
-        print("error: TRL is not installed; pip install -e '.[bench]'", file=sys.stderr)
-        return 2
+def _phase(args, workers: dict) -> tuple[dict, dict]:
+    """Start ``workers`` ({name: (function, extra args)}) in their own processes and let them take ``args.steps``
+    steps in turn, alternating who goes first. Returns ({name: [step dicts]}, {name: what it sent when done})."""
     ctx = mp.get_context("spawn")
     conns, procs = {}, {}
-    for name, fn in WORKERS.items():
+    for name, (fn, extra) in workers.items():
         parent, child = ctx.Pipe()
-        p = ctx.Process(target=fn, args=(child, args, *extra[name]))  # not daemonic: the verifier starts its own workers
+        p = ctx.Process(target=fn, args=(child, args, *extra))  # not daemonic: the verifier starts its own workers
         p.start()
         conns[name], procs[name] = parent, p
-    results = {name: [] for name in WORKERS}
+    results = {name: [] for name in workers}
     peak = {}
-    names = list(WORKERS)
+    names = list(workers)
     try:
         for step in range(args.steps):
             for name in (names if step % 2 == 0 else names[::-1]):
@@ -269,11 +251,83 @@ def main(argv=None) -> int:
             p.join(timeout=60)
             if p.is_alive():
                 p.kill()
-    timed = {name: rows[1:] or rows for name, rows in results.items()}  # the first step is a warm-up
+    return results, peak
+
+
+TRL = "TRL GRPOTrainer"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.train_step", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--model", default="smollm2-135m", help="a model preset of sweeps/model/")
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--local-overrides", nargs="*", default=[])
+    ap.add_argument("--rollout", nargs="+", default=None, choices=["vllm", "hf"],
+                    help="the local engine's rollout samplers (train.rollout.sampler), one process each")
+    ap.add_argument("--packing", nargs="+", default=["tree", "padded"], choices=["auto", "tree", "packed", "padded"],
+                    help="the local engine's layouts (train.packing): one phase each, beside its own TRL process")
+    ap.add_argument("--json", default=None, help="also write the results here")
+    args = ap.parse_args(argv)
+    if args.rollout is None:  # vLLM where installed (the suite's choice on the CPU), else transformers
+        from core.sampling import SAMPLERS
+
+        args.rollout = ["vllm"] if SAMPLERS["vllm"].missing() is None else ["hf"]
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        print("error: TRL is not installed; pip install -e '.[bench]'", file=sys.stderr)
+        return 2
+    # one phase per layout (the local engine with each rollout sampler, and TRL): a 2-core, 24 GB machine holds a
+    # vLLM worker and TRL at once, not two vLLM workers
+    summary, ratios, steps = {}, {}, {}
+    for packing in args.packing:
+        workers = {**{f"local, {r} rollouts, packing {packing}": (_local_worker, (r, packing)) for r in args.rollout},
+                   TRL: (_trl_worker, ())}
+        results, peak = _phase(args, workers)
+        phase = _summarise(args, results, peak)
+        trl = phase.pop(TRL)
+        summary[f"{TRL} (beside packing {packing})"] = trl
+        for name, s in phase.items():
+            summary[name] = s
+            r = ratios[name] = {"step_vs_trl": s["total"] / trl["total"],
+                                "memory_vs_trl": s["peak_rss_gb"] / trl["peak_rss_gb"],
+                                "sync_share_of_step": s["weight_sync"] / s["total"]}
+            if "raw_vllm_tokens_per_s" in s:
+                r["rollout_vs_raw_vllm"] = s["rollout_tokens_per_s"] / s["raw_vllm_tokens_per_s"]
+        steps.update({f"{k} (packing {packing})" if k == TRL else k: v for k, v in results.items()})
+    print(f"\nmedian over steps 2-{args.steps} (seconds per RL step; {args.model}, 4 prompts x 8 x {args.max_new_tokens} "
+          f"tokens, float32, CPU{', ' + ' '.join(args.local_overrides) if args.local_overrides else ''})")
+    print(f"{'engine':<42}{'step':>8}{'generate':>10}{'scoring':>9}{'forward':>9}{'bwd+opt':>9}{'sync':>7}"
+          f"{'padding':>9}{'peak RSS GB':>13}")
+    for name, s in summary.items():
+        print(f"{name:<42}{s['total']:>8.2f}{s['generate']:>10.2f}{s['scoring']:>9.2f}{s['forward']:>9.2f}"
+              f"{s['backward_optimiser']:>9.2f}{s['weight_sync']:>7.2f}{s.get('padding_share', 0.0):>9.3f}"
+              f"{s['peak_rss_gb']:>13.2f}")
+    for name, r in ratios.items():
+        s = summary[name]
+        line = (f"{name} / TRL: step time {r['step_vs_trl']:.3f}x, peak memory {r['memory_vs_trl']:.3f}x; "
+                f"padding {100 * s.get('padding_share', 0.0):.1f}% of the update's positions; "
+                f"rollout {s.get('rollout_tokens_per_s', 0):.0f} tokens/s")
+        if "rollout_vs_raw_vllm" in r:
+            line += (f", raw vLLM {s['raw_vllm_tokens_per_s']:.0f} tokens/s ({r['rollout_vs_raw_vllm']:.2f}x); "
+                     f"weight sync {100 * r['sync_share_of_step']:.1f}% of the step")
+        print(line)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"summary": summary, "ratios": ratios, "steps": steps}, f, indent=1)
+    return 0
+
+
+def _summarise(args, results: dict, peak: dict) -> dict:
+    """Medians over the timed steps (the first is a warm-up) per worker, with its peak memory and rollout speeds."""
+    timed = {name: rows[1:] or rows for name, rows in results.items()}
     summary = {}
     for name, rows in timed.items():
         summary[name] = {k: statistics.median(r.get(k, 0.0) for r in rows)
-                         for k in ("total", "generate", "scoring", "forward", "backward_optimiser", "weight_sync")}
+                         for k in ("total", "generate", "scoring", "forward", "backward_optimiser", "weight_sync",
+                                   "padding_share")}
         done = peak.get(name)
         done = done if isinstance(done, dict) else {"peak_rss_gb": done}
         summary[name]["peak_rss_gb"] = done.get("peak_rss_gb") or max(r["peak_rss_gb"] for r in results[name])
@@ -283,31 +337,7 @@ def main(argv=None) -> int:
                                                                       for r in rows)
         if "raw_vllm_tokens_per_s" in done:
             summary[name]["raw_vllm_tokens_per_s"] = done["raw_vllm_tokens_per_s"]
-    trl = summary["TRL GRPOTrainer"]
-    print(f"\nmedian over steps 2-{args.steps} (seconds per RL step; {args.model}, 4 prompts x 8 x {args.max_new_tokens} "
-          f"tokens, float32, CPU{', ' + ' '.join(args.local_overrides) if args.local_overrides else ''})")
-    print(f"{'engine':<22}{'step':>8}{'generate':>10}{'scoring':>9}{'forward':>9}{'bwd+opt':>9}{'sync':>7}"
-          f"{'peak RSS GB':>13}")
-    for name, s in summary.items():
-        print(f"{name:<22}{s['total']:>8.2f}{s['generate']:>10.2f}{s['scoring']:>9.2f}{s['forward']:>9.2f}"
-              f"{s['backward_optimiser']:>9.2f}{s['weight_sync']:>7.2f}{s['peak_rss_gb']:>13.2f}")
-    ratios = {}
-    for name, s in summary.items():
-        if name == "TRL GRPOTrainer":
-            continue
-        r = ratios[name] = {"step_vs_trl": s["total"] / trl["total"], "memory_vs_trl": s["peak_rss_gb"] / trl["peak_rss_gb"],
-                            "sync_share_of_step": s["weight_sync"] / s["total"]}
-        line = (f"{name} / TRL: step time {r['step_vs_trl']:.3f}x, peak memory {r['memory_vs_trl']:.3f}x; "
-                f"rollout {s.get('rollout_tokens_per_s', 0):.0f} tokens/s")
-        if "raw_vllm_tokens_per_s" in s:
-            r["rollout_vs_raw_vllm"] = s["rollout_tokens_per_s"] / s["raw_vllm_tokens_per_s"]
-            line += (f", raw vLLM {s['raw_vllm_tokens_per_s']:.0f} tokens/s ({r['rollout_vs_raw_vllm']:.2f}x); "
-                     f"weight sync {100 * r['sync_share_of_step']:.1f}% of the step")
-        print(line)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"summary": summary, "ratios": ratios, "steps": results}, f, indent=1)
-    return 0
+    return summary
 
 
 if __name__ == "__main__":
