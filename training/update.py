@@ -224,6 +224,10 @@ def minibatch_step(model, optimizer, batch, idx, advantages, loss_fn, loss_param
         return loss, pg, m
 
     optimizer.zero_grad(set_to_none=True)
+    if len(plan) > 1:  # the gradients exist from the first pass on, so the first (largest) pass is the step's peak
+        for p in model.parameters():
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
     if s.couples_rows and len(plan) > 1:
         # the loss reads other responses' log-probs: its gradient w.r.t. the minibatch's log-probs first (scored
         # without gradients), then back-propagated through each micro-batch's forward pass

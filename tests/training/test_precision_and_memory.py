@@ -173,3 +173,18 @@ def test_deferred_old_log_probs_equal_the_rollout_pass(tiny_policy, epochs, mini
     assert [x["loss"] for x in ms1] == pytest.approx([x["loss"] for x in ms0], rel=1e-4, abs=1e-6)
     for a, b in zip(w0, w1):
         assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_gpu_scale_check_script_runs_its_path_on_the_cpu():
+    """scripts/gpu_check_scale.py (quatro_main's batch shape on a 1.5B-shaped model, for a lent GPU) on the CPU with
+    a small model: one update in several passes, none over the auto budget, the weights changed, the plan printed."""
+    import json
+
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check_scale.py"), "--device", "cpu", "--hidden",
+                           "64", "--layers", "2", "--vocab", "1000", "--prompts", "8", "--prompt-tokens", "16",
+                           "--response-tokens", "16", "--precision", "fp32"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "gpu_check_scale: OK" in proc.stdout, (proc.stdout[-2000:], proc.stderr[-3000:])
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("gpu_check_scale: {"))
+    report = json.loads(line.split(": ", 1)[1])
+    assert report["responses"] == 64 and report["micro_batches"] >= 1 and report["plan_gb"] > 0
+    assert report["layout"] == "tree"
