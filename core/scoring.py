@@ -235,6 +235,7 @@ class Scorer:
         self.budget = None if budget is None else int(budget)
         self.layout, self.row_tokens = layout, int(row_tokens or ROW_TOKENS)
         self.head_tokens, self.pad_id = head_tokens, int(pad_id)
+        self.rollout_budget: int | None = self.budget  # a transformers rollout's key/value cache (the engine sets it)
 
     def __repr__(self) -> str:
         return f"Scorer(budget={self.budget}, layout={self.layout!r}, row_tokens={self.row_tokens})"

@@ -304,18 +304,20 @@ def plan_memory(shape: ModelShape, run: RunShape, budget_tokens: int | None, dev
 
 
 def auto_budget(shape: ModelShape, run: RunShape, device: str, device_gb: float | None,
-                quantum: int = 64) -> int | None:
+                quantum: int = 64, cap: bool = True) -> int | None:
     """The largest micro-batch budget (positions per pass, a multiple of ``quantum``) whose plan fits
-    :data:`USABLE_SHARE` of ``device_gb``, capped at the whole minibatch in one pass; None when the device's size is
-    unknown (then: the whole minibatch). At least the longest sequence, even when that does not fit (the plan then
-    says so)."""
+    :data:`USABLE_SHARE` of ``device_gb``, capped at the whole minibatch in one pass (``cap``); None when the device's
+    size is unknown (then: the whole minibatch). At least the longest sequence, even when that does not fit (the plan
+    then says so)."""
     if device_gb is None:
         return None
     base = plan_memory(shape, run, run.sequence_tokens, device, device_gb)
     spare = USABLE_SHARE * device_gb - (base.total_gb - base.parts["activations"])
     per_tok = base.per_token_mb / 1024.0
     tokens = int(spare / per_tok) if spare > 0 and per_tok > 0 else 0
-    tokens = min(tokens // quantum * quantum, run.one_pass_tokens)
+    tokens = tokens // quantum * quantum
+    if cap:
+        tokens = min(tokens, run.one_pass_tokens)
     return max(tokens, run.sequence_tokens)
 
 

@@ -273,6 +273,8 @@ def open_scorer(cfg, model, tokenizer, prompts: list, device, run_dir: Path) -> 
     given = t.get("device_memory_gb")
     device_gb = float(given) if given is not None else device_memory_gb(device.type)
     budget = t.get("micro_batch_tokens", None)
+    rollout_budget = None if budget is None else int(budget) if budget != "auto" else \
+        auto_budget(shape, run, device.type, device_gb, cap=False)  # generation holds its KV cache, nothing more
     if budget == "auto":
         budget = auto_budget(shape, run, device.type, device_gb)
     budget = None if budget is None else max(int(budget), 1)
@@ -282,7 +284,9 @@ def open_scorer(cfg, model, tokenizer, prompts: list, device, run_dir: Path) -> 
                          f"set at least {run.sequence_tokens}, or auto")
     plan = plan_memory(shape, run, budget, device.type, device_gb)
     scorer = Scorer(budget, layout, pad_id=int(tokenizer.pad_token_id or 0))
-    info = {"layout": layout, "layout_reason": reason, "micro_batch_tokens": budget, "longest_prompt": longest_prompt,
+    scorer.rollout_budget = rollout_budget  # what a transformers rollout's key/value cache may hold
+    info = {"layout": layout, "layout_reason": reason, "micro_batch_tokens": budget, "rollout_tokens": rollout_budget,
+            "longest_prompt": longest_prompt,
             "plan": plan.as_dict()}
     check = str(t.get("memory_check", "auto"))
     if budget is not None and (check == "true" or (check == "auto" and device.type == "cuda")):
@@ -433,7 +437,7 @@ def generate(run: LocalRun, step: int) -> StepRollout:
                        time.perf_counter() - t0)
 
 
-def _open_rollout(cfg, model, tokenizer, device, steps_left: int, run_dir: Path):
+def _open_rollout(cfg, model, tokenizer, device, steps_left: int, run_dir: Path, token_budget: int | None = None):
     """The run's rollout sampler (:func:`rollout_choice`), holding the policy's current weights; its choice and
     the reason are written to ``run_dir/rollout.json`` (the orchestrator tags the run with them)."""
     import json
@@ -445,9 +449,7 @@ def _open_rollout(cfg, model, tokenizer, device, steps_left: int, run_dir: Path)
     name, reason = rollout_choice(cfg, sum(p.numel() for p in model.parameters()), device.type == "cuda", steps_left)
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     (Path(run_dir) / "rollout.json").write_text(json.dumps({"sampler": name, "reason": reason}))
-    budget = cfg.train.get("micro_batch_tokens", None)
-    options = RolloutOptions(dtype=_rollout_dtype(cfg, device),
-                             token_budget=budget if isinstance(budget, int) and not isinstance(budget, bool) else None,
+    options = RolloutOptions(dtype=_rollout_dtype(cfg, device), token_budget=token_budget,
                              engine={"gpu_memory_utilization": ro.get("gpu_memory_utilization")}
                              if device.type == "cuda" else {})
     return build_rollout(name, model, tokenizer, model_path(cfg.model), options), ro
@@ -504,7 +506,8 @@ def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
     n_steps, every = int(t_cfg.steps), int(t_cfg.get("checkpoint_every", 0) or 0)
     save_every = int(t_cfg.get("save_every", 0) or 0)
     dynamic = bool((cfg.algo.get("dynamic_sampling") or {}).get("enabled", False))
-    run.rollout, _ = _open_rollout(cfg, run.model, run.tokenizer, run.device, n_steps - start_step, run.run_dir)
+    run.rollout, _ = _open_rollout(cfg, run.model, run.tokenizer, run.device, n_steps - start_step, run.run_dir,
+                                   token_budget=run.scorer.rollout_budget)  # transformers rollouts' KV cache
 
     def save_hf(path: Path) -> None:
         run.model.save_pretrained(path)
