@@ -67,7 +67,7 @@ def _measure(conn, model_name: str, n: int, budget, prompt_tokens: int, response
     adv, _ = get_advantage_fn("grpo")(batch)
     settings = UpdateSettings(minibatch_size=batch.batch_size, deferred_old=True, norm_constant=response_tokens)
     t0 = time.perf_counter()
-    metrics = update_policy(model, opt, batch, adv, get_policy_loss_fn("grpo"), {}, settings, Scorer(budget, layout),
+    metrics = update_policy(model, opt, batch, adv, get_policy_loss_fn("grpo"), {}, settings, Scorer(budget, layout).for_model(model),
                             generator=torch.Generator().manual_seed(0))
     seconds = time.perf_counter() - t0
     conn.send({"peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "seconds": seconds,

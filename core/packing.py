@@ -14,12 +14,11 @@ forward (and backward) pass holds at most ``budget`` token positions, padding in
   is): no padding and no prompt repeated. A group of G responses to one prompt costs p + sum r_i positions
   instead of G (p + r_i) (packed) or p + G max r (padded, shared prompt).
 
-A tree row is as wide as the widest group (a prompt and all its responses in the batch), at most ``row_tokens``
-and at least the longest sequence: attention over a row costs its width squared (sdpa computes the masked scores
-too), so groups are not merged into wider rows than they need; a packed row is ``row_tokens`` wide (flash-attention's
-varlen kernel computes no cross-sequence scores). Segments (a prompt and the responses that follow it) are placed
-longest first into the first row with room (first-fit decreasing), and rows into micro-batches; the micro-batches
-are ordered largest first, so the first pass of a step is its peak (an out-of-memory error shows at step 0). The budget is a hard cap: no micro-batch computes more positions than it (unlike verl's balancing,
+Segments (a prompt and the responses that follow it, at most ``row_tokens`` positions) go into decoder rows padded
+to the widest: as many rows as minimise the positions computed plus attention's share, which grows with a row's width
+(sdpa computes the masked scores too; :func:`balanced_rows`), each row filled to nearly the same width (longest
+segment first into the least-filled row). Rows go into micro-batches; the micro-batches are ordered largest first,
+so the first pass of a step is its peak (an out-of-memory error shows at step 0). The budget is a hard cap: no micro-batch computes more positions than it (unlike verl's balancing,
 which can overshoot, verl #7272).
 
 Silent failure: a packed row attends across its sequences when a cache object or an all-ones attention mask
@@ -34,6 +33,7 @@ import torch
 
 LAYOUTS = ("padded", "packed", "tree")
 ROW_TOKENS = 1024  # the widest a packed or tree row grows (at least the longest sequence): see docs/training.md
+ATTENTION_WIDTH = 3072  # the row width at which attention per token costs as much as the rest (about 6 x hidden size)
 
 
 @dataclass(frozen=True)
@@ -114,14 +114,17 @@ def _segments(rows, p, r, keys, width: int, share: bool) -> list[Segment]:
 
 
 def plan(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_mask: torch.Tensor, budget: int | None,
-         layout: str = "padded", row_tokens: int = ROW_TOKENS) -> list[MicroBatch]:
+         layout: str = "padded", row_tokens: int = ROW_TOKENS, attention_width: float = ATTENTION_WIDTH
+         ) -> list[MicroBatch]:
     """Split a batch into micro-batches of at most ``budget`` computed positions, longest first.
 
     Args:
         prompt_ids, prompt_mask: (B, P) left-padded; response_mask: (B, L) right-padded.
         budget: positions per pass (padding included); None: the whole batch in one pass.
         layout: ``padded``, ``packed`` or ``tree`` (module docstring).
-        row_tokens: width of a packed or tree row (raised to the longest sequence).
+        row_tokens: the widest a packed or tree row may be (raised to the longest sequence).
+        attention_width: the row width at which a token's attention costs as much as the rest of its pass
+            (:func:`balanced_rows`; about 6 x the hidden size).
     Returns:
         Micro-batches covering every row exactly once; the first is the largest.
     Raises:
@@ -141,26 +144,9 @@ def plan(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_mask: tor
     if layout == "padded":
         return _largest_first(_plan_padded(p, r, budget))
     keys = prompt_keys(prompt_ids, prompt_mask).tolist()
-    target = int(row_tokens) if budget is None else min(int(row_tokens), int(budget))
-    if layout == "tree":  # a row as wide as the widest group (its prompt and all its responses), within the target:
-        whole: dict[int, int] = {}  # attention over a row costs its width squared, so groups are not merged into
-        for i in range(B):          # wider rows than they need
-            whole[keys[i]] = whole.get(keys[i], p[i]) + r[i]
-        width = max(longest, min(target, max(whole.values())))
-    else:  # packed: varlen attention (flash-attention) computes no cross-sequence scores: rows as wide as allowed
-        width = max(longest, target)
-    segs = sorted(_segments(range(B), p, r, keys, width, layout == "tree"), key=lambda s: (-s.length, s.prompt_row))
-    rows: list[list[Segment]] = []
-    fill: list[int] = []
-    for s in segs:  # first-fit decreasing
-        for j, f in enumerate(fill):
-            if f + s.length <= width:
-                rows[j].append(s)
-                fill[j] += s.length
-                break
-        else:
-            rows.append([s])
-            fill.append(s.length)
+    cap = max(longest, int(row_tokens) if budget is None else min(int(row_tokens), int(budget)))
+    segs = sorted(_segments(range(B), p, r, keys, cap, layout == "tree"), key=lambda s: (-s.length, s.prompt_row))
+    rows, fill = balanced_rows(segs, cap, attention_width if layout == "tree" else float("inf"))
     order = sorted(range(len(rows)), key=lambda j: -fill[j])
     out, cur, cur_w = [], [], 0
     for j in order:
@@ -173,6 +159,50 @@ def plan(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_mask: tor
     if cur:
         out.append(_packed_mb(layout, [rows[k] for k in cur], [fill[k] for k in cur]))
     return _largest_first(out)
+
+
+def balanced_rows(segs: list[Segment], cap: int, attention_width: float = ATTENTION_WIDTH
+                  ) -> tuple[list[list[Segment]], list[int]]:
+    """Segments (longest first) into R decoder rows of at most ``cap`` positions, for the R that minimises the
+    estimated cost R W (1 + W / ``attention_width``), W the widest row: R W positions are computed (the rows are padded
+    to W), and attention over a row of W positions adds W / attention_width of a token's other work per token (sdpa
+    computes the masked scores too; for flash-attention's varlen kernel, ``inf``). Each R's rows are filled longest
+    segment first into the least-filled row (LPT scheduling), so they come out nearly equal and the padding small.
+
+    Returns:
+        (rows, their fills).
+    """
+    import heapq
+    import math
+
+    total = sum(x.length for x in segs)
+    longest = segs[0].length if segs else 0
+    best = None
+    R = max(1, math.ceil(total / cap))
+    while R <= len(segs):
+        heap = [(0, j) for j in range(R)]
+        rows: list[list[Segment]] = [[] for _ in range(R)]
+        fill = [0] * R
+        ok = True
+        for seg in segs:
+            f, j = heapq.heappop(heap)
+            if f + seg.length > cap:
+                ok = False
+                break
+            rows[j].append(seg)
+            fill[j] = f + seg.length
+            heapq.heappush(heap, (fill[j], j))
+        if ok:
+            width = max(fill)
+            cost = R * width * (1 + width / attention_width)
+            if best is None or cost < best[0]:
+                best = (cost, rows, fill)
+            if width <= longest:  # more rows only add padding now
+                break
+        R = max(R + 1, int(R * 1.05))
+    if best is None:  # not reached: one segment per row always fits the cap
+        return [[x] for x in segs], [x.length for x in segs]
+    return best[1], best[2]
 
 
 def _largest_first(mbs: list["MicroBatch"]) -> list["MicroBatch"]:

@@ -228,7 +228,7 @@ class Scorer:
 
     def __init__(self, budget: int | None = None, layout: str = "padded", row_tokens: int | None = None,
                  head_tokens: int | None = HEAD_TOKENS, pad_id: int = 0):
-        from .packing import LAYOUTS, ROW_TOKENS
+        from .packing import ATTENTION_WIDTH, LAYOUTS, ROW_TOKENS
 
         if layout not in LAYOUTS:
             raise ValueError(f"layout={layout!r}: expected one of {list(LAYOUTS)}")
@@ -236,6 +236,15 @@ class Scorer:
         self.layout, self.row_tokens = layout, int(row_tokens or ROW_TOKENS)
         self.head_tokens, self.pad_id = head_tokens, int(pad_id)
         self.rollout_budget: int | None = self.budget  # a transformers rollout's key/value cache (the engine sets it)
+        self.attention_width: float = ATTENTION_WIDTH  # core.packing.balanced_rows (for_model: 6 x the hidden size)
+
+    def for_model(self, model) -> "Scorer":
+        """This scorer with its row-width cost set for ``model`` (attention per token equals the rest of a token's
+        work at about 6 x the hidden size: 24 h^2 per layer for the projections and the MLP against 4 W h)."""
+        hidden = int(getattr(getattr(model, "config", None), "hidden_size", 0) or 0)
+        if hidden:
+            self.attention_width = 6.0 * hidden
+        return self
 
     def __repr__(self) -> str:
         return f"Scorer(budget={self.budget}, layout={self.layout!r}, row_tokens={self.row_tokens})"
@@ -244,7 +253,8 @@ class Scorer:
         """The batch's micro-batches (:func:`core.packing.plan`), largest first."""
         from .packing import plan
 
-        return plan(prompt_ids, prompt_mask, response_mask, self.budget, self.layout, self.row_tokens)
+        return plan(prompt_ids, prompt_mask, response_mask, self.budget, self.layout, self.row_tokens,
+                    self.attention_width)
 
     def forward(self, model, mb, prompt_ids, prompt_mask, response_ids, response_mask, temperature: float = 1.0,
                 with_entropy: bool = False, bf16: bool = False):

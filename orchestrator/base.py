@@ -74,6 +74,39 @@ def claim_is_live(run, now: float | None = None) -> bool:
     return lease.is_live(run, STALE_S, now)
 
 
+def base_sampler(cfg) -> str | None:
+    """``vllm`` for the base model's evaluation when ``eval.sampler=auto`` on a machine without a GPU and the point's
+    training will roll out with vLLM in the same dtype (the local engine's ``rollout_choice``): the engine starts for
+    the base model instead of for the first training run, and the trained runs' evaluations sample on it too
+    (:func:`core.sampling.running_engine_serves`), so every evaluation of the sweep uses one sampler. None: the
+    usual choice (:func:`evaluation.evaluate.evaluation_sampler`)."""
+    import torch
+
+    from core.tasks import get_task
+
+    if str(cfg.eval.get("sampler", "auto")) != "auto" or torch.cuda.is_available():
+        return None
+    if any(getattr(get_task(b), "tools", ()) for b in cfg.eval.benchmarks):
+        return None
+    try:
+        from core.models import DTYPES, resolve_dtype
+        from core.sampling import SAMPLERS
+        from training.engines import get_engine
+        from training.memory_plan import model_shape
+
+        engine = get_engine(str(cfg.engine.name))
+        choose, dtype_of = getattr(engine, "rollout_choice", None), getattr(engine, "_rollout_dtype", None)
+        if choose is None or dtype_of is None or SAMPLERS["vllm"].missing() is not None:
+            return None
+        rollout, _ = choose(cfg, model_shape(cfg.model).n_params, False)
+        eval_dtype = (cfg.eval.get("vllm") or {}).get("dtype") or \
+            {v: k for k, v in DTYPES.items()}[resolve_dtype(str(cfg.eval.get("dtype", "auto")), "cpu")]
+        same = dtype_of(cfg, torch.device("cpu")) == eval_dtype
+        return "vllm" if rollout == "vllm" and same else None
+    except Exception:  # a model whose shape or engine cannot be read here: the usual choice
+        return None
+
+
 class BaseEvaluation:
     """The base run of one sweep point's identity.
 
@@ -91,7 +124,7 @@ class BaseEvaluation:
         from evaluation.evaluate import evaluation_sampler
 
         self.cfg, self.exp_id, self.sweep_id, self.job_num = cfg, exp_id, str(sweep_id), str(job_num)
-        self.sampler = evaluation_sampler(cfg.eval)
+        self.sampler = base_sampler(cfg) or evaluation_sampler(cfg.eval)
         self.identity = base_identity(cfg, self.sampler)
         self.hash = base_hash(self.identity)
         self.root, self.heldout_rows = Path(root), heldout_rows

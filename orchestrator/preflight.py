@@ -123,7 +123,7 @@ def check_command_line(argv: list[str], checks=()) -> int | None:
         return None
     overrides = [a for a in argv if not a.startswith("-")]
     remote = any(_key(a) == "hydra/launcher" and a.split("=", 1)[1] not in ("basic", "local") for a in overrides)
-    shown: set = set()
+    shown: dict = {}  # the points' memory plans, each distinct one printed once when every check has passed
     try:
         points = sweep_points(overrides, multirun=bool(flags))
         for point, cfg in points:
@@ -142,15 +142,18 @@ def check_command_line(argv: list[str], checks=()) -> int | None:
         check_locations(points, [a for a in argv if not a.startswith("-")], multirun=bool(flags))
         check_tool_services(points)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {e}", file=sys.stderr)  # one line, nothing else: the plans are printed only when all passed
         sys.exit(2)
+    for line in shown:
+        print(line, file=sys.stderr)
     return len(points)
 
 
-def check_memory(cfg, remote: bool = False, shown: set | None = None) -> None:
+def check_memory(cfg, remote: bool = False, shown: dict | None = None) -> None:
     """The point's memory plan (its engine's ``memory_plan(cfg, remote)``, when it has one and
-    ``train.memory_check`` is not false): printed once per distinct plan, and a plan that does not fit its device
-    refused (:func:`training.memory_plan.refusal`: the total and what would make it fit).
+    ``train.memory_check`` is not false), added to ``shown`` (an ordered collection of distinct plan lines, printed
+    by the caller), and a plan that does not fit its device refused (:func:`training.memory_plan.refusal`: the total
+    and what would make it fit).
 
     Args:
         remote: the points train elsewhere (a cluster launcher): the device's size is ``train.device_memory_gb``
@@ -174,11 +177,8 @@ def check_memory(cfg, remote: bool = False, shown: set | None = None) -> None:
         raise ConfigError(str(e)) from None
     if refused:
         raise ConfigError(refused)
-    line = plan.summary()
-    if shown is None or line not in shown:
-        print(line, file=sys.stderr)
-        if shown is not None:
-            shown.add(line)
+    if shown is not None:
+        shown.setdefault(plan.summary(), None)
 
 
 def check_tool_services(points) -> None:

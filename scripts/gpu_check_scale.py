@@ -94,7 +94,7 @@ def main(argv=None) -> int:
                          response_mask=response_mask, old_logprobs=nan.clone(), rewards=rewards,
                          group_index=torch.arange(args.prompts).repeat_interleave(args.group),
                          response_lengths=lengths, correct=rewards > 0, extras={"entropy": nan.clone()}).to(device)
-    scorer = Scorer(budget, layout)
+    scorer = Scorer(budget, layout).for_model(model)
     with torch.no_grad():  # the reference pass, as the engine's rollout does it
         batch.ref_logprobs, _ = scorer.score(ref, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
                                              batch.response_mask, bf16=bf16)

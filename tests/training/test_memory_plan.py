@@ -158,3 +158,21 @@ def test_memory_benchmark_runs_its_configurations(tmp_path):
         assert r["plan_vs_measured"] == pytest.approx(r["plan_gb"] / r["measured_gb"], rel=1e-2)
     assert rows[1]["micro_batches"] > rows[0]["micro_batches"] >= 1 and rows[2]["micro_batches"] == 1
     assert "plan within 25% of the measured peak" in proc.stdout
+
+
+def test_memory_check_measures_the_largest_pass_at_start_up(tiny_cfg, tmp_path):
+    """``train.memory_check=true`` (the default on a GPU): one forward and backward pass of the largest micro-batch the
+    budget allows, measured before any rollout and written beside the plan (the run logs both); the run's layout,
+    budget and longest prompt too; a budget below the longest sequence stops the run before it generates."""
+    from training.engines import local
+
+    cfg = OmegaConf.merge(tiny_cfg, {"train": {"steps": 1, "prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4,
+                                               "micro_batch_tokens": 200, "memory_check": True}})
+    local.train(cfg, tmp_path / "a")
+    info = json.loads((tmp_path / "a" / "memory.json").read_text())
+    assert info["micro_batch_tokens"] == 200 and info["layout"] in ("tree", "packed", "padded")
+    assert info["calibration"]["measured_peak_gb"] > 0 and info["calibration"]["planned_peak_gb"] > 0
+    assert 0 < info["longest_prompt"] < 200 and info["plan"]["budget_tokens"] == 200
+    short = OmegaConf.merge(cfg, {"train": {"micro_batch_tokens": info["longest_prompt"] + 2}})
+    with pytest.raises(ValueError, match=r"train.micro_batch_tokens=\d+: the longest training prompt \(\d+ tokens\)"):
+        local.train(short, tmp_path / "b")

@@ -283,13 +283,13 @@ def open_scorer(cfg, model, tokenizer, prompts: list, device, run_dir: Path) -> 
                          f"train.max_new_tokens={run.max_new_tokens} need {run.sequence_tokens} positions in one pass; "
                          f"set at least {run.sequence_tokens}, or auto")
     plan = plan_memory(shape, run, budget, device.type, device_gb)
-    scorer = Scorer(budget, layout, pad_id=int(tokenizer.pad_token_id or 0))
+    scorer = Scorer(budget, layout, pad_id=int(tokenizer.pad_token_id or 0)).for_model(model)
     scorer.rollout_budget = rollout_budget  # what a transformers rollout's key/value cache may hold
     info = {"layout": layout, "layout_reason": reason, "micro_batch_tokens": budget, "rollout_tokens": rollout_budget,
             "longest_prompt": longest_prompt,
             "plan": plan.as_dict()}
-    check = str(t.get("memory_check", "auto"))
-    if budget is not None and (check == "true" or (check == "auto" and device.type == "cuda")):
+    check = t.get("memory_check", "auto")
+    if budget is not None and (check is True or (check == "auto" and device.type == "cuda")):
         info["calibration"] = check_memory(model, scorer, run, device, plan)
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     (Path(run_dir) / MEMORY_FILE).write_text(json.dumps(info, indent=1))
