@@ -16,6 +16,8 @@ Keys whose meaning depends on other keys (``eval.ks`` within ``eval.n``, ...) ke
 from __future__ import annotations
 
 import inspect
+import types
+import typing
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -96,10 +98,26 @@ def check_value(key: str, value, spec: Spec) -> None:
 
 
 def _annotation_spec(annotation, default) -> Spec:
-    text = str(annotation).replace("typing.", "")
-    null = "None" in text or default is None
-    base = text.split("|")[0].strip()
+    """The spec of one parameter from its annotation: a real type (``float``, ``int | None``, ``Optional[str]``) or
+    a postponed one (a string, as ``from __future__ import annotations`` leaves it); anything else is ``any``."""
+    if isinstance(annotation, str):  # postponed and not resolvable: read the text
+        text = annotation.replace("typing.", "").replace("Optional[", "").rstrip("]")
+        parts = [t.strip() for t in text.split("|")]
+    else:
+        args = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else ()
+        parts = [getattr(a, "__name__", str(a)) for a in (args or (annotation,))]
+    null = "None" in parts or "NoneType" in parts or default is None
+    base = next((t for t in parts if t not in ("None", "NoneType")), "")
     return {"float": F(null=null), "int": I(null=null), "bool": B(null=null), "str": S(null=null)}.get(base, Spec("any"))
+
+
+def _hints(fn) -> dict:
+    """``fn``'s annotations resolved (:func:`typing.get_type_hints`), with or without postponed evaluation in its
+    module; the raw annotations when a name cannot be resolved."""
+    try:
+        return typing.get_type_hints(fn)
+    except Exception:
+        return dict(getattr(fn, "__annotations__", {}) or {})
 
 
 def algorithm_specs(cfg) -> dict[str, Spec]:
@@ -114,17 +132,19 @@ def algorithm_specs(cfg) -> dict[str, Spec]:
         except (KeyError, TypeError):
             continue  # validate_config names the unknown function
         params = list(inspect.signature(fn).parameters.values())[skip:]
+        hints = _hints(fn)
         on = OmegaConf.select(cfg, f"algo.{kind}.base_estimator") if kind == "advantage" else None
         if on and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):  # a shaping estimator: its base's keys
             try:
                 params = list(inspect.signature(getter(on)).parameters.values())[skip:] + params
+                hints = _hints(getter(on)) | hints
             except KeyError:
                 pass  # validate_config names the unknown base
         for p in params:
             if p.kind is inspect.Parameter.VAR_KEYWORD:
                 continue
             default = None if p.default is inspect.Parameter.empty else p.default
-            out[f"algo.{kind}.{p.name}"] = _annotation_spec(p.annotation, default)
+            out[f"algo.{kind}.{p.name}"] = _annotation_spec(hints.get(p.name, p.annotation), default)
     return out
 
 

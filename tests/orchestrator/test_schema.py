@@ -155,3 +155,24 @@ def test_per_benchmark_decoding_is_checked_before_anything_starts(override, frag
     with pytest.raises(ConfigError) as e:
         validate_config(cfg)
     assert fragment in str(e.value) and "\n" not in str(e.value)
+
+
+def test_plugin_keys_are_typed_from_real_annotations():
+    """docs/extending.md's example (tests/plugins/toy_algorithm.py) has no ``from __future__ import annotations``:
+    ``scale: float`` is a type, not a string. Issue 46: it was read as ``str(float)`` -> "any", so ``scale=abc``
+    reached the plug-in's own check and failed there with a TypeError traceback."""
+    import typing
+
+    from orchestrator.schema import _annotation_spec
+
+    conf = f"hydra.searchpath=[file://{REPO / 'tests' / 'plugins' / 'conf'}]"
+    [(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke", "plugins=[tests.plugins.toy_algorithm]", conf,
+                               "algo=toy_rank", "algo.advantage.scale=abc"], multirun=False)
+    with pytest.raises(ConfigError, match=r"^algo\.advantage\.scale='?abc'?: ") as e:
+        validate_config(cfg)
+    assert "\n" not in str(e.value)
+    # each spelling of an annotation gives the same spec: real types, unions, Optional, and postponed strings
+    for ann, kind, null in ((float, "float", False), (int | None, "int", True), (typing.Optional[str], "str", True),
+                            ("float", "float", False), ("int | None", "int", True), (list, "any", False)):
+        spec = _annotation_spec(ann, 1)
+        assert (spec.kind, spec.null if kind != "any" else null) == (kind, null), ann
