@@ -59,9 +59,10 @@ if __name__ == "__main__":
     from core.lifecycle import Interrupted
     from orchestrator import callbacks
 
-    from reports.callback import check_report_config
+    from reports.callback import check_report_baseline, check_report_config
 
-    check_command_line(sys.argv[1:], checks=(check_report_config,))  # every point, before any work (exit 2)
+    check_command_line(sys.argv[1:], checks=(check_report_config,),  # every point, before any work (exit 2)
+                       sweep_checks=(check_report_baseline,))
     os.environ.pop(callbacks.SWEEP_DIR_ENV, None)  # set by this process's sweep when it starts
     try:
         main()

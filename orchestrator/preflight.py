@@ -105,14 +105,15 @@ def sweep_points(overrides: list[str], config_name: str = "config", multirun: bo
     return out
 
 
-def check_command_line(argv: list[str], checks=()) -> int | None:
+def check_command_line(argv: list[str], checks=(), sweep_checks=()) -> int | None:
     """Validate all sweep points of ``argv`` (overrides and ``-m``) and the places they write to
     (:func:`check_locations`); exit 2 with one line on error. Returns the number of points (None when the
     command line is left to Hydra).
 
     ``checks``: more functions ``(cfg) -> None`` that raise ValueError (one line) on a bad point, from layers this
     one does not import (sweep.py passes :func:`reports.callback.check_report_config`: the names in
-    ``report.sections``).
+    ``report.sections``). ``sweep_checks``: functions ``(configs) -> None`` over all the points' configs, raising
+    ValueError the same way (sweep.py passes :func:`reports.callback.check_report_baseline`).
 
     Command lines with other Hydra flags (``--cfg``, ``--help``, ``--config-name``, ...) are left to Hydra.
     """
@@ -123,8 +124,10 @@ def check_command_line(argv: list[str], checks=()) -> int | None:
         return None
     overrides = [a for a in argv if not a.startswith("-")]
     remote = any(_key(a) == "hydra/launcher" and a.split("=", 1)[1] not in ("basic", "local") for a in overrides)
+    launcher = next((a.split("=", 1)[1] for a in overrides if _key(a) == "hydra/launcher"), None)
     shown: dict = {}  # the points' memory plans, each distinct one printed once when every check has passed
     try:
+        check_launcher(launcher)
         points = sweep_points(overrides, multirun=bool(flags))
         for point, cfg in points:
             try:
@@ -139,6 +142,12 @@ def check_command_line(argv: list[str], checks=()) -> int | None:
             except ConfigError as e:
                 where = f" (sweep point {' '.join(point)})" if len(points) > 1 else ""
                 raise ConfigError(f"{e}{where}") from None
+        for check in sweep_checks:
+            try:
+                check([cfg for _, cfg in points])
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+        check_inputs(points)
         check_locations(points, [a for a in argv if not a.startswith("-")], multirun=bool(flags))
         check_tool_services(points)
     except ConfigError as e:
@@ -179,6 +188,91 @@ def check_memory(cfg, remote: bool = False, shown: dict | None = None) -> None:
         raise ConfigError(refused)
     if shown is not None:
         shown.setdefault(plan.summary(), None)
+
+
+def check_launcher(launcher: str | None) -> None:
+    """A cluster launcher's cluster is there: ``hydra/launcher=slurm`` needs ``sbatch`` on the PATH and ``sinfo``
+    answering (within 20 s), so a machine without SLURM stops here instead of in submitit's traceback.
+
+    Raises:
+        ConfigError: one line naming the launcher and what is missing.
+    """
+    import shutil
+    import subprocess
+
+    if launcher != "slurm":
+        return
+    missing = [c for c in ("sbatch", "sinfo") if shutil.which(c) is None]
+    if missing:
+        raise ConfigError(f"hydra/launcher=slurm: {' and '.join(missing)} not found on this machine (no SLURM "
+                          "client here?); run on the cluster's login node, or leave the launcher out to run locally")
+    try:
+        proc = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        raise ConfigError("hydra/launcher=slurm: sinfo did not answer within 20 s (slurmctld down?)") from None
+    if proc.returncode != 0:
+        first = next((ln.strip() for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()), f"exit {proc.returncode}")
+        raise ConfigError(f"hydra/launcher=slurm: the cluster does not answer (sinfo: {first})")
+
+
+def _read_error(e: Exception, node, key: str) -> str:
+    """One line for an input that could not be read: the exception's first line, and the local alternative when the
+    hub is offline and the input comes from it."""
+    from core.models import hub_offline
+
+    text = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+    if hub_offline() and (node.get("source") in (None, "hub") or "offline" in text.lower()):
+        text += (f"; the hub is offline (HF_HUB_OFFLINE) and it is not in the local cache: download it first, or set "
+                 f"{key}.source=local {key}.path=FILE" if key == "data" else
+                 "; the hub is offline (HF_HUB_OFFLINE): set eval.data_dir to a folder with <benchmark>/test.jsonl")
+    return text
+
+
+def check_inputs(points) -> None:
+    """Every point's inputs read once, before any work: its model found (:func:`core.models.check_source`), its
+    training prompts (after the validation split) and every
+    benchmark's rows, each non-empty; a hub dataset that is neither local nor cached while the hub is offline is
+    named with the local alternative. Each distinct data and evaluation config is read once.
+
+    Raises:
+        ConfigError: one line naming the key (``data=<name>``, ``eval.benchmarks``) and the cause.
+    """
+    from core.models import check_source
+    from core.tasks import get_task, load_prompts
+    from evaluation.evaluate import benchmark_rows
+
+    seen = set()
+    for _, cfg in points:
+        try:
+            check_source(cfg.model)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        data = OmegaConf.to_container(cfg.data, resolve=True)
+        key = repr(sorted(data.items()))
+        if key not in seen:
+            seen.add(key)
+            try:
+                rows = load_prompts(cfg.data, "train")
+            except Exception as e:  # noqa: BLE001 -- every loader's own error, named in one line
+                raise ConfigError(f"data={cfg.data.name}: its training prompts cannot be read: "
+                                  f"{_read_error(e, cfg.data, 'data')}") from None
+            if not rows:
+                raise ConfigError(f"data={cfg.data.name}: no training prompts (an empty file or filter? data.path="
+                                  f"{cfg.data.get('path')!r})")
+        ev = repr((key, sorted(OmegaConf.to_container(cfg.eval, resolve=True).items(), key=str)))
+        if ev in seen:
+            continue
+        seen.add(ev)
+        held = [b for b in cfg.eval.benchmarks if get_task(str(b)).heldout_from_data]
+        try:
+            heldout = load_prompts(cfg.data, "eval") if held else None
+            rows = benchmark_rows(cfg.eval, heldout)
+        except Exception as e:  # noqa: BLE001
+            raise ConfigError(f"eval.benchmarks: cannot be read: {_read_error(e, cfg.eval, 'eval')}") from None
+        empty = [b for b, r in rows.items() if not r]
+        if empty:
+            raise ConfigError(f"eval.benchmarks: {empty} {'has' if len(empty) == 1 else 'have'} no rows (an empty "
+                              f"file? eval.data_dir={cfg.eval.get('data_dir')!r})")
 
 
 def check_tool_services(points) -> None:

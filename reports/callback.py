@@ -43,3 +43,29 @@ def check_report_config(config) -> None:
     if bad:
         raise ValueError(f"report.sections: {bad} {'is not a' if len(bad) == 1 else 'are not'} paper section"
                          f"{'' if len(bad) == 1 else 's'} (reports/sections.py has: {', '.join(sorted(SECTIONS))})")
+
+
+def check_report_baseline(configs) -> None:
+    """Pre-flight check of ``report.baseline`` over a sweep's points (sweep.py runs it once the points are composed):
+    it names the base model's row (``Initialization``), an algorithm of the sweep, or a run label the report will
+    show (:func:`reports.data.short_labels`: the algorithm plus the swept values that tell its runs apart).
+
+    Raises:
+        ValueError: one line naming the value and the names it could be.
+    """
+    import pandas as pd
+
+    from orchestrator.schema import leaves
+
+    from .data import BASE_LABEL, short_labels
+
+    wanted = {str(b) for c in configs if (b := (c.get("report", {}) or {}).get("baseline")) not in (None, "")}
+    if not wanted:
+        return
+    rows = [{"run_id": str(i), "label": "", "algo": str(c.algo.name), "kind": "trained",
+             "params": {k: str(v) for k, v in leaves(c).items()}} for i, c in enumerate(configs)]
+    labels = list(short_labels(pd.DataFrame(rows))["label"])
+    known = list(dict.fromkeys([BASE_LABEL, *(r["algo"] for r in rows), *labels]))
+    for b in sorted(wanted):
+        if b not in known:
+            raise ValueError(f"report.baseline={b!r}: not a run of this sweep (its names: {', '.join(known)})")

@@ -224,6 +224,47 @@ def test_bad_input_stops_before_training(tmp_path, monkeypatch, capsys, args, fr
     assert not (tmp_path / "mlflow.db").exists()  # stopped before the store was touched
 
 
+@pytest.mark.parametrize("case,fragment", [
+    ("empty_benchmark", "eval.benchmarks: ['math500'] has no rows"),
+    ("empty_training_file", "data=math: its training prompts cannot be read: data: no MATH training rows left from"),
+    ("training_file_missing", "none.jsonl': data.source=local needs an existing JSONL file"),
+    ("hub_data_offline", "the hub is offline (HF_HUB_OFFLINE) and it is not in the local cache: download it first, "
+                         "or set data.source=local data.path=FILE"),
+    ("model_folder_missing", "model.path='/nonexistent/model': no such folder"),
+    ("hub_model_offline", "model.path='no-such-org/no-such-model': not in the local cache and the hub is offline"),
+    ("minibatch_over_batch", "train.minibatch_size=16: larger than the batch (train.prompts_per_step=2 x "
+                             "train.group_size=4 = 8 responses)"),
+])
+def test_inputs_are_read_before_any_work(tmp_path, monkeypatch, capsys, case, fragment):
+    """Issue 46: an empty benchmark file passed pre-flight and failed after a step had trained ("cannot convert float
+    NaN to integer"); an empty training file, a missing model folder and, offline, a hub dataset or model that is not
+    cached started the sweep and left FAILED runs. Each now stops pre-flight with one line, exit 2, before the store
+    is touched."""
+    from orchestrator.preflight import check_command_line
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bench" / "math500").mkdir(parents=True)
+    (tmp_path / "bench" / "math500" / "test.jsonl").write_text("")
+    (tmp_path / "empty.jsonl").write_text("\n")
+    (tmp_path / "one" / "math500").mkdir(parents=True)
+    (tmp_path / "one" / "math500" / "test.jsonl").write_text('{"problem": "1+1?", "answer": "2"}\n')
+    math = ["data=math", "eval.benchmarks=[math500]", f"eval.data_dir={tmp_path / 'one'}"]
+    args = {"empty_benchmark": ["eval.benchmarks=[math500]", f"eval.data_dir={tmp_path / 'bench'}"],
+            "empty_training_file": [*math, "data.source=local", f"data.path={tmp_path / 'empty.jsonl'}"],
+            "training_file_missing": [*math, "data.source=local", f"data.path={tmp_path / 'none.jsonl'}"],
+            "hub_data_offline": math,
+            "model_folder_missing": ["model=qwen2.5-math-1.5b", "model.path=/nonexistent/model", "train.memory_check=false"],
+            "hub_model_offline": ["model=qwen2.5-math-1.5b", "model.path=no-such-org/no-such-model",
+                                  "train.memory_check=false"],
+            "minibatch_over_batch": ["train.minibatch_size=16"]}[case]
+    with pytest.raises(SystemExit) as exit_:
+        check_command_line(["-m", *TINY, *args])
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert exit_.value.code == 2 and len(lines) == 1 and fragment in lines[0], lines
+    assert not (tmp_path / "mlflow.db").exists()
+
+
 def test_bad_input_on_the_command_line_exits_2_with_one_line(tmp_path):
     proc = _sweep(tmp_path, "-m", "algo=quatro,gspo", "delta=-1", *TINY, timeout=120)
     assert proc.returncode == 2
@@ -537,3 +578,36 @@ def test_reproduce_reruns_a_finished_run_bitwise_on_the_cpu(sweep_dir):
     bad = subprocess.run([sys.executable, "-m", "orchestrator.reproduce", "0" * 32, "--tracking-uri", uri],
                          cwd=sweep_dir, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "RUN_ID=" + "0" * 32 in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_a_report_baseline_that_names_no_run_of_the_sweep_stops_it_before_training(tmp_path, monkeypatch, capsys):
+    """Issue 46: ``report.baseline`` with a typo trained the whole sweep and then said "no samples.parquet among the
+    finished runs". The names it may take are those the report shows: the base model's row, an algorithm of the
+    sweep, or a run label (the algorithm and the swept values that tell its runs apart)."""
+    from orchestrator.preflight import check_command_line
+    from reports.callback import check_report_baseline
+
+    monkeypatch.chdir(tmp_path)
+    sweep = ["-m", *TINY, "algo=quatro,grpo", "delta=0.01,0.1"]
+    for good in ("grpo", "Initialization", "quatro delta=0.1"):
+        assert check_command_line([*sweep, f"report.baseline='{good}'"], sweep_checks=(check_report_baseline,)) == 4
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        check_command_line([*sweep, "report.baseline=gpro"], sweep_checks=(check_report_baseline,))
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert exit_.value.code == 2 and len(lines) == 1, lines
+    assert "report.baseline='gpro': not a run of this sweep (its names: Initialization, quatro, grpo, " in lines[0]
+
+
+def test_the_slurm_launcher_without_slurm_is_one_line(tmp_path, monkeypatch, capsys):
+    """Issue 46: ``hydra/launcher=slurm`` on a machine without SLURM was a 26-line traceback from submitit. A PATH
+    without the SLURM client stands for such a machine (CI's own cluster is on the real PATH)."""
+    from orchestrator.preflight import check_command_line
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable))
+    with pytest.raises(SystemExit) as exit_:
+        check_command_line(["-m", *TINY, "hydra/launcher=slurm"])
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert exit_.value.code == 2 and len(lines) == 1, lines
+    assert "hydra/launcher=slurm: sbatch and sinfo not found on this machine" in lines[0]
