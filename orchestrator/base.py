@@ -278,7 +278,7 @@ class BaseEvaluation:
             tracking.retry(self.client.log_artifact, run_id, str(record))
             tracking.retry(self.client.set_tag, run_id, "rlvr.entropy_method", str(info["entropy_method"]))
             tracking.retry(self.client.set_tag, run_id, window.NOTE_TAG,
-                           window.describe(self.cfg, "", metrics, kind="base") + "\n\nEvery trained run's flip rates "
+                           window.describe(self.cfg, "", metrics, kind="base", sweep_id=self.sweep_id) + "\n\nEvery trained run's flip rates "
                            "compare against this run (the papers' 'Initialization' row).")
             monitor.__exit__(None, None, None)
             beat.stop.set()

@@ -637,7 +637,7 @@ def _run_point(pt: Point) -> dict | None:
         log.info("point %s: run %s of the same point started first: yielding to it", name, yield_to.info.run_id)
         return _yield_to(yield_to, pt, run_id)
     tracking.retry(mlflow.set_tags, {"rlvr.active_s": active_s(), window.NOTE_TAG: window.describe(
-        cfg, tags.get("rlvr.point", name), metrics)})
+        cfg, tags.get("rlvr.point", name), metrics, sweep_id=tags.get("rlvr.sweep_id"))})
     mlflow.end_run()
     log.info("point %s finished: MLflow run %s", name, run_id)
     return {"status": "finished", "run_id": run_id, "config_hash": chash, "metrics": metrics}

@@ -287,13 +287,23 @@ def system_metrics(cfg, run_id: str) -> SystemMetrics:
     return SystemMetrics(run_id, bool(t.get("system_metrics", True)), float(t.get("system_metrics_interval_s", 10.0)))
 
 
-def describe(cfg, point: str, metrics: dict, kind: str = "trained") -> str:
-    """The Markdown description of a run: what it is, the swept values, headline metrics, the report's path."""
+def report_folder(experiment: str, sweep_id: str | None = None, out_dir=None) -> Path:
+    """Where a report goes: ``report.out_dir`` when set; else ``reports_out/<experiment>/<sweep folder name>`` for a
+    sweep's own report (each sweep its own folder; ``reports_out/<experiment>/latest`` links the newest, see
+    :func:`reports.build.build`), or ``reports_out/<experiment>/all`` for one over the whole experiment."""
+    if out_dir:
+        return Path(str(out_dir))
+    return Path("reports_out") / str(experiment) / (Path(str(sweep_id)).name if sweep_id else "all")
+
+
+def describe(cfg, point: str, metrics: dict, kind: str = "trained", sweep_id: str | None = None) -> str:
+    """The Markdown description of a run: what it is, the swept values, headline metrics, the report's path (of
+    sweep ``sweep_id``)."""
     algo = str(cfg.algo.name) if kind != "base" else "the starting model"
     n = cfg.eval.get("n") if cfg.get("eval") is not None else None
     head = headline(metrics, n)
     rep = cfg.get("report", {}) or {}
-    report = Path(str(rep.get("out_dir") or Path("reports_out") / str(cfg.experiment_name))) / "report.html"
+    report = report_folder(str(cfg.experiment_name), sweep_id, rep.get("out_dir")) / "report.html"
     lines = [f"**{algo}** on `{cfg.data.name}` with `{cfg.model.get('name', '')}`"
              + (f", {cfg.train.steps} steps of {cfg.train.prompts_per_step} prompts x {cfg.train.group_size}"
                 if kind != "base" else "")]

@@ -1,6 +1,7 @@
 """Build the sweep report: MLflow -> executed notebook -> HTML (+ PNG figures), logged back to MLflow.
 
-    python -m reports --experiment NAME [--baseline RUN_OR_ALGO] [--tracking-uri URI] [--out DIR]
+    python -m reports --experiment NAME [--sweep DIR_OR_NAME ...] [--filter MLFLOW_FILTER] [--baseline RUN_OR_ALGO]
+                      [--tracking-uri URI] [--out DIR]
 
 The notebook's source is ``reports/templates/report.py`` (a jupytext percent script under version
 control); its ``parameters`` cell is replaced with the arguments, the notebook is executed with
@@ -23,15 +24,20 @@ def _parameters_source(**params) -> str:
 
 def build(experiment: str, tracking_uri: str = "sqlite:///mlflow.db", baseline: str | None = None, out_dir=None,
           log_to_mlflow: bool = True, timeout_s: int = 600, parent_run_id: str | None = None,
-          sections: list | None = None) -> dict:
+          sections: list | None = None, sweeps: list | None = None, run_filter: str = "") -> dict:
     """Write and execute the report notebook for ``experiment``; export HTML; log both to MLflow.
 
     Args:
         experiment: MLflow experiment name; tracking_uri: the store (a relative sqlite path is
             resolved against the current directory); baseline: run label or algorithm name for the
-            paired-bootstrap differences; out_dir: where files go (default ``reports_out/<experiment>``);
-            parent_run_id: the sweep's parent run, under which the report run is nested; sections: the paper
-            tables shown first (``report.sections``, :mod:`reports.sections`; None: read back from the runs' config).
+            paired-bootstrap differences; out_dir: where files go (default
+            :func:`orchestrator.window.report_folder`: ``reports_out/<experiment>/<sweep>`` for one sweep, with
+            ``reports_out/<experiment>/latest`` linked to it, else ``reports_out/<experiment>/all``);
+            parent_run_id: the sweep's parent run, under which the report run is nested, and whose sweep's runs
+            (``rlvr.sweep_id``) the report shows; sections: the paper tables shown first (``report.sections``,
+            :mod:`reports.sections`; None: read back from the runs' config); sweeps: the sweeps shown (their
+            folders or folder names; default: the parent run's sweep, or every run of the experiment);
+            run_filter: an MLflow search filter (``params.`algo.name` = 'grpo'``) applied first.
     Returns:
         {"notebook": path, "html": path, "figures": [paths], "paper": [paths of the PDF/SVG figures and CSV/LaTeX
         tables under ``out_dir/paper``], "run_id": MLflow report run id or None}.
@@ -45,13 +51,19 @@ def build(experiment: str, tracking_uri: str = "sqlite:///mlflow.db", baseline: 
 
     if tracking_uri.startswith("sqlite:///") and not tracking_uri.startswith("sqlite:////"):
         tracking_uri = "sqlite:///" + str(Path(tracking_uri[len("sqlite:///"):]).resolve())
-    out = Path(out_dir or Path("reports_out") / experiment).resolve()
+    from orchestrator.window import report_folder
+
+    if parent_run_id and not sweeps:
+        sweeps = [_sweep_of(tracking_uri, parent_run_id)]
+    own = len(sweeps or ()) == 1 and not out_dir
+    out = report_folder(experiment, sweeps[0] if own else None, out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     nb = jupytext.read(TEMPLATE)
     for cell in nb.cells:
         if "parameters" in cell.get("metadata", {}).get("tags", []):
             cell.source = _parameters_source(experiment=experiment, tracking_uri=tracking_uri, baseline=baseline,
-                                             figures_dir=str(out / "figures"), work_dir=str(out), sections=sections)
+                                             figures_dir=str(out / "figures"), work_dir=str(out), sections=sections,
+                                             sweeps=[str(x) for x in sweeps] if sweeps else None, run_filter=run_filter)
             break
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.metadata["title"] = f"RLVR sweep report: {experiment}"  # the HTML page's title
@@ -72,6 +84,8 @@ def build(experiment: str, tracking_uri: str = "sqlite:///mlflow.db", baseline: 
     html, _ = HTMLExporter(exclude_input=True, template_name="offline",  # no CDN script: opens offline
                            extra_template_basedirs=[str(TEMPLATE.parent)]).from_notebook_node(nb)
     html_path.write_text(html, encoding="utf-8")
+    if own:
+        link_latest(out)
     figures = sorted((out / "figures").glob("*.png"))
     run_id = None
     if log_to_mlflow:
@@ -93,15 +107,79 @@ def build(experiment: str, tracking_uri: str = "sqlite:///mlflow.db", baseline: 
             "paper": sorted((out / "paper").glob("*")) if (out / "paper").is_dir() else [], "run_id": run_id}
 
 
+def _sweep_of(tracking_uri: str, parent_run_id: str) -> str:
+    """The sweep folder (``rlvr.sweep_id``) of a sweep's parent run."""
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri).get_run(parent_run_id).data.tags["rlvr.sweep_id"]
+
+
+def link_latest(folder: Path) -> Path:
+    """Point ``<folder's parent>/latest`` at ``folder`` (a relative symbolic link, replaced atomically), so the
+    experiment's newest sweep report is at ``reports_out/<experiment>/latest/report.html``."""
+    import os
+
+    link = folder.parent / "latest"
+    if link.exists() and not link.is_symlink():  # a folder of that name (report.out_dir=.../latest): left alone
+        return link
+    tmp = folder.parent / f".latest-{os.getpid()}"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(folder.name, target_is_directory=True)
+    os.replace(tmp, link)
+    return link
+
+
+def check_args(args) -> None:
+    """The command's arguments checked before anything is loaded or created: the store exists (a SQLite file is
+    never created by reading), the experiment is in it, each ``--sweep`` has runs in it, ``--out`` is not a
+    file. Raises SystemExit(2) after one line naming the bad value and what there is."""
+    from mlflow.tracking import MlflowClient
+
+    def fail(msg):
+        print(f"error: {msg}", file=sys.stderr)
+        raise SystemExit(2)
+
+    uri = args.tracking_uri
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        fail(f"--tracking-uri={uri}: no such store (run from the folder the sweep ran in, or give its URI)")
+    try:
+        client = MlflowClient(tracking_uri=uri)
+        names = [e.name for e in client.search_experiments()]
+    except Exception as e:  # noqa: BLE001 -- a store that cannot be read, in one line
+        fail(f"--tracking-uri={uri}: cannot be read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+    if args.experiment not in names:
+        fail(f"--experiment={args.experiment!r}: not in {uri} (experiments: {', '.join(sorted(names)) or 'none'})")
+    if args.sweep:
+        from .data import in_sweeps
+
+        exp = client.get_experiment_by_name(args.experiment)
+        known = {r.data.tags.get("rlvr.sweep_id") for r in client.search_runs([exp.experiment_id], max_results=5000)}
+        known.discard(None)
+        for sw in args.sweep:
+            if not any(in_sweeps({"rlvr.sweep_id": k}, [sw]) for k in known):
+                fail(f"--sweep={sw!r}: no run of experiment {args.experiment!r} has it (sweeps: "
+                     f"{', '.join(sorted(Path(k).name for k in known)) or 'none'})")
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+        fail(f"--out={args.out}: a file, not a folder")
+
+
 def main(argv=None) -> int:
+    """``python -m reports``: a report over a whole experiment (``reports_out/<experiment>/all``), over chosen
+    sweeps (``--sweep``, repeatable; one sweep: its own folder), or over runs an MLflow filter picks (``--filter``).
+    Bad arguments: one line, exit 2, before anything is built."""
     ap = argparse.ArgumentParser(prog="python -m reports", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--experiment", required=True)
     ap.add_argument("--tracking-uri", default="sqlite:///mlflow.db")
     ap.add_argument("--baseline", default=None)
+    ap.add_argument("--sweep", action="append", default=[],
+                    help="only this sweep's runs (its folder, or the folder's name; repeat to compare sweeps)")
+    ap.add_argument("--filter", default="", help="an MLflow search filter, e.g. \"params.`algo.name` = 'grpo'\"")
     ap.add_argument("--out", default=None)
     ap.add_argument("--no-mlflow", action="store_true", help="do not log the report to MLflow")
     args = ap.parse_args(argv)
-    res = build(args.experiment, args.tracking_uri, args.baseline, args.out, log_to_mlflow=not args.no_mlflow)
+    check_args(args)
+    res = build(args.experiment, args.tracking_uri, args.baseline, args.out, log_to_mlflow=not args.no_mlflow,
+                sweeps=args.sweep or None, run_filter=args.filter)
     print(f"report: {res['html']}")
     return 0
 

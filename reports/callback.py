@@ -9,8 +9,9 @@ log = logging.getLogger("rlvr")
 
 
 def sweep_report(config, parent_run_id: str | None) -> Path | None:
-    """Build the sweep's report (:func:`reports.build.build` with ``report.baseline`` and ``report.out_dir``), nested
-    under the sweep's parent run ``parent_run_id``, when ``report.enabled``. Returns the path of ``report.html``, or
+    """Build the sweep's report (:func:`reports.build.build` with ``report.baseline`` and ``report.out_dir``) of the
+    sweep's own runs, nested under the sweep's parent run ``parent_run_id``, when ``report.enabled``: by default in
+    ``reports_out/<experiment>/<sweep folder name>``, linked from ``reports_out/<experiment>/latest``. Returns the path of ``report.html``, or
     None when disabled or when building failed (logged with the command that rebuilds it; the sweep's results are
     already safe in MLflow)."""
     rep = config.get("report", {}) or {}
@@ -25,8 +26,16 @@ def sweep_report(config, parent_run_id: str | None) -> Path | None:
         return Path(res["html"])
     except Exception as e:
         log.error("the sweep finished but its report could not be built: %s: %s "
-                  "(rebuild with: python -m reports --experiment %s)", type(e).__name__, e, config.experiment_name)
+                  "(rebuild with: python -m reports --experiment %s --sweep %s)", type(e).__name__, e,
+                  config.experiment_name, _sweep_name(config))
         return None
+
+
+def _sweep_name(config) -> str:
+    try:
+        return Path(str(config.hydra.sweep.dir)).name
+    except Exception:  # noqa: BLE001 -- no Hydra config here: the hint names a placeholder
+        return "SWEEP_FOLDER"
 
 
 def check_report_config(config) -> None:

@@ -26,9 +26,24 @@ def display_name(metric: str) -> str:
     return re.sub(r"_at_(\d+)", r"@\1", metric)
 
 
-def load_runs(tracking_uri: str, experiment: str) -> pd.DataFrame:
+def in_sweeps(tags: dict, sweeps) -> bool:
+    """True when a run's ``rlvr.sweep_id`` (the sweep's folder) is one of ``sweeps``: each a folder path or its last
+    part (``multirun/rlvr/2026-12-05_10-00-00-000000`` or ``2026-12-05_10-00-00-000000``)."""
+    sid = tags.get("rlvr.sweep_id")
+    if not sid:
+        return False
+    return any(str(s).rstrip("/") in (sid, Path(sid).name) for s in sweeps)
+
+
+def load_runs(tracking_uri: str, experiment: str, sweeps=None, filter_string: str = "") -> pd.DataFrame:
     """One row per run of ``experiment``: ids, label, algorithm, status, kind, wall time, steps,
-    and the ``params``/``metrics``/``tags`` dicts. Empty frame when the experiment does not exist."""
+    and the ``params``/``metrics``/``tags`` dicts. Empty frame when the experiment does not exist.
+
+    Args:
+        sweeps: only the runs of these sweeps (:func:`in_sweeps`), with the base-model runs their runs compared
+            against (``rlvr.base_run_id``, which an earlier sweep may have made); None: every run.
+        filter_string: an MLflow search filter (``params.algo.name = 'grpo'``) applied first.
+    """
     import logging
 
     from mlflow.tracking import MlflowClient
@@ -40,7 +55,13 @@ def load_runs(tracking_uri: str, experiment: str) -> pd.DataFrame:
     if exp is None:
         return pd.DataFrame(columns=cols)
     rows = []
-    for r in client.search_runs([exp.experiment_id], max_results=5000, order_by=["attributes.start_time ASC"]):
+    found = client.search_runs([exp.experiment_id], filter_string=filter_string or "", max_results=5000,
+                               order_by=["attributes.start_time ASC"])
+    if sweeps:
+        own = [r for r in found if in_sweeps(r.data.tags, sweeps)]
+        bases = {r.data.tags.get("rlvr.base_run_id") for r in own} - {None, ""} - {r.info.run_id for r in own}
+        found = [r for r in found if r.info.run_id in bases] + own
+    for r in found:
         tags = r.data.tags
         if tags.get("rlvr.kind") in ("report", "sweep"):  # the report runs and the sweeps' parent runs
             continue

@@ -86,7 +86,7 @@ def run_twin(name: str, work: Path, overrides=(), capture: bool = False) -> tupl
     if expected - finished:
         problems.append(f"{len(expected - finished)} of the {len(expected)} distinct configs have no FINISHED "
                         f"trained run (trained runs: {sorted(r.info.status for r in trained)})")
-    report = cwd / "reports_out" / name / "report.html"
+    report = cwd / "reports_out" / name / "latest" / "report.html"
     if not report.is_file():
         problems.append("no report.html")
     else:

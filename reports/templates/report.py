@@ -23,6 +23,8 @@ baseline = None
 figures_dir = "figures"
 work_dir = "."
 sections = None
+sweeps = None  # the sweeps shown (their folders); None: every run of the experiment
+run_filter = ""  # an MLflow search filter applied first
 
 # %%
 import logging
@@ -79,7 +81,7 @@ def export(df, name):
     R.export_table(df, PAPER, name)
 
 
-runs = R.short_labels(R.load_runs(tracking_uri, experiment))
+runs = R.short_labels(R.load_runs(tracking_uri, experiment, sweeps, run_filter))
 baseline = baseline or R.configured_baseline(runs)  # python -m reports without --baseline: the sweep's report.baseline
 plugin_problems = R.load_plugins(runs)  # the runs' plug-in modules: their metric tables get sections below
 SHOWN = set()  # the metric tables shown so far (the last section shows every other registered table)

@@ -263,7 +263,7 @@ def test_staleness_twin_draws_the_staleness_grid_with_its_one_learning_rate(tmp_
     problems, trained = _run_twins_script().run_twin("quatro_staleness_cpu", tmp_path,
                                                      ["model=tiny-random", "train.ppo_epochs=1,2"], capture=True)
     assert problems == [] and len(trained) == 4
-    out = tmp_path / "quatro_staleness_cpu" / "reports_out" / "quatro_staleness_cpu"
+    out = tmp_path / "quatro_staleness_cpu" / "reports_out" / "quatro_staleness_cpu" / "latest"
     assert (out / "figures" / "staleness.png").is_file() and (out / "paper" / "staleness.pdf").is_file()
     assert "does not vary train.ppo_epochs" not in (out / "report.html").read_text()
 
@@ -299,7 +299,7 @@ def test_search_agent_twin_trains_with_tool_calls_and_the_report_shows_them(tmp_
         "eval/search_demo/exact_match", "eval/search_demo/tool_calls", "eval/search_demo/no_answer_share"}
     assert m["eval/search_demo/exact_match"] == m["eval/search_demo/pass_at_1"]
     assert m["eval/kind/search_general/pass_at_1"] == m["eval/search_demo/pass_at_1"]
-    html = (tmp_path / "trgrpo_search_cpu" / "reports_out" / "trgrpo_search_cpu" / "report.html").read_text()
+    html = (tmp_path / "trgrpo_search_cpu" / "reports_out" / "trgrpo_search_cpu" / "latest" / "report.html").read_text()
     assert html.index('id="paper-trgrpo_search"') < html.index('id="Tool-use"')
     section = html[html.index('id="Tool-use"'):html.index('id="Distinct-correct-solutions')]
     assert "no_answer_share" in section and f"{m['eval/search_demo/tool_calls']:.4f}" in section

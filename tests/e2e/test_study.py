@@ -31,15 +31,15 @@ def test_the_twin_trains_each_method_with_two_seeds_and_reports_the_study(twin):
     assert problems == []
     assert sorted((r.data.params["algo.name"], r.data.params["seed"]) for r in trained) == [
         ("grpo", "0"), ("grpo", "1"), ("quatro", "0"), ("quatro", "1")]
-    study = cwd / "reports_out" / "cpu_study" / "study"
+    study = cwd / "reports_out" / "cpu_study" / "latest" / "study"
     for name in ("runs.json", "comparisons.csv", "base_curves.csv", "crossings.csv", "training.csv"):
         assert (study / name).is_file(), name
-    html = (cwd / "reports_out" / "cpu_study" / "report.html").read_text()
+    html = (cwd / "reports_out" / "cpu_study" / "latest" / "report.html").read_text()
     assert "Study: methods over seeds against the baseline and the base model" in html
     # the preset's paper tables (run_twin checked each is non-empty): titled, first
     assert html.index('id="paper-training_seeds"') < html.index("Study: methods over seeds")
-    assert (cwd / "reports_out" / "cpu_study" / "figures" / "study_base_crossing.png").is_file()
-    paper = cwd / "reports_out" / "cpu_study" / "paper"  # for a paper: the figure as PDF and SVG, the table in LaTeX
+    assert (cwd / "reports_out" / "cpu_study" / "latest" / "figures" / "study_base_crossing.png").is_file()
+    paper = cwd / "reports_out" / "cpu_study" / "latest" / "paper"  # for a paper: the figure as PDF and SVG, the table in LaTeX
     assert {"study_base_crossing.pdf", "study_base_crossing.svg", "study_comparisons.tex", "study_training.pdf"} <= {
         p.name for p in paper.iterdir()}
     man = json.loads((study / "runs.json").read_text())
@@ -57,7 +57,7 @@ def test_the_twin_trains_each_method_with_two_seeds_and_reports_the_study(twin):
 def test_recompute_gives_the_reports_numbers_and_they_match_the_logged_metrics(twin, tmp_path):
     cwd, problems, trained = twin
     assert problems == []
-    study = cwd / "reports_out" / "cpu_study" / "study"
+    study = cwd / "reports_out" / "cpu_study" / "latest" / "study"
     proc = subprocess.run([sys.executable, "-m", "evaluation.recompute", "--study", str(study / "runs.json"),
                            "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -101,4 +101,4 @@ def test_a_rebuilt_report_without_baseline_takes_the_sweeps_own(twin, tmp_path):
     res = build("cpu_study", f"sqlite:///{cwd}/mlflow.db", out_dir=tmp_path / "again", log_to_mlflow=False)
     assert "Against <code>grpo</code>" in res["html"].read_text()
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "again" / "study" / "comparisons.csv"),
-                                  pd.read_csv(cwd / "reports_out" / "cpu_study" / "study" / "comparisons.csv"))
+                                  pd.read_csv(cwd / "reports_out" / "cpu_study" / "latest" / "study" / "comparisons.csv"))

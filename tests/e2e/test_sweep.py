@@ -294,7 +294,7 @@ def _assert_clean_notebook(path):
 
 
 def test_sweep_ends_with_an_executed_report_whose_passk_table_matches_mlflow(sweep_dir):
-    html_path = sweep_dir / "reports_out" / "rlvr" / "report.html"
+    html_path = sweep_dir / "reports_out" / "rlvr" / "latest" / "report.html"
     assert html_path.exists(), "the Hydra callback did not build the report"
     html = html_path.read_text()
     _assert_clean_notebook(html_path.with_suffix(".ipynb"))
@@ -331,7 +331,7 @@ def test_sweep_ends_with_an_executed_report_whose_passk_table_matches_mlflow(swe
     for run in trained + [base]:
         assert f"{run.data.metrics['eval/arithmetic/verifier_disagreement']:.4f}" in grader
     assert "verifier_disagreement" in grader
-    for png in (sweep_dir / "reports_out" / "rlvr" / "figures").glob("*.png"):
+    for png in (sweep_dir / "reports_out" / "rlvr" / "latest" / "figures").glob("*.png"):
         img = mpimg.imread(png)
         assert img.shape[0] > 100 and img.shape[1] > 100 and img.std() > 0  # a real, non-blank picture
 
@@ -464,7 +464,7 @@ def render_in_browser(report: Path, tmp_path: Path, screenshot: str) -> dict:
 def test_the_report_renders_in_a_real_browser_with_every_figure_shown(sweep_dir, tmp_path):
     """Headless Chromium opens report.html offline: no script or resource error, every <img> decoded and laid out,
     as many images as the report's figures folder holds. A screenshot is kept in test-artifacts/report.png."""
-    report = sweep_dir / "reports_out" / "rlvr" / "report.html"
+    report = sweep_dir / "reports_out" / "rlvr" / "latest" / "report.html"
     check = render_in_browser(report, tmp_path, "report.png")
     figures = sorted((report.parent / "figures").glob("*.png"))
     assert check["errors"] == [] and check["title"] == "RLVR sweep report: rlvr"

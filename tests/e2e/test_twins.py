@@ -81,12 +81,12 @@ def test_twin_report_shows_its_papers_tables(name, tmp_path):
     assert problems == [], problems
     assert len({r.data.tags.get(TAG_HASH) for r in trained}) == n_configs
     sections = list(sweep_points([f"experiment={name}"], multirun=True)[0][1].report.sections)
-    html = (tmp_path / name / "reports_out" / name / "report.html").read_text(encoding="utf-8")
+    html = (tmp_path / name / "reports_out" / name / "latest" / "report.html").read_text(encoding="utf-8")
     for s in sections:  # titled with the paper's number, and shown before the generic sections
         assert H.escape(SECTIONS[s].title) in html or SECTIONS[s].title in html, s
         assert html.index(f'id="paper-{s}"') < html.index('id="Cost"'), s
     if name in IN_BROWSER:  # every paper table rendered, visible and filled; every figure decoded and laid out
-        check = render_in_browser(tmp_path / name / "reports_out" / name / "report.html", tmp_path, f"paper_{name}.png")
+        check = render_in_browser(tmp_path / name / "reports_out" / name / "latest" / "report.html", tmp_path, f"paper_{name}.png")
         assert check["errors"] == [] and check["shown"] == check["images"] > 0, check
         assert [p[0] for p in check["paper"]] == sections and all(cells > 0 and seen for _, cells, seen in check["paper"])
     if name in CHECKS:

@@ -83,9 +83,9 @@ def test_three_parallel_points_evaluate_the_base_model_once_and_every_checkpoint
             assert sorted(m.step for m in client.get_metric_history(r.info.run_id, key)) == [1, 2], key
         arts = {a.path for a in client.list_artifacts(r.info.run_id, "eval/step_1")}
         assert {"eval/step_1/samples.parquet", "eval/step_1/flip_rates.csv"} <= arts
-    figures = {p.name for p in (tmp_path / "reports_out" / "rlvr" / "figures").glob("*.png")}
+    figures = {p.name for p in (tmp_path / "reports_out" / "rlvr" / "latest" / "figures").glob("*.png")}
     assert {"checkpoint_trajectory.png", "flip_rates.png"} <= figures
-    html = (tmp_path / "reports_out" / "rlvr" / "report.html").read_text()
+    html = (tmp_path / "reports_out" / "rlvr" / "latest" / "report.html").read_text()
     assert "Initialization" in html[html.index('id="pass@k"'):]
 
     proc = _sweep(tmp_path, *args)
@@ -155,7 +155,7 @@ def test_decoding_seeds_train_once_evaluate_twice_and_the_report_aggregates_them
     assert not samples[0]["response"].equals(samples[1]["response"])
     # the report: one row "gspo" over the two decoding seeds, mean +- sample std of the two pass@1 values
     p1 = [r.data.metrics["eval/arithmetic/pass_at_1"] for r in points]
-    html = (tmp_path / "reports_out" / "rlvr" / "report.html").read_text()
+    html = (tmp_path / "reports_out" / "rlvr" / "latest" / "report.html").read_text()
     section = html[html.index("mean ± std over decoding seeds"):]
     expect = f"{np.mean(p1):.4f}" + (f" ± {np.std(p1, ddof=1):.4f}")
     assert expect in section, expect

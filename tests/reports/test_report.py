@@ -297,3 +297,83 @@ def test_at_32_runs_each_run_has_its_own_colour_and_legends_cover_no_data(tmp_pa
 def test_paper_numbers_keep_small_values_visible():
     assert [R.paper_number(v) for v in (0.5, 0.0, 2.1e-5, -3e-4, 12.34567, 0.001)] == [
         "0.5000", "0.0000", "2.10e-05", "-3.00e-04", "12.3457", "0.0010"]
+
+
+def _two_sweeps(tmp_path):
+    """One experiment, two sweeps (each a parent run and its points, tagged as orchestrator.run tags them); the
+    base model evaluated in the first, and the second's run compared against that same base run (the base
+    model's evaluation is shared by identity)."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    mlflow.set_tracking_uri(uri)
+    exp = mlflow.create_experiment("two", artifact_location=(tmp_path / "art").as_uri())
+    client, parents, ids = MlflowClient(), {}, {}
+    for sweep, algos in (("2026-12-05_10-00-00-000000", ("alpha_algo", "beta_algo")),
+                         ("2026-12-05_11-00-00-000000", ("gamma_algo",))):
+        sid = f"multirun/two/{sweep}"
+        parents[sweep] = client.create_run(exp, run_name=f"sweep {sweep}",
+                                           tags={"rlvr.kind": "sweep", "rlvr.sweep_id": sid}).info.run_id
+        if "base" not in ids:
+            with mlflow.start_run(experiment_id=exp, run_name="base model",
+                                  tags={"rlvr.kind": "base", "rlvr.sweep_id": sid}) as r:
+                mlflow.log_metrics({"eval/a/pass_at_1": 0.2, "eval/mean/pass_at_1": 0.2}, step=0)
+            ids["base"] = r.info.run_id
+        for i, algo in enumerate(algos):
+            with mlflow.start_run(experiment_id=exp, run_name=f"algo={algo}", tags={
+                    "rlvr.kind": "trained", "rlvr.sweep_id": sid, "rlvr.base_run_id": ids["base"],
+                    "mlflow.parentRunId": parents[sweep]}) as r:
+                mlflow.log_params({"algo.name": algo, "train.steps": 1, "seed": 0})
+                mlflow.log_metric("train/reward_mean", 0.5, step=0)
+                mlflow.log_metrics({"eval/a/pass_at_1": 0.3 + 0.1 * i, "eval/mean/pass_at_1": 0.3 + 0.1 * i})
+            ids[algo] = r.info.run_id
+    return uri, parents, ids
+
+
+def test_each_sweeps_report_shows_its_own_runs_and_both_stay(tmp_path, monkeypatch):
+    """Issue 46: every sweep of an experiment wrote reports_out/<experiment>/report.html from every run of the
+    experiment (a one-point sweep's report counted 8 runs of other sweeps). Now a sweep's report (built under its
+    parent run, as the sweep's callback builds it) shows the sweep's own runs and the base run they compared
+    against, in the sweep's own folder; ``latest`` links the newest; ``python -m reports`` still compares across
+    sweeps."""
+    uri, parents, ids = _two_sweeps(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    first, second = sorted(parents)
+    for sweep in (first, second):
+        build("two", uri, parent_run_id=parents[sweep], log_to_mlflow=False)
+    root = tmp_path / "reports_out" / "two"
+    html = {s: (root / s / "report.html").read_text() for s in (first, second)}
+    assert "alpha_algo" in html[first] and "beta_algo" in html[first] and "gamma_algo" not in html[first]
+    assert "gamma_algo" in html[second] and "alpha_algo" not in html[second] and "beta_algo" not in html[second]
+    assert all(R.BASE_LABEL in h for h in html.values())  # the second sweep's flip rates compared against it
+    assert (root / "latest").resolve() == (root / second).resolve()
+    runs = R.load_runs(uri, "two", sweeps=[second])
+    assert sorted(runs["run_id"]) == sorted([ids["base"], ids["gamma_algo"]])
+    assert len(R.load_runs(uri, "two")) == 4 and len(R.load_runs(uri, "two", sweeps=[first, second])) == 4
+    from reports.build import main
+
+    assert main(["--experiment", "two", "--tracking-uri", uri, "--no-mlflow"]) == 0  # across sweeps: its own folder
+    every = (root / "all" / "report.html").read_text()
+    assert all(a in every for a in ("alpha_algo", "beta_algo", "gamma_algo"))
+    assert (root / first / "report.html").read_text() == html[first]  # nothing written over
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--experiment", "tow"], "--experiment='tow': not in sqlite:///"),
+    (["--experiment", "two", "--sweep", "2026-12-05_12-00"], "--sweep='2026-12-05_12-00': no run of experiment 'two'"),
+    (["--experiment", "two", "--tracking-uri", "sqlite:///nowhere/mlflow.db"], "no such store"),
+])
+def test_the_reports_command_refuses_bad_arguments_in_one_line(tmp_path, monkeypatch, capsys, args, fragment):
+    """Issue 46: ``--experiment`` with a typo built an empty report and created an empty store. One line, exit 2,
+    nothing built or created."""
+    from reports.build import main
+
+    uri, _, _ = _two_sweeps(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main([*args, *([] if "--tracking-uri" in args else ["--tracking-uri", uri])])
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert e.value.code == 2 and len(lines) == 1 and fragment in lines[0], lines
+    assert not (tmp_path / "reports_out").exists() and not (tmp_path / "nowhere").exists()
