@@ -3,10 +3,15 @@
     python -m evaluation.recompute SAMPLES.parquet [--ks 1 2 4 8] [--base-samples BASE.parquet] [--out DIR]
     python -m evaluation.recompute --study reports_out/<experiment>/study/runs.json [--out DIR]
 
-Writes one CSV per table next to the samples (or to --out) and prints them. With --study, the study's
-comparisons (evaluation.study: every method against the baseline and the base model, paired prompt-bootstrap 95%
-CIs pooled over seeds) from the samples files the report's manifest names; CSVs in <manifest folder>/recomputed
-(or --out), to set beside the report's own (the report writes the manifest and its tables in the same folder).
+Writes one CSV per table to a new folder, ``recomputed/<samples folder name>`` (``-2``, ``-3``, ... when that
+exists; never beside the samples, which sit in a run or MLflow artifact folder whose logged tables must stay as they
+were), or to ``--out`` (refused when it exists and is not empty, unless ``--overwrite``), and prints them. With
+``--base-samples``, the flip rates compare on the prompts both files share (their number is printed), and a base
+evaluated with another protocol (samples per prompt, response-length cap, prompt template) is refused unless
+``--any-protocol``. With --study, the study's comparisons (evaluation.study: every method against the baseline and
+the base model, paired prompt-bootstrap 95% CIs pooled over seeds) from the samples files the report's manifest
+names; CSVs in a new ``<manifest folder>/recomputed`` (or --out), to set beside the report's own. Bad arguments: one
+line, exit 2, before anything is computed.
 """
 from __future__ import annotations
 
@@ -31,7 +36,29 @@ def main(argv=None) -> int:
     ap.add_argument("--similarity-metric", default="rouge_l")
     ap.add_argument("--ucc-threshold", type=float, default=0.7)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--overwrite", action="store_true", help="write into an existing, non-empty --out")
+    ap.add_argument("--any-protocol", action="store_true",
+                    help="compare against --base-samples evaluated with other settings instead of refusing")
     args = ap.parse_args(argv)
+    if args.out and Path(args.out).exists() and (not Path(args.out).is_dir() or any(Path(args.out).iterdir())) \
+            and not args.overwrite:
+        print(f"error: --out={args.out}: exists and is not empty (its tables would be written over); choose another "
+              "folder, leave --out out (a new folder), or add --overwrite", file=sys.stderr)
+        return 2
+    if args.ks is not None and min(args.ks) < 1:
+        print(f"error: --ks {args.ks}: every k must be >= 1", file=sys.stderr)
+        return 2
+    if args.n_boot < 1:
+        print(f"error: --n-boot {args.n_boot}: must be >= 1", file=sys.stderr)
+        return 2
+    from .metrics.diversity import METRICS
+
+    if args.similarity_metric not in METRICS:
+        print(f"error: --similarity-metric {args.similarity_metric!r}: expected one of {list(METRICS)}", file=sys.stderr)
+        return 2
+    if not 0 <= args.ucc_threshold <= 1:
+        print(f"error: --ucc-threshold {args.ucc_threshold}: must be in [0, 1]", file=sys.stderr)
+        return 2
     if args.study:
         return _study(args)
     if args.samples is None:
@@ -53,18 +80,47 @@ def main(argv=None) -> int:
     if max(ks) > n:
         print(f"error: --ks {ks}: k={max(ks)} exceeds the n={n} samples per prompt", file=sys.stderr)
         return 2
+    shared = None
+    if base is not None:
+        from .tables import protocol_differences
+
+        differ, shared, total = protocol_differences(samples, base)
+        if differ and not args.any_protocol:
+            print(f"error: --base-samples {args.base_samples}: evaluated with another protocol: {'; '.join(differ)} "
+                  "(flip rates would compare the protocols; add --any-protocol to compute them anyway)", file=sys.stderr)
+            return 2
+        for d in differ:
+            print(f"warning: --base-samples: {d}", file=sys.stderr)
+        if not shared:
+            print(f"error: --base-samples {args.base_samples}: shares no prompt (benchmark, prompt_id) with "
+                  f"{args.samples}", file=sys.stderr)
+            return 2
     from core.tasks import get_task, task_names
 
     same = {b: get_task(b).same_answer for b in samples["benchmark"].unique() if b in task_names()}
     tables, _ = compute_tables(samples, ks, similarity_metric=args.similarity_metric, ucc_threshold=args.ucc_threshold,
                                base_samples=base, same_answer=same)
-    out = Path(args.out) if args.out else Path(args.samples).parent
+    out = Path(args.out) if args.out else new_folder(Path("recomputed") / Path(args.samples).resolve().parent.name)
     out.mkdir(parents=True, exist_ok=True)
+    if shared is not None:
+        print(f"flip rates on the {shared} of {total} prompts shared with --base-samples {args.base_samples}")
     for name, table in tables.items():
         if len(table):
             table.to_csv(out / f"{name}.csv")
             print(f"== {name}\n{table.round(4).to_string()}\n")
+    print(f"tables: {out}")
     return 0
+
+
+def new_folder(path: Path) -> Path:
+    """``path`` when it does not exist yet, else the first of ``path-2``, ``path-3``, ... that does not: a folder
+    no earlier result is in."""
+    if not path.exists():
+        return path
+    i = 2
+    while path.with_name(f"{path.name}-{i}").exists():
+        i += 1
+    return path.with_name(f"{path.name}-{i}")
 
 
 def _study(args) -> int:
@@ -78,7 +134,7 @@ def _study(args) -> int:
     tables = study_tables(samples, man["methods"], man["baseline"], man.get("base"), man["ks"], n_boot=args.n_boot,
                           similarity_metric=man.get("similarity_metric", "rouge_l"),
                           threshold=man.get("ucc_threshold", 0.7))
-    out = Path(args.out) if args.out else Path(args.study).parent / "recomputed"
+    out = Path(args.out) if args.out else new_folder(Path(args.study).parent / "recomputed")
     out.mkdir(parents=True, exist_ok=True)
     for name, table in tables.items():
         table.to_csv(out / f"{name}.csv")

@@ -17,13 +17,19 @@ import argparse
 import sys
 from pathlib import Path
 
+from evaluation.tables import protocol_differences
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m orchestrator.evaluate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", required=True, help="Hugging Face model directory or hub id")
     ap.add_argument("--eval", default="quick", help="eval preset in sweeps/eval/ (default: quick)")
     ap.add_argument("--base-samples", help="the base model's samples.parquet, for flip rates")
-    ap.add_argument("--out", default=None, help="output directory (default: eval_out/<checkpoint name>)")
+    ap.add_argument("--out", default=None, help="output directory (default: eval_out/<checkpoint folder>-<MLflow run "
+                    "id>, new for every evaluation); one that exists and is not empty is refused without --overwrite")
+    ap.add_argument("--overwrite", action="store_true", help="write into an existing --out")
+    ap.add_argument("--any-protocol", action="store_true", help="compute flip rates against --base-samples evaluated "
+                    "with other settings (samples per prompt, response length) instead of refusing")
     ap.add_argument("--experiment", default="rlvr-eval")
     ap.add_argument("--tracking-uri", default="sqlite:///mlflow.db")
     ap.add_argument("--sampler", default=None, help="auto | hf | vllm (default: the eval preset's eval.sampler)")
@@ -59,6 +65,22 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    from core.models import check_source
+
+    try:  # the checkpoint is there (a folder with config.json, or a hub id: cached when offline) before any loading
+        check_source({"source": "pretrained", "path": str(args.checkpoint)})
+    except ValueError as e:
+        print(f"error: --checkpoint: {str(e).replace('model.path=', '', 1)}", file=sys.stderr)
+        return 2
+    if args.out and Path(args.out).exists() and any(Path(args.out).iterdir()) and not args.overwrite:
+        print(f"error: --out={args.out}: exists and is not empty (its results would be written over); choose another "
+              "folder, leave --out out (a new folder each time), or add --overwrite", file=sys.stderr)
+        return 2
+    base = None
+    if args.base_samples:
+        base = _read_base(args.base_samples, eval_cfg, args.any_protocol)
+        if base is None:
+            return 2
     sampler = resolve_sampler(str(eval_cfg.get("sampler", "auto")))
     from core.tasks import get_task, load_plugins, load_prompts
 
@@ -78,12 +100,6 @@ def main(argv=None) -> int:
         heldout = load_prompts(data_cfg, "eval")
     else:
         heldout = None
-    base = None
-    if args.base_samples:
-        import pandas as pd
-
-        base = pd.read_parquet(args.base_samples)
-    out = Path(args.out or Path("eval_out") / Path(str(args.checkpoint)).name)
 
     import mlflow
 
@@ -95,6 +111,8 @@ def main(argv=None) -> int:
     with mlflow.start_run(experiment_id=exp_id, run_name=args.run_name or Path(str(args.checkpoint)).name,
                           tags={"rlvr.kind": "evaluation", "rlvr.checkpoint": str(args.checkpoint), "rlvr.sampler": sampler,
                                 **provenance.tags(eval_cfg)}) as run:
+        out = Path(args.out or Path("eval_out") / f"{Path(str(args.checkpoint)).name}-{run.info.run_id[:12]}")
+        mlflow.set_tag("rlvr.run_dir", str(out.resolve()))
         from evaluation.evaluate import benchmark_rows
 
         from . import window
@@ -112,7 +130,43 @@ def main(argv=None) -> int:
     for k in sorted(metrics):
         if k.startswith("eval/mean/"):
             print(f"{k:40s} {metrics[k]:.4f}")
+    if base is not None:
+        import pandas as pd
+
+        ours = pd.read_parquet(out / "samples.parquet")
+        _, shared, total = protocol_differences(ours, base)
+        print(f"flip rates on the {shared} of {total} prompts shared with --base-samples {args.base_samples}")
+    print(f"results: {out.resolve()}")
     return 0
+
+
+def _read_base(path: str, eval_cfg, any_protocol: bool):
+    """``--base-samples`` read and held against this evaluation's protocol before anything is loaded: the samples
+    per prompt (``eval.n``) and the response-length cap (``eval.max_new_tokens``) it shows
+    (:func:`evaluation.tables.protocol_differences`'s reading). Returns the table, or None after one line on stderr
+    (unreadable, or another protocol without ``any_protocol``)."""
+    import pandas as pd
+
+    try:
+        base = pd.read_parquet(path)
+    except Exception as e:  # noqa: BLE001 -- a missing, truncated or foreign file: one line naming it
+        print(f"error: --base-samples {path}: cannot be read as a samples table ({type(e).__name__}: "
+              f"{str(e).splitlines()[0] if str(e) else ''})", file=sys.stderr)
+        return None
+    n, cap = int(eval_cfg.n), int(eval_cfg.max_new_tokens)
+    mine = pd.DataFrame({"benchmark": base["benchmark"], "prompt_id": base["prompt_id"], "prompt": base.get("prompt"),
+                         "n_tokens": cap, "finish_reason": "length"}).drop_duplicates(["benchmark", "prompt_id"])
+    mine = mine.loc[mine.index.repeat(n)]  # what this protocol's samples of the same prompts will look like
+    differ, _, _ = protocol_differences(mine, base)
+    differ = [d.replace("cut at", "cut (eval.max_new_tokens) at", 1) for d in differ]
+    if differ and not any_protocol:
+        print(f"error: --base-samples {path}: evaluated with another protocol than this one: {'; '.join(differ)} "
+              "(flip rates would compare the protocols, not the models; evaluate the base model with the same "
+              "settings, or add --any-protocol)", file=sys.stderr)
+        return None
+    for d in differ:
+        print(f"warning: --base-samples: {d}", file=sys.stderr)
+    return base
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Sampling (entropy, resume) and `python -m orchestrator.evaluate` on real benchmark files with the tiny model."""
 import os
+from pathlib import Path
 import subprocess
 import sys
 
@@ -79,12 +80,18 @@ def test_cli_evaluates_two_shared_benchmarks_and_logs_every_table(tmp_path, benc
     env_root = str(REPO)
     proc = _eval(tmp_path, "--checkpoint", str(tiny_checkpoint), "--out", "base", "--run-name", "base", *common)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    proc = _eval(tmp_path, "--checkpoint", str(tiny_checkpoint), "--out", "after", "--run-name", "after",
+    proc = _eval(tmp_path, "--checkpoint", str(tiny_checkpoint), "--run-name", "after",
                  "--base-samples", "base/samples.parquet", *common)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    # without --out: a folder of its own, named by the checkpoint and the run (issue 46: every checkpoint folder is
+    # named "checkpoint", and a second evaluation replaced the first's files)
+    after = Path(next(ln for ln in proc.stdout.splitlines() if ln.startswith("results: "))[len("results: "):])
+    assert after.parent == tmp_path / "eval_out" and after.name.startswith("tiny-") and (after / "samples.parquet").is_file()
+    assert "flip rates on the 4 of 4 prompts shared with --base-samples base/samples.parquet" in proc.stdout
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     exp = client.get_experiment_by_name("rlvr-eval")
     runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
+    assert after.name == f"tiny-{runs['after'].info.run_id[:12]}"
     m = runs["after"].data.metrics
     for bench in ("aime24", "amc23", "mean"):
         for key in ("pass_at_1", "pass_at_4", "avg_at_4", "ucc_at_4", "ucr", "entropy", "observed_yield",
@@ -96,10 +103,10 @@ def test_cli_evaluates_two_shared_benchmarks_and_logs_every_table(tmp_path, benc
     assert inputs == {("aime24", "evaluation"), ("amc23", "evaluation")}  # the Dataset column of MLflow's runs table
     artifacts = {a.path for a in client.list_artifacts(runs["after"].info.run_id)}
     assert {"samples.parquet", "passk.csv", "ucc.csv", "modes.csv", "entropy.csv", "flip_rates.csv"} <= artifacts
-    df = pd.read_parquet(tmp_path / "after" / "samples.parquet")
+    df = pd.read_parquet(after / "samples.parquet")
     assert set(df["benchmark"]) == {"aime24", "amc23"} and len(df) == 2 * 2 * 4
     # recompute from the saved samples gives the logged numbers
-    proc = subprocess.run([sys.executable, "-m", "evaluation.recompute", str(tmp_path / "after" / "samples.parquet"),
+    proc = subprocess.run([sys.executable, "-m", "evaluation.recompute", str(after / "samples.parquet"),
                            "--ks", "1", "2", "4", "--out", str(tmp_path / "re")], capture_output=True, text=True,
                           cwd=env_root, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -260,3 +267,76 @@ def test_observed_coverage_and_budget_means_by_hand():
     budget = budget_metrics(tables, {"a": 4, "b": 2})
     assert budget["eval/mean/coverage_at_budget"] == pytest.approx((1.0 + 0.5) / 2)
     assert budget["eval/mean/pass_at_budget"] == pytest.approx((1.0 + 0.5) / 2)
+
+
+def _samples(n: int, cap: int, prompts=("p0", "p1", "p2"), template="Q: {}") -> pd.DataFrame:
+    """A samples table of ``n`` samples per prompt whose longest responses stopped at ``cap`` tokens."""
+    rows = [{"benchmark": "arithmetic", "prompt_id": p, "sample_idx": i, "prompt": template.format(p), "gold": "1",
+             "response": f"r{i}", "n_tokens": cap if i == 0 else 1, "finish_reason": "length" if i == 0 else "stop",
+             "extracted_answer": "1" if i % 2 == 0 else "0", "correct": i % 2 == 0, "reference_correct": i % 2 == 0,
+             "mean_token_entropy": 0.5 + 0.1 * i, "seed": 0, "subset": None, "tool_calls": 0}
+            for p in prompts for i in range(n)]
+    return pd.DataFrame(rows)
+
+
+def test_the_evaluation_command_refuses_before_loading_what_would_mislead_or_overwrite(tmp_path, tiny_checkpoint):
+    """Issue 46: a missing --checkpoint was an 83-line traceback; an --out that holds results was written over; base
+    samples of another protocol (n 8 vs 4, 48 vs 8 tokens) gave flip rates that measured truncation. Each is one
+    line, exit 2, before a model is loaded; --any-protocol computes them anyway."""
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "passk.csv").write_text("x\n")
+    _samples(8, 48).to_parquet(tmp_path / "other.parquet")
+    common = ["--eval", "smoke", "n=4", "ks=[1,2,4]", "max_new_tokens=8"]
+    for args, fragment in (
+            (["--checkpoint", str(tmp_path / "nowhere")], "--checkpoint: '" + str(tmp_path / "nowhere") + "': no such folder"),
+            (["--checkpoint", str(tiny_checkpoint), "--out", "full"], "--out=full: exists and is not empty"),
+            (["--checkpoint", str(tiny_checkpoint), "--base-samples", "nothing.parquet"], "--base-samples nothing.parquet: "
+             "cannot be read"),
+            (["--checkpoint", str(tiny_checkpoint), "--base-samples", "other.parquet"],
+             "evaluated with another protocol than this one: samples per prompt 4 against the base's 8; responses cut "
+             "(eval.max_new_tokens) at 8 tokens against the base's 48")):
+        proc = _eval(tmp_path, *args, *common)
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        assert proc.returncode == 2 and len(lines) == 1 and fragment in lines[0], (args, proc.stderr[-2000:])
+    assert (tmp_path / "full" / "passk.csv").read_text() == "x\n" and not (tmp_path / "mlflow.db").exists()
+
+
+def test_recompute_writes_a_new_folder_and_checks_the_base_protocol(tmp_path, monkeypatch):
+    """Issue 46: recompute wrote its CSVs beside the samples it read (a run or MLflow artifact folder: the logged
+    ``passk.csv`` replaced by one of other ks) and compared against base samples of another protocol on the shared
+    prompts without saying how many."""
+    from evaluation.recompute import main
+
+    run = tmp_path / "run" / "eval"
+    run.mkdir(parents=True)
+    _samples(4, 8).to_parquet(run / "samples.parquet")
+    (run / "passk.csv").write_text("logged\n")
+    _samples(4, 8, prompts=("p1", "p2", "p9")).to_parquet(tmp_path / "base.parquet")
+    _samples(8, 48).to_parquet(tmp_path / "other.parquet")
+    monkeypatch.chdir(tmp_path)
+    assert main([str(run / "samples.parquet"), "--ks", "1", "2", "--base-samples", str(tmp_path / "base.parquet")]) == 0
+    assert main([str(run / "samples.parquet"), "--ks", "1", "4"]) == 0
+    assert (run / "passk.csv").read_text() == "logged\n" and sorted(p.name for p in run.iterdir()) == ["passk.csv", "samples.parquet"]
+    first, second = tmp_path / "recomputed" / "eval", tmp_path / "recomputed" / "eval-2"
+    assert list(pd.read_csv(first / "passk.csv", index_col=0).columns)[:2] == ["pass@1", "pass@2"]
+    assert "pass@4" in pd.read_csv(second / "passk.csv", index_col=0).columns
+    assert main([str(run / "samples.parquet"), "--out", str(first)]) == 2  # holds results: refused
+    assert main([str(run / "samples.parquet"), "--base-samples", str(tmp_path / "other.parquet")]) == 2
+    assert main([str(run / "samples.parquet"), "--ks", "0"]) == 2
+    assert main([str(run / "samples.parquet"), "--base-samples", str(tmp_path / "other.parquet"), "--any-protocol",
+                 "--out", str(tmp_path / "any")]) == 0
+
+
+def test_recompute_says_how_many_prompts_the_flip_rates_compare_on(tmp_path, capsys):
+    from evaluation.recompute import main
+    from evaluation.tables import protocol_differences
+
+    _samples(4, 8).to_parquet(tmp_path / "s.parquet")
+    _samples(4, 8, prompts=("p1", "p2", "p9")).to_parquet(tmp_path / "b.parquet")
+    assert main([str(tmp_path / "s.parquet"), "--base-samples", str(tmp_path / "b.parquet"), "--out", str(tmp_path / "o")]) == 0
+    assert "flip rates on the 2 of 3 prompts shared with --base-samples" in capsys.readouterr().out
+    # the reading, by hand: n 4 vs 8, the cap 8 vs 48, another template on every shared prompt
+    differ, shared, total = protocol_differences(_samples(4, 8), _samples(8, 48, template="Question: {}"))
+    assert (shared, total) == (3, 3) and len(differ) == 3 and differ[0] == "samples per prompt 4 against the base's 8"
+    assert protocol_differences(_samples(4, 8), _samples(4, 8))[0] == []
+    assert protocol_differences(_samples(4, 8), _samples(4, 6).assign(finish_reason="stop"))[0] == []  # never cut: fine
