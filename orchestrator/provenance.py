@@ -104,11 +104,14 @@ def git_diff() -> str | None:
 def environment() -> dict[str, str]:
     """:data:`ENV_KEYS` -> value (strings) for this process: versions from the installed distributions' metadata (no
     import), the GPUs through torch and ``nvidia-smi``, the commit through ``git``. ``git_dirty`` is ``"true"`` when
-    :func:`git_diff` is not empty; outside a checkout the commit is ``"unknown"`` and ``git_dirty`` ``"unknown"``."""
+    a tracked file differs from the commit (as ``git describe --dirty`` and MLflow's ``mlflow.source.git.commit``
+    read it: an untracked file, such as a results folder, does not make the code differ; its name is still listed in
+    :func:`git_diff`'s patch); outside a checkout the commit is ``"unknown"`` and ``git_dirty`` ``"unknown"``."""
     cuda, driver, gpu, count = _gpus()
     commit = git_commit()
     diff = git_diff() if commit != "unknown" else None
-    dirty = "unknown" if diff is None else str(bool(diff)).lower()
+    tracked = None if diff is None else [ln for ln in diff.splitlines() if not ln.startswith("# untracked: ")]
+    dirty = "unknown" if tracked is None else str(bool(tracked)).lower()
     env = {"python": platform.python_version(), **{k: _version(d) for k, d in PACKAGES.items()}, "cuda": cuda,
            "driver": driver, "gpu": gpu, "gpu_count": count, "cpu": _cpu_model(), "git_commit": commit,
            "git_dirty": dirty}
