@@ -442,7 +442,7 @@ def bold_best_html(df: pd.DataFrame, digits: int = 4) -> str:
         vals = pd.to_numeric(df[col], errors="coerce")
         best = vals.max() if vals.nunique() > 1 else None  # nothing to single out when all are equal
         fmt[col] = [("" if pd.isna(v) else (f"<b>{v:.{digits}f}</b>" if v == best else f"{v:.{digits}f}")) for v in vals]
-    return fmt.to_html(escape=False)
+    return fmt.to_html(escape=False, na_rep="-")
 
 
 def flip_table(runs: pd.DataFrame, benchmark: str | None = "all") -> pd.DataFrame:
@@ -814,3 +814,24 @@ def configured_baseline(runs: pd.DataFrame) -> str | None:
     values = [p.get("report.baseline") for p, k in zip(runs["params"], runs["kind"]) if k == "trained"]
     values = [v for v in values if v not in (None, "", "None", "null")]
     return max(set(values), key=values.count) if values else None
+
+
+def figure_alt(fig, name: str) -> str:
+    """Alt text for a report figure: its title (``suptitle``), else its axes' titles, else its file name in words,
+    with the axes' labels (what is plotted against what)."""
+    title = fig._suptitle.get_text() if getattr(fig, "_suptitle", None) is not None else ""
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    title = title or "; ".join(t for t in (ax.get_title() for ax in axes) if t) or name.replace("_", " ")
+    pairs = list(dict.fromkeys(f"{ax.get_ylabel()} against {ax.get_xlabel()}" for ax in axes
+                               if ax.get_xlabel() and ax.get_ylabel()))
+    return f"Figure: {title}" + (f" ({'; '.join(pairs[:4])})" if pairs else "")
+
+
+def img_tag(png: Path, alt: str) -> str:
+    """An <img> of ``png`` embedded as a data URI, with ``alt`` text (escaped): a page that opens offline and says
+    what each figure shows to a screen reader or where the image does not load."""
+    import base64
+    import html
+
+    data = base64.b64encode(Path(png).read_bytes()).decode()
+    return f'<img src="data:image/png;base64,{data}" alt="{html.escape(alt, quote=True)}" style="max-width:100%">'

@@ -48,7 +48,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-from IPython.display import HTML, Image, Markdown, display  # noqa: E402
+from IPython.display import HTML, Markdown, display  # noqa: E402
 
 from reports import data as R  # noqa: E402
 
@@ -72,8 +72,9 @@ def save(fig, name):
     fig.savefig(FIG / f"{name}.png", dpi=110, bbox_inches="tight")  # tight: a legend outside the axes is kept
     for ext in ("pdf", "svg"):
         fig.savefig(PAPER / f"{name}.{ext}", bbox_inches="tight")
+    alt = R.figure_alt(fig, name)
     plt.close(fig)
-    display(Image(filename=str(FIG / f"{name}.png")))
+    display(HTML(R.img_tag(FIG / f"{name}.png", alt)))
 
 
 def export(df, name):
@@ -124,7 +125,7 @@ for line in R.provenance_warnings(runs):  # versions, machine, commit or evaluat
 if runs.empty:
     note("No runs.")
 else:
-    display(HTML(R.run_table(runs).to_html()))
+    display(HTML(R.run_table(runs).to_html(na_rep="-")))
     export(R.run_table(runs), "runs")
 
 # %% [markdown]
@@ -197,7 +198,7 @@ else:
         ax.axis("off")
     R.legend(axes.flat[0], fig=fig if len(keys) > 1 else None)
     save(fig, "training_curves")
-    display(HTML(R.train_summary(hist).to_html(float_format=lambda v: f"{v:.4g}")))
+    display(HTML(R.train_summary(hist).to_html(na_rep="-", float_format=lambda v: f"{v:.4g}")))
     export(R.train_summary(hist), "training_summary")
 
 # %% [markdown]
@@ -264,7 +265,7 @@ else:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     R.legend(ax)
     save(fig, "quatro_advantage")
-    display(HTML(adv_curves.set_index(["delta", "G", "correct"]).to_html(float_format=lambda v: f"{v:.4f}")))
+    display(HTML(adv_curves.set_index(["delta", "G", "correct"]).to_html(na_rep="-", float_format=lambda v: f"{v:.4f}")))
     export(adv_curves.set_index(["delta", "G", "correct"]), "quatro_advantage")
 
 # %%
@@ -318,7 +319,7 @@ for key, what in (("seed", "training seeds"), ("eval.seed", "decoding seeds")):
     for name, t in aggregated.items():
         if not t.empty:
             display(Markdown(f"**{name}, mean ± std over {what}**"))
-            display(HTML(t.rename(columns={"seeds": what}).to_html()))
+            display(HTML(t.rename(columns={"seeds": what}).to_html(na_rep="-")))
             export(t.rename(columns={"seeds": what}), f"{name.replace(' ', '_').replace('@', '_at_')}_over_{key.replace('.', '_')}")
 
 # %%
@@ -351,7 +352,7 @@ tool_table = R.metric_table(shown, "tools")
 if tool_table.empty:
     note("No run called tools.")
 else:
-    display(HTML(tool_table.to_html(float_format=lambda v: f"{v:.4f}")))
+    display(HTML(tool_table.to_html(na_rep="-", float_format=lambda v: f"{v:.4f}")))
     export(tool_table, "tools")
     tool_hist = R.histories(tracking_uri, done, keys=["train/tool_calls_mean", "train/no_answer_share"]) if len(done) else {}
     if tool_hist:
@@ -376,7 +377,7 @@ else:
 similarity = R.metric_table(shown, "similarity")
 if len(similarity):
     display(Markdown("Mean pairwise similarity among each prompt's correct responses, per benchmark:"))
-    display(HTML(similarity.to_html(float_format=lambda v: f"{v:.4f}")))
+    display(HTML(similarity.to_html(na_rep="-", float_format=lambda v: f"{v:.4f}")))
     export(similarity, "similarity")
 sample_problems = []
 samples_by_run = R.download_samples(tracking_uri, shown, Path(work_dir) / "samples", sample_problems) if len(shown) else {}
@@ -404,7 +405,7 @@ if ent.empty:
     note("No entropy metrics were logged.")
 else:
     methods = sorted({r["tags"].get("rlvr.entropy_method") for _, r in shown.iterrows()} - {None, "None"})
-    display(HTML(ent.to_html(float_format=lambda v: f"{v:.4f}")))
+    display(HTML(ent.to_html(na_rep="-", float_format=lambda v: f"{v:.4f}")))
     export(ent, "entropy")
     if methods:
         display(Markdown("Mean next-token entropy in nats; method: " + "; ".join(methods) + "."))
@@ -424,7 +425,7 @@ if flips.empty:
 else:
     rules = R.flip_rules(done)
     display(Markdown("Rule: " + "; ".join(rules) + ". All benchmarks pooled:" if rules else "All benchmarks pooled:"))
-    display(HTML(flips.to_html(float_format=lambda v: f"{v:.3f}")))
+    display(HTML(flips.to_html(na_rep="-", float_format=lambda v: f"{v:.3f}")))
     export(flips, "flip_rates")
     buckets = [b for b in ("very_hard", "hard", "medium", "easy") if b in flips.index.get_level_values("bucket")]
     run_order = list(dict.fromkeys(flips.index.get_level_values("run")))
@@ -443,7 +444,7 @@ else:
     benches = [b for b in per_bench.index.get_level_values("benchmark").unique() if b != "all"]
     if len(benches) > 1:
         display(Markdown("By benchmark:"))
-        display(HTML(per_bench.drop(index="all", level="benchmark").to_html(float_format=lambda v: f"{v:.3f}")))
+        display(HTML(per_bench.drop(index="all", level="benchmark").to_html(na_rep="-", float_format=lambda v: f"{v:.3f}")))
 
 # %% [markdown]
 # ## Evaluation over training (checkpoints)
@@ -466,7 +467,7 @@ else:
     R.legend(ax)
     save(fig, "checkpoint_trajectory")
     traj_table = pd.DataFrame({lab: pd.Series(v, index=st) for lab, (st, v) in traj.items()}).rename_axis("step")
-    display(HTML(traj_table.to_html(float_format=lambda v: f"{v:.4f}")))
+    display(HTML(traj_table.to_html(na_rep="-", float_format=lambda v: f"{v:.4f}")))
     export(traj_table, "checkpoint_trajectory")
 
 # %% [markdown]
@@ -486,7 +487,7 @@ else:
     else:
         diffs = R.baseline_differences(samples, label)
         display(Markdown(f"Per-prompt accuracy minus baseline `{label}`:"))
-        display(HTML(diffs.to_html(float_format=lambda v: f"{v:.4f}")))
+        display(HTML(diffs.to_html(na_rep="-", float_format=lambda v: f"{v:.4f}")))
         export(diffs, "baseline_differences")
 
 # %% [markdown]
@@ -525,7 +526,7 @@ else:
     comp = study["comparisons"]
     shown_cmp = S.formatted(comp, study_base)
     display(Markdown(f"**Against `{study_base}`** ({int(comp['n_prompts'].iloc[0])} prompts; entropy in nats per token):"))
-    display(HTML(shown_cmp.to_html()))
+    display(HTML(shown_cmp.to_html(na_rep="-")))
     export(shown_cmp, "study_comparisons")
     if study["base_curves"].empty:
         note("No base-model run with samples: no comparison with the base model.")
@@ -546,10 +547,10 @@ else:
         save(fig, "study_base_crossing")
         display(Markdown("Each method's pass@k minus the base model's (paired prompt-bootstrap 95% CI over prompts "
                          "and seeds); below 0 at large k means the curves cross (Yue et al. 2025):"))
-        display(HTML(study["crossings"].to_html()))
+        display(HTML(study["crossings"].to_html(na_rep="-")))
         export(study["crossings"], "study_crossings")
         display(Markdown("pass@k (difference from the base model [95% CI]):"))
-        display(HTML(S.formatted_curves(curves).to_html()))
+        display(HTML(S.formatted_curves(curves).to_html(na_rep="-")))
         export(S.formatted_curves(curves), "study_base_curves")
     kl_keys = [k for k in ("train/kl_ref", "train/mismatch_kl", "train/entropy", "train/reward_mean") if k in hist]
     if kl_keys:
@@ -570,7 +571,7 @@ else:
         save(fig, "study_training")
         kl_table = pd.DataFrame.from_dict(rows_kl, orient="index").rename_axis("method (mean over seeds)")
         kl_table.to_csv(STUDY / "training.csv")
-        display(HTML(kl_table.to_html(float_format=lambda v: f"{v:.4g}")))
+        display(HTML(kl_table.to_html(na_rep="-", float_format=lambda v: f"{v:.4g}")))
         export(kl_table, "study_training")
 
 # %%
@@ -632,7 +633,7 @@ else:
     else:
         display(Markdown(f"Disagreement D on the Shared set ({int(shared['n_shared'].iloc[0])} prompts), Delta-D against "
                          f"`{shared_label}` with a paired prompt-bootstrap 95% CI (ExPPO's Table 2B):"))
-        display(HTML(shared.to_html(float_format=lambda v: f"{v:.4f}")))
+        display(HTML(shared.to_html(na_rep="-", float_format=lambda v: f"{v:.4f}")))
         export(shared, "shared_set_disagreement")
 
 # %% [markdown]
@@ -646,7 +647,7 @@ examples = R.qualitative_examples(samples_by_run)
 if examples.empty:
     note("No run has a correct sample.")
 else:
-    display(HTML(examples.set_index(["prompt", "run"]).to_html()))
+    display(HTML(examples.set_index(["prompt", "run"]).to_html(na_rep="-")))
 
 # %%
 heading("verifier")
@@ -665,7 +666,7 @@ if verifier.empty:
 else:
     if "verifier_disagreement" in verifier and (verifier["verifier_disagreement"].fillna(0) == 0).all():
         note("The two graders agree on every sample of every run.")
-    display(HTML(verifier.to_html(float_format=lambda v: f"{v:.4f}")))
+    display(HTML(verifier.to_html(na_rep="-", float_format=lambda v: f"{v:.4f}")))
     export(verifier, "verifier")
 
 # %%

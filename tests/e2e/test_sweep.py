@@ -298,6 +298,7 @@ def test_sweep_ends_with_an_executed_report_whose_passk_table_matches_mlflow(swe
     assert html_path.exists(), "the Hydra callback did not build the report"
     html = html_path.read_text()
     _assert_clean_notebook(html_path.with_suffix(".ipynb"))
+    assert "<td>NaN</td>" not in html and "<td>None</td>" not in html and "<td>nan</td>" not in html  # issue 46
     client, runs = _served(sweep_dir)
     trained = [r for r in runs if r.data.tags.get("rlvr.kind") == "trained"]
     # the pass@k section: every logged pass@k value of every run appears, to 4 decimals, after that heading
@@ -426,7 +427,8 @@ window.addEventListener('load', function () {
   out.textContent = JSON.stringify({images: imgs.length, errors: window.__rlvrErrors, title: document.title,
     paper: Array.prototype.map.call(document.querySelectorAll('.paper-table'), function (d) {
       return [d.getAttribute('data-section'), d.querySelectorAll('td').length, d.getBoundingClientRect().height > 0]; }),
-    shown: imgs.filter(function (i) { return i.complete && i.naturalWidth > 0 && i.getBoundingClientRect().width > 0; }).length});
+    shown: imgs.filter(function (i) { return i.complete && i.naturalWidth > 0 && i.getBoundingClientRect().width > 0; }).length,
+    alt: imgs.filter(function (i) { return (i.getAttribute('alt') || '').trim().length > 0; }).length});
   document.body.appendChild(out);
 });
 </script>"""
@@ -435,7 +437,7 @@ window.addEventListener('load', function () {
 def render_in_browser(report: Path, tmp_path: Path, screenshot: str) -> dict:
     """Open ``report`` (a report.html) offline in headless Chromium (Debian's ``chromium``, installed by .ci/run;
     the test is skipped without it): returns what the page saw once loaded (``errors``: script and resource errors;
-    ``images``/``shown``: <img> elements and those decoded and laid out; ``paper``: [section, cells, visible] per paper
+    ``images``/``shown``/``alt``: <img> elements, those decoded and laid out, those with alt text; ``paper``: [section, cells, visible] per paper
     table; ``title``), and keeps a full-width screenshot as ``screenshot`` in test-artifacts/ (or
     $RLVR_TEST_ARTIFACTS)."""
     import shutil
@@ -469,6 +471,7 @@ def test_the_report_renders_in_a_real_browser_with_every_figure_shown(sweep_dir,
     figures = sorted((report.parent / "figures").glob("*.png"))
     assert check["errors"] == [] and check["title"] == "RLVR sweep report: rlvr"
     assert check["images"] == len(figures) >= 3 and check["shown"] == check["images"], check
+    assert check["alt"] == check["images"], check  # issue 46: every figure has alt text (what it shows)
 
 
 def test_mlflow_ui_opens_the_sweep_on_its_runs_table(sweep_dir, tmp_path):
