@@ -188,3 +188,32 @@ def test_gpu_scale_check_script_runs_its_path_on_the_cpu():
     report = json.loads(line.split(": ", 1)[1])
     assert report["responses"] == 64 and report["micro_batches"] >= 1 and report["plan_gb"] > 0
     assert report["layout"] == "tree"
+
+
+def test_a_dapo_step_that_keeps_no_group_says_so_and_leaves_the_weights(tmp_path, caplog):
+    """Issue 46: a DAPO step whose dynamic sampling keeps nothing made no update and only PyTorch's scheduler warning
+    said so. The tiny random model never answers an arithmetic prompt right, so every group has reward 0 throughout
+    and none is kept: the step logs one warning naming itself, ``updated`` is 0, the weights do not move, and
+    PyTorch's warning is not shown."""
+    import logging
+    import warnings
+
+    from orchestrator.preflight import sweep_points
+
+    [(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke", "algo=dapo", "train.steps=1", "train.prompts_per_step=2",
+                               "train.group_size=2", "train.max_new_tokens=4", "train.minibatch_size=null",
+                               "algo.dynamic_sampling.max_num_gen_batches=1", "train.rollout.sampler=hf"])
+    logged = []
+    with caplog.at_level(logging.WARNING, logger="rlvr"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ckpt = local.train(cfg, tmp_path / "run", lambda m, s: logged.append(m))
+    assert [m["train/updated"] for m in logged if "train/updated" in m] == [0.0]
+    assert logged[0]["train/accuracy"] == 0.0  # every group all wrong: none has mixed rewards
+    assert any("step 0: dynamic sampling kept no group with mixed rewards in 1 generation round(s)" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
+    assert not [w for w in caught if "lr_scheduler.step()" in str(w.message)]
+    from core.models import load_checkpoint, load_policy
+
+    start, _ = load_policy(cfg.model)
+    after, _ = load_checkpoint(ckpt)
+    assert all(torch.equal(a, b) for a, b in zip(start.state_dict().values(), after.state_dict().values()))

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -42,6 +44,8 @@ from training.algorithms import get_advantage_fn, get_policy_loss_fn, needs_of
 from training.batch import concat_batches
 from training.engines import register_engine
 from training.rewards import informative_rows, overlong_buffer_length, overlong_penalty
+
+log = logging.getLogger("rlvr")
 from training.rollout import collect_rollouts
 from training.run_state import (STATE_FILE, PromptOrder, RandomStates, has_state, load_state, save_state,  # noqa: F401
                                 seed_everything)
@@ -543,7 +547,15 @@ def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
         update_metrics = update_policy(
             run.model, run.optimizer, ro.batch, ro.advantages, run.loss_fn, run.loss_params, run.settings, run.scorer,
             generator=torch.Generator().manual_seed(run.seed * 7919 + step)) if ro.batch.batch_size else []
-        run.scheduler.step()
+        if ro.batch.batch_size:
+            run.scheduler.step()
+        else:  # nothing to learn from: said here (not by PyTorch's scheduler warning); the schedule still advances
+            log.warning("step %d: dynamic sampling kept no group with mixed rewards in %d generation round(s) "
+                        "(algo.dynamic_sampling.max_num_gen_batches=%s): no update this step (train/updated = 0)",
+                        step, ro.rounds, (cfg.algo.get("dynamic_sampling") or {}).get("max_num_gen_batches"))
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
+                run.scheduler.step()
         sync_s = run.rollout.sync(run.model)  # the sampler takes the new weights (vLLM: in place, from memory)
         t_old = sum(m.pop("update_old_logprob_time_s", 0.0) for m in update_metrics)
         ro.phases["logprob_s"] = ro.phases.get("logprob_s", 0.0) + t_old  # the old-log-prob pass is log-prob time
@@ -556,6 +568,7 @@ def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
         seen = ro.batch if run.settings.deferred_old else concat_batches(ro.sampled, run.tokenizer.pad_token_id)
         metrics = step_metrics(ro.batch, seen, ro.advantages, ro.adv_metrics, update_metrics, times,
                                run.scheduler.get_last_lr()[0], run.device, ro.rounds if dynamic else None)
+        metrics["updated"] = float(bool(ro.batch.batch_size))  # 0: dynamic sampling kept nothing to learn from
         if seen.batch_size:
             run.token_probs.update(seen.response_ids, seen.old_logprobs, seen.response_mask)
         lines.update(step + 1, reward=metrics["reward_mean"], accuracy=metrics["accuracy"],
