@@ -73,11 +73,18 @@ def build(experiment: str, tracking_uri: str = "sqlite:///mlflow.db", baseline: 
     from jupyter_client.manager import KernelManager
 
     sockets = tempfile.mkdtemp(prefix="rlvr-kernel-")  # IPC sockets: the kernel listens on no TCP port at all
+    km = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(sockets) / "kernel"))
+    client = NotebookClient(nb, km=km, timeout=timeout_s, kernel_name="python3",
+                            resources={"metadata": {"path": str(REPO)}})
     try:
-        km = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(sockets) / "kernel"))
-        NotebookClient(nb, km=km, timeout=timeout_s, kernel_name="python3",
-                       resources={"metadata": {"path": str(REPO)}}).execute()
-    finally:
+        client.execute()
+    finally:  # a kernel manager passed in is not the client's to stop: its channels and kernel are stopped here, so
+        # neither "Could not destroy zmq context" nor the kernel's "Parent appears to have exited" ends the sweep
+        kc = getattr(client, "kc", None)
+        if kc is not None and kc.channels_running:
+            kc.stop_channels()
+        if km.has_kernel:
+            km.shutdown_kernel(now=True)
         shutil.rmtree(sockets, ignore_errors=True)
     nb_path, html_path = out / "report.ipynb", out / "report.html"
     nbformat.write(nb, nb_path)

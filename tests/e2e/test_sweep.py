@@ -94,6 +94,7 @@ def sweep_dir(tmp_path_factory, server):
     assert proc.returncode == 0, proc.stderr[-3000:]
     (cwd / "server_uri").write_text(server)
     (cwd / "sweep_stdout.txt").write_text(proc.stdout)
+    (cwd / "sweep_stderr.txt").write_text(proc.stderr)
     return cwd
 
 
@@ -298,6 +299,8 @@ def test_sweep_ends_with_an_executed_report_whose_passk_table_matches_mlflow(swe
     assert html_path.exists(), "the Hydra callback did not build the report"
     html = html_path.read_text()
     _assert_clean_notebook(html_path.with_suffix(".ipynb"))
+    err = (sweep_dir / "sweep_stderr.txt").read_text()  # issue 46: the report's kernel left noise at the sweep's end
+    assert "Could not destroy zmq context" not in err and "Parent appears to have exited" not in err
     assert "<td>NaN</td>" not in html and "<td>None</td>" not in html and "<td>nan</td>" not in html  # issue 46
     client, runs = _served(sweep_dir)
     trained = [r for r in runs if r.data.tags.get("rlvr.kind") == "trained"]
