@@ -18,6 +18,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 
 from . import tracking, window
+from .identity import point_name
 
 log = logging.getLogger("rlvr")
 
@@ -35,7 +36,7 @@ def record_outcome(outcome: dict) -> None:
         from hydra.core.hydra_config import HydraConfig
 
         hc = HydraConfig.get()
-        num, point, out_dir = str(hc.job.get("num")), hc.job.override_dirname or "", Path(hc.runtime.output_dir)
+        num, point, out_dir = str(hc.job.get("num")), point_name(hc.job.override_dirname), Path(hc.runtime.output_dir)
     except Exception:
         return
     rec = {"job_num": num, "point": point, **{k: outcome.get(k) for k in ("status", "error", "run_id", "duplicate_of")}}

@@ -60,3 +60,11 @@ def git_commit() -> str:
                               cwd=Path(__file__).resolve().parent).stdout.strip() or "unknown"
     except Exception:
         return "unknown"
+
+
+def point_name(override_dirname: str) -> str:
+    """A sweep point's name from Hydra's ``hydra.job.override_dirname`` (``algo=quatro,delta=0.01``) with Hydra's
+    escapes removed (``eval.benchmarks=[a\\,b]`` -> ``eval.benchmarks=[a,b]``): what MLflow shows as the run's name."""
+    import re
+
+    return re.sub(r"\\(.)", r"\1", override_dirname or "")

@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from . import integrity, lease, tracking, window
 from .base import log_metrics
 from . import provenance
-from .identity import config_hash, git_commit, training_hash
+from .identity import config_hash, git_commit, point_name, training_hash
 from .validate import validate_config
 
 log = logging.getLogger("rlvr")
@@ -50,7 +50,7 @@ def _hydra_job() -> tuple[Path | None, str, str, int | None]:
         hc = HydraConfig.get()
         num = hc.job.get("num")
         sweep_id = str(hc.sweep.dir) if hc.mode.name == "MULTIRUN" else str(hc.run.dir)
-        return Path(hc.runtime.output_dir), hc.job.override_dirname or "", sweep_id, num
+        return Path(hc.runtime.output_dir), point_name(hc.job.override_dirname), sweep_id, num
     except Exception:
         return None, "", "", None
 

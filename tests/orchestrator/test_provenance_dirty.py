@@ -24,3 +24,16 @@ def test_an_untracked_file_does_not_make_the_checkout_dirty(tmp_path, monkeypatc
     assert provenance.environment()["git_dirty"] == "true"
     described = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=tmp_path, capture_output=True, text=True)
     assert described.stdout.strip().endswith("-dirty")
+
+
+def test_point_names_carry_no_hydra_escapes():
+    """Issue 46: MLflow showed the basic sweeper's escapes (``eval.benchmarks=\\[math500\\,aime24\\]``). The name is
+    Hydra's override_dirname, unescaped; a name over MLflow's limit is shortened elsewhere (orchestrator.run, the full
+    one in the rlvr.point tag)."""
+    from hydra._internal.grammar.utils import escape_special_characters  # what the basic sweeper writes per job
+
+    from orchestrator.identity import point_name
+
+    escaped = f"algo=quatro,eval.benchmarks={escape_special_characters('[math500,aime24]')},train.lr=1e-6"
+    assert "\\," in escaped
+    assert point_name(escaped) == "algo=quatro,eval.benchmarks=[math500,aime24],train.lr=1e-6"
