@@ -176,3 +176,15 @@ def test_memory_check_measures_the_largest_pass_at_start_up(tiny_cfg, tmp_path):
     short = OmegaConf.merge(cfg, {"train": {"micro_batch_tokens": info["longest_prompt"] + 2}})
     with pytest.raises(ValueError, match=r"train.micro_batch_tokens=\d+: the longest training prompt \(\d+ tokens\)"):
         local.train(short, tmp_path / "b")
+
+
+def test_declared_needs_are_read_before_any_function_is_fetched():
+    """The plan reads a loss's declared needs (TR-GRPO's reference log-probs with its KL term) at pre-flight, before
+    anything fetched the loss: the registry's folder scan must run first. Without it a fresh process planned
+    trgrpo_sensitivity without its reference model (46.0 GiB instead of 57.5) and the docs' table said so, while
+    the same call after another test had loaded the algorithms said 57.5."""
+    code = ("from training.algorithms import need_param, needs_of; "
+            "print(sorted(needs_of('policy_loss', 'tr_grpo', {'kl_beta': 0.001})), need_param('policy_loss', 'tr_grpo', "
+            "'ref_logprobs'))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["['ref_logprobs']", "kl_beta"], out.stderr[-2000:]

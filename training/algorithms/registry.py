@@ -117,8 +117,15 @@ def couples_rows(name: str) -> str | None:
     return _COUPLED.get(name)
 
 
+def _scanned(kind: str) -> None:
+    """The folder scan done (declarations are made when a module registers): a lookup of needs before any
+    function was fetched (the memory plan at pre-flight) must not read an empty table."""
+    (_ADVANTAGES if kind == "advantage" else _POLICY_LOSSES).names()
+
+
 def need_param(kind: str, name: str, field: str) -> str | None:
     """The parameter a declared need depends on (``kl_beta`` for TR-GRPO's ``ref_logprobs``), or None."""
+    _scanned(kind)
     why = _NEEDS.get((kind, name), {}).get(field)
     return why[1] if isinstance(why, tuple) else None
 
@@ -127,6 +134,7 @@ def needs_of(kind: str, name: str, params: dict | None = None) -> dict:
     """{batch field: why} that the registered ``kind`` (``advantage`` or ``policy_loss``) function ``name``
     declared it needs with these ``params`` ({} when none). A need declared as ``(why, param)`` counts only when
     ``params[param]`` is set and non-zero (TR-GRPO's reference log-probs, only with its KL term)."""
+    _scanned(kind)
     out = {}
     on = (params or {}).get("base_estimator") if kind == "advantage" else None
     if on and on != name and ("advantage", on) in _NEEDS:  # a shaping estimator (exppo) needs its base's too
