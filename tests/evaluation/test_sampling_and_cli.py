@@ -279,7 +279,8 @@ def _samples(n: int, cap: int, prompts=("p0", "p1", "p2"), template="Q: {}") -> 
     return pd.DataFrame(rows)
 
 
-def test_the_evaluation_command_refuses_before_loading_what_would_mislead_or_overwrite(tmp_path, tiny_checkpoint):
+def test_the_evaluation_command_refuses_before_loading_what_would_mislead_or_overwrite(tmp_path, tiny_checkpoint,
+                                                                                      monkeypatch, capsys):
     """Issue 46: a missing --checkpoint was an 83-line traceback; an --out that holds results was written over; base
     samples of another protocol (n 8 vs 4, 48 vs 8 tokens) gave flip rates that measured truncation. Each is one
     line, exit 2, before a model is loaded; --any-protocol computes them anyway."""
@@ -295,9 +296,13 @@ def test_the_evaluation_command_refuses_before_loading_what_would_mislead_or_ove
             (["--checkpoint", str(tiny_checkpoint), "--base-samples", "other.parquet"],
              "evaluated with another protocol than this one: samples per prompt 4 against the base's 8; responses cut "
              "(eval.max_new_tokens) at 8 tokens against the base's 48")):
-        proc = _eval(tmp_path, *args, *common)
-        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-        assert proc.returncode == 2 and len(lines) == 1 and fragment in lines[0], (args, proc.stderr[-2000:])
+        from orchestrator.evaluate import main  # in this process: each refusal comes before anything is loaded
+
+        monkeypatch.chdir(tmp_path)
+        capsys.readouterr()
+        rc = main([*args, *common])
+        lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert rc == 2 and len(lines) == 1 and fragment in lines[0], (args, lines)
     assert (tmp_path / "full" / "passk.csv").read_text() == "x\n" and not (tmp_path / "mlflow.db").exists()
 
 
