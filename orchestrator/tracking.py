@@ -105,7 +105,7 @@ def check_store(uri: str, artifact_root: str, min_free_mb: float = 100.0, timeou
             except OSError as e:
                 raise StoreError(f"tracking.uri={uri!r}: {db} is not writable ({e.strerror or e})") from None
     else:
-        scheme = urlparse(uri).scheme
+        scheme = "databricks" if uri.split(":")[0] == "databricks" else urlparse(uri).scheme  # "databricks[://profile]"
         if scheme in ("http", "https"):
             import urllib.request
 
@@ -114,13 +114,63 @@ def check_store(uri: str, artifact_root: str, min_free_mb: float = 100.0, timeou
             except Exception as e:
                 raise StoreError(f"tracking.uri={uri!r}: the tracking server does not answer ({e})") from None
         elif scheme in ("", "file") or (len(scheme) == 1 and uri[1:3] == ":\\"):
+            if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("1", "true"):
+                raise StoreError(f"tracking.uri={uri!r}: a folder store, which this MLflow refuses (its file store is "
+                                 "in maintenance mode); use sqlite:///mlflow.db, or set MLFLOW_ALLOW_FILE_STORE=true")
             check_writable(local_path(uri), f"tracking.uri={uri!r}", min_free_mb)
         elif scheme.split("+")[0] not in SERVER_SCHEMES:
             raise StoreError(f"tracking.uri={uri!r}: unknown scheme {scheme!r}; expected sqlite:///PATH, a folder, "
                              f"http(s)://HOST:PORT or one of {list(DB_SCHEMES)}")
+        elif scheme.split("+")[0] in DB_SCHEMES:
+            _check_database(uri, timeout_s)
+        elif scheme == "databricks":
+            import importlib.util
+
+            if importlib.util.find_spec("databricks.sdk") is None:
+                raise StoreError(f"tracking.uri={uri!r}: MLflow needs the databricks-sdk package for it (pip install "
+                                 "databricks-sdk), and Databricks credentials")
+            from mlflow.utils.databricks_utils import get_databricks_host_creds
+
+            quiet = logging.getLogger("mlflow.utils.databricks_utils")
+            was, quiet.disabled = quiet.disabled, True  # its warning would be a second line
+            try:  # the credentials read from the environment or ~/.databrickscfg (no request is made)
+                get_databricks_host_creds(uri)
+            except Exception as e:  # noqa: BLE001 -- MLflow's own reason, its first sentence
+                raise StoreError(f"tracking.uri={uri!r}: no Databricks credentials here ({str(e).split('. ')[0]}; "
+                                 "set DATABRICKS_HOST and DATABRICKS_TOKEN or a ~/.databrickscfg profile)") from None
+            finally:
+                quiet.disabled = was
     art = local_path(artifact_root)
     if art is not None:
         check_writable(art, f"tracking.artifact_root={artifact_root!r}", min_free_mb)
+
+
+def _check_database(uri: str, timeout_s: float) -> None:
+    """A database store answers: its SQLAlchemy driver is installed and a connection opens within ``timeout_s``
+    (one try: MLflow's own retries would take minutes to say the same).
+
+    Raises:
+        StoreError: one line naming ``tracking.uri`` and the missing driver or the connection's error.
+    """
+    import sqlalchemy
+
+    args = {"connect_timeout": max(1, int(timeout_s))} if uri.startswith(("postgresql", "mysql")) else {}
+    try:
+        engine = sqlalchemy.create_engine(uri, connect_args=args, poolclass=sqlalchemy.pool.NullPool)
+    except ModuleNotFoundError as e:
+        raise StoreError(f"tracking.uri={uri!r}: its database driver is not installed ({e.name}; pip install it, "
+                         "or name an installed one, e.g. postgresql+psycopg://)") from None
+    except Exception as e:  # noqa: BLE001 -- a URI SQLAlchemy cannot read
+        raise StoreError(f"tracking.uri={uri!r}: not a database URI SQLAlchemy reads ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    try:
+        with engine.connect():
+            pass
+    except Exception as e:  # noqa: BLE001 -- the driver's own error, its first line
+        first = next((ln.strip() for ln in str(getattr(e, "orig", e)).splitlines() if ln.strip()), type(e).__name__)
+        raise StoreError(f"tracking.uri={uri!r}: the database does not answer ({first})") from None
+    finally:
+        engine.dispose()
 
 
 @contextlib.contextmanager

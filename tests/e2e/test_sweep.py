@@ -617,3 +617,27 @@ def test_the_slurm_launcher_without_slurm_is_one_line(tmp_path, monkeypatch, cap
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert exit_.value.code == 2 and len(lines) == 1, lines
     assert "hydra/launcher=slurm: sbatch and sinfo not found on this machine" in lines[0]
+
+
+@pytest.mark.parametrize("uri,fragment", [
+    ("mysql://u@127.0.0.1:1/db", "its database driver is not installed (MySQLdb;"),
+    ("postgresql+psycopg://u@127.0.0.1:1/db", "the database does not answer (connection failed:"),
+    ("mlruns", "a folder store, which this MLflow refuses"),
+    ("databricks", "no Databricks credentials here"),
+])
+def test_a_tracking_uri_that_cannot_be_used_is_one_line_before_any_work(tmp_path, monkeypatch, capsys, uri, fragment):
+    """Issue 46: these URIs passed pre-flight and the sweep failed later (a missing driver's traceback in the report,
+    MLflow's retries for minutes against a database that is not there, its refusal of the folder store). Pre-flight
+    now opens the store's connection once, checks the driver, the credentials and the folder store's status."""
+    from orchestrator.preflight import check_command_line
+
+    monkeypatch.chdir(tmp_path)
+    for k in ("DATABRICKS_HOST", "DATABRICKS_TOKEN", "MLFLOW_ALLOW_FILE_STORE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.databrickscfg
+    t0 = time.time()
+    with pytest.raises(SystemExit) as exit_:
+        check_command_line(["-m", *TINY, f"tracking.uri={uri}"])
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert exit_.value.code == 2 and len(lines) == 1 and f"tracking.uri={uri!r}: {fragment}" in lines[0], lines
+    assert time.time() - t0 < 30 and not (tmp_path / "multirun").exists()
