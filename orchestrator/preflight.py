@@ -112,8 +112,8 @@ def check_command_line(argv: list[str], checks=(), sweep_checks=()) -> int | Non
 
     ``checks``: more functions ``(cfg) -> None`` that raise ValueError (one line) on a bad point, from layers this
     one does not import (sweep.py passes :func:`reports.callback.check_report_config`: the names in
-    ``report.sections``). ``sweep_checks``: functions ``(configs) -> None`` over all the points' configs, raising
-    ValueError the same way (sweep.py passes :func:`reports.callback.check_report_baseline`).
+    ``report.sections``). ``sweep_checks``: functions ``(configs) -> warnings or None`` over all the points'
+    configs, raising ValueError the same way (sweep.py passes :func:`reports.callback.check_report_baseline`).
 
     Command lines with other Hydra flags (``--cfg``, ``--help``, ``--config-name``, ...) are left to Hydra.
     """
@@ -144,7 +144,8 @@ def check_command_line(argv: list[str], checks=(), sweep_checks=()) -> int | Non
                 raise ConfigError(f"{e}{where}") from None
         for check in sweep_checks:
             try:
-                check([cfg for _, cfg in points])
+                for w in check([cfg for _, cfg in points]) or []:
+                    print(f"WARNING: {w}", file=sys.stderr)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
         check_inputs(points)

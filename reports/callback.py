@@ -54,13 +54,18 @@ def check_report_config(config) -> None:
                          f"{'' if len(bad) == 1 else 's'} (reports/sections.py has: {', '.join(sorted(SECTIONS))})")
 
 
-def check_report_baseline(configs) -> None:
+def check_report_baseline(configs) -> list[str]:
     """Pre-flight check of ``report.baseline`` over a sweep's points (sweep.py runs it once the points are composed):
     it names the base model's row (``Initialization``), an algorithm of the sweep, or a run label the report will
-    show (:func:`reports.data.short_labels`: the algorithm plus the swept values that tell its runs apart).
+    show (:func:`reports.data.short_labels`: the algorithm plus the swept values that tell its runs apart). An
+    algorithm preset's name that this sweep does not run (a preset's baseline in a sweep narrowed to other
+    algorithms) is a warning: the report then compares against the base model.
 
+    Returns:
+        Warnings.
     Raises:
-        ValueError: one line naming the value and the names it could be.
+        ValueError: one line naming the value (neither a name of this sweep nor an algorithm) and the names it
+            could be.
     """
     import pandas as pd
 
@@ -68,13 +73,23 @@ def check_report_baseline(configs) -> None:
 
     from .data import BASE_LABEL, short_labels
 
+    from orchestrator.preflight import CONFIG_DIR
+
     wanted = {str(b) for c in configs if (b := (c.get("report", {}) or {}).get("baseline")) not in (None, "")}
     if not wanted:
-        return
+        return []
     rows = [{"run_id": str(i), "label": "", "algo": str(c.algo.name), "kind": "trained",
              "params": {k: str(v) for k, v in leaves(c).items()}} for i, c in enumerate(configs)]
     labels = list(short_labels(pd.DataFrame(rows))["label"])
     known = list(dict.fromkeys([BASE_LABEL, *(r["algo"] for r in rows), *labels]))
+    algorithms = {p.stem for p in (CONFIG_DIR / "algo").glob("*.yaml")} | {str(c.algo.name) for c in configs}
+    warnings = []
     for b in sorted(wanted):
-        if b not in known:
-            raise ValueError(f"report.baseline={b!r}: not a run of this sweep (its names: {', '.join(known)})")
+        if b in known:
+            continue
+        if b in algorithms:
+            warnings.append(f"report.baseline={b!r}: this sweep runs no {b}; its report compares against the base "
+                            "model instead")
+            continue
+        raise ValueError(f"report.baseline={b!r}: not a run of this sweep (its names: {', '.join(known)})")
+    return warnings

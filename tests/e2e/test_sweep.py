@@ -598,6 +598,10 @@ def test_a_report_baseline_that_names_no_run_of_the_sweep_stops_it_before_traini
     for good in ("grpo", "Initialization", "quatro delta=0.1"):
         assert check_command_line([*sweep, f"report.baseline='{good}'"], sweep_checks=(check_report_baseline,)) == 4
     capsys.readouterr()
+    # a preset's baseline in a sweep narrowed to other algorithms (exppo_decoding_seeds_cpu's twin runs exppo alone
+    # under the preset's report.baseline=grpo): a warning, and the report compares against the base model
+    assert check_command_line([*sweep, "report.baseline=dapo"], sweep_checks=(check_report_baseline,)) == 4
+    assert "WARNING: report.baseline='dapo': this sweep runs no dapo" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_:
         check_command_line([*sweep, "report.baseline=gpro"], sweep_checks=(check_report_baseline,))
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
