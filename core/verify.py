@@ -452,11 +452,34 @@ class Verifier:
             self._pool = mp.get_context(method).Pool(self.workers, initializer=_worker_init)
         return self._pool
 
-    def close(self):
-        if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
-            self._pool = None
+    def close(self, grace_s: float = 2.0):
+        """Stop the workers: SIGTERM first (each releases the queue locks it holds and exits,
+        :func:`_exit_on_sigterm`), then, after ``grace_s``, SIGKILL for a worker still alive: one stuck in C code (an
+        item that timed out, such as a huge power) runs no Python signal handler until that code returns, and
+        Pool.terminate() joined it for ever (a 600 s test time-out on a loaded 2-core machine, 2026-12-05). A worker
+        busy with an item holds none of the queues' locks, so killing it leaves the pool's own shutdown free to run."""
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        import os
+        import signal
+        import time
+
+        workers = [p for p in list(getattr(pool, "_pool", []) or []) if p.is_alive()]
+        for p in workers:
+            p.terminate()
+        deadline = time.monotonic() + grace_s
+        for p in workers:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in workers:
+            if p.is_alive():
+                try:
+                    os.kill(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.join(5.0)
+        pool.terminate()
+        pool.join()
 
     def check_many(self, responses: Iterable, golds: Iterable) -> list[Check]:
         """A :class:`Check` for each (response, gold) pair, in order. Never raises on model output: a response

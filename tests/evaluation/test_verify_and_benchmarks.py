@@ -95,6 +95,34 @@ def test_adversarial_outputs_are_bounded_and_incorrect():
     v.close()
 
 
+def test_the_pool_closes_when_a_timed_out_worker_cannot_run_its_sigterm_handler():
+    """A worker stuck in C code on an item that timed out (a huge power) runs no Python signal handler until that
+    code returns, and close()'s Pool.terminate() joined it for ever: a 600 s test time-out on a loaded 2-core machine
+    (2026-12-05, test_every_gold_verifies_against_itself_and_rejects_gold_plus_one). Stood in for by a check that
+    blocks SIGTERM and sleeps: close() kills it after its grace and returns in seconds; the next check gets a new
+    pool. Run in a child process so that a regression fails on its timeout instead of hanging here."""
+    import subprocess
+    import sys
+
+    code = (
+        "import signal, time\n"
+        "import core.verify as V\n"
+        "def stuck(key):\n"
+        "    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])  # as C code that never returns to Python\n"
+        "    time.sleep(3600)\n"
+        "real, V._check_one = V._check_one, stuck\n"
+        "v = V.Verifier(workers=1, item_timeout_s=1.0)\n"
+        "t0 = time.monotonic()\n"
+        "assert [c.correct for c in v.check_many(['\\\\boxed{7}'], ['7'])] == [False] and v.timeouts == 1\n"
+        "print('timed out and closed in', round(time.monotonic() - t0, 1))\n"
+        "V._check_one = real\n"
+        "assert v.check_many(['\\\\boxed{3}'], ['3'])[0].correct; v.close()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("timed out and closed in") and float(proc.stdout.split()[-1]) < 15
+
+
 def test_the_pool_closes_after_its_idle_workers_got_sigterm():
     """A signal to the whole process group (``pkill -f``, ``scancel``, a supervisor) reaches the verifier's forked
     workers too. Killed with the default action, a worker waiting for a task kept the task queue's lock, and
