@@ -156,14 +156,14 @@ def validate_config(cfg: DictConfig) -> list[str]:
         except ValueError as e:   # names the bad key and value
             raise ConfigError(str(e)) from None
 
-    # -- the model and the algorithm against the rest: lengths within its context, a minibatch within the batch, a
-    # policy that can change (the model's files and the data are read by orchestrator.preflight.check_inputs)
+    # -- the model and the algorithm against the rest: lengths within its context, a policy that can change, a
+    # minibatch within the batch (the model's files and the data are read by orchestrator.preflight.check_inputs)
     _check_against_the_model(cfg)
+    _check_the_policy_can_change(cfg)
     mb, per, g = (OmegaConf.select(cfg, f"train.{k}") for k in ("minibatch_size", "prompts_per_step", "group_size"))
     _require(mb is None or per is None or g is None or int(mb) <= int(per) * int(g),
              f"train.minibatch_size={mb}: larger than the batch (train.prompts_per_step={per} x train.group_size={g} = "
              f"{int(per or 0) * int(g or 0)} responses); null takes the whole batch in one optimiser step")
-    _check_the_policy_can_change(cfg)
 
     # -- data: the training task's own checks (plug-in modules were imported by the schema)
     from core.tasks import get_task

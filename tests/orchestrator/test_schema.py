@@ -127,7 +127,8 @@ def test_a_group_of_one_is_refused_where_the_estimator_then_gives_advantage_0(al
     [(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke", f"algo={algo}", "train.group_size=1"], multirun=False)
     with pytest.raises(ConfigError, match=rf"^train\.group_size=1: {cfg.algo.advantage.name}'s advantages are all 0"):
         validate_config(cfg)
-    [(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke", f"algo={algo}", "train.group_size=2"], multirun=False)
+    [(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke", f"algo={algo}", "train.group_size=2",
+                               "train.minibatch_size=8"], multirun=False)  # the batch: 4 prompts x 2
     validate_config(cfg)
 
 
