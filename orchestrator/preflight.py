@@ -222,7 +222,8 @@ def _read_error(e: Exception, node, key: str) -> str:
     from core.models import hub_offline
 
     text = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
-    if hub_offline() and (node.get("source") in (None, "hub") or "offline" in text.lower()):
+    from_hub = node.get("source") == "hub" if key == "data" else not node.get("data_dir")
+    if hub_offline() and (from_hub or "offline" in text.lower()):
         text += (f"; the hub is offline (HF_HUB_OFFLINE) and it is not in the local cache: download it first, or set "
                  f"{key}.source=local {key}.path=FILE" if key == "data" else
                  "; the hub is offline (HF_HUB_OFFLINE): set eval.data_dir to a folder with <benchmark>/test.jsonl")

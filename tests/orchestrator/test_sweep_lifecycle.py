@@ -1,6 +1,5 @@
 """Failure isolation, idempotent re-runs, +force, and parallel jobs on one SQLite store."""
 import json
-import shutil
 
 
 from tests.conftest import require_benchmarks
@@ -10,17 +9,18 @@ FAST = TINY + ["train.steps=2", "report.enabled=false"]
 
 
 def _bench_dirs(tmp_path):
+    """Three benchmark folders with the same two AIME 2024 problems as ``toy_flaky`` (tests/plugins/toy_tasks.py):
+    in ``bad`` its scorer fails (a ``FAIL`` file beside the data), a failure only the evaluation meets, since
+    pre-flight reads every benchmark's rows first and refuses a malformed file before any work."""
     src = require_benchmarks() / "aime24" / "test.jsonl"
     lines = src.read_text().splitlines()[:2]
     dirs = {}
     for name in ("good1", "good2", "bad"):
-        d = tmp_path / "data" / name / "aime24"
+        d = tmp_path / "data" / name / "toy_flaky"
         d.mkdir(parents=True)
-        rows = [json.loads(x) for x in lines]
+        d.joinpath("test.jsonl").write_text("\n".join(lines) + "\n")
         if name == "bad":
-            rows[1].pop("answer")
-            rows[1].pop("solution")  # a row without a gold answer: the loader raises at evaluation time
-        d.joinpath("test.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+            d.joinpath("FAIL").write_text("")
         dirs[name] = d.parent
     return dirs
 
@@ -30,7 +30,7 @@ def test_one_failing_point_does_not_stop_the_others_and_a_rerun_trains_only_it(t
     work = tmp_path / "work"
     work.mkdir()
     args = ["-m", "algo=gspo", f"eval.data_dir={dirs['good1']},{dirs['good2']},{dirs['bad']}",
-            "eval.benchmarks=[arithmetic,aime24]", *FAST]
+            "eval.benchmarks=[arithmetic,toy_flaky]", "plugins=[tests.plugins.toy_tasks]", *FAST]
     proc = _sweep(work, *args)
     assert proc.returncode != 0
     assert "Sweep summary" in proc.stdout and "1 point(s) did not finish" in proc.stdout
@@ -39,9 +39,9 @@ def test_one_failing_point_does_not_stop_the_others_and_a_rerun_trains_only_it(t
     assert status == {str(dirs["good1"]): "FINISHED", str(dirs["good2"]): "FINISHED", str(dirs["bad"]): "FAILED"}
     failed = next(r for r in runs if r.info.status == "FAILED")
     tb = client.download_artifacts(failed.info.run_id, "traceback.txt", str(tmp_path))
-    assert "no gold answer" in open(tb).read()
+    assert "toy_flaky: " in open(tb).read() and "FAIL exists" in open(tb).read()
 
-    shutil.copy(dirs["good1"] / "aime24" / "test.jsonl", dirs["bad"] / "aime24" / "test.jsonl")  # fix the cause
+    (dirs["bad"] / "toy_flaky" / "FAIL").unlink()  # fix the cause
     proc = _sweep(work, *args)
     assert proc.returncode == 0, proc.stderr[-2000:]
     _, runs = _runs(work)
@@ -54,8 +54,8 @@ def test_one_failing_point_does_not_stop_the_others_and_a_rerun_trains_only_it(t
     assert len([r for r in finished if "rlvr.trained_in" not in r.data.tags]) == 1
     assert len({r.data.tags.get("rlvr.trained_in") for r in finished if "rlvr.trained_in" in r.data.tags}) == 1
 
-    proc = _sweep(work, "-m", "algo=gspo", f"eval.data_dir={dirs['good1']}", "eval.benchmarks=[arithmetic,aime24]",
-                  "+force=true", *FAST)
+    proc = _sweep(work, "-m", "algo=gspo", f"eval.data_dir={dirs['good1']}", "eval.benchmarks=[arithmetic,toy_flaky]",
+                  "plugins=[tests.plugins.toy_tasks]", "+force=true", *FAST)
     assert proc.returncode == 0
     _, runs = _runs(work)
     assert len([r for r in runs if r.data.tags.get("rlvr.kind") == "trained"]) == 5  # +force trains again

@@ -7,6 +7,30 @@ register_task(MathBenchmark("toy_math"))  # reads <eval.data_dir>/toy_math/test.
 
 
 @register_task
+class FlakyMath(MathBenchmark):
+    """A math benchmark (``<eval.data_dir>/toy_flaky/test.jsonl``) whose scorer fails while a file ``FAIL`` sits
+    beside its data: a failure only the evaluation meets (pre-flight reads the rows, which are fine), for the test of
+    a failing point among others and its re-run once the cause is removed (tests/orchestrator/test_sweep_lifecycle.py)."""
+
+    def __init__(self):
+        super().__init__("toy_flaky")
+
+    def load(self, split, cfg):
+        from pathlib import Path
+
+        flag = str(Path(str(cfg.get("data_dir"))) / self.name / "FAIL")
+        return [dict(r, fail_flag=flag) for r in super().load(split, cfg)]
+
+    def score_many(self, responses, rows):
+        import os
+
+        for r in rows:
+            if os.path.exists(r.get("fail_flag", "")):
+                raise RuntimeError(f"toy_flaky: {r['fail_flag']} exists (the scorer fails while it does)")
+        return super().score_many(responses, rows)
+
+
+@register_task
 class Echo(Task):
     """Say the given word: correct when the response contains it."""
 
