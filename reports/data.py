@@ -835,3 +835,9 @@ def img_tag(png: Path, alt: str) -> str:
 
     data = base64.b64encode(Path(png).read_bytes()).decode()
     return f'<img src="data:image/png;base64,{data}" alt="{html.escape(alt, quote=True)}" style="max-width:100%">'
+
+
+def dashes(html: str) -> str:
+    """``html`` with every table cell that holds only None, NaN, nan or null (values a run does not have, as pandas or
+    MLflow's string parameters print them) shown as a dash."""
+    return re.sub(r"<td>\s*(None|NaN|nan|null|<NA>)\s*</td>", "<td>-</td>", html)

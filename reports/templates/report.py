@@ -48,9 +48,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-from IPython.display import HTML, Markdown, display  # noqa: E402
+from IPython.display import HTML as _HTML, Markdown, display  # noqa: E402
 
 from reports import data as R  # noqa: E402
+
+
+def HTML(text):
+    """An HTML output whose table cells that hold no value (None, NaN: a setting a run does not have, a number it
+    did not log) read as a dash."""
+    return _HTML(R.dashes(text))
+
 
 pd.set_option("display.precision", 4)
 # long or wide tables scroll inside the page (a 32-run sweep's tables stay readable beside the text)
