@@ -37,7 +37,8 @@ def test_readme_sweep_through_slurm(tmp_path):
 
 
 RESUME = ["algo=grpo_h", "algo.entropy_coef=0.5", "train.lr=1e-3", "train.checkpoint_every=1", "train.steps=10",
-          "train.prompts_per_step=2", "train.group_size=4", "train.max_new_tokens=24", "model=tiny-random", "eval=smoke",
+          "train.prompts_per_step=2", "train.group_size=4", "train.minibatch_size=8", "train.max_new_tokens=24",
+          "model=tiny-random", "eval=smoke",
           "report.enabled=false", "eval.base=false"]  # this test is about resuming training
 
 
