@@ -332,17 +332,28 @@ def _kib(path: str, field: str) -> int | None:
 
 
 def device_memory_gb(device: str) -> float | None:
-    """The training device's memory, GiB: a GPU's total; on the CPU the RAM this process may use, its own resident
-    memory plus what the machine has available (Linux ``MemAvailable``): a sweep process that already holds a vLLM
-    engine or a finished run's freed memory plans with it, as the plan counts the process's whole peak."""
+    """The training device's memory, GiB: a GPU's total; on the CPU the machine's RAM (Linux ``MemTotal``, or the
+    container's cgroup limit when lower). A total, as on a GPU, never what is free at the moment: the budget and
+    the refusal must not change with what else runs beside the sweep. Reading ``MemAvailable`` made them do so: two
+    test workers' vLLM and verl processes shrank a tiny model's budget to one sequence per pass and per rollout
+    batch, and the suite ran about three times longer on a CI machine (2026-12-05)."""
     if device == "cuda":
         import torch
 
         return torch.cuda.get_device_properties(0).total_memory / GIB if torch.cuda.is_available() else None
-    free = _kib("/proc/meminfo", "MemAvailable")
-    if free is None:
+    total = _kib("/proc/meminfo", "MemTotal")
+    if total is None:
         return None
-    return (free + (_kib("/proc/self/status", "VmRSS") or 0)) * 1024 / GIB
+    limit = None
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            limit = int(text) / 1024
+            break
+    return min(total, limit or total) * 1024 / GIB
 
 
 def resolve_device(cfg) -> str:

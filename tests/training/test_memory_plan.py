@@ -84,15 +84,19 @@ def test_auto_budget_fits_and_a_bigger_one_does_not():
         plan_memory(shape, run, budget, "cuda", 80.0).total_gb)
 
 
-def test_cpu_memory_is_what_the_process_may_use():
-    """The CPU's budget is the machine's available memory plus this process's own resident memory (a sweep process
-    that holds a vLLM engine plans with it): between MemAvailable and MemTotal."""
+def test_cpu_memory_is_the_machines_whatever_runs_beside():
+    """The CPU's size is the machine's RAM (MemTotal, or a lower cgroup limit), as a GPU's is its total: the same
+    while other processes take memory. Reading what was available made a tiny model's budget one sequence per pass
+    under two test workers' vLLM and verl processes, and the suite about three times longer on a CI machine."""
     def kib(field):
         for line in open("/proc/meminfo"):
             if line.startswith(field + ":"):
                 return int(line.split()[1]) / 2**20
     gb = device_memory_gb("cpu")
-    assert kib("MemAvailable") - 0.5 <= gb <= kib("MemTotal") + 0.5
+    assert gb <= kib("MemTotal") + 1e-6 and gb > 0
+    hold = b"\x01" * (512 * 2**20)  # half a GiB written meanwhile: MemAvailable falls, the size does not
+    assert device_memory_gb("cpu") == gb
+    del hold
 
 
 def test_quatro_main_on_a_24_gb_cpu_stops_at_preflight(tmp_path):
