@@ -453,33 +453,40 @@ class Verifier:
         return self._pool
 
     def close(self, grace_s: float = 2.0):
-        """Stop the workers: SIGTERM first (each releases the queue locks it holds and exits,
-        :func:`_exit_on_sigterm`), then, after ``grace_s``, SIGKILL for a worker still alive: one stuck in C code (an
-        item that timed out, such as a huge power) runs no Python signal handler until that code returns, and
-        Pool.terminate() joined it for ever (a 600 s test time-out on a loaded 2-core machine, 2026-12-05). A worker
-        busy with an item holds none of the queues' locks, so killing it leaves the pool's own shutdown free to run."""
+        """Stop the workers with Pool.terminate() (SIGTERM: each releases the queue locks it holds and exits,
+        :func:`_exit_on_sigterm`), while a reaper thread SIGKILLs any worker still alive every ``grace_s`` once the
+        pool's worker handler has stopped: a worker stuck in C code (an item that timed out, such as a huge power)
+        runs no Python signal handler until that code returns, and terminate() joined it for ever (a 600 s test
+        time-out on a loaded 2-core machine, 2026-12-05). Nothing is killed before the handler stops: it would start
+        new workers behind our back (forked from a threaded process, they hung)."""
         pool, self._pool = self._pool, None
         if pool is None:
             return
         import os
         import signal
-        import time
+        import threading
 
-        workers = [p for p in list(getattr(pool, "_pool", []) or []) if p.is_alive()]
-        for p in workers:
-            p.terminate()
-        deadline = time.monotonic() + grace_s
-        for p in workers:
-            p.join(max(0.0, deadline - time.monotonic()))
-        for p in workers:
-            if p.is_alive():
-                try:
-                    os.kill(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                p.join(5.0)
-        pool.terminate()
-        pool.join()
+        done = threading.Event()
+
+        def reap():
+            while not done.wait(grace_s):
+                handler = getattr(pool, "_worker_handler", None)
+                if handler is not None and handler.is_alive():
+                    continue
+                for p in list(getattr(pool, "_pool", []) or []):
+                    if p.exitcode is None:
+                        try:
+                            os.kill(p.pid, signal.SIGKILL)
+                        except (ProcessLookupError, TypeError):
+                            pass
+
+        reaper = threading.Thread(target=reap, name="verifier-reaper", daemon=True)
+        reaper.start()
+        try:
+            pool.terminate()
+            pool.join()
+        finally:
+            done.set()
 
     def check_many(self, responses: Iterable, golds: Iterable) -> list[Check]:
         """A :class:`Check` for each (response, gold) pair, in order. Never raises on model output: a response
