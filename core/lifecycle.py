@@ -103,7 +103,8 @@ def step_checkpoint_dir(run_dir, step: int) -> Path:
 def saved_checkpoints(run_dir) -> list[tuple[int, Path]]:
     """``[(step, path), ...]`` of the complete intermediate checkpoints of a run, by step.
 
-    A folder counts once it holds ``config.json`` (they are written to a temporary folder and renamed).
+    A folder counts once it holds ``config.json`` (a LoRA run's: ``adapter_config.json``); they are written to a
+    temporary folder and renamed.
     """
     root = Path(run_dir) / "checkpoints"
     out = []
@@ -112,7 +113,7 @@ def saved_checkpoints(run_dir) -> list[tuple[int, Path]]:
             step = int(d.name.split("_", 1)[1])
         except ValueError:
             continue
-        if (d / "config.json").is_file():
+        if (d / "config.json").is_file() or (d / "adapter_config.json").is_file():
             out.append((step, d))
     return sorted(out)
 

@@ -178,9 +178,14 @@ def resolve_dtype(name: str, device) -> torch.dtype:
 
 
 def load_checkpoint(path, device="cpu", dtype=torch.float32):
-    """(model, tokenizer) saved in Hugging Face format at ``path`` (a folder or hub id), the model on
-    ``device`` in ``dtype``, in eval mode; the tokenizer left-padded with a pad token."""
+    """(model, tokenizer) saved in Hugging Face format at ``path`` (a folder or hub id; a LoRA adapter folder: its
+    base with the adapter merged, :func:`core.lora.evaluable`), the model on ``device`` in ``dtype``, in eval mode;
+    the tokenizer left-padded with a pad token."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .lora import evaluable
+
+    path = evaluable(path)
 
     tok = AutoTokenizer.from_pretrained(str(path))
     if tok.pad_token is None:
@@ -265,6 +270,14 @@ def check_source(model_cfg) -> None:
         raise ValueError("model.path=None: model.source=pretrained needs a local folder or a hub id (org/name)")
     local = Path(str(path)).expanduser()
     if local.is_dir():
+        from .lora import adapter_base, is_adapter
+
+        if is_adapter(local):  # a LoRA checkpoint: its base must be there too
+            try:
+                adapter_base(local)
+            except ValueError as e:
+                raise ValueError(f"model.path={str(path)!r}: {str(e).split(': ', 1)[1]}") from None
+            return
         if not (local / "config.json").is_file():
             raise ValueError(f"model.path={str(path)!r}: the folder has no config.json (not a saved model?)")
         return

@@ -273,9 +273,12 @@ class VLLMEngine:
         return self.sync_s
 
     def load_module(self, module: torch.nn.Module, tag: str) -> float:
-        """Load a transformers model's current parameters and buffers (detached, in the engine's dtype)."""
+        """Load a transformers model's current parameters and buffers (detached, in the engine's dtype); a model with
+        LoRA adapters as its merged weights (:func:`core.lora.policy_weights`: the base's names, ``W + B A``)."""
+        from .lora import policy_weights
+
         want = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[self.dtype]
-        return self.load_weights(((k, v.detach().to(want)) for k, v in module.state_dict().items()), tag)
+        return self.load_weights(policy_weights(module, want), tag)
 
     def load_folder(self, model_path) -> float:
         """Load a checkpoint folder's weights (same architecture: :func:`architecture_key`), unless already loaded."""

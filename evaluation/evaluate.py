@@ -477,7 +477,8 @@ def evaluate_checkpoint(model_path, eval_cfg, out_dir, heldout_rows=None, chat_t
                         temperatures: bool = True, tools_cfg=None,
                         rows: dict[str, list[dict]] | None = None,
                         score_budget: int | None = None) -> tuple[dict, dict, dict]:
-    """Evaluate the model at ``model_path`` (a Hugging Face folder or hub id) with the configured sampler.
+    """Evaluate the model at ``model_path`` (a Hugging Face folder or hub id, or a LoRA adapter folder: evaluated as
+    its base with the adapter merged, :func:`core.lora.evaluable`) with the configured sampler.
 
     The sampler (``sampler`` or ``eval_cfg.sampler``: ``auto`` | ``hf`` | ``vllm``) starts once, samples at
     the main temperature and (with ``temperatures``) every ``eval_cfg.extra_temperatures``, then frees its
@@ -494,8 +495,11 @@ def evaluate_checkpoint(model_path, eval_cfg, out_dir, heldout_rows=None, chat_t
     Raises:
         ValueError: the sampler cannot run here, or bad evaluation settings.
     """
+    from core.lora import evaluable
+
     t0 = time.time()
     timings: collections.Counter = collections.Counter()
+    model_path = evaluable(model_path)  # a LoRA adapter folder: its base with the adapter merged
     name = evaluation_sampler(eval_cfg, sampler, model_path)
     smp = build_sampler(name, model_path, sampler_options(eval_cfg, name, score_budget))
     timings["engine_start_s"] += time.time() - t0

@@ -21,6 +21,7 @@ def effective_config(cfg: DictConfig) -> dict:
     an algorithm interpolates them (``algo.advantage.delta`` for QUATRO): GSPO at delta=0.01 and at
     delta=0.1 is the same run. Dotted keys remove one key of a group: ``train.checkpoint_every`` (how often the
     state is saved does not change what is computed, so turning checkpointing on keeps finished runs recognised).
+    ``train.lora`` counts only when its rank is above 0.
     """
     container = OmegaConf.to_container(cfg, resolve=True)
     for key in list(cfg.get("identity_exclude", [])) + ["hydra"]:
@@ -30,6 +31,9 @@ def effective_config(cfg: DictConfig) -> dict:
             node = node.get(p) if isinstance(node, dict) else None
         if isinstance(node, dict):
             node.pop(leaf, None)
+    train = container.get("train") if isinstance(container, dict) else None
+    if isinstance(train, dict) and not ((train.get("lora") or {}).get("rank") or 0):
+        train.pop("lora", None)  # LoRA off: its other keys change nothing, and full fine-tuning runs stay recognised
     return container
 
 

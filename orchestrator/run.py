@@ -243,6 +243,15 @@ def _tag_rollout(run_dir: Path) -> None:
               if k.endswith("_gb") and isinstance(v, (int, float)) and v is not None}
     for k, v in (info.get("calibration") or {}).items():
         values[f"memory/{k}"] = float(v)
+    params = info.get("parameters") or {}
+    for k in ("trainable", "total"):  # what trains: every parameter, or the LoRA adapters
+        if isinstance(params.get(k), (int, float)):
+            values[f"model/{k}_params"] = float(params[k])
+    if params.get("trainable") and params.get("total"):
+        values["model/trainable_share"] = float(params["trainable"]) / float(params["total"])
+    if params.get("adapter_mb") is not None:
+        values["model/adapter_mb"] = float(params["adapter_mb"])
+        tracking.retry(mlflow.set_tag, "rlvr.lora_rank", str(params.get("lora_rank")))
     if values:
         tracking.retry(mlflow.log_metrics, values, step=0)
     tracking.retry(mlflow.log_artifact, str(memory))

@@ -64,6 +64,9 @@ SCHEMA: dict[str, Spec] = {
     "train.micro_batch_tokens": Spec("any"), "train.packing": S(("auto", "tree", "packed", "padded")),
     "train.memory_check": Spec("any"), "train.device_memory_gb": F(0, lo_open=True, null=True),
     "train.max_prompt_tokens": I(1),
+    # LoRA (core/lora.py; LoraSettings.check refuses what these types let through)
+    "train.lora.rank": I(0), "train.lora.alpha": F(0, lo_open=True), "train.lora.dropout": F(0, 1),
+    "train.lora.target_modules": Spec("any"), "train.lora.lr": Spec("any"),
     # model
     "model.name": S(min_len=1), "model.source": S(("gguf_wheel", "tiny_random", "pretrained")),
     "model.path": S(null=True), "model.package": S(), "model.gguf_file": S(), "model.tokenizer_name": S(),

@@ -6,6 +6,8 @@ What a local training run holds (GiB, :class:`MemoryPlan.parts`):
 - ``weights``: the policy in float32 (4 bytes per parameter; ``train.precision=bf16`` is autocast over float32
   weights), ``gradients`` (4), ``optimizer`` (AdamW's two moments, 8), ``reference`` (a frozen copy when a KL term
   is on: 4 bytes, 2 in bf16), ``autocast_cache`` (bf16 copies of the weights while autocast runs a pass);
+  with LoRA (``train.lora.rank > 0``) the weights gain the adapters', and gradients and optimizer state are the
+  adapters' only (:meth:`ModelShape.lora_params`); the reference is the base itself (no copy);
 - ``activations``: what the forward pass keeps for the backward pass, per token position of a micro-batch
   (:func:`activation_bytes_per_token`), times the micro-batch budget (``train.micro_batch_tokens``);
 - ``output_head``: one chunk of float32 logits, their log-softmax and their gradient (``core.scoring.HEAD_TOKENS``
@@ -89,6 +91,14 @@ class ModelShape:
         mlp = 3 * h * self.intermediate
         per_layer = attn + mlp + 2 * h
         return self.vocab * h * (1 if self.tied else 2) + self.layers * per_layer + h
+
+    def lora_params(self, rank: int, targets: tuple) -> int:
+        """Parameters of rank-``rank`` LoRA adapters on the decoder projections named in ``targets`` (each
+        ``r x (in + out)``: A is r x in, B is out x r)."""
+        h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
+        dims = {"q_proj": h + q, "k_proj": h + kv, "v_proj": h + kv, "o_proj": q + h, "gate_proj": h + i,
+                "up_proj": h + i, "down_proj": i + h}
+        return int(rank) * self.layers * sum(dims[t] for t in targets if t in dims)
 
     @classmethod
     def from_config(cls, config, name: str = "") -> "ModelShape":
@@ -233,6 +243,8 @@ class RunShape:
     gpu_share: float
     prompts_per_step: int
     group_size: int
+    lora_rank: int = 0     # train.lora.rank (0: full fine-tuning)
+    lora_targets: tuple = ()
 
     @classmethod
     def of(cls, cfg) -> "RunShape":
@@ -244,11 +256,15 @@ class RunShape:
             "policy_loss", str(algo.policy_loss.name), params)
         rows = int(t.prompts_per_step) * int(t.group_size)
         ro = t.get("rollout") or {}
+        from core.lora import LoraSettings
+
+        lora = LoraSettings.of(cfg)
         return cls(minibatch_rows=int(t.get("minibatch_size") or rows), max_prompt_tokens=int(t.get("max_prompt_tokens", 512)),
                    max_new_tokens=int(t.max_new_tokens), kl=kl, bf16=str(t.get("precision", "fp32")) == "bf16",
                    checkpointing=bool(t.get("gradient_checkpointing", False)), rollout=str(ro.get("sampler", "auto")),
                    gpu_share=float(ro.get("gpu_memory_utilization", 0.3) or 0.3),
-                   prompts_per_step=int(t.prompts_per_step), group_size=int(t.group_size))
+                   prompts_per_step=int(t.prompts_per_step), group_size=int(t.group_size),
+                   lora_rank=lora.rank, lora_targets=lora.targets() if lora.on else ())
 
     @property
     def sequence_tokens(self) -> int:
@@ -272,14 +288,18 @@ def plan_memory(shape: ModelShape, run: RunShape, budget_tokens: int | None, dev
     from core.scoring import HEAD_TOKENS
 
     n = shape.n_params
+    # what trains: every parameter, or with LoRA the adapters only (gradients and AdamW state for them; the frozen
+    # base is the reference policy, so no copy)
+    lora = shape.lora_params(run.lora_rank, run.lora_targets) if run.lora_rank > 0 else 0
+    trained = lora or n
     budget = int(budget_tokens) if budget_tokens is not None else run.one_pass_tokens
     per_tok = activation_bytes_per_token(shape, run.bf16, run.checkpointing)
     head = min(int(head_tokens or HEAD_TOKENS), run.one_pass_tokens)  # one chunk, whatever the budget
     parts = {
-        "weights": 4.0 * n / GIB,
-        "gradients": 4.0 * n / GIB,
-        "optimizer": 8.0 * n / GIB,
-        "reference": ((2.0 if run.bf16 else 4.0) * n / GIB) if run.kl else 0.0,
+        "weights": 4.0 * (n + lora) / GIB,
+        "gradients": 4.0 * trained / GIB,
+        "optimizer": 8.0 * trained / GIB,
+        "reference": ((2.0 if run.bf16 else 4.0) * n / GIB) if run.kl and not lora else 0.0,
         "autocast_cache": (2.0 * n / GIB) if run.bf16 else 0.0,
         "activations": per_tok * budget / GIB,
         "output_head": 4.0 * 4 * head * shape.vocab / GIB,

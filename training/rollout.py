@@ -68,9 +68,12 @@ def collect_rollouts(model, tokenizer, rows: list[dict], group_size: int, temper
         old = torch.full(gen.response_ids.shape, float("nan"), device=gen.response_ids.device)
         entropy = old.clone()
     ref_logprobs = None
-    if ref_model is not None:
-        ref_logprobs, _ = scorer.score(ref_model, gen.prompt_ids, gen.prompt_mask, gen.response_ids,
-                                       gen.response_mask, temperature, bf16=bf16)
+    if ref_model is not None:  # a frozen copy, or the policy itself with its LoRA adapters disabled
+        from core.lora import reference
+
+        with reference(ref_model):
+            ref_logprobs, _ = scorer.score(ref_model, gen.prompt_ids, gen.prompt_mask, gen.response_ids,
+                                           gen.response_mask, temperature, bf16=bf16)
     t3 = time.perf_counter()
     for k, v in (("generate_s", t1 - t0), ("reward_s", t2 - t1), ("logprob_s", t3 - t2)):
         t[k] = t.get(k, 0.0) + v

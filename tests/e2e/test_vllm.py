@@ -120,28 +120,55 @@ model, tok = load_policy(cfg)
 texts = prompt_texts(tok, ["Compute 1 + 1.", "Compute 20 + 22.", "Name a prime number."], True)
 rollout = build_rollout("vllm", model, tok, model_path(cfg), RolloutOptions(dtype="float32"))
 print("SAME_ENGINE", rollout.engine is engine)
-opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-out = []
-for step in range(3):
-    if step:  # an optimiser step towards other random continuations each time: the argmax moves
-        model.train()
-        target = torch.randint(1000, 20000, (len(texts), 8), generator=torch.Generator().manual_seed(step))
-        ids = torch.cat([enc.input_ids, target], 1)
-        logits = model(input_ids=ids, attention_mask=torch.cat([enc.attention_mask, torch.ones_like(target)], 1)).logits
-        loss = -torch.nn.functional.log_softmax(logits[:, -9:-1], -1).gather(-1, target[..., None]).mean()
-        opt.zero_grad(); loss.backward(); opt.step()
-        rollout.sync(model)
-    model.eval()
-    hf = generate_responses(model, tok, texts, 1, 0.0, 1.0, 8)
-    vl = rollout.generate(texts, 1, 0.0, 1.0, 8, seed=step)
-    with torch.no_grad():
-        lp, _ = compute_logprobs(model, hf.prompt_ids, hf.prompt_mask, hf.response_ids, hf.response_mask, 1.0)
-    def rows(g):
-        return [r[: int(k)] for r, k in zip(g.response_ids.tolist(), g.response_mask.sum(-1).tolist())]
-    diff = [abs(a - b) for i, r in enumerate(rows(vl)) for j, (a, b) in
-            enumerate(zip(lp[i].tolist(), vl.logprobs[i].tolist())) if j < len(r)]
-    out.append({"hf": rows(hf), "vllm": rows(vl), "max_lp_diff": max(diff)})
+
+
+def follow(model, rollout, opt):
+    # three rounds: greedy continuations from transformers and from the engine, then an optimiser step towards
+    # other random continuations (the argmax moves) and the engine's sync
+    out = []
+    for step in range(3):
+        if step:
+            model.train()
+            target = torch.randint(1000, 20000, (len(texts), 8), generator=torch.Generator().manual_seed(step))
+            ids = torch.cat([enc.input_ids, target], 1)
+            logits = model(input_ids=ids, attention_mask=torch.cat([enc.attention_mask, torch.ones_like(target)], 1)).logits
+            loss = -torch.nn.functional.log_softmax(logits[:, -9:-1], -1).gather(-1, target[..., None]).mean()
+            opt.zero_grad(); loss.backward(); opt.step()
+            rollout.sync(model)
+        model.eval()
+        hf = generate_responses(model, tok, texts, 1, 0.0, 1.0, 8)
+        vl = rollout.generate(texts, 1, 0.0, 1.0, 8, seed=step)
+        with torch.no_grad():
+            lp, _ = compute_logprobs(model, hf.prompt_ids, hf.prompt_mask, hf.response_ids, hf.response_mask, 1.0)
+        def rows(g):
+            return [r[: int(k)] for r, k in zip(g.response_ids.tolist(), g.response_mask.sum(-1).tolist())]
+        diff = [abs(a - b) for i, r in enumerate(rows(vl)) for j, (a, b) in
+                enumerate(zip(lp[i].tolist(), vl.logprobs[i].tolist())) if j < len(r)]
+        out.append({"hf": rows(hf), "vllm": rows(vl), "max_lp_diff": max(diff)})
+    return out
+
+
+out = follow(model, rollout, torch.optim.AdamW(model.parameters(), lr=1e-2))
+# a LoRA policy on the same engine (which now holds the fully trained weights above): after each sync it holds the
+# base with the current adapters merged; the base stays bit-identical; with the adapters disabled it is the base
+from core.lora import LoraSettings, attach, reference
+base, _ = load_policy(cfg)
+lora, _ = load_policy(cfg)
+attach(lora, LoraSettings(rank=4, alpha=8))
+lrollout = build_rollout("vllm", lora, tok, model_path(cfg), RolloutOptions(dtype="float32"))
+lout = follow(lora, lrollout, torch.optim.AdamW([p for p in lora.parameters() if p.requires_grad], lr=5e-2))
+names = {k.replace(".base_layer", ""): v for k, v in lora.state_dict().items() if "lora_" not in k}
+frozen = sorted(names) == sorted(base.state_dict()) and all(torch.equal(names[k], v) for k, v in base.state_dict().items())
+g = generate_responses(base, tok, texts, 2, 1.0, 1.0, 8, seed=3)
+with torch.no_grad():
+    own, _ = compute_logprobs(base, g.prompt_ids, g.prompt_mask, g.response_ids, g.response_mask, 1.0)
+    adapted, _ = compute_logprobs(lora, g.prompt_ids, g.prompt_mask, g.response_ids, g.response_mask, 1.0)
+    with reference(lora):
+        ref, _ = compute_logprobs(lora, g.prompt_ids, g.prompt_mask, g.response_ids, g.response_mask, 1.0)
+m = g.response_mask.bool()
+print("LORA " + json.dumps({"steps": lout, "frozen": frozen, "ref_diff": float((ref - own)[m].abs().max()),
+                            "adapted_diff": float((adapted - own)[m].abs().max())}))
 print("RESULT " + json.dumps(out))
 """
 
@@ -154,7 +181,8 @@ def test_vllm_greedy_then_rollout_weights_follow_the_policy_after_each_optimiser
     response's mean over its tokens). Then the training rollout sampler
     reuses that engine and takes the policy's weights in place after each optimiser step: its greedy continuations
     equal transformers' on the updated policy token for token (float32), its log-probs of those tokens agree to
-    1e-4, and the updates (AdamW, lr 1e-2) changed the argmax somewhere, so a stale engine would fail."""
+    1e-4, and the updates (AdamW, lr 1e-2) changed the argmax somewhere, so a stale engine would fail. The same for a
+    LoRA policy on that engine (merged weights pushed after each step)."""
     import json
 
     import torch
@@ -181,3 +209,14 @@ def test_vllm_greedy_then_rollout_weights_follow_the_policy_after_each_optimiser
         assert s["vllm"] == s["hf"] and all(s["hf"])
         assert s["max_lp_diff"] < 1e-4
     assert steps[1]["hf"] != steps[0]["hf"] and steps[2]["hf"] != steps[1]["hf"]
+    # LoRA (train.lora): the engine takes the base with the current adapters merged after each optimiser step, so
+    # its greedy continuations follow the adapted policy token for token and its log-probs agree to 1e-4; the base
+    # weights are bit-identical after the steps, and with the adapters disabled the policy scores as a separately
+    # loaded base model (the KL term's reference, no copy) while the adapted policy does not
+    lora = json.loads(proc.stdout.split("LORA ", 1)[1].splitlines()[0])
+    for s in lora["steps"]:
+        assert s["vllm"] == s["hf"] and all(s["hf"])
+        assert s["max_lp_diff"] < 1e-4
+    assert lora["steps"][1]["hf"] != lora["steps"][0]["hf"] and lora["steps"][2]["hf"] != lora["steps"][1]["hf"]
+    assert lora["frozen"] is True
+    assert lora["ref_diff"] < 1e-6 and lora["adapted_diff"] > 1e-2

@@ -34,6 +34,7 @@ import torch
 from omegaconf import OmegaConf
 from tqdm.auto import trange
 
+from core.lora import LoraSettings, adapter_state, attach, has_adapters, save_adapter, trainable_count
 from core.lifecycle import (STOP_REQUESTED, Preempted, StepAborted, abortable, final_checkpoint_dir, save_atomically,
                             step_checkpoint_dir)
 from core.models import load_policy
@@ -107,6 +108,7 @@ def validate(cfg) -> list[str]:
         if budget < int(cfg.train.max_new_tokens) + 1:
             raise ValueError(f"train.micro_batch_tokens={budget}: one pass must hold a whole sequence, prompt and "
                              f"response (train.max_new_tokens={cfg.train.max_new_tokens}); set at least {longest} or auto")
+    LoraSettings.of(cfg).check()
     check = cfg.train.get("memory_check", "auto")
     if check not in ("auto", True, False):
         raise ValueError(f"train.memory_check={check!r}: expected auto, true or false")
@@ -209,13 +211,18 @@ class LocalRun:
 
 
 def setup(cfg, run_dir: Path, tools: dict) -> LocalRun:
-    """The run's policy (on the device, gradient checkpointing as configured), a frozen reference copy when a KL term
-    reads it, AdamW with its warm-up schedule, the prompt order, the algorithm's functions, the update's settings and
-    the scorer (:func:`open_scorer`: the token budget and the packed layout, checked on the model)."""
+    """The run's policy (on the device, gradient checkpointing as configured; with ``train.lora.rank > 0`` LoRA
+    adapters on the frozen base, :mod:`core.lora`), the reference policy when a KL term reads it (a frozen copy; with
+    LoRA the same model with its adapters disabled, no copy), AdamW over what trains with its warm-up schedule, the
+    prompt order, the algorithm's functions, the update's settings and the scorer (:func:`open_scorer`: the token
+    budget and the packed layout, checked on the model)."""
     t_cfg, algo = cfg.train, cfg.algo
     seed_everything(int(cfg.seed))
     device = torch.device("cuda" if torch.cuda.is_available() and t_cfg.get("device", "auto") != "cpu" else "cpu")
     model, tokenizer = load_policy(cfg.model)
+    lora = LoraSettings.of(cfg)
+    if lora.on:  # only the adapters train (B = 0: the policy starts as the base)
+        attach(model, lora)
     model.to(device).train()
     if bool(t_cfg.get("gradient_checkpointing", False)):  # activations recomputed in the backward pass
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -225,11 +232,13 @@ def setup(cfg, run_dir: Path, tools: dict) -> LocalRun:
     ref_model = None
     if float(algo.get("kl_beta", 0.0)) > 0 or "ref_logprobs" in needs_of("policy_loss", algo.policy_loss.name,
                                                                          _params(algo.policy_loss)):
-        # a reference copy only when a KL term is used (in bf16 with train.precision=bf16: it is never trained)
-        ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-        if bf16:
-            ref_model.to(torch.bfloat16)
-    optimizer = make_optimizer(model, t_cfg)
+        if lora.on:  # the base itself: core.lora.reference disables the adapters while it scores
+            ref_model = model
+        else:  # a reference copy only when a KL term is used (in bf16 with train.precision=bf16: it is never trained)
+            ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+            if bf16:
+                ref_model.to(torch.bfloat16)
+    optimizer = make_optimizer(model, t_cfg, lr=lora.learning_rate(t_cfg.lr) if lora.on else None)
     warmup = int(t_cfg.get("warmup_steps", 0))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
     prompts = load_prompts(cfg.data, "train")
@@ -245,12 +254,13 @@ def setup(cfg, run_dir: Path, tools: dict) -> LocalRun:
                     UpdateSettings.from_config(cfg, defer_old), scorer, tools=tools)
 
 
-def make_optimizer(model, t_cfg) -> torch.optim.Optimizer:
-    """AdamW over the trainable parameters (``train.lr``, ``betas``, ``weight_decay``), PyTorch's fused kernel where
-    it runs (CPU and CUDA, float32 parameters: one pass over the state instead of a dozen; 0.10 s against 0.51 s per
-    step for SmolLM2 on 2 CPU cores, 2026-12-05), the same update to float rounding."""
+def make_optimizer(model, t_cfg, lr: float | None = None) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters (``lr``, default ``train.lr``; ``betas``, ``weight_decay``), PyTorch's fused
+    kernel where it runs (CPU and CUDA, float32 parameters: one pass over the state instead of a dozen; 0.10 s against
+    0.51 s per step for SmolLM2 on 2 CPU cores, 2026-12-05), the same update to float rounding. With LoRA only the
+    adapters are trainable, so only they have optimiser state."""
     params = [p for p in model.parameters() if p.requires_grad]
-    kwargs = dict(lr=float(t_cfg.lr), betas=tuple(t_cfg.betas), weight_decay=float(t_cfg.weight_decay))
+    kwargs = dict(lr=float(t_cfg.lr if lr is None else lr), betas=tuple(t_cfg.betas), weight_decay=float(t_cfg.weight_decay))
     try:
         return torch.optim.AdamW(params, fused=True, **kwargs)
     except (RuntimeError, ValueError, TypeError):  # a device or dtype the fused kernel does not take
@@ -289,9 +299,13 @@ def open_scorer(cfg, model, tokenizer, prompts: list, device, run_dir: Path) -> 
     plan = plan_memory(shape, run, budget, device.type, device_gb)
     scorer = Scorer(budget, layout, pad_id=int(tokenizer.pad_token_id or 0)).for_model(model)
     scorer.rollout_budget = rollout_budget  # what a transformers rollout's key/value cache may hold
+    trainable, total = trainable_count(model)
     info = {"layout": layout, "layout_reason": reason, "micro_batch_tokens": budget, "rollout_tokens": rollout_budget,
             "longest_prompt": longest_prompt,
-            "plan": plan.as_dict()}
+            "plan": plan.as_dict(),
+            # what trains: every parameter, or with LoRA the adapters (their size is what a checkpoint holds)
+            "parameters": {"trainable": trainable, "total": total, "lora_rank": LoraSettings.of(cfg).rank,
+                           "adapter_mb": round(trainable * 4 / 2**20, 3) if has_adapters(model) else None}}
     check = t.get("memory_check", "auto")
     if budget is not None and (check is True or (check == "auto" and device.type == "cuda")):
         info["calibration"] = check_memory(model, scorer, run, device, plan)
@@ -356,7 +370,14 @@ def resume(run: LocalRun, log_metrics, logged_through: int) -> int:
     if not has_state(run.run_dir):
         return 0
     st = load_state(run.run_dir, run.device)
-    run.model.load_state_dict(st["model"])
+    if has_adapters(run.model):  # the state holds the adapters only; the frozen base is loaded from its source
+        missing, unexpected = run.model.load_state_dict(st["model"], strict=False)
+        lost = [k for k in missing if "lora_" in k]
+        if unexpected or lost:
+            raise RuntimeError(f"{run.run_dir}: the saved state does not match this run's adapters (train.lora): "
+                               f"unexpected {unexpected[:3]}, missing {lost[:3]}")
+    else:
+        run.model.load_state_dict(st["model"])
     run.optimizer.load_state_dict(st["optimizer"])
     run.scheduler.load_state_dict(st["scheduler"])
     run.prompts.load_state_dict(st)
@@ -370,9 +391,10 @@ def resume(run: LocalRun, log_metrics, logged_through: int) -> int:
 
 
 def save(run: LocalRun, step: int) -> Path:
-    """The full state after ``step`` (atomically: a kill mid-save leaves the previous one)."""
+    """The full state after ``step`` (atomically: a kill mid-save leaves the previous one); with LoRA the adapters,
+    not the frozen base."""
     return save_state(run.run_dir, {
-        "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
+        "model": adapter_state(run.model) if has_adapters(run.model) else run.model.state_dict(), "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
         **run.prompts.state_dict(), **RandomStates.capture().state_dict(), "step": step, "pending": run.pending,
         "token_probs": run.token_probs.state_dict()})
 
@@ -514,6 +536,11 @@ def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
                                    token_budget=run.scorer.rollout_budget)  # transformers rollouts' KV cache
 
     def save_hf(path: Path) -> None:
+        if has_adapters(run.model):  # peft's adapter format, naming the base folder it loads on
+            from core.models import model_path
+
+            save_adapter(run.model, run.tokenizer, path, model_path(cfg.model))
+            return
         run.model.save_pretrained(path)
         run.tokenizer.save_pretrained(path)
 
