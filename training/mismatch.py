@@ -52,6 +52,41 @@ def mismatch_metrics(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor,
             "mismatch_ratio_out_share": float(masked_mean(out, m))}
 
 
+#: mean |log pi_old - log pi_rollout| above which a float32 engine is not sampling the trainer's weights: float
+#: rounding between the two kernels stays far below it (1e-7 on the tiny model, 2026-12-05, tests/e2e/test_vllm.py)
+FLOAT32_LEVEL = 1e-3
+#: in lower precision, a step whose mismatch is this many times the first step's (before any sync) is a jump
+JUMP_FACTOR = 10.0
+
+
+class SyncGuard:
+    """The guard against a rollout engine that samples other weights than the policy's after a weight sync (a stale
+    or base model: the silent LoRA bug of verl #3821/#7495 and TRL #5312, found there by this very gap).
+
+    Args:
+        float32: the engine and the trainer compute in float32 (then the mismatch must stay at float level,
+            :data:`FLOAT32_LEVEL`; otherwise a jump over :data:`JUMP_FACTOR` x the first step's value counts).
+    """
+
+    def __init__(self, float32: bool):
+        self.float32 = bool(float32)
+        self.first: float | None = None
+
+    def check(self, step: int, value: float | None) -> str | None:
+        """The error message for ``step``'s mean log-prob gap ``value`` (None: no engine log-probs), or None."""
+        if value is None or value != value:
+            return None
+        if self.first is None:
+            self.first = float(value)
+        limit = FLOAT32_LEVEL if self.float32 else max(JUMP_FACTOR * self.first, FLOAT32_LEVEL)
+        if step == 0 or value <= limit:
+            return None
+        return (f"step {step}: the rollout engine's log-probs of the sampled tokens differ from the trainer's by "
+                f"{value:.3g} on average (limit {limit:.3g}; step 0: {self.first:.3g}) after the weight sync of step "
+                f"{step - 1}: the engine is sampling other weights than the policy's (a stale policy or the base "
+                "model); the samples are off-policy")
+
+
 def tis_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor, mode: str,
                 cap: float = 2.0) -> torch.Tensor | None:
     """Truncated importance-sampling weights (module docstring), detached.

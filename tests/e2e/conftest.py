@@ -16,8 +16,9 @@ EVAL = ["eval.n=2", "eval.ks=[1,2]", "eval.max_prompts=2"]
 
 @pytest.fixture(scope="session")
 def all_algos_dir(tmp_path_factory):
+    """Every algorithm preset, one step each, with LoRA adapters (train.lora.rank=4) on the tiny model, in one sweep."""
     cwd = tmp_path_factory.mktemp("algos")
     proc = _sweep(cwd, "-m", f"algo={','.join(ALGOS)}", *TINY, f"train.rollout.sampler={ROLLOUT}", f"eval.sampler={ROLLOUT}",
-                  "train.steps=1", "train.max_new_tokens=16", *EVAL, "report.enabled=false")
+                  "train.steps=1", "train.max_new_tokens=16", "train.lora.rank=4", *EVAL, "report.enabled=false")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return cwd, proc

@@ -1,4 +1,5 @@
-"""Every algorithm preset runs one training step through the sweep command and logs its own metrics.
+"""Every algorithm preset runs one training step through the sweep command and logs its own metrics, with LoRA
+adapters (train.lora.rank=4; full fine-tuning of each algorithm runs in the presets' twins and the unit tests).
 
 The rollouts come from vLLM's engine where it is installed (its CPU build in CI): one engine for the whole sweep
 process, taking each point's policy weights in place, so every algorithm also logs the training-inference mismatch.
@@ -41,6 +42,12 @@ def test_algorithm_runs_one_step_and_logs_its_metrics(all_algos_dir, algo):
     assert run.data.tags["rlvr.rollout_sampler"] == ROLLOUT and run.data.tags["rlvr.rollout_sampler_reason"] == "asked for"
     for key in OWN_METRICS[algo] + MISMATCH + ["train/reward_mean"]:
         assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [0], key
+    # LoRA: the adapters are what trained, a small share of the model, and the engine sampled that policy
+    assert run.data.tags["rlvr.lora_rank"] == "4" and run.data.params["train.lora.rank"] == "4"
+    assert 0 < run.data.metrics["model/trainable_share"] < 0.05
+    assert run.data.metrics["model/adapter_mb"] == pytest.approx(run.data.metrics["model/trainable_params"] * 4 / 2**20, abs=1e-3)
+    if VLLM:
+        assert run.data.metrics["train/mismatch_logprob_abs_diff"] < 1e-3
 
 
 def test_tr_grpo_printed_formulas_warn_loudly(all_algos_dir):

@@ -549,6 +549,9 @@ def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
             log_metrics(m_, s_)
         run.pending.clear()
 
+    from training.mismatch import SyncGuard
+
+    guard = SyncGuard(float32=_rollout_dtype(cfg, run.device) == "float32" and not run.settings.bf16)
     lines = LineProgress(f"train {cfg.algo.name}", n_steps, start_step)
     for step in trange(start_step, n_steps, initial=start_step, total=n_steps, desc=f"train {cfg.algo.name}",
                        unit="step", disable=None):
@@ -596,6 +599,9 @@ def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
         metrics = step_metrics(ro.batch, seen, ro.advantages, ro.adv_metrics, update_metrics, times,
                                run.scheduler.get_last_lr()[0], run.device, ro.rounds if dynamic else None)
         metrics["updated"] = float(bool(ro.batch.batch_size))  # 0: dynamic sampling kept nothing to learn from
+        error = guard.check(step, metrics.get("mismatch_logprob_abs_diff"))
+        if error:  # the engine samples other weights than the policy's after a sync (a stale adapter, say)
+            log.error(error)
         if seen.batch_size:
             run.token_probs.update(seen.response_ids, seen.old_logprobs, seen.response_mask)
         lines.update(step + 1, reward=metrics["reward_mean"], accuracy=metrics["accuracy"],
