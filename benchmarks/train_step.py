@@ -82,12 +82,13 @@ def _gate(conn):
         raise _Stop()
 
 
-def _local_worker(conn, args, rollout="hf", packing="auto") -> None:
+def _local_worker(conn, args, rollout="hf", packing="auto", lora: int = 0) -> None:
     import tempfile
 
     from training.engines import local
 
-    cfg = _compose(args, [f"train.rollout.sampler={rollout}", f"train.packing={packing}"])
+    cfg = _compose(args, [f"train.rollout.sampler={rollout}", f"train.packing={packing}", f"train.lora.rank={lora}",
+                          f"train.lora.alpha={LORA_ALPHA}"])
     real = local.collect_rollouts
     waited = [0.0]
 
@@ -108,17 +109,21 @@ def _local_worker(conn, args, rollout="hf", packing="auto") -> None:
                             "padding_share": m.get("train/padding_share", 0.0),
                             "generated_tokens": m["train/response_length_mean"] * m["train/batch_responses"],
                             "reward_mean": m["train/reward_mean"], "peak_rss_gb": _rss_gb()}))
+    run_dir = tempfile.mkdtemp(prefix="rlvr-bench-")
     try:
-        local.train(cfg, tempfile.mkdtemp(prefix="rlvr-bench-"), report)
+        local.train(cfg, run_dir, report)
     except _Stop:
         pass
     peak_rss = _rss_gb()
+    from pathlib import Path
+
+    trainable = json.loads((Path(run_dir) / "memory.json").read_text())["parameters"]["trainable"]
     raw = {}
     if rollout == "vllm":  # raw LLM.generate when the parent says so: every other worker has finished its steps
         conn.send(("ready", None))
         conn.recv()
         raw = _raw_vllm(cfg)
-    conn.send(("done", {"peak_rss_gb": peak_rss, **raw}))
+    conn.send(("done", {"peak_rss_gb": peak_rss, "trainable_params": trainable, **raw}))
 
 
 def _raw_vllm(cfg, repeats: int = 3) -> dict:
@@ -145,7 +150,7 @@ def _raw_vllm(cfg, repeats: int = 3) -> dict:
     return {"raw_vllm_tokens_per_s": statistics.median(speeds)}
 
 
-def _trl_worker(conn, args) -> None:
+def _trl_worker(conn, args, lora: int = 0) -> None:
     import tempfile
 
     from datasets import Dataset
@@ -172,7 +177,7 @@ def _trl_worker(conn, args) -> None:
     conf = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="rlvr-bench-trl-"), use_cpu=True, bf16=False,
                       per_device_train_batch_size=32, num_generations=8,
                       max_completion_length=args.max_new_tokens, beta=0.0, num_iterations=1, steps_per_generation=1,
-                      gradient_accumulation_steps=1, learning_rate=1e-6, max_steps=int(args.steps), temperature=1.0,
+                      gradient_accumulation_steps=1, learning_rate=1e-6 * (10 if lora else 1), max_steps=int(args.steps), temperature=1.0,
                       top_p=1.0, shuffle_dataset=False, logging_steps=1, save_strategy="no", report_to=[],
                       seed=int(cfg.seed), dataloader_num_workers=0)
     timers = {"generate": 0.0, "gen_and_score": 0.0, "forward": 0.0}
@@ -202,8 +207,15 @@ def _trl_worker(conn, args) -> None:
                                 "backward_optimiser": total - timers["gen_and_score"] - timers["forward"],
                                 "reward_mean": None, "peak_rss_gb": _rss_gb()}))
 
+    peft_config = None
+    if lora:  # TRL's LoRA: peft's adapters on every linear layer, as the suite's train.lora
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=lora, lora_alpha=LORA_ALPHA, lora_dropout=0.0, target_modules="all-linear",
+                                 task_type="CAUSAL_LM")
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=conf, train_dataset=data, processing_class=tok,
-                          callbacks=[Gate()])
+                          callbacks=[Gate()], peft_config=peft_config)
+    trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     timed(trainer, "_generate", "generate")
     timed(trainer, "_generate_and_score_completions", "gen_and_score")
     timed(trainer, "compute_loss", "forward")
@@ -211,7 +223,7 @@ def _trl_worker(conn, args) -> None:
         trainer.train()
     except _Stop:
         pass
-    conn.send(("done", _rss_gb()))
+    conn.send(("done", {"peak_rss_gb": _rss_gb(), "trainable_params": trainable}))
 
 
 
@@ -255,6 +267,7 @@ def _phase(args, workers: dict) -> tuple[dict, dict]:
 
 
 TRL = "TRL GRPOTrainer"
+LORA_ALPHA = 16  # the suite's default train.lora.alpha
 
 
 def main(argv=None) -> int:
@@ -268,6 +281,8 @@ def main(argv=None) -> int:
                     help="the local engine's rollout samplers (train.rollout.sampler), one process each")
     ap.add_argument("--packing", nargs="+", default=["tree", "padded"], choices=["auto", "tree", "packed", "padded"],
                     help="the local engine's layouts (train.packing): one phase each, beside its own TRL process")
+    ap.add_argument("--lora", type=int, default=0, help="also a phase with LoRA adapters of this rank on every linear "
+                    "layer (learning rate 10x): the local engine's train.lora beside TRL's GRPOTrainer with a peft_config")
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args(argv)
     if args.rollout is None:  # vLLM where installed (the suite's choice on the CPU), else transformers
@@ -297,19 +312,36 @@ def main(argv=None) -> int:
             if "raw_vllm_tokens_per_s" in s:
                 r["rollout_vs_raw_vllm"] = s["rollout_tokens_per_s"] / s["raw_vllm_tokens_per_s"]
         steps.update({f"{k} (packing {packing})" if k == TRL else k: v for k, v in results.items()})
+    if args.lora:  # LoRA: the local engine's adapters beside TRL's, on the first layout and rollout sampler
+        full = f"local, {args.rollout[0]} rollouts, packing {args.packing[0]}"
+        name, trl_name = f"local LoRA r{args.lora}, {args.rollout[0]} rollouts", f"{TRL} + peft LoRA r{args.lora}"
+        results, peak = _phase(args, {name: (_local_worker, (args.rollout[0], args.packing[0], args.lora)),
+                                      trl_name: (_trl_worker, (args.lora,))})
+        phase = _summarise(args, results, peak)
+        summary.update(phase)
+        s, trl = phase[name], phase[trl_name]
+        ratios[name] = {"step_vs_trl": s["total"] / trl["total"], "memory_vs_trl": s["peak_rss_gb"] / trl["peak_rss_gb"],
+                        "sync_share_of_step": s["weight_sync"] / s["total"],
+                        "step_vs_full": s["total"] / summary[full]["total"],
+                        "memory_vs_full": s["peak_rss_gb"] / summary[full]["peak_rss_gb"],
+                        "sync_vs_full": s["weight_sync"] / max(summary[full]["weight_sync"], 1e-9)}
+        steps.update(results)
     print(f"\nmedian over steps 2-{args.steps} (seconds per RL step; {args.model}, 4 prompts x 8 x {args.max_new_tokens} "
           f"tokens, float32, CPU{', ' + ' '.join(args.local_overrides) if args.local_overrides else ''})")
     print(f"{'engine':<42}{'step':>8}{'generate':>10}{'scoring':>9}{'forward':>9}{'bwd+opt':>9}{'sync':>7}"
-          f"{'padding':>9}{'peak RSS GB':>13}")
+          f"{'padding':>9}{'peak RSS GB':>13}{'trainable':>13}")
     for name, s in summary.items():
         print(f"{name:<42}{s['total']:>8.2f}{s['generate']:>10.2f}{s['scoring']:>9.2f}{s['forward']:>9.2f}"
               f"{s['backward_optimiser']:>9.2f}{s['weight_sync']:>7.2f}{s.get('padding_share', 0.0):>9.3f}"
-              f"{s['peak_rss_gb']:>13.2f}")
+              f"{s['peak_rss_gb']:>13.2f}{s.get('trainable_params') or 0:>13,}")
     for name, r in ratios.items():
         s = summary[name]
         line = (f"{name} / TRL: step time {r['step_vs_trl']:.3f}x, peak memory {r['memory_vs_trl']:.3f}x; "
                 f"padding {100 * s.get('padding_share', 0.0):.1f}% of the update's positions; "
                 f"rollout {s.get('rollout_tokens_per_s', 0):.0f} tokens/s")
+        if "step_vs_full" in r:
+            line += (f"; against full fine-tuning: step time {r['step_vs_full']:.3f}x, peak memory "
+                     f"{r['memory_vs_full']:.3f}x, weight sync {r['sync_vs_full']:.2f}x")
         if "rollout_vs_raw_vllm" in r:
             line += (f", raw vLLM {s['raw_vllm_tokens_per_s']:.0f} tokens/s ({r['rollout_vs_raw_vllm']:.2f}x); "
                      f"weight sync {100 * r['sync_share_of_step']:.1f}% of the step")
@@ -332,6 +364,7 @@ def _summarise(args, results: dict, peak: dict) -> dict:
         done = done if isinstance(done, dict) else {"peak_rss_gb": done}
         summary[name]["peak_rss_gb"] = done.get("peak_rss_gb") or max(r["peak_rss_gb"] for r in results[name])
         summary[name]["steps_timed"] = len(rows)
+        summary[name]["trainable_params"] = done.get("trainable_params")
         if rows and "generated_tokens" in rows[0]:
             summary[name]["rollout_tokens_per_s"] = statistics.median(r["generated_tokens"] / max(r["generate"], 1e-9)
                                                                       for r in rows)

@@ -255,6 +255,48 @@ def evaluable(path) -> str:
     return str(_atomic_save(target, save))
 
 
+PEFT_PREFIX = "base_model.model."  # peft's PeftModel state-dict prefix (what verl's hf_model export of a LoRA actor holds)
+
+
+def merge_saved_peft_model(folder, rank: int, alpha: float) -> bool:
+    """Turn a Hugging Face folder whose weights are a peft-wrapped model's state dict (``base_model.model.`` names,
+    ``base_layer`` and ``lora_A``/``lora_B`` tensors: what verl saves as ``hf_model`` for a LoRA actor, which
+    ``from_pretrained`` would load as a randomly initialised model, silently) into the plain model with the adapters
+    merged (peft's ``get_delta_weight``, :func:`policy_weights`), in place. Returns whether it had adapters.
+
+    Args:
+        rank, alpha: the adapters' r and lora_alpha (the scale is alpha / r, as peft's).
+    Raises:
+        ValueError: the adapters' tensors do not fit the model's config (names the folder).
+    """
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = Path(folder)
+    files = sorted(folder.glob("*.safetensors"))
+    state = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    if not any("lora_" in k for k in state):
+        return False
+    targets = sorted({k.split(".lora_A.")[0].rsplit(".", 1)[-1] for k in state if ".lora_A." in k})
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(folder)), dtype=torch.float32)
+    attach(model, LoraSettings(rank=int(rank), alpha=float(alpha), target_modules=tuple(targets)))
+    names = {k[len(PEFT_PREFIX):] if k.startswith(PEFT_PREFIX) else k: v for k, v in state.items()}
+    missing, unexpected = model.load_state_dict(names, strict=False)
+    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+    if unexpected or set(missing) - tied:
+        raise ValueError(f"{folder}: the saved LoRA model does not fit its config: unexpected {unexpected[:3]}, "
+                         f"missing {sorted(set(missing) - tied)[:3]}")
+    merged = dict(policy_weights(model))
+    plain = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)
+    plain.load_state_dict(merged, strict=not tied)
+    for f in files:
+        f.unlink()
+    plain.save_pretrained(folder)
+    return True
+
+
 def checkpoint_files(path) -> Iterable[Path]:
     """The files that make ``path`` a complete checkpoint (``config.json`` or ``adapter_config.json``)."""
     p = Path(path)

@@ -17,6 +17,8 @@ from pathlib import Path
 from .preflight import CONFIG_DIR, sweep_points
 
 SKIP = ("cpu_study", "verl_smoke")
+#: presets whose largest model has at least this many billion parameters get a ``lora=on`` row (sweeps/lora/on.yaml)
+LORA_FROM_B = 6.5
 
 
 def paper_presets() -> list[str]:
@@ -26,13 +28,15 @@ def paper_presets() -> list[str]:
 
 
 @functools.lru_cache(maxsize=64)
-def _points(name: str) -> tuple:
-    """The composed points of preset ``name``'s sweep (cached: composing is most of the table's time)."""
-    return tuple(sweep_points([f"experiment={name}"]))
+def _points(name: str, lora: bool = False) -> tuple:
+    """The composed points of preset ``name``'s sweep (with ``lora``: ``lora=on``; cached: composing is most of the
+    table's time)."""
+    return tuple(sweep_points([f"experiment={name}", *(["lora=on"] if lora else [])]))
 
 
-def preset_plan(name: str, device_gb: float = 80.0) -> dict:
-    """The plan of preset ``name``'s most demanding point on one GPU of ``device_gb`` GiB.
+def preset_plan(name: str, device_gb: float = 80.0, lora: bool = False) -> dict:
+    """The plan of preset ``name``'s most demanding point (with ``lora``: its ``lora=on`` variant) on one GPU of
+    ``device_gb`` GiB.
 
     Returns:
         {"preset", "engine", "model", "params_b", "points", "total_gb", "static_gb", "budget", "verdict"}.
@@ -41,7 +45,7 @@ def preset_plan(name: str, device_gb: float = 80.0) -> dict:
 
     from training.memory_plan import advice, auto_budget, model_shape, plan_memory, RunShape
 
-    points = _points(name)
+    points = _points(name, lora)
     worst, engines = None, set()
     for _, cfg in points:
         engines.add(str(cfg.engine.name))
@@ -78,8 +82,12 @@ def presets_table(device_gb: float = 80.0) -> str:
         if r["total_gb"] is None:
             lines.append(f"| `{name}` | | | | | {r['verdict']} |")
             continue
-        lines.append(f"| `{name}` | {r['model']} | {r['params_b']:.2f}B | {r['static_gb']:.1f} | {r['total_gb']:.1f} | "
-                     f"{r['verdict']} |")
+        rows = [(f"`{name}`", r)]
+        if r["params_b"] >= LORA_FROM_B:  # its LoRA variant, the suite's one-GPU choice (not the paper's protocol)
+            rows.append((f"`{name} lora=on`", preset_plan(name, device_gb, lora=True)))
+        for label, x in rows:
+            lines.append(f"| {label} | {x['model']} | {x['params_b']:.2f}B | {x['static_gb']:.1f} | {x['total_gb']:.1f} | "
+                         f"{x['verdict']} |")
     return "\n".join(lines)
 
 

@@ -103,6 +103,34 @@ def provenance_warnings(runs: pd.DataFrame, shown: int = 4) -> list[str]:
     return lines
 
 
+def lora_notes(runs: pd.DataFrame) -> list[str]:
+    """One line per LoRA setting among the trained runs (``train.lora.rank > 0``): rank, alpha, modules, the
+    learning rate and its rule, and that it is the suite's choice, not the paper's protocol (the papers fine-tune
+    every weight; sweeps/lora/on.yaml)."""
+    if runs.empty or "params" not in runs:
+        return []
+    groups: dict = {}
+    for label, p, kind in zip(runs["label"], runs["params"], runs.get("kind", [None] * len(runs))):
+        if kind != "trained" or not isinstance(p, dict):
+            continue
+        try:
+            rank = int(float(p.get("train.lora.rank", 0) or 0))
+        except ValueError:
+            continue
+        if rank <= 0:
+            continue
+        lr, full = str(p.get("train.lora.lr", "auto")), p.get("train.lr", "?")
+        rate = (f"learning rate 10 x train.lr ({full}), the rule of \"LoRA Without Regret\"" if lr == "auto"
+                else f"learning rate {lr} (train.lora.lr)")
+        key = (f"rank {rank}, alpha {p.get('train.lora.alpha', '?')}, on {p.get('train.lora.target_modules', '?')}, "
+               f"{rate}")
+        groups.setdefault(key, []).append(str(label))
+    return [f"LoRA adapters on a frozen base ({key}) for {', '.join(labels[:4])}"
+            f"{f' and {len(labels) - 4} more' if len(labels) > 4 else ''}: the suite's choice for one GPU, not the "
+            "paper's protocol (its models fine-tune every weight); compare with full fine-tuning before reading these "
+            "numbers as the paper's." for key, labels in groups.items()]
+
+
 def swept_params(runs: pd.DataFrame) -> list[str]:
     """Parameter keys whose value differs between the trained runs (the sweep's axes), bookkeeping keys
     excluded (base-model runs carry only model, eval and data parameters, so they are left out)."""

@@ -124,6 +124,8 @@ for problem in plugin_problems:
     note(f"A plug-in of these runs could not be imported, so its tables are not shown: {problem}")
 for line in R.provenance_warnings(runs):  # versions, machine, commit or evaluation protocol not shared by all runs
     note(line)
+for line in R.lora_notes(runs):  # LoRA (lora=on): the suite's choice, not the paper's protocol
+    note(line)
 
 # %% [markdown]
 # ## Runs

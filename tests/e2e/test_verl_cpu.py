@@ -200,9 +200,12 @@ def test_dapo_filters_groups_and_shapes_overlong_rewards(verl_sweep):
 
 
 def test_search_agent_takes_a_step_through_verls_tool_agent_loop(tmp_path):
-    """The search agents' twin on verl's CPU trainer: verl's multi-turn tool agent loop with the suite's search
+    """The search agents' twin on verl's CPU trainer, with LoRA adapters (train.lora: verl's own FSDP LoRA, its
+    reference the actor with the adapters off): verl's multi-turn tool agent loop with the suite's search
     function tool, the retrieval server started for the run over the generated world's corpus (BM25), one training
-    step, the usual evaluation. A random model never writes a function call in verl's (hermes) format, so no episode
+    step, the usual evaluation of the exported checkpoint, which holds the adapters merged into the base (verl saves
+    the peft-wrapped model: loaded as is it would be random weights): the adapted projections moved, the rest of the
+    base is bit-identical to the starting model. A random model never writes a function call in verl's (hermes) format, so no episode
     here calls the tool: its call path through verl's tool class is tested in tests/training/test_verl_engine.py."""
     from tests.e2e.test_sweep import _sweep
 
@@ -211,7 +214,7 @@ def test_search_agent_takes_a_step_through_verls_tool_agent_loop(tmp_path):
                   "train.minibatch_size=8", "train.max_new_tokens=16", "tools.max_turns=1", "tools.max_obs_tokens=48",
                   "eval.max_prompts=2", "eval.n=2", "eval.ks=[1,2]", "eval.ucc_ks=[2]", "eval.max_new_tokens=16",
                   "eval.base=false", "engine.gradient_checkpointing=false", "report.enabled=false",
-                  "experiment_name=search", timeout=900)
+                  "train.lora.rank=4", "train.lora.lr=0.01", "experiment_name=search", timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     from mlflow.tracking import MlflowClient
 
@@ -227,3 +230,12 @@ def test_search_agent_takes_a_step_through_verls_tool_agent_loop(tmp_path):
     # through the ppo_loss wrapper), computed inside verl's workers, under the local engine's names
     missing = _own_metrics("tr_grpo") - set(m)
     assert not missing and "train/kl_ref" in m, missing
+    # LoRA through verl: its config took the rank, the checkpoint the suite evaluated is the merged plain model
+    from safetensors.torch import load_file
+
+    assert "'lora_rank': 4" in log
+    run_dir = Path(run.data.tags["rlvr.run_dir"])
+    start, trained = (load_file(str(next((run_dir / d).glob("*.safetensors")))) for d in ("initial_model", "checkpoint"))
+    assert start.keys() == trained.keys() and not any("lora_" in k for k in trained)
+    moved = {k for k in start if not torch.equal(start[k], trained[k])}
+    assert moved and all(k.endswith("_proj.weight") for k in moved)  # only adapted projections changed

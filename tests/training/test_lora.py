@@ -187,3 +187,21 @@ def test_smollm2_with_rank_8_trains_under_5_percent_keeps_the_base_and_scores_th
                                   float(cfg.train.temperature))
     m = b.response_mask.bool()
     assert (b.ref_logprobs - own)[m].abs().max() < 1e-6
+
+
+def test_the_report_labels_lora_runs_as_the_suites_choice_with_their_learning_rate_rule():
+    import pandas as pd
+
+    from reports.data import lora_notes
+
+    runs = pd.DataFrame({
+        "label": ["grpo", "exppo", "base", "gspo"], "kind": ["trained", "trained", "base", "trained"],
+        "params": [{"train.lora.rank": "32", "train.lora.alpha": "32", "train.lora.target_modules": "all-linear",
+                    "train.lora.lr": "auto", "train.lr": "1e-06"},
+                   {"train.lora.rank": "32", "train.lora.alpha": "32", "train.lora.target_modules": "all-linear",
+                    "train.lora.lr": "auto", "train.lr": "1e-06"},
+                   {}, {"train.lora.rank": "0", "train.lr": "1e-06"}]})
+    [line] = lora_notes(runs)
+    assert line.startswith("LoRA adapters on a frozen base (rank 32, alpha 32, on all-linear, learning rate 10 x "
+                           "train.lr (1e-06)") and "for grpo, exppo:" in line and "not the paper's protocol" in line
+    assert lora_notes(runs.iloc[2:]) == []  # full fine-tuning and the base model: no note

@@ -91,7 +91,7 @@ def test_gpu_train_check_script_runs_its_path_on_the_cpu(tmp_path):
 
 def test_train_step_benchmark_runs_both_engines_on_the_same_prompts(tmp_path, tiny_cfg):
     """benchmarks/train_step.py on the tiny model (2 steps, 8 tokens): both engines step in turn, each reports
-    the split and its own peak memory; and TRL's dataset is exactly the prompt sequence the local engine draws."""
+    the split and its own peak memory, with and without LoRA (--lora: the local engine's adapters beside TRL's peft); and TRL's dataset is exactly the prompt sequence the local engine draws."""
     pytest.importorskip("trl", reason="TRL is not installed (pip install -e '.[bench]')")
     import json
 
@@ -100,7 +100,8 @@ def test_train_step_benchmark_runs_both_engines_on_the_same_prompts(tmp_path, ti
     rollout = "vllm" if SAMPLERS["vllm"].missing() is None else "hf"  # vLLM's rollouts where installed (CI: yes)
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, "-m", "benchmarks.train_step", "--model", "tiny-random", "--steps", "2",
-                           "--max-new-tokens", "8", "--rollout", rollout, "--packing", "tree", "--json", str(out)],
+                           "--max-new-tokens", "8", "--rollout", rollout, "--packing", "tree", "--lora", "4",
+                           "--json", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     local_name, trl_name = f"local, {rollout} rollouts, packing tree", "TRL GRPOTrainer (beside packing tree)"
@@ -117,6 +118,14 @@ def test_train_step_benchmark_runs_both_engines_on_the_same_prompts(tmp_path, ti
         assert s["raw_vllm_tokens_per_s"] > 0 and s["weight_sync"] > 0
         assert r["rollout_vs_raw_vllm"] == pytest.approx(s["rollout_tokens_per_s"] / s["raw_vllm_tokens_per_s"])
         assert r["sync_share_of_step"] == pytest.approx(s["weight_sync"] / s["total"])
+    # LoRA beside TRL's peft LoRA: the same adapters (rank 4 on every linear layer) counted by two trainers, a small
+    # share of what full fine-tuning trains; the ratios against full fine-tuning from the same run
+    lora, trl_lora = f"local LoRA r4, {rollout} rollouts", "TRL GRPOTrainer + peft LoRA r4"
+    assert res["summary"][lora]["trainable_params"] == res["summary"][trl_lora]["trainable_params"] > 0
+    assert res["summary"][lora]["trainable_params"] < 0.05 * res["summary"][local_name]["trainable_params"]
+    assert res["summary"][trl_name]["trainable_params"] == res["summary"][local_name]["trainable_params"]
+    assert res["ratios"][lora]["step_vs_full"] == pytest.approx(res["summary"][lora]["total"] / s["total"])
+    assert f"{lora} / TRL: step time" in proc.stdout and "against full fine-tuning" in proc.stdout
     # the prompts: the local engine's draw order, reproduced for TRL
     from benchmarks.train_step import _compose, prompt_sequence
     from training.engines import local

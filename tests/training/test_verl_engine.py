@@ -790,3 +790,26 @@ def test_the_search_function_tool_answers_through_verls_tool_class(tmp_path, mon
     finally:
         server.close()
     assert asyncio.run(tool.call({"query": "anything"})).startswith("search failed:")
+
+
+def test_lora_settings_reach_verls_own_lora_and_compose(tmp_path):
+    """train.lora -> verl's model.lora_rank / lora_alpha / target_modules, merged weights to the rollout
+    (model.lora.merge), the adapters' learning rate (auto: 10 x train.lr); verl's schema accepts them and takes its
+    reference from the actor with the adapters off (ref_in_actor: no reference copy). Settings verl's FSDP LoRA cannot
+    honour stop at pre-flight."""
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.utils.config import omega_conf_to_dataclass
+
+    cfg = _cfg("engine=verl", "algo=grpo", "train.lr=1e-6", "train.lora.rank=16", "train.lora.alpha=32",
+               "train.lora.target_modules=[q_proj,v_proj]")
+    model_path = V.materialize_model(cfg.model, tmp_path / "model")
+    c = V.compose_verl_config(V.verl_overrides(cfg, model_path, tmp_path / "data", tmp_path / "run"))
+    m = c.actor_rollout_ref.model
+    assert (m.lora_rank, m.lora_alpha, list(m.target_modules), m.lora.merge) == (16, 32, ["q_proj", "v_proj"], True)
+    assert c.actor_rollout_ref.actor.optim.lr == pytest.approx(1e-5)
+    assert omega_conf_to_dataclass(m).lora_rank == 16
+    assert "lora_rank > 0" in __import__("inspect").getsource(RayPPOTrainer.__init__)  # verl's ref_in_actor rule
+    for extra, needle in ((["train.lora.dropout=0.1"], "train.lora.dropout=0.1"),
+                          (["train.lora.alpha=8.5"], "train.lora.alpha=8.5")):
+        with pytest.raises(ValueError, match=needle.replace(".", r"\.")):
+            V.check_verl_config(_cfg("engine=verl", "algo=grpo", "train.lora.rank=4", *extra))

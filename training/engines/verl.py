@@ -49,6 +49,7 @@ import torch
 from omegaconf import OmegaConf
 
 from core.config_keys import DEVICE, B, F, I, L, S
+from core.lora import LoraSettings
 from training.algorithms import get_advantage_fn, get_policy_loss_fn, need_param, needs_of
 from training.engines import register_engine
 from training.batch import RolloutBatch
@@ -134,6 +135,12 @@ def check_verl_config(cfg) -> list[str]:
         Warnings (none at present).
     """
     algo, t = cfg.algo, cfg.train
+    lora = LoraSettings.of(cfg)
+    lora.check()
+    if lora.on and lora.dropout != 0.0:
+        raise ValueError(f"train.lora.dropout={lora.dropout}: verl's FSDP LoRA has no adapter dropout; set 0 with engine=verl")
+    if lora.on and float(lora.alpha) != int(lora.alpha):
+        raise ValueError(f"train.lora.alpha={lora.alpha}: verl takes an integer lora_alpha; set a whole number")
     adv = str(algo.advantage.name)
     for field, why in needs_of("advantage", adv, _params(algo.advantage)).items():
         if field not in SUPPLIED_TO_ESTIMATORS:
@@ -594,7 +601,8 @@ def verl_overrides(cfg, model_path: str, data_dir: Path, run_dir: Path) -> list[
     rollout settings of ``cfg.engine.rollout``; ``seed``; ``train.steps`` -> ``total_training_steps``;
     ``train.checkpoint_every`` and ``train.save_every`` -> ``save_freq`` (their gcd when both are set;
     resume_mode auto; with ``save_every`` every checkpoint is kept, so each can be exported for evaluation).
-    ``cfg.engine.extra_overrides`` go last.
+    ``train.lora`` -> ``model.lora_rank``, ``lora_alpha``, ``target_modules``, ``model.lora.merge=true`` (the
+    rollout takes merged weights) and the adapters' learning rate. ``cfg.engine.extra_overrides`` go last.
     """
     t, algo, e = cfg.train, cfg.algo, cfg.engine
     G, P = int(t.group_size), int(t.prompts_per_step)
@@ -628,7 +636,7 @@ def verl_overrides(cfg, model_path: str, data_dir: Path, run_dir: Path) -> list[
         f"{M}.use_remove_padding={str(bool(e.use_remove_padding)).lower()}",
         f"{A}.strategy={resolved(e, 'strategy')}",
         f"++{M}.override_config.attn_implementation={resolved(e, 'attn_implementation')}",
-        f"{A}.optim.lr={float(t.lr)}",
+        f"{A}.optim.lr={LoraSettings.of(cfg).learning_rate(t.lr) if LoraSettings.of(cfg).on else float(t.lr)}",
         f"{A}.optim.betas={q([float(b) for b in t.betas])}",
         f"{A}.optim.weight_decay={float(t.weight_decay)}",
         f"{A}.optim.lr_warmup_steps={int(t.get('warmup_steps', 0)) or -1}",
@@ -685,6 +693,12 @@ def verl_overrides(cfg, model_path: str, data_dir: Path, run_dir: Path) -> list[
     ]
     if norm is not None:
         ov.append(f"{A}.loss_scale_factor={int(norm)}")
+    lora = LoraSettings.of(cfg)
+    if lora.on:  # verl's own LoRA (FSDP, peft): its reference is the actor with the adapters off (ref_in_actor),
+        # and its rollout takes the merged weights after each step (lora.merge), as the local engine's vLLM does
+        targets = lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
+        ov += [f"{M}.lora_rank={lora.rank}", f"{M}.lora_alpha={int(lora.alpha)}", f"{M}.target_modules={q(targets)}",
+               f"++{M}.lora.merge=true"]
     if not chat:  # raw prompt text, as the local engine feeds a model without a chat template
         ov.append(f"{M}.custom_chat_template={q(RAW_TEMPLATE)}")
     if _tool_task(cfg):  # search QA: verl's tool agent loop, the search function tool, the run's turn limits
@@ -983,7 +997,9 @@ def export_hf_checkpoint(ckpt_root: Path, out_dir: Path, step_dir: Path | None =
     """Copy verl's latest actor checkpoint (or ``step_dir``'s), in Hugging Face format, to ``out_dir`` for evaluation.
 
     Uses ``actor/huggingface`` when verl saved the weights there (``save_contents`` with ``hf_model``);
-    otherwise merges the FSDP shards with verl's own ``python -m verl.model_merger merge``.
+    otherwise merges the FSDP shards with verl's own ``python -m verl.model_merger merge``. A LoRA actor's
+    (``lora_train_meta.json``) is saved as the peft-wrapped model, which ``from_pretrained`` would load as random
+    weights without a word: its adapters are merged into the base first (:func:`core.lora.merge_saved_peft_model`).
 
     Raises:
         FileNotFoundError: no verl checkpoint under ``ckpt_root``.
@@ -1009,6 +1025,12 @@ def export_hf_checkpoint(ckpt_root: Path, out_dir: Path, step_dir: Path | None =
             for f in hf.iterdir():
                 if f.is_file() and not (tmp / f.name).exists():
                     shutil.copy2(f, tmp / f.name)
+    meta = actor / "lora_train_meta.json"
+    if meta.is_file():  # a LoRA actor: verl saved the peft-wrapped state dict; evaluate the adapters merged
+        from core.lora import merge_saved_peft_model
+
+        info = json.loads(meta.read_text())
+        merge_saved_peft_model(tmp, int(info["r"]), float(info["lora_alpha"]))
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.replace(out_dir)
     return out_dir
