@@ -28,10 +28,17 @@ def paper_presets() -> list[str]:
 
 
 @functools.lru_cache(maxsize=64)
-def _points(name: str, lora: bool = False) -> tuple:
-    """The composed points of preset ``name``'s sweep (with ``lora``: ``lora=on``; cached: composing is most of the
-    table's time)."""
-    return tuple(sweep_points([f"experiment={name}", *(["lora=on"] if lora else [])]))
+def _points(name: str) -> tuple:
+    """The composed points of preset ``name``'s sweep (cached: composing is most of the table's time)."""
+    return tuple(sweep_points([f"experiment={name}"]))
+
+
+def _lora_on():
+    """``sweeps/lora/on.yaml`` (a ``_global_`` package: it sets ``train.*`` keys only), to merge into composed points
+    as ``lora=on`` would (composing every preset again takes most of a minute)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.load(CONFIG_DIR / "lora" / "on.yaml")
 
 
 def preset_plan(name: str, device_gb: float = 80.0, lora: bool = False) -> dict:
@@ -45,9 +52,11 @@ def preset_plan(name: str, device_gb: float = 80.0, lora: bool = False) -> dict:
 
     from training.memory_plan import advice, auto_budget, model_shape, plan_memory, RunShape
 
-    points = _points(name, lora)
+    points = _points(name)
     worst, engines = None, set()
     for _, cfg in points:
+        if lora:
+            cfg = OmegaConf.merge(cfg, _lora_on())
         engines.add(str(cfg.engine.name))
         if str(cfg.engine.name) != "local":
             continue

@@ -63,8 +63,14 @@ def test_every_preset_is_planned_offline():
     assert main["params_b"] == pytest.approx(1.54, abs=0.01) and main["verdict"].startswith("fits as is")
     seven = preset_plan("exppo_main")  # a 7B model with float32 AdamW state: 16 bytes per parameter, 114 GiB
     assert seven["static_gb"] > 80 and "engine=verl engine.n_gpus_per_node=" in seven["verdict"]
+    # LoRA (lora=on): the same 7B preset on one GPU, adapters' state only (no reference copy, gradients and AdamW
+    # state of the adapters): a static part below the base's float32 weights plus a tenth of them
+    lora = preset_plan("exppo_main", lora=True)
+    assert lora["verdict"].startswith("fits as is") and 4 * 7.6e9 / 2**30 < lora["static_gb"] < 1.1 * 4 * 7.62e9 / 2**30
     table = presets_table()
-    assert len(table.splitlines()) == len(paper_presets()) + 2
+    big = [n for n in paper_presets() if preset_plan(n)["params_b"] >= 6.5]  # each 7B/8B preset has a lora=on row
+    assert len(big) == 6 and len(table.splitlines()) == len(paper_presets()) + len(big) + 2
+    assert all(f"| `{n} lora=on` |" in table for n in big)
     # the docs show the current table
     assert table in (REPO / "docs" / "training.md").read_text(), "docs/training.md: run python -m orchestrator.memory"
 
