@@ -9,9 +9,10 @@ every scorer, sampler and packing path works on it unchanged. What this module o
 - :func:`policy_weights`: the policy's weights under the base model's names with every adapter merged in
   (``W + scale * B @ A``, peft's own ``get_delta_weight``), what a vLLM engine loads in place after each optimiser
   step; the base tensors are read, never changed;
-- :func:`save_adapter` and :func:`evaluable`: a checkpoint holds the adapter in peft's format (``adapter_config.json``
-  naming its base folder, ``adapter_model.safetensors``, the tokenizer); :func:`evaluable` turns such a folder into
-  the merged model folder every evaluation path loads (peft's ``merge_and_unload``, cached by the adapter's content).
+- :func:`save_adapter`: a checkpoint holds the adapter in peft's format (``adapter_config.json`` naming its base
+  folder, ``adapter_model.safetensors``, the tokenizer); :func:`core.models.evaluable` (model I/O's, re-exported
+  here) turns such a folder into the merged model folder every evaluation path loads (peft's ``merge_and_unload``,
+  cached by the adapter's content).
 
 Source: Hu et al. 2022, "LoRA: Low-Rank Adaptation of Large Language Models", eq. 3 (``h = W0 x + (alpha / r) B A x``,
 B initialised to zero, so the adapted policy starts as the base); the learning-rate rule of ``lr: auto`` (10x full
@@ -21,7 +22,6 @@ fine-tuning in RL when every linear layer is adapted.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +29,7 @@ from typing import Iterable, Iterator
 
 import torch
 
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
+from .models import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_base, evaluable, is_adapter  # noqa: F401  (model I/O)
 #: ``train.lora.lr: auto`` is this multiple of ``train.lr`` (LoRA Without Regret: the optimal LoRA learning rate is
 #: about 10x full fine-tuning's, across ranks, in supervised and RL training)
 LR_MULTIPLE = 10.0
@@ -201,58 +200,6 @@ def save_adapter(model, tokenizer, path: Path, base_path: str) -> None:
     conf = json.loads((path / ADAPTER_CONFIG).read_text())
     conf["base_model_name_or_path"] = str(Path(base_path).resolve()) if Path(base_path).exists() else str(base_path)
     (path / ADAPTER_CONFIG).write_text(json.dumps(conf, indent=2))
-
-
-def is_adapter(path) -> bool:
-    """Whether ``path`` is an adapter checkpoint folder (peft's ``adapter_config.json``, no full model)."""
-    p = Path(str(path))
-    return p.is_dir() and (p / ADAPTER_CONFIG).is_file() and not (p / "config.json").is_file()
-
-
-def adapter_base(path) -> str:
-    """The base model an adapter folder was trained on (its ``adapter_config.json``).
-
-    Raises:
-        ValueError: the folder names no base, or the base folder is gone.
-    """
-    base = json.loads((Path(path) / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
-    if not base:
-        raise ValueError(f"{path}: {ADAPTER_CONFIG} names no base model (base_model_name_or_path)")
-    if base.startswith("/") and not (Path(base) / "config.json").is_file():
-        raise ValueError(f"{path}: its base model folder {base} is gone (no config.json there)")
-    return base
-
-
-def evaluable(path) -> str:
-    """A full model folder for ``path``: ``path`` itself, or for an adapter folder the base with the adapter merged
-    (peft's ``merge_and_unload``), written once to the cache (keyed by the adapter's bytes and its base) with the
-    adapter folder's tokenizer; every evaluation path then loads it as any checkpoint.
-
-    Raises:
-        ValueError: as :func:`adapter_base`.
-    """
-    if not is_adapter(path):
-        return str(path)
-    from .models import _atomic_save, cache_root
-
-    base = adapter_base(path)
-    h = hashlib.sha256(base.encode())
-    for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
-        f = Path(path) / name
-        if f.is_file():
-            h.update(f.read_bytes())
-    target = cache_root() / "merged" / f"{Path(base).name}-{h.hexdigest()[:16]}"
-
-    def save(tmp: Path) -> None:
-        from peft import PeftModel
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        model = AutoModelForCausalLM.from_pretrained(base, dtype="auto")
-        merged = PeftModel.from_pretrained(model, str(path)).merge_and_unload()
-        merged.save_pretrained(tmp)
-        AutoTokenizer.from_pretrained(str(path)).save_pretrained(tmp)
-
-    return str(_atomic_save(target, save))
 
 
 PEFT_PREFIX = "base_model.model."  # peft's PeftModel state-dict prefix (what verl's hf_model export of a LoRA actor holds)

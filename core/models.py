@@ -10,7 +10,9 @@ Sources (``model.source``):
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -183,8 +185,6 @@ def load_checkpoint(path, device="cpu", dtype=torch.float32):
     the tokenizer left-padded with a pad token."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .lora import evaluable
-
     path = evaluable(path)
 
     tok = AutoTokenizer.from_pretrained(str(path))
@@ -270,8 +270,6 @@ def check_source(model_cfg) -> None:
         raise ValueError("model.path=None: model.source=pretrained needs a local folder or a hub id (org/name)")
     local = Path(str(path)).expanduser()
     if local.is_dir():
-        from .lora import adapter_base, is_adapter
-
         if is_adapter(local):  # a LoRA checkpoint: its base must be there too
             try:
                 adapter_base(local)
@@ -321,3 +319,60 @@ def model_path(model_cfg) -> str:
 
         return str(_atomic_save(tiny_model_dir(model_cfg), save))
     raise ValueError(f"model.source={src!r}: expected gguf_wheel, tiny_random or pretrained")
+
+
+# ----------------------------------------------------------------------------------- LoRA adapter checkpoints
+# (core/lora.py trains them; a checkpoint folder of one is model I/O: found, checked and loaded here)
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def is_adapter(path) -> bool:
+    """Whether ``path`` is an adapter checkpoint folder (peft's ``adapter_config.json``, no full model)."""
+    p = Path(str(path))
+    return p.is_dir() and (p / ADAPTER_CONFIG).is_file() and not (p / "config.json").is_file()
+
+
+def adapter_base(path) -> str:
+    """The base model an adapter folder was trained on (its ``adapter_config.json``).
+
+    Raises:
+        ValueError: the folder names no base, or the base folder is gone.
+    """
+    base = json.loads((Path(path) / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    if not base:
+        raise ValueError(f"{path}: {ADAPTER_CONFIG} names no base model (base_model_name_or_path)")
+    if base.startswith("/") and not (Path(base) / "config.json").is_file():
+        raise ValueError(f"{path}: its base model folder {base} is gone (no config.json there)")
+    return base
+
+
+def evaluable(path) -> str:
+    """A full model folder for ``path``: ``path`` itself, or for an adapter folder the base with the adapter merged
+    (peft's ``merge_and_unload``), written once to the cache (keyed by the adapter's bytes and its base) with the
+    adapter folder's tokenizer; every evaluation path then loads it as any checkpoint.
+
+    Raises:
+        ValueError: as :func:`adapter_base`.
+    """
+    if not is_adapter(path):
+        return str(path)
+    base = adapter_base(path)
+    h = hashlib.sha256(base.encode())
+    for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
+        f = Path(path) / name
+        if f.is_file():
+            h.update(f.read_bytes())
+    target = cache_root() / "merged" / f"{Path(base).name}-{h.hexdigest()[:16]}"
+
+    def save(tmp: Path) -> None:
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model = AutoModelForCausalLM.from_pretrained(base, dtype="auto")
+        merged = PeftModel.from_pretrained(model, str(path)).merge_and_unload()
+        merged.save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(str(path)).save_pretrained(tmp)
+
+    return str(_atomic_save(target, save))

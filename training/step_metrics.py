@@ -28,7 +28,9 @@ def mean_metrics(items: list[dict]) -> dict:
 
 
 #: update metrics summed over a step's optimiser steps (the others are averaged)
-SUMMED = ("update_forward_time_s", "update_backward_time_s", "micro_batches", "update_tokens", "update_padding")
+SUMMED = ("update_forward_time_s", "update_backward_time_s", "micro_batches", "update_tokens", "update_padding",
+          "nonfinite_skips", "nonfinite_advantage", "nonfinite_policy_loss", "nonfinite_kl", "nonfinite_entropy",
+          "nonfinite_gradient")
 
 
 @dataclass
@@ -82,7 +84,8 @@ def step_metrics(batch, seen, advantages, adv_metrics: dict, update_metrics: lis
     """
     n_tokens = int(seen.response_mask.sum()) + int(seen.prompt_mask.sum())
     update = mean_metrics(update_metrics)
-    totals = {k: float(sum(m[k] for m in update_metrics)) for k in SUMMED if update_metrics and k in update_metrics[0]}
+    totals = {k: float(sum(m.get(k, 0.0) for m in update_metrics)) for k in SUMMED
+              if any(k in m for m in update_metrics)}
     cuda = torch.device(device).type == "cuda"
     out = {
         **response_metrics(seen),

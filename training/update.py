@@ -15,6 +15,7 @@ ratios, the gradient norm) are the whole minibatch's, not a mean of micro-batch 
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -119,6 +120,28 @@ def policy_objective(logprobs, entropy, batch, advantages, loss_fn, loss_params:
     return loss, pg_loss, m
 
 
+#: the objective's terms a non-finite value is attributed to, in the order they are checked
+NONFINITE_TERMS = ("advantage", "policy_loss", "kl", "entropy", "gradient")
+
+
+def nonfinite_term(advantages: torch.Tensor, mask: torch.Tensor, pg: torch.Tensor, m: dict, grad_norm) -> str | None:
+    """The first of :data:`NONFINITE_TERMS` that is not finite in one optimiser step, or None: the advantages on the
+    response tokens (``advantages`` (B,) or (B, L), ``mask`` (B, L)), the policy loss ``pg``, the KL term
+    (``m["kl_ref"]``), the entropy bonus (``m["entropy_bonus"]``), the gradient norm before clipping."""
+    adv = advantages if advantages.dim() == 1 else advantages[mask.bool()]
+    if adv.numel() and not bool(torch.isfinite(adv).all()):
+        return "advantage"
+    if not math.isfinite(float(pg)):
+        return "policy_loss"
+    if not math.isfinite(m.get("kl_ref", 0.0)):
+        return "kl"
+    if not math.isfinite(m.get("entropy_bonus", 0.0)):
+        return "entropy"
+    if not math.isfinite(float(grad_norm)):
+        return "gradient"
+    return None
+
+
 def update_policy(model, optimizer, batch, advantages, loss_fn, loss_params: dict,
                   settings: UpdateSettings = UpdateSettings(), scorer: Scorer | None = None,
                   generator: torch.Generator | None = None) -> list[dict]:
@@ -182,7 +205,8 @@ def minibatch_step(model, optimizer, batch, idx, advantages, loss_fn, loss_param
     Returns:
         The minibatch's metrics: the loss function's (clip fractions, ratios, ...), ``policy_loss``, ``loss``,
         ``kl_ref`` / ``entropy_bonus`` when those terms are on, ``grad_norm``, the TIS weights' with a correction,
-        ``micro_batches``, ``update_tokens`` and ``update_padding`` (positions computed and positions without a
+        ``nonfinite_skips`` (1 when a non-finite term skipped the step, :func:`nonfinite_term`; then also
+        ``nonfinite_<term>`` = 1), ``micro_batches``, ``update_tokens`` and ``update_padding`` (positions computed and positions without a
         token, over the forward passes), ``update_forward_time_s``, ``update_backward_time_s``; with ``first``,
         ``first_minibatch_ratio_dev`` = max |pi_theta / pi_old - 1| over its tokens before any update.
     """
@@ -264,7 +288,12 @@ def minibatch_step(model, optimizer, batch, idx, advantages, loss_fn, loss_param
             batch.extras["entropy"][idx] = mb.extras["entropy"]
     t0 = time.perf_counter()
     grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], s.max_grad_norm)
-    optimizer.step()
+    fault = nonfinite_term(advantages, mb.response_mask, pg, m, grad_norm)
+    if fault is None:
+        optimizer.step()
+    else:  # a non-finite term: the step is skipped, weights and optimiser state untouched (verl and Megatron-LM too)
+        m[f"nonfinite_{fault}"] = 1.0
+    m["nonfinite_skips"] = float(fault is not None)
     optimizer.zero_grad(set_to_none=True)  # gradients freed until the next step (memory for generation)
     times["backward"] += time.perf_counter() - t0
     m.update(policy_loss=float(pg.detach()), loss=float(loss.detach()), grad_norm=float(grad_norm),

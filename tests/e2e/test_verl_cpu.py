@@ -205,7 +205,8 @@ def test_search_agent_takes_a_step_through_verls_tool_agent_loop(tmp_path):
     function tool, the retrieval server started for the run over the generated world's corpus (BM25), one training
     step, the usual evaluation of the exported checkpoint, which holds the adapters merged into the base (verl saves
     the peft-wrapped model: loaded as is it would be random weights): the adapted projections moved, the rest of the
-    base is bit-identical to the starting model. A random model never writes a function call in verl's (hermes) format, so no episode
+    base is bit-identical to the starting model. An entropy bonus gives the adapters a gradient whatever the rewards
+    (a random model's are often all 0, and the KL to the reference is 0 while B is 0). A random model never writes a function call in verl's (hermes) format, so no episode
     here calls the tool: its call path through verl's tool class is tested in tests/training/test_verl_engine.py."""
     from tests.e2e.test_sweep import _sweep
 
@@ -214,7 +215,8 @@ def test_search_agent_takes_a_step_through_verls_tool_agent_loop(tmp_path):
                   "train.minibatch_size=8", "train.max_new_tokens=16", "tools.max_turns=1", "tools.max_obs_tokens=48",
                   "eval.max_prompts=2", "eval.n=2", "eval.ks=[1,2]", "eval.ucc_ks=[2]", "eval.max_new_tokens=16",
                   "eval.base=false", "engine.gradient_checkpointing=false", "report.enabled=false",
-                  "train.lora.rank=4", "train.lora.lr=0.01", "experiment_name=search", timeout=900)
+                  "train.lora.rank=4", "train.lora.lr=0.01", "algo.entropy_coef=0.01", "experiment_name=search",
+                  timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     from mlflow.tracking import MlflowClient
 

@@ -56,7 +56,7 @@ def test_every_preset_is_planned_offline():
 
     assert os.environ.get("HF_HUB_OFFLINE") == "1"
     for path in sorted((CONFIG_DIR / "experiment").glob("*.yaml")):  # each preset's own settings (the twins too)
-        [(_, cfg)] = sweep_points([f"experiment={path.stem}"], multirun=False)
+        (_, cfg) = sweep_points([f"experiment={path.stem}"])[0]  # the sweep's first point (composed once per worker)
         plan = plan_for(cfg, device="cuda", device_gb=80.0)
         assert plan.total_gb > plan.parts["weights"] > 0, path.stem
     main = preset_plan("quatro_main")

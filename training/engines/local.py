@@ -23,7 +23,6 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import math
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -52,9 +51,19 @@ from training.run_state import (STATE_FILE, PromptOrder, RandomStates, has_state
                                 seed_everything)
 from training.step_metrics import StepTimes, peak_memory_gb, step_metrics  # noqa: F401
 from training.token_probs import ARTIFACT as TOKEN_PROBS, TokenProbs
-from training.update import UpdateSettings, policy_objective, update_policy  # noqa: F401
+from training.update import NONFINITE_TERMS, UpdateSettings, policy_objective, update_policy  # noqa: F401
 
-__all__ = ["STOP_REQUESTED", "Preempted", "train", "update_policy", "policy_objective", "UpdateSettings"]
+__all__ = ["STOP_REQUESTED", "Preempted", "NumericFault", "train", "update_policy", "policy_objective", "UpdateSettings"]
+
+
+class NumericFault(RuntimeError):
+    """``train.max_nonfinite_steps`` steps in a row had a non-finite term (their updates skipped), or the weights
+    became non-finite: the run stops, its last saved state finite (the message names the step and the term)."""
+
+
+def _finite_weights(model) -> bool:
+    """Whether every trainable parameter of ``model`` is finite (a state with non-finite weights is never saved)."""
+    return all(bool(torch.isfinite(p).all()) for p in model.parameters() if p.requires_grad)
 
 MEMORY_FILE = "memory.json"  # the run's memory plan and scoring layout (the orchestrator logs and tags them)
 
@@ -392,7 +401,13 @@ def resume(run: LocalRun, log_metrics, logged_through: int) -> int:
 
 def save(run: LocalRun, step: int) -> Path:
     """The full state after ``step`` (atomically: a kill mid-save leaves the previous one); with LoRA the adapters,
-    not the frozen base."""
+    not the frozen base.
+
+    Raises:
+        NumericFault: a trainable weight is not finite (the previous state is kept)."""
+    if not _finite_weights(run.model):
+        raise NumericFault(f"step {step}: the policy's weights are not finite; the state is not saved (the last saved "
+                           f"state in {run.run_dir / STATE_FILE} is kept)")
     return save_state(run.run_dir, {
         "model": adapter_state(run.model) if has_adapters(run.model) else run.model.state_dict(), "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
         **run.prompts.state_dict(), **RandomStates.capture().state_dict(), "step": step, "pending": run.pending,
@@ -552,6 +567,7 @@ def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
     from training.mismatch import SyncGuard
 
     guard = SyncGuard(float32=_rollout_dtype(cfg, run.device) == "float32" and not run.settings.bf16)
+    max_faulty, faulty = int(t_cfg.get("max_nonfinite_steps", 3)), 0  # steps in a row with a skipped update
     lines = LineProgress(f"train {cfg.algo.name}", n_steps, start_step)
     for step in trange(start_step, n_steps, initial=start_step, total=n_steps, desc=f"train {cfg.algo.name}",
                        unit="step", disable=None):
@@ -606,7 +622,13 @@ def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
             run.token_probs.update(seen.response_ids, seen.old_logprobs, seen.response_mask)
         lines.update(step + 1, reward=metrics["reward_mean"], accuracy=metrics["accuracy"],
                      step_s=round(times.step, 1))
-        run.pending.append((step, {f"train/{k}": v for k, v in metrics.items() if v is not None and math.isfinite(v)}))
+        # every metric, a non-finite one too (logged as NaN or infinity, never dropped)
+        run.pending.append((step, {f"train/{k}": float(v) for k, v in metrics.items() if v is not None}))
+        terms = [t for t in NONFINITE_TERMS if metrics.get(f"nonfinite_{t}")]
+        faulty = faulty + 1 if terms else 0
+        if terms:
+            log.warning("step %d: %d of its optimiser steps skipped: non-finite %s (weights and optimiser state "
+                        "untouched; train/nonfinite_skips)", step, int(metrics["nonfinite_skips"]), ", ".join(terms))
 
         # ---- checkpoints and state: the kept policy first, then the state (with these metrics), then the tracker
         if save_every and (step + 1) % save_every == 0 and step + 1 < n_steps:  # a trajectory point (the last is final)
@@ -619,6 +641,10 @@ def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
             flush()
         if stop:
             raise Preempted(f"stopped after step {step} on request; state saved to {path}")
+        if faulty >= max_faulty:
+            raise NumericFault(f"step {step}: non-finite {', '.join(terms)} in {faulty} steps in a row "
+                               f"(train.max_nonfinite_steps={max_faulty}): every update of those steps was skipped; "
+                               "the run stops with its weights and last saved state finite")
 
     run.rollout.close()  # the shared vLLM engine stays up, holding the final policy, for the run's evaluation
     run.token_probs.write(run.run_dir / TOKEN_PROBS, run.tokenizer)
