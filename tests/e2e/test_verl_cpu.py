@@ -215,7 +215,7 @@ def test_search_agent_takes_a_step_through_verls_tool_agent_loop(tmp_path):
                   "train.minibatch_size=8", "train.max_new_tokens=16", "tools.max_turns=1", "tools.max_obs_tokens=48",
                   "eval.max_prompts=2", "eval.n=2", "eval.ks=[1,2]", "eval.ucc_ks=[2]", "eval.max_new_tokens=16",
                   "eval.base=false", "engine.gradient_checkpointing=false", "report.enabled=false",
-                  "train.lora.rank=4", "train.lora.lr=0.01", "algo.entropy_coef=0.01", "experiment_name=search",
+                  "train.lora.rank=4", "train.lora.lr=0.01", "+algo.entropy_coef=0.01", "experiment_name=search",
                   timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     from mlflow.tracking import MlflowClient
