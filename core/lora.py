@@ -25,7 +25,7 @@ import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterator
 
 import torch
 
@@ -82,11 +82,10 @@ class LoraSettings:
         return tuple(t for t in self.target_modules if t in DECODER_LINEARS)
 
     def check(self) -> None:
-        """Raises ValueError naming the ``train.lora`` key whose value cannot be used."""
+        """Raises ValueError naming the ``train.lora`` key whose value cannot be used (every key, also with rank 0)."""
         if self.rank < 0:
             raise ValueError(f"train.lora.rank={self.rank}: expected 0 (off) or a rank >= 1")
-        if not self.on:
-            return
+        # the other keys are checked with LoRA off too: a bad value is a typo whether or not it is used yet
         if not self.alpha > 0:
             raise ValueError(f"train.lora.alpha={self.alpha}: expected a number > 0")
         if not 0.0 <= self.dropout < 1.0:
@@ -242,9 +241,3 @@ def merge_saved_peft_model(folder, rank: int, alpha: float) -> bool:
         f.unlink()
     plain.save_pretrained(folder)
     return True
-
-
-def checkpoint_files(path) -> Iterable[Path]:
-    """The files that make ``path`` a complete checkpoint (``config.json`` or ``adapter_config.json``)."""
-    p = Path(path)
-    return [f for f in (p / "config.json", p / ADAPTER_CONFIG) if f.is_file()]

@@ -123,6 +123,8 @@ def test_lora_settings_are_checked_at_preflight():
                          (["train.lora.dropout=0.99", "train.lora.lr=2.0"], "train.lora.lr=2.0")):
         with pytest.raises(ValueError, match=match):
             local.validate(_cfg(extra))
+    with pytest.raises(ValueError, match="train.lora.lr='fast'"):  # with LoRA off too: a typo is refused
+        LoraSettings(rank=0, lr="fast").check()
     assert LoraSettings(rank=8).learning_rate(1e-6) == pytest.approx(1e-5)
     assert LoraSettings(rank=8, lr=3e-5).learning_rate(1e-6) == pytest.approx(3e-5)
 

@@ -616,6 +616,7 @@ def verl_overrides(cfg, model_path: str, data_dir: Path, run_dir: Path) -> list[
     steps = int(t.steps)
     save_freq = math.gcd(every, save_every) or steps  # gcd(0, x) = x; both 0: only the end
     chat = bool(cfg.model.get("chat_template", True))
+    lora = LoraSettings.of(cfg)
     r = e.rollout
     A, R, M = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.model"
     q = lambda v: json.dumps(v)  # noqa: E731  (Hydra accepts JSON-style quoting of strings and lists)
@@ -636,7 +637,7 @@ def verl_overrides(cfg, model_path: str, data_dir: Path, run_dir: Path) -> list[
         f"{M}.use_remove_padding={str(bool(e.use_remove_padding)).lower()}",
         f"{A}.strategy={resolved(e, 'strategy')}",
         f"++{M}.override_config.attn_implementation={resolved(e, 'attn_implementation')}",
-        f"{A}.optim.lr={LoraSettings.of(cfg).learning_rate(t.lr) if LoraSettings.of(cfg).on else float(t.lr)}",
+        f"{A}.optim.lr={lora.learning_rate(t.lr) if lora.on else float(t.lr)}",
         f"{A}.optim.betas={q([float(b) for b in t.betas])}",
         f"{A}.optim.weight_decay={float(t.weight_decay)}",
         f"{A}.optim.lr_warmup_steps={int(t.get('warmup_steps', 0)) or -1}",
@@ -693,7 +694,6 @@ def verl_overrides(cfg, model_path: str, data_dir: Path, run_dir: Path) -> list[
     ]
     if norm is not None:
         ov.append(f"{A}.loss_scale_factor={int(norm)}")
-    lora = LoraSettings.of(cfg)
     if lora.on:  # verl's own LoRA (FSDP, peft): its reference is the actor with the adapters off (ref_in_actor),
         # and its rollout takes the merged weights after each step (lora.merge), as the local engine's vLLM does
         targets = lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
