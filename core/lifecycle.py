@@ -76,7 +76,8 @@ def abortable():
 
 def request_stop() -> None:
     """What a stop signal's handler calls: set :data:`STOP_REQUESTED`, and inside an :func:`abortable` phase raise
-    :class:`StepAborted` there at once; elsewhere training stops at the end of its step. In a forked child of the
+    :class:`StepAborted` there at once; elsewhere training stops after its running optimiser step (inside the
+    update: :class:`training.update.UpdateStopped`) or at the end of its step. In a forked child of the
     training process (a worker pool) it does nothing.
 
     Raises:

@@ -166,14 +166,17 @@ def resolve_device(name: str = "auto") -> torch.device:
 
 
 def resolve_dtype(name: str, device) -> torch.dtype:
-    """``auto``: bfloat16 on a GPU, float32 on the CPU (bf16 matmuls there are slow and inexact); else
-    one of ``float32``, ``bfloat16``, ``float16``.
+    """``auto``: bfloat16 where ``device`` computes it natively (a GPU of compute capability >= 8.0, a CPU with
+    bf16 units: :func:`core.precision.native_bf16`), float32 elsewhere (emulated bf16 is many times slower); else one
+    of ``float32``, ``bfloat16``, ``float16``.
 
     Raises:
         ValueError: an unknown dtype name.
     """
     if name in (None, "auto"):
-        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+        from core.precision import choose
+
+        return DTYPES[choose("auto", torch.device(device).type).dtype]
     if name not in DTYPES:
         raise ValueError(f"dtype={name!r}: expected auto or one of {sorted(DTYPES)}")
     return DTYPES[name]

@@ -61,7 +61,7 @@ def preset_plan(name: str, device_gb: float = 80.0, lora: bool = False) -> dict:
         if str(cfg.engine.name) != "local":
             continue
         cfg = OmegaConf.merge(cfg, {"train": {"micro_batch_tokens": "auto"}})
-        shape, run = model_shape(cfg.model), RunShape.of(cfg)
+        shape, run = model_shape(cfg.model), RunShape.of(cfg, "cuda")
         budget = auto_budget(shape, run, "cuda", device_gb)
         plan = plan_memory(shape, run, budget, "cuda", device_gb)
         if worst is None or plan.total_gb > worst[0].total_gb:

@@ -138,6 +138,7 @@ def check_command_line(argv: list[str], checks=(), sweep_checks=()) -> int | Non
                         check(cfg)
                     except ValueError as e:
                         raise ConfigError(str(e)) from None
+                check_precision(cfg, remote)
                 check_memory(cfg, remote, shown)
             except ConfigError as e:
                 where = f" (sweep point {' '.join(point)})" if len(points) > 1 else ""
@@ -157,6 +158,40 @@ def check_command_line(argv: list[str], checks=(), sweep_checks=()) -> int | Non
     for line in shown:
         print(line, file=sys.stderr)
     return len(points)
+
+
+#: the settings that ask for a precision, and which device each computes on (its config key: ``auto`` or a name)
+PRECISION_KEYS = (("train.precision", "train.device"), ("train.rollout.dtype", "train.device"),
+                  ("eval.dtype", "eval.device"), ("eval.vllm.dtype", "eval.device"))
+
+
+def check_precision(cfg, remote: bool = False) -> None:
+    """An explicit bf16 (``train.precision``, ``train.rollout.dtype``, ``eval.dtype``, ``eval.vllm.dtype``) on a
+    device of this machine that only emulates it is refused: one line with the slowdown a sub-second probe measured
+    and the setting to use instead (:func:`core.precision.refusal`). Not checked when the points run elsewhere
+    (``remote``: a cluster launcher), where the device is not known here.
+
+    Raises:
+        ConfigError: the refusal.
+    """
+    from core.precision import refusal
+
+    if remote:
+        return
+    for key, device_key in PRECISION_KEYS:
+        setting, where = OmegaConf.select(cfg, key), str(OmegaConf.select(cfg, device_key) or "auto")
+        if setting is None:
+            continue
+        device = "cuda" if where.startswith("cuda") or (where == "auto" and _cuda()) else "cpu"
+        refused = refusal(key, str(setting), device)
+        if refused:
+            raise ConfigError(refused)
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def check_memory(cfg, remote: bool = False, shown: dict | None = None) -> None:

@@ -59,11 +59,11 @@ class StopSignals:
     """A point's signal handling, as one object that owns its state.
 
     Outside SLURM, SIGTERM and SIGINT (``kill``, a container stop, Ctrl-C): while training, the first one asks for
-    the state to be saved at the end of the running step (as SIGUSR2 does on SLURM), or, during a step's generation
+    the state to be saved after the running optimiser step (as SIGUSR2 does on SLURM), or, during a step's generation
     and scoring, ends the step at once and saves the last completed step's state (:func:`core.lifecycle.abortable`) and is remembered in
     :attr:`signum` (the exit status says which); a second one, or one outside training, stops at once
     (:class:`core.lifecycle.Interrupted`). Under SLURM, SIGUSR2 (``--signal``, sent before the time limit or on
-    preemption) asks training to save its full state at the end of the current step; submitit's own handler, kept in
+    preemption) asks training to save its full state after the running optimiser step; submitit's own handler, kept in
     :attr:`previous_usr2`, then requeues the job (:meth:`hand_on_preemption`)."""
 
     def __init__(self):
@@ -87,7 +87,7 @@ class StopSignals:
                 self.signum = signum
                 log.warning("%s received: %s, then stopping (send it again to stop at once)", signal.Signals(signum).name,
                             "ending this step's generation and saving the last completed step's state"
-                            if ABORTABLE.value else "saving the training state at the end of this step")
+                            if ABORTABLE.value else "saving the training state after the running optimiser step")
                 request_stop()  # inside a step's generation or scoring: raises there (core.lifecycle.StepAborted)
                 return
             raise Interrupted(signum)
@@ -218,7 +218,8 @@ def _token_budget(cfg) -> int | None:
 
 def _tag_rollout(run_dir: Path) -> None:
     """Tag the run with what its engine chose and why: the rollout sampler (``rollout.json``:
-    ``rlvr.rollout_sampler``, ``rlvr.rollout_sampler_reason``) and the scoring layout and micro-batch budget
+    ``rlvr.rollout_sampler``, ``rlvr.rollout_sampler_reason``), the precision (``precision.json``: ``rlvr.precision``,
+    ``rlvr.precision_reason``, ``rlvr.rollout_dtype``) and the scoring layout and micro-batch budget
     (``memory.json``: ``rlvr.packing``, ``rlvr.packing_reason``, ``rlvr.micro_batch_tokens``), each written by the
     local engine; the memory plan's parts are logged as ``memory/plan_<part>_gb`` metrics and ``memory.json`` as an
     artifact."""
@@ -228,6 +229,13 @@ def _tag_rollout(run_dir: Path) -> None:
         info = json.loads((Path(run_dir) / "rollout.json").read_text())
         tracking.retry(mlflow.set_tags, {"rlvr.rollout_sampler": str(info.get("sampler")),
                                          "rlvr.rollout_sampler_reason": str(info.get("reason"))[:5000]})
+    except (OSError, ValueError):
+        pass
+    try:
+        info = json.loads((Path(run_dir) / "precision.json").read_text())
+        tracking.retry(mlflow.set_tags, {"rlvr.precision": str(info.get("precision")),
+                                         "rlvr.precision_reason": str(info.get("reason"))[:5000],
+                                         "rlvr.rollout_dtype": str(info.get("rollout_dtype"))})
     except (OSError, ValueError):
         pass
     memory = Path(run_dir) / "memory.json"

@@ -13,6 +13,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # keep both cores busy, and torch's default of one thread per core made them spin against each other (measured on
 # 2 cores, the presets' and sweep-lifecycle tests: 258 s with the default, 219 s with one thread)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# every test sees a CPU without bf16 units, whatever the machine (an Intel Xeon with AMX or an AMD EPYC with AVX2):
+# precision=auto is float32 in every test, as on most laptops; tests of the other branch fake AMX's flags
+# (core/precision.py reads RLVR_CPU_FLAGS in place of /proc/cpuinfo's)
+os.environ.setdefault("RLVR_CPU_FLAGS", "fpu sse2 avx avx2 fma")
 if Path("/tmp/rlvr-slurm/etc/slurm.conf").exists():  # the cluster of scripts/slurm/start.sh
     os.environ.setdefault("SLURM_CONF", "/tmp/rlvr-slurm/etc/slurm.conf")
 

@@ -54,6 +54,17 @@ class RolloutBatch:
             extras={k: v.to(device) for k, v in self.extras.items()},
         )
 
+    def state_dict(self) -> dict:
+        """Its tensors by field name (None where absent), for a saved training state (tensors only)."""
+        from dataclasses import fields
+
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_state_dict(cls, d: dict) -> "RolloutBatch":
+        """The batch :meth:`state_dict` gave."""
+        return cls(**{k: (dict(v) if k == "extras" else v) for k, v in d.items()})
+
     def select(self, index: torch.Tensor) -> "RolloutBatch":
         """The sub-batch of rows ``index`` (a minibatch), every per-response tensor sliced alike."""
 

@@ -247,7 +247,10 @@ class RunShape:
     lora_targets: tuple = ()
 
     @classmethod
-    def of(cls, cfg) -> "RunShape":
+    def of(cls, cfg, device: str | None = None) -> "RunShape":
+        """The shape of a composed run config; ``train.precision=auto`` as it resolves on ``device`` (default: where
+        it would train here; a GPU not visible here is assumed to compute bf16, :func:`core.precision.native_bf16`)."""
+        from core.precision import choose
         from training.algorithms import needs_of
 
         t, algo = cfg.train, cfg.algo
@@ -260,7 +263,8 @@ class RunShape:
 
         lora = LoraSettings.of(cfg)
         return cls(minibatch_rows=int(t.get("minibatch_size") or rows), max_prompt_tokens=int(t.get("max_prompt_tokens", 512)),
-                   max_new_tokens=int(t.max_new_tokens), kl=kl, bf16=str(t.get("precision", "fp32")) == "bf16",
+                   max_new_tokens=int(t.max_new_tokens), kl=kl,
+                   bf16=choose(str(t.get("precision", "auto")), device or resolve_device(cfg)).bf16,
                    checkpointing=bool(t.get("gradient_checkpointing", False)), rollout=str(ro.get("sampler", "auto")),
                    gpu_share=float(ro.get("gpu_memory_utilization", 0.3) or 0.3),
                    prompts_per_step=int(t.prompts_per_step), group_size=int(t.group_size),
@@ -393,8 +397,8 @@ def plan_for(cfg, device: str | None = None, device_gb: float | None = None, det
         ValueError: the model's shape is not known here (:func:`model_shape`).
     """
     shape = model_shape(cfg.model)
-    run = RunShape.of(cfg)
     device = device or resolve_device(cfg)
+    run = RunShape.of(cfg, device)
     if device_gb is None:
         given = cfg.train.get("device_memory_gb")
         device_gb = float(given) if given is not None else (device_memory_gb(device) if detect else None)

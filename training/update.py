@@ -142,9 +142,20 @@ def nonfinite_term(advantages: torch.Tensor, mask: torch.Tensor, pg: torch.Tenso
     return None
 
 
+class UpdateStopped(Exception):
+    """A stop request honoured between two optimiser steps of :func:`update_policy`: ``done`` of its minibatch steps
+    were taken (the weights and optimiser state are theirs) and ``metrics`` are those steps' metrics; the update
+    continues exactly from there with ``start=done, done_metrics=metrics`` on the same batch."""
+
+    def __init__(self, done: int, total: int, metrics: list[dict]):
+        super().__init__(f"stopped after {done} of {total} optimiser steps")
+        self.done, self.total, self.metrics = done, total, metrics
+
+
 def update_policy(model, optimizer, batch, advantages, loss_fn, loss_params: dict,
                   settings: UpdateSettings = UpdateSettings(), scorer: Scorer | None = None,
-                  generator: torch.Generator | None = None) -> list[dict]:
+                  generator: torch.Generator | None = None, should_stop=None, start: int = 0,
+                  done_metrics: list[dict] | None = None) -> list[dict]:
     """``settings.ppo_epochs`` passes over ``batch`` in shuffled minibatches, one AdamW step per minibatch
     (:func:`minibatch_step`).
 
@@ -161,19 +172,25 @@ def update_policy(model, optimizer, batch, advantages, loss_fn, loss_params: dic
         scorer: the run's passes (token budget and layout, :class:`core.scoring.Scorer`); None: one padded pass per
             minibatch.
         generator: the minibatch shuffles' random numbers.
+        should_stop: ``() -> bool``, asked after every optimiser step but the last: True stops the update there
+            (:class:`UpdateStopped`), a stop request honoured within one minibatch.
+        start, done_metrics: continue a stopped update (the same ``batch``, whose old log-probs it filled, and the
+            same ``generator`` seed): the first ``start`` optimiser steps are done, ``done_metrics`` their metrics.
     Returns:
         One metrics dict per optimiser step (:func:`minibatch_step`); the first also has
         ``update_old_logprob_time_s``, the seconds of the old-log-prob pass.
+    Raises:
+        UpdateStopped: ``should_stop`` said so.
     """
     s, scorer = settings, scorer or Scorer()
     B = batch.batch_size
     mb_size = int(s.minibatch_size or B)
     perms = [torch.randperm(B, generator=generator).to(advantages.device) for _ in range(s.ppo_epochs)]
     t_old = time.perf_counter()
-    if s.aligned:
+    if s.aligned and start == 0:  # a continued update's batch has them already
         with torch.no_grad():
-            for start in range(mb_size, B, mb_size):  # every minibatch but the first, before any update
-                idx = perms[0][start:start + mb_size]
+            for i in range(mb_size, B, mb_size):  # every minibatch but the first, before any update
+                idx = perms[0][i:i + mb_size]
                 mb = batch.select(idx)
                 lp, ent = scorer.score(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
                                        s.temperature, with_entropy=s.deferred_old, bf16=s.bf16)
@@ -181,15 +198,16 @@ def update_policy(model, optimizer, batch, advantages, loss_fn, loss_params: dic
                 if s.deferred_old:
                     batch.extras["entropy"][idx] = ent
     t_old = time.perf_counter() - t_old
-    out = []
-    for perm in perms:
-        for start in range(0, B, mb_size):
-            idx = perm[start:start + mb_size]
-            first = perm is perms[0] and start == 0
-            out.append(minibatch_step(model, optimizer, batch, idx, advantages[idx], loss_fn, loss_params, s, scorer,
-                                      first))
-    if out:
-        out[0]["update_old_logprob_time_s"] = t_old
+    out = list(done_metrics or [])
+    steps = [perm[i:i + mb_size] for perm in perms for i in range(0, B, mb_size)]
+    for k in range(start, len(steps)):
+        idx = steps[k]
+        out.append(minibatch_step(model, optimizer, batch, idx, advantages[idx], loss_fn, loss_params, s, scorer,
+                                  k == 0))
+        if k == 0:
+            out[0]["update_old_logprob_time_s"] = t_old
+        if should_stop is not None and k + 1 < len(steps) and should_stop():
+            raise UpdateStopped(k + 1, len(steps), out)
     return out
 
 

@@ -40,6 +40,8 @@ def test_algorithm_runs_one_step_and_logs_its_metrics(all_algos_dir, algo):
     [run] = [r for r in runs if r.data.tags.get("rlvr.kind") == "trained" and r.data.params["algo.name"] == algo]
     assert run.info.status == "FINISHED" and run.data.tags["rlvr.kind"] == "trained"
     assert run.data.tags["rlvr.rollout_sampler"] == ROLLOUT and run.data.tags["rlvr.rollout_sampler_reason"] == "asked for"
+    # precision by capability: the tests' CPU has no bf16 units (tests/conftest.py), so auto is float32, and why
+    assert run.data.tags["rlvr.precision"] == "fp32" and "no bf16 units" in run.data.tags["rlvr.precision_reason"]
     for key in OWN_METRICS[algo] + MISMATCH + ["train/reward_mean"]:
         assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [0], key
     # LoRA: the adapters are what trained, a small share of the model, and the engine sampled that policy

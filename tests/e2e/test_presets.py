@@ -74,6 +74,8 @@ def test_every_sweep_point_composes_and_validates(name, search_index):
     for _point, cfg in points:
         validate_config(cfg)
         assert cfg.experiment_name == name
+        # no preset fixes a precision (none of the papers prescribes one): chosen by the device's capability
+        assert (cfg.train.precision, cfg.train.rollout.dtype, cfg.eval.dtype) == ("auto", "auto", "auto"), _point
     if name in TRAINED:
         assert len({config_hash(cfg) for _, cfg in points}) == TRAINED[name]
     assert len({training_hash(cfg) for _, cfg in points}) == TRAININGS.get(name, len({config_hash(c) for _, c in points}))

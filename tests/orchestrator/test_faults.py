@@ -86,40 +86,62 @@ def _assert_equal_to_straight(client, run, straight):
         assert got == pytest.approx(want, rel=1e-5, abs=1e-7), key
 
 
-SLOW = ["-m", "algo=grpo", "model=tiny-random", "eval=smoke", "plugins=[tests.plugins.toy_tasks]", "data.name=toy_slow_parity",
-        "eval.benchmarks=[toy_parity]", "eval.base=false", "train.steps=2", "train.checkpoint_every=1",
-        "train.prompts_per_step=2", "train.group_size=4", "train.minibatch_size=4", "train.max_new_tokens=8",
-        "report.enabled=false"]
+SLOW = ["-m", "algo=grpo", "model=tiny-random", "eval=smoke", "plugins=[tests.plugins.toy_tasks,tests.plugins.toy_slow_loss]",
+        "data.name=toy_slow_parity", "algo.policy_loss.name=toy_slow", "eval.benchmarks=[toy_parity]", "eval.base=false",
+        "train.steps=2", "train.checkpoint_every=1", "train.prompts_per_step=2", "train.group_size=4",
+        "train.minibatch_size=4", "train.ppo_epochs=3", "train.max_new_tokens=8", "report.enabled=false"]
 
 
-@pytest.mark.slow
-def test_a_stop_inside_a_step_longer_than_a_minute_is_honoured_within_seconds(tmp_path):
-    """Step 1's scoring takes 120 s (tests/plugins/toy_tasks.py: toy_slow_parity), far past a scheduler's grace
-    period. SIGTERM 3 s into it: the process exits within 10 s (exit 143), with the state after step 0 saved and
-    step 0 logged; the same command then redoes step 1 once, and its numbers are those of a run never stopped (the
-    prompt order and random states went back to the step's start)."""
-    from training.engines.local import load_state
-
-    p = subprocess.Popen([sys.executable, str(REPO / "sweep.py"), *SLOW], cwd=tmp_path,
-                         env=dict(_env(), TOY_SLOW_SCORING_S="120"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True)
+def _stop_on(cwd, marker, env) -> tuple[int, str, float]:
+    """Start the SLOW sweep with ``env``, send SIGTERM 3 s after a line containing ``marker``; return (exit status,
+    output, seconds from the signal to the exit)."""
+    p = subprocess.Popen([sys.executable, str(REPO / "sweep.py"), *SLOW], cwd=cwd, env=dict(_env(), **env),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out, sent = [], None
     for line in p.stdout:
         out.append(line)
-        if sent is None and "step 1/2" in line:  # step 0 done: step 1 has started, its scoring sleeps
+        if sent is None and marker in line:
             time.sleep(3)
             p.send_signal(signal.SIGTERM)
             sent = time.time()
     p.wait(timeout=60)
     text = "".join(out)
     assert sent is not None, text[-3000:]
-    assert time.time() - sent < 10 and p.returncode == 143, text[-3000:]
+    return p.returncode, text, time.time() - sent
+
+
+@pytest.mark.slow
+def test_a_stop_inside_a_long_generation_or_a_long_update_is_honoured_within_seconds(tmp_path):
+    """Issue 48's stop inside a step, through the sweep command and SIGTERM, on the tiny model.
+
+    Generation: step 1's scoring takes 120 s (tests/plugins/toy_tasks.py: toy_slow_parity), far past a scheduler's
+    grace period; SIGTERM 3 s into it: the process exits within 10 s (exit 143), with the state after step 0 saved
+    and step 0 logged (the prompt order and random states back at the step's start).
+    Update: re-run with step 1's update taking 36 s (6 optimiser steps of 6 s each: tests/plugins/toy_slow_loss.py);
+    SIGTERM 3 s into it: the process exits within 10 s, after the first optimiser step, its state holding the step's
+    samples and the update so far.
+    The same command then finishes step 1 and the run, and its metric series and final weights are those of a run
+    never stopped."""
+    from safetensors.torch import load_file
+
+    from training.engines.local import load_state
+
+    rc, text, took = _stop_on(tmp_path, "step 1/2", {"TOY_SLOW_SCORING_S": "120"})  # step 0 done: step 1 scores
+    assert took < 10 and rc == 143, text[-3000:]
     assert "stopped during step 1's generation" in text and "training state was saved" in text
     client, [run] = _trained(tmp_path, "rlvr")
     assert run.info.status == "KILLED" and _steps(client, run) == [0]
     assert load_state(run.data.tags["rlvr.run_dir"])["step"] == 0  # the last completed step's state
 
-    proc = _sweep(tmp_path, *SLOW)  # without the slow scoring
+    rc, text, took = _stop_on(tmp_path, "toy_slow: update running", {"TOY_SLOW_LOSS_S": "6"})
+    assert took < 10 and rc == 143, text[-3000:]
+    assert "stopped during step 1's update on request, after 1 of its 6 optimiser steps" in text, text[-3000:]
+    client, [run] = _trained(tmp_path, "rlvr")
+    assert run.info.status == "KILLED" and _steps(client, run) == [0]
+    state = load_state(run.data.tags["rlvr.run_dir"])
+    assert state["step"] == 0 and state["inflight"]["step"] == 1 and state["inflight"]["done"] == 1
+
+    proc = _sweep(tmp_path, *SLOW)  # neither slow
     assert proc.returncode == 0, proc.stderr[-3000:]
     client, [run] = _trained(tmp_path, "rlvr")
     assert run.info.status == "FINISHED" and _steps(client, run) == [0, 1]
@@ -127,8 +149,11 @@ def test_a_stop_inside_a_step_longer_than_a_minute_is_honoured_within_seconds(tm
     ref = _sweep(tmp_path / "straight", *SLOW)  # never stopped
     assert ref.returncode == 0, ref.stderr[-3000:]
     ref_client, [ref_run] = _trained(tmp_path / "straight", "rlvr")
-    for key in ("train/reward_mean", "train/entropy", "train/grad_norm", "train/response_length_mean"):
+    for key in ("train/reward_mean", "train/entropy", "train/grad_norm", "train/response_length_mean",
+                "train/policy_loss", "train/clip_fraction", "train/ratio_mean"):
         assert _history(client, run, key) == _history(ref_client, ref_run, key), key
+    weights = [load_file(str(Path(r.data.tags["rlvr.run_dir"]) / "checkpoint" / "model.safetensors")) for r in (run, ref_run)]
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[1])
 
 
 @pytest.mark.slow

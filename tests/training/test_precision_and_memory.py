@@ -78,7 +78,7 @@ def test_preflight_refuses_gradient_checkpointing_on_a_model_without_it(tiny_cfg
     monkeypatch.setattr(LlamaForCausalLM, "supports_gradient_checkpointing", False)
     with pytest.raises(ConfigError, match=r"train.gradient_checkpointing=true: model 'tiny-random' \(LlamaForCausalLM\)"):
         validate_config(cfg)
-    with pytest.raises(ConfigError, match=r"^train.precision='fp8': expected one of \['fp32', 'bf16'\]"):
+    with pytest.raises(ConfigError, match=r"^train.precision='fp8': expected one of \['auto', 'fp32', 'bf16'\]"):
         validate_config(OmegaConf.merge(tiny_cfg, {"train": {"precision": "fp8"}}))
 
 

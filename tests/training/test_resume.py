@@ -20,8 +20,9 @@ def _cfg(tiny_cfg):
 @pytest.mark.parametrize("where", ["between steps", "during the update"])
 def test_preempted_and_resumed_training_matches_an_uninterrupted_run(tiny_cfg, tmp_path, monkeypatch, where):
     """A stop requested once step 1 is logged is honoured before step 2 generates anything (the state after step 1
-    is saved: core.lifecycle.abortable); one requested during step 2's update at the end of step 2. Either way the
-    resumed run logs every step once and ends with the uninterrupted run's weights."""
+    is saved: core.lifecycle.abortable); one requested during step 2's update after its first of two optimiser steps
+    (the state after step 1 with step 2's samples and that optimiser step: issue 48). Either way the resumed run logs
+    every step once and ends with the uninterrupted run's weights."""
     cfg = _cfg(tiny_cfg)
     straight = []
     ckpt_a = local.train(cfg, tmp_path / "a", lambda m, s: straight.append((s, m)))
@@ -49,9 +50,11 @@ def test_preempted_and_resumed_training_matches_an_uninterrupted_run(tiny_cfg, t
     finally:
         local.STOP_REQUESTED.clear()
         monkeypatch.undo()
-    done = [0, 1] if where == "between steps" else [0, 1, 2]
+    done = [0, 1]
     assert [s for s, _ in resumed] == done
-    assert local.load_state(tmp_path / "b")["step"] == done[-1]
+    state = local.load_state(tmp_path / "b")
+    assert state["step"] == done[-1]
+    assert (state["inflight"] or {}).get("done") == (None if where == "between steps" else 1)
     ckpt_b = local.train(cfg, tmp_path / "b", lambda m, s: resumed.append((s, m)), logged_through=done[-1])
     assert [s for s, _ in resumed] == [0, 1, 2, 3]  # every step exactly once
     for (_, ma), (_, mb) in zip(straight, resumed):

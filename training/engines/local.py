@@ -41,7 +41,7 @@ from core.progress import LineProgress
 from core.scoring import Scorer, choose_layout
 from core.tasks import load_prompts
 from training.algorithms import get_advantage_fn, get_policy_loss_fn, needs_of
-from training.batch import concat_batches
+from training.batch import RolloutBatch, concat_batches
 from training.engines import register_engine
 from training.rewards import informative_rows, overlong_buffer_length, overlong_penalty
 
@@ -51,7 +51,7 @@ from training.run_state import (STATE_FILE, PromptOrder, RandomStates, has_state
                                 seed_everything)
 from training.step_metrics import StepTimes, peak_memory_gb, step_metrics  # noqa: F401
 from training.token_probs import ARTIFACT as TOKEN_PROBS, TokenProbs
-from training.update import NONFINITE_TERMS, UpdateSettings, policy_objective, update_policy  # noqa: F401
+from training.update import NONFINITE_TERMS, UpdateSettings, UpdateStopped, policy_objective, update_policy  # noqa: F401
 
 __all__ = ["STOP_REQUESTED", "Preempted", "NumericFault", "train", "update_policy", "policy_objective", "UpdateSettings"]
 
@@ -121,9 +121,15 @@ def validate(cfg) -> list[str]:
     check = cfg.train.get("memory_check", "auto")
     if check not in ("auto", True, False):
         raise ValueError(f"train.memory_check={check!r}: expected auto, true or false")
-    if str(cfg.train.get("precision", "fp32")) == "bf16" and str(cfg.train.get("device", "auto")) == "cpu":
-        warnings.append("train.precision=bf16 on the CPU: about 20% faster than fp32 there, with bf16's coarse "
-                        "log-probabilities (ratios are exact on the first minibatch, not after updates)")
+    from core.precision import choose, native_bf16, probe_slowdown
+    from training.memory_plan import resolve_device
+
+    device = resolve_device(cfg)  # (emulated bf16 is refused by the orchestrator's pre-flight, not warned about)
+    if device == "cpu" and choose(str(cfg.train.get("precision", "auto")), device).bf16 and native_bf16(device)[0]:
+        ratio = probe_slowdown("cpu")  # what bf16 costs or saves on this machine, measured now (not a fixed claim)
+        warnings.append(f"train.precision={cfg.train.precision}: bf16 on this CPU, whose bfloat16 matrix products "
+                        f"a probe just now timed at {ratio:.2f}x float32's; bf16's log-probabilities are coarse "
+                        "(ratios are exact on the first minibatch, not after updates)")
     return warnings
 
 
@@ -161,7 +167,9 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
         after every N-th step is also kept, in ``run_dir/checkpoints/step_<steps done>``
         (:func:`core.lifecycle.saved_checkpoints`).
     Raises:
-        Preempted: :data:`STOP_REQUESTED` was set; the full state was saved first: at the end of the running step,
+        Preempted: :data:`STOP_REQUESTED` was set; the full state was saved first: during the update, after the
+            running optimiser step, with the step's rollout and the update so far (:class:`InFlight`: the resumed run
+            finishes the step from there, as if never stopped); after the update, at the end of the running step;
             or, when the request came during the step's generation and scoring (:func:`core.lifecycle.abortable`),
             at once, as the last completed step's state with the prompt order and random states of the stopped
             step's start, so that the resumed run redoes that step exactly.
@@ -179,6 +187,7 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
     """
     from core.tools import close_tools, open_tools_for
 
+    cfg = resolve_precision(cfg, run_dir)
     if cfg.train.get("memory_check", "auto") is not False:  # on the training machine, before any weight loads
         plan, refused = memory_plan(cfg)
         if refused:
@@ -188,6 +197,26 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
         return _train(cfg, run_dir, log_metrics, logged_through, tools)
     finally:
         close_tools(tools)
+
+
+PRECISION_FILE = "precision.json"  # the precision the run trains in and why (the orchestrator tags it)
+
+
+def resolve_precision(cfg, run_dir):
+    """``cfg`` with ``train.precision`` as it resolves on the device this run trains on (``auto``: bf16 where the
+    device computes it natively, :func:`core.precision.choose`), the choice, its reason and the rollout engine's dtype
+    written to ``run_dir/precision.json``."""
+    from core.precision import choose
+    from training.memory_plan import resolve_device
+
+    device = resolve_device(cfg)
+    choice = choose(str(cfg.train.get("precision", "auto")), device)
+    cfg = OmegaConf.merge(cfg, {"train": {"precision": choice.precision}})
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    (Path(run_dir) / PRECISION_FILE).write_text(json.dumps({
+        "precision": choice.precision, "reason": choice.reason, "device": device,
+        "rollout_dtype": _rollout_dtype(cfg, torch.device(device))}))
+    return cfg
 
 
 @dataclass
@@ -213,6 +242,7 @@ class LocalRun:
     tools: dict = field(default_factory=dict)
     token_probs: TokenProbs = field(default_factory=TokenProbs)
     pending: list = field(default_factory=list)  # (step, metrics) saved with the state but not yet logged
+    inflight: "InFlight | None" = None  # a step whose update a stop interrupted (resume finishes it)
 
     @property
     def seed(self) -> int:
@@ -289,7 +319,7 @@ def open_scorer(cfg, model, tokenizer, prompts: list, device, run_dir: Path) -> 
     bf16 = str(t.get("precision", "fp32")) == "bf16"
     layout, reason = choose_layout(model, str(t.get("packing", "auto")), bf16)
     longest_prompt = _longest_prompt(tokenizer, prompts, bool(cfg.model.get("chat_template", True)))
-    shape, run = model_shape(cfg.model), RunShape.of(cfg)
+    shape, run = model_shape(cfg.model), RunShape.of(cfg, device.type)
     import dataclasses
 
     run = dataclasses.replace(run, max_prompt_tokens=max(longest_prompt, 1))
@@ -393,15 +423,18 @@ def resume(run: LocalRun, log_metrics, logged_through: int) -> int:
     RandomStates.from_state_dict(st).restore()
     if "token_probs" in st:
         run.token_probs.load_state_dict(st["token_probs"])
+    if st.get("inflight"):
+        run.inflight = InFlight.from_state_dict(st["inflight"])
     for s_, m_ in st["pending"]:
         if s_ > logged_through:
             log_metrics(m_, s_)
     return int(st["step"]) + 1
 
 
-def save(run: LocalRun, step: int) -> Path:
+def save(run: LocalRun, step: int, inflight: "InFlight | None" = None) -> Path:
     """The full state after ``step`` (atomically: a kill mid-save leaves the previous one); with LoRA the adapters,
-    not the frozen base.
+    not the frozen base. ``inflight``: step ``step + 1``'s rollout and the part of its update already done (a stop
+    inside the update), which the resumed run finishes.
 
     Raises:
         NumericFault: a trainable weight is not finite (the previous state is kept)."""
@@ -411,7 +444,7 @@ def save(run: LocalRun, step: int) -> Path:
     return save_state(run.run_dir, {
         "model": adapter_state(run.model) if has_adapters(run.model) else run.model.state_dict(), "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
         **run.prompts.state_dict(), **RandomStates.capture().state_dict(), "step": step, "pending": run.pending,
-        "token_probs": run.token_probs.state_dict()})
+        "token_probs": run.token_probs.state_dict(), "inflight": inflight.state_dict() if inflight else None})
 
 
 @dataclass
@@ -427,6 +460,31 @@ class StepRollout:
     rounds: int
     phases: dict
     seconds: float
+
+
+@dataclass
+class InFlight:
+    """A step stopped inside its update: its rollout (``ro``) and the ``done`` optimiser steps taken, with their
+    ``metrics``. Saved with the state (tensors, numbers and strings only), so the resumed run finishes the step on the
+    same samples from the same point, as if it had never stopped."""
+
+    step: int
+    ro: StepRollout
+    done: int
+    metrics: list
+
+    def state_dict(self) -> dict:
+        ro = self.ro
+        return {"step": self.step, "done": self.done, "metrics": self.metrics, "batch": ro.batch.state_dict(),
+                "sampled": [b.state_dict() for b in ro.sampled], "advantages": ro.advantages,
+                "adv_metrics": dict(ro.adv_metrics), "rounds": ro.rounds, "phases": dict(ro.phases),
+                "seconds": ro.seconds}
+
+    @classmethod
+    def from_state_dict(cls, d: dict) -> "InFlight":
+        ro = StepRollout(RolloutBatch.from_state_dict(d["batch"]), [RolloutBatch.from_state_dict(b) for b in d["sampled"]],
+                         d["advantages"], dict(d["adv_metrics"]), int(d["rounds"]), dict(d["phases"]), float(d["seconds"]))
+        return cls(int(d["step"]), ro, int(d["done"]), list(d["metrics"]))
 
 
 def generate(run: LocalRun, step: int) -> StepRollout:
@@ -497,12 +555,14 @@ def _open_rollout(cfg, model, tokenizer, device, steps_left: int, run_dir: Path,
 
 
 def _rollout_dtype(cfg, device) -> str:
-    """``train.rollout.dtype``: ``auto`` is the precision the trainer computes in (float32; bfloat16 with
-    ``train.precision=bf16``): the least training-inference mismatch."""
+    """``train.rollout.dtype``: ``auto`` is the precision the trainer computes in (``train.precision`` on ``device``:
+    float32, or bfloat16 with bf16): the least training-inference mismatch."""
+    from core.precision import choose
+
     dtype = str((cfg.train.get("rollout") or {}).get("dtype", "auto"))
     if dtype != "auto":
         return dtype
-    return "bfloat16" if str(cfg.train.get("precision", "fp32")) == "bf16" else "float32"
+    return choose(str(cfg.train.get("precision", "auto")), torch.device(device).type).dtype
 
 
 def rollout_choice(cfg, n_params: int, gpu: bool, steps: int | None = None) -> tuple[str, str]:
@@ -574,9 +634,13 @@ def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
         t_step = time.perf_counter()
         # what a stop during this step's generation rolls back to: the prompt order and the random states at its start
         order_at_start, random_at_start = run.prompts.state_dict(), RandomStates.capture()
+        inflight, run.inflight = run.inflight, None
         try:
-            with abortable():  # a stop request ends generation and scoring at once
-                ro = generate(run, step)
+            if inflight is not None and inflight.step == step:  # a stop interrupted this step's update: finish it
+                ro = inflight.ro
+            else:
+                with abortable():  # a stop request ends generation and scoring at once
+                    ro = generate(run, step)
         except StepAborted:
             # the weights, optimiser and scheduler are still the last completed step's: the resumed run redoes this
             # step from the same prompts and random states
@@ -590,9 +654,19 @@ def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
         # ---- K inner epochs of minibatch updates, each minibatch in micro-batches
         t_update = time.perf_counter()
         run.rollout.sleep()  # on a GPU the vLLM engine's memory goes back to the trainer during the update
-        update_metrics = update_policy(
-            run.model, run.optimizer, ro.batch, ro.advantages, run.loss_fn, run.loss_params, run.settings, run.scorer,
-            generator=torch.Generator().manual_seed(run.seed * 7919 + step)) if ro.batch.batch_size else []
+        done, done_metrics = (inflight.done, inflight.metrics) if inflight is not None and inflight.step == step \
+            else (0, None)
+        try:  # a stop request is honoured after the running optimiser step (one minibatch), the state saved with it
+            update_metrics = update_policy(
+                run.model, run.optimizer, ro.batch, ro.advantages, run.loss_fn, run.loss_params, run.settings,
+                run.scorer, generator=torch.Generator().manual_seed(run.seed * 7919 + step),
+                should_stop=STOP_REQUESTED.is_set, start=done, done_metrics=done_metrics) if ro.batch.batch_size else []
+        except UpdateStopped as e:
+            path = save(run, step - 1, InFlight(step, ro, e.done, e.metrics))
+            flush()
+            raise Preempted(f"stopped during step {step}'s update on request, after {e.done} of its {e.total} "
+                            f"optimiser steps; the state, with the step's samples and the update so far, saved to "
+                            f"{path} (the resumed run finishes the step)") from None
         if ro.batch.batch_size:
             run.scheduler.step()
         else:  # nothing to learn from: said here (not by PyTorch's scheduler warning); the schedule still advances
