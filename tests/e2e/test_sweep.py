@@ -529,6 +529,7 @@ def test_every_run_records_what_decides_its_numbers(sweep_dir):
         env = {k.removeprefix("rlvr.env."): v for k, v in r.data.tags.items() if k.startswith("rlvr.env.")}
         assert {k: env.get(k) for k in expected} == expected
         assert env["vllm"] != "" and env["cpu"] and env["git_dirty"] in ("true", "false")
+        assert env["bf16_units"].startswith("no (") and "no bf16 units" in env["bf16_units"]  # tests/conftest.py
     # one protocol for the whole sweep (the evaluation identity), the base model's included
     assert len({r.data.tags["rlvr.env.eval_identity"] for r in recorded}) == 1
 
