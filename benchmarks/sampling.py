@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--hf-repeats", type=int, default=1)
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                    help="the vLLM engine's dtype (eval.vllm.dtype); auto: bfloat16 on a GPU, float32 on the CPU")
+                    help="the vLLM engine's dtype (eval.vllm.dtype); auto: bfloat16 where the device computes it natively, else float32")
     args = ap.parse_args(argv)
 
     import torch

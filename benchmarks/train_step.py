@@ -46,7 +46,7 @@ def _overrides(args) -> list[str]:
     return [f"model={args.model}", "algo=grpo", "algo.kl_beta=0.0", "train.ppo_epochs=1", "train.minibatch_size=null",
             "train.lr=1e-6", f"train.steps={args.steps}", "train.prompts_per_step=4", "train.group_size=8",
             f"train.max_new_tokens={args.max_new_tokens}", "train.temperature=1.0", "train.top_p=1.0",
-            "train.device=cpu", "eval=smoke", *args.local_overrides]
+            "train.device=cpu", "train.precision=fp32", "eval=smoke", *args.local_overrides]  # TRL's float32 (not auto)
 
 
 def _compose(args, extra=()):
