@@ -601,12 +601,13 @@ def rollout_choice(cfg, n_params: int, gpu: bool, steps: int | None = None) -> t
 
 
 def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
+    """The run's life: set up, resume, then each step's rollout (:func:`_rollout_step`), update (:func:`_update_step`),
+    metrics (:func:`_step_metrics`), kept policy and saved state; the final checkpoint."""
     t_cfg = cfg.train
     run = setup(cfg, Path(run_dir), tools)
     start_step = resume(run, log_metrics, logged_through)
     n_steps, every = int(t_cfg.steps), int(t_cfg.get("checkpoint_every", 0) or 0)
     save_every = int(t_cfg.get("save_every", 0) or 0)
-    dynamic = bool((cfg.algo.get("dynamic_sampling") or {}).get("enabled", False))
     run.rollout, _ = _open_rollout(cfg, run.model, run.tokenizer, run.device, n_steps - start_step, run.run_dir,
                                    token_budget=run.scorer.rollout_budget)  # transformers rollouts' KV cache
 
@@ -632,68 +633,12 @@ def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
     for step in trange(start_step, n_steps, initial=start_step, total=n_steps, desc=f"train {cfg.algo.name}",
                        unit="step", disable=None):
         t_step = time.perf_counter()
-        # what a stop during this step's generation rolls back to: the prompt order and the random states at its start
-        order_at_start, random_at_start = run.prompts.state_dict(), RandomStates.capture()
         inflight, run.inflight = run.inflight, None
-        try:
-            if inflight is not None and inflight.step == step:  # a stop interrupted this step's update: finish it
-                ro = inflight.ro
-            else:
-                with abortable():  # a stop request ends generation and scoring at once
-                    ro = generate(run, step)
-        except StepAborted:
-            # the weights, optimiser and scheduler are still the last completed step's: the resumed run redoes this
-            # step from the same prompts and random states
-            run.prompts.load_state_dict(order_at_start)
-            random_at_start.restore()
-            path = save(run, step - 1)
-            flush()
-            raise Preempted(f"stopped during step {step}'s generation on request; the state after step {step - 1} "
-                            f"saved to {path}") from None
-
-        # ---- K inner epochs of minibatch updates, each minibatch in micro-batches
-        t_update = time.perf_counter()
-        run.rollout.sleep()  # on a GPU the vLLM engine's memory goes back to the trainer during the update
-        done, done_metrics = (inflight.done, inflight.metrics) if inflight is not None and inflight.step == step \
-            else (0, None)
-        try:  # a stop request is honoured after the running optimiser step (one minibatch), the state saved with it
-            update_metrics = update_policy(
-                run.model, run.optimizer, ro.batch, ro.advantages, run.loss_fn, run.loss_params, run.settings,
-                run.scorer, generator=torch.Generator().manual_seed(run.seed * 7919 + step),
-                should_stop=STOP_REQUESTED.is_set, start=done, done_metrics=done_metrics) if ro.batch.batch_size else []
-        except UpdateStopped as e:
-            path = save(run, step - 1, InFlight(step, ro, e.done, e.metrics))
-            flush()
-            raise Preempted(f"stopped during step {step}'s update on request, after {e.done} of its {e.total} "
-                            f"optimiser steps; the state, with the step's samples and the update so far, saved to "
-                            f"{path} (the resumed run finishes the step)") from None
-        if ro.batch.batch_size:
-            run.scheduler.step()
-        else:  # nothing to learn from: said here (not by PyTorch's scheduler warning); the schedule still advances
-            log.warning("step %d: dynamic sampling kept no group with mixed rewards in %d generation round(s) "
-                        "(algo.dynamic_sampling.max_num_gen_batches=%s): no update this step (train/updated = 0)",
-                        step, ro.rounds, (cfg.algo.get("dynamic_sampling") or {}).get("max_num_gen_batches"))
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
-                run.scheduler.step()
-        sync_s = run.rollout.sync(run.model)  # the sampler takes the new weights (vLLM: in place, from memory)
-        t_old = sum(m.pop("update_old_logprob_time_s", 0.0) for m in update_metrics)
-        ro.phases["logprob_s"] = ro.phases.get("logprob_s", 0.0) + t_old  # the old-log-prob pass is log-prob time
-        times = StepTimes(step=time.perf_counter() - t_step, rollout=ro.seconds,
-                          update=time.perf_counter() - t_update - t_old - sync_s,
-                          sync=sync_s if run.rollout.name != "hf" else None, phases=ro.phases)
-
-        # ---- metrics: what the policy did over every sampled response (with dynamic sampling, also the dropped
-        # groups; with deferred old log-probs the entropies were filled in the batch the update saw, every sample)
-        seen = ro.batch if run.settings.deferred_old else concat_batches(ro.sampled, run.tokenizer.pad_token_id)
-        metrics = step_metrics(ro.batch, seen, ro.advantages, ro.adv_metrics, update_metrics, times,
-                               run.scheduler.get_last_lr()[0], run.device, ro.rounds if dynamic else None)
-        metrics["updated"] = float(bool(ro.batch.batch_size))  # 0: dynamic sampling kept nothing to learn from
-        error = guard.check(step, metrics.get("mismatch_logprob_abs_diff"))
-        if error:  # the engine samples other weights than the policy's after a sync (a stale adapter, say)
-            log.error(error)
-        if seen.batch_size:
-            run.token_probs.update(seen.response_ids, seen.old_logprobs, seen.response_mask)
+        if inflight is not None and inflight.step != step:
+            inflight = None
+        ro = inflight.ro if inflight is not None else _rollout_step(run, step, flush)
+        update_metrics, times = _update_step(run, ro, step, inflight, flush, t_step)
+        metrics = _step_metrics(run, ro, step, update_metrics, times, guard)
         lines.update(step + 1, reward=metrics["reward_mean"], accuracy=metrics["accuracy"],
                      step_s=round(times.step, 1))
         # every metric, a non-finite one too (logged as NaN or infinity, never dropped)
@@ -723,3 +668,81 @@ def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
     run.rollout.close()  # the shared vLLM engine stays up, holding the final policy, for the run's evaluation
     run.token_probs.write(run.run_dir / TOKEN_PROBS, run.tokenizer)
     return save_atomically(final_checkpoint_dir(run.run_dir), save_hf)
+
+
+def _rollout_step(run: LocalRun, step: int, flush: Callable[[], None]) -> StepRollout:
+    """Step ``step``'s generation and scoring (:func:`generate`). A stop request ends them at once: the prompt order
+    and random states go back to the step's start, the last completed step's state is saved (``flush`` logs its
+    metrics) and :class:`Preempted` is raised, so the resumed run redoes this step exactly."""
+    order_at_start, random_at_start = run.prompts.state_dict(), RandomStates.capture()
+    try:
+        with abortable():  # a stop request ends generation and scoring at once
+            return generate(run, step)
+    except StepAborted:
+        # the weights, optimiser and scheduler are still the last completed step's
+        run.prompts.load_state_dict(order_at_start)
+        random_at_start.restore()
+        path = save(run, step - 1)
+        flush()
+        raise Preempted(f"stopped during step {step}'s generation on request; the state after step {step - 1} "
+                        f"saved to {path}") from None
+
+
+def _update_step(run: LocalRun, ro: StepRollout, step: int, inflight: "InFlight | None", flush: Callable[[], None],
+                 t_step: float) -> tuple[list, StepTimes]:
+    """Step ``step``'s update on ``ro``: ``train.ppo_epochs`` epochs of minibatch optimiser steps
+    (:func:`training.update.update_policy`; continued from ``inflight`` when a stop interrupted it), the scheduler's
+    step, the rollout engine's weight sync. Returns (one metrics dict per optimiser step, the step's times).
+
+    Raises:
+        Preempted: a stop request, honoured after the running optimiser step: the state is saved with the step's
+            rollout and the update so far (:class:`InFlight`), which the resumed run finishes.
+    """
+    t_update = time.perf_counter()
+    run.rollout.sleep()  # on a GPU the vLLM engine's memory goes back to the trainer during the update
+    done, done_metrics = (inflight.done, inflight.metrics) if inflight is not None else (0, None)
+    try:
+        update_metrics = update_policy(
+            run.model, run.optimizer, ro.batch, ro.advantages, run.loss_fn, run.loss_params, run.settings,
+            run.scorer, generator=torch.Generator().manual_seed(run.seed * 7919 + step),
+            should_stop=STOP_REQUESTED.is_set, start=done, done_metrics=done_metrics) if ro.batch.batch_size else []
+    except UpdateStopped as e:
+        path = save(run, step - 1, InFlight(step, ro, e.done, e.metrics))
+        flush()
+        raise Preempted(f"stopped during step {step}'s update on request, after {e.done} of its {e.total} "
+                        f"optimiser steps; the state, with the step's samples and the update so far, saved to "
+                        f"{path} (the resumed run finishes the step)") from None
+    if ro.batch.batch_size:
+        run.scheduler.step()
+    else:  # nothing to learn from: said here (not by PyTorch's scheduler warning); the schedule still advances
+        log.warning("step %d: dynamic sampling kept no group with mixed rewards in %d generation round(s) "
+                    "(algo.dynamic_sampling.max_num_gen_batches=%s): no update this step (train/updated = 0)",
+                    step, ro.rounds, (run.cfg.algo.get("dynamic_sampling") or {}).get("max_num_gen_batches"))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
+            run.scheduler.step()
+    sync_s = run.rollout.sync(run.model)  # the sampler takes the new weights (vLLM: in place, from memory)
+    t_old = sum(m.pop("update_old_logprob_time_s", 0.0) for m in update_metrics)
+    ro.phases["logprob_s"] = ro.phases.get("logprob_s", 0.0) + t_old  # the old-log-prob pass is log-prob time
+    times = StepTimes(step=time.perf_counter() - t_step, rollout=ro.seconds,
+                      update=time.perf_counter() - t_update - t_old - sync_s,
+                      sync=sync_s if run.rollout.name != "hf" else None, phases=ro.phases)
+    return update_metrics, times
+
+
+def _step_metrics(run: LocalRun, ro: StepRollout, step: int, update_metrics: list, times: StepTimes, guard) -> dict:
+    """Step ``step``'s metrics (:func:`training.step_metrics.step_metrics`): what the policy did over every sampled
+    response (with dynamic sampling, also the dropped groups; with deferred old log-probs the entropies were filled in
+    the batch the update saw, every sample), ``updated``; the weight-sync guard's error logged
+    (:class:`training.mismatch.SyncGuard`); the sampled tokens counted (:class:`TokenProbs`)."""
+    dynamic = bool((run.cfg.algo.get("dynamic_sampling") or {}).get("enabled", False))
+    seen = ro.batch if run.settings.deferred_old else concat_batches(ro.sampled, run.tokenizer.pad_token_id)
+    metrics = step_metrics(ro.batch, seen, ro.advantages, ro.adv_metrics, update_metrics, times,
+                           run.scheduler.get_last_lr()[0], run.device, ro.rounds if dynamic else None)
+    metrics["updated"] = float(bool(ro.batch.batch_size))  # 0: dynamic sampling kept nothing to learn from
+    error = guard.check(step, metrics.get("mismatch_logprob_abs_diff"))
+    if error:  # the engine samples other weights than the policy's after a sync (a stale adapter, say)
+        log.error(error)
+    if seen.batch_size:
+        run.token_probs.update(seen.response_ids, seen.old_logprobs, seen.response_mask)
+    return metrics
