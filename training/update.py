@@ -271,23 +271,7 @@ def minibatch_step(model, optimizer, batch, idx, advantages, loss_fn, loss_param
             if p.requires_grad:
                 p.grad = torch.zeros_like(p)
     if s.couples_rows and len(plan) > 1:
-        # the loss reads other responses' log-probs: its gradient w.r.t. the minibatch's log-probs first (scored
-        # without gradients), then back-propagated through each micro-batch's forward pass
-        with torch.no_grad():
-            for micro in plan:
-                forward(micro)
-        lp_leaf = lp_all.clone().requires_grad_(True)
-        ent_leaf = ent_all.clone().requires_grad_(True) if want_entropy else None
-        loss, pg, m = objective(mb, lp_leaf, ent_leaf, advantages)
-        leaves = [lp_leaf] + ([ent_leaf] if want_entropy else [])
-        grads = torch.autograd.grad(loss, leaves, allow_unused=True)
-        for micro in plan:
-            rows, lp, ent = forward(micro)
-            t0 = time.perf_counter()
-            outs = [lp] + ([ent] if want_entropy else [])
-            pairs = [(o, g[rows]) for o, g in zip(outs, grads) if g is not None]
-            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
-            times["backward"] += time.perf_counter() - t0
+        loss, pg, m = _coupled_backward(plan, forward, objective, mb, advantages, lp_all, ent_all, times)
     else:
         with over_minibatch(norms):
             for micro in plan:
@@ -323,3 +307,28 @@ def minibatch_step(model, optimizer, batch, idx, advantages, loss_fn, loss_param
         dev = ((lp_all - mb.old_logprobs).exp() - 1).abs()
         m["first_minibatch_ratio_dev"] = float(dev[keep].max()) if keep.any() else 0.0
     return m
+
+
+def _coupled_backward(plan, forward, objective, mb, advantages, lp_all, ent_all, times: dict):
+    """The backward pass of a loss that reads other responses' log-probs (:func:`training.algorithms.couples_rows`)
+    over several micro-batches: the loss's gradient w.r.t. the minibatch's log-probs (and entropies) first, from
+    passes without gradients, then back-propagated through each micro-batch's forward pass again. ``forward(micro)``
+    -> (rows, log-probs, entropies) fills ``lp_all``/``ent_all`` (B, L); ``objective`` is the minibatch's loss.
+    Returns the minibatch's (loss, policy loss, metrics)."""
+    want_entropy = ent_all is not None
+    with torch.no_grad():
+        for micro in plan:
+            forward(micro)
+    lp_leaf = lp_all.clone().requires_grad_(True)
+    ent_leaf = ent_all.clone().requires_grad_(True) if want_entropy else None
+    loss, pg, m = objective(mb, lp_leaf, ent_leaf, advantages)
+    leaves = [lp_leaf] + ([ent_leaf] if want_entropy else [])
+    grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+    for micro in plan:
+        rows, lp, ent = forward(micro)
+        t0 = time.perf_counter()
+        outs = [lp] + ([ent] if want_entropy else [])
+        pairs = [(o, g[rows]) for o, g in zip(outs, grads) if g is not None]
+        torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        times["backward"] += time.perf_counter() - t0
+    return loss, pg, m
