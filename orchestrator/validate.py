@@ -4,12 +4,11 @@ Every check raises :class:`ConfigError` with one line naming the key and the bad
 """
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from training.algorithms import get_advantage_fn, get_policy_loss_fn, validate_params
+from training.algorithms import check_algorithm
 
 from .errors import ConfigError
 
@@ -17,24 +16,6 @@ from .errors import ConfigError
 def _require(cond: bool, msg: str) -> None:
     if not cond:
         raise ConfigError(msg)
-
-
-def _check_params(kind: str, fn, params: dict) -> None:
-    sig = inspect.signature(fn)
-    names = [p for p, v in sig.parameters.items() if v.kind is not inspect.Parameter.VAR_KEYWORD][(3 if kind == "policy_loss" else 1):]
-    if kind == "advantage" and params.get("base_estimator") and len(names) < len(sig.parameters) - 1:  # shaping another estimator
-        try:
-            base_fn = get_advantage_fn(params["base_estimator"])
-        except KeyError as e:
-            raise ConfigError(f"algo.advantage.base_estimator={params['base_estimator']!r}: {e.args[0]}") from None
-        _check_params(kind, base_fn, {k: v for k, v in params.items() if k not in names})  # the base's own keys
-        params = {k: v for k, v in params.items() if k in names}
-    unknown = [k for k in params if k not in names]
-    _require(not unknown, f"algo.{kind}: unknown parameter(s) {unknown} for {fn.__name__}; accepted: {names}")
-    missing = [p.name for p in list(sig.parameters.values())[(3 if kind == "policy_loss" else 1):]
-               if p.default is inspect.Parameter.empty and p.name not in params
-               and p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)]
-    _require(not missing, f"algo.{kind}: missing parameter(s) {missing} for {fn.__name__}")
 
 
 def _check_against_the_model(cfg) -> None:
@@ -68,35 +49,6 @@ def _check_against_the_model(cfg) -> None:
              f"tokens, and the model {model} holds {ctx} tokens of context")
 
 
-def _check_the_policy_can_change(cfg) -> None:
-    """Refuse a group of one response per prompt when the configured advantage estimator gives every such response
-    advantage 0 (measured: the estimator run on four groups of one with rewards 1, 0, 1, 0): the loss gradient is
-    then 0 at every step and the policy never moves. An estimator that does not centre on its group passes."""
-    if OmegaConf.select(cfg, "train.group_size") != 1:
-        return
-    import torch
-
-    from training.batch import RolloutBatch
-
-    node = cfg.algo.advantage
-    params = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k != "name"}
-    B, L = 4, 3
-    g = torch.Generator().manual_seed(0)
-    old = -torch.rand(B, L, generator=g) * 3
-    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0])
-    batch = RolloutBatch(prompt_ids=torch.ones(B, 2, dtype=torch.long), prompt_mask=torch.ones(B, 2, dtype=torch.long),
-                         response_ids=torch.ones(B, L, dtype=torch.long), response_mask=torch.ones(B, L),
-                         old_logprobs=old, rewards=rewards, group_index=torch.arange(B),
-                         response_lengths=torch.full((B,), L), ref_logprobs=old.clone(), correct=rewards > 0)
-    try:
-        adv, _ = get_advantage_fn(str(node.name))(batch, **params)
-    except Exception:  # an estimator that cannot run on this batch is not judged here
-        return
-    _require(not bool(torch.all(torch.as_tensor(adv) == 0)),
-             f"train.group_size=1: {node.name}'s advantages are all 0 in a group of one response per prompt, so the "
-             "policy never changes; use train.group_size >= 2")
-
-
 def validate_eval(cfg, data_name: str | None = None) -> list[str]:
     """The evaluation's own check (:func:`evaluation.evaluate.check_eval`) as a :class:`ConfigError`: what the sweep's
     pre-flight and the evaluation command (``python -m orchestrator.evaluate``) both run.
@@ -116,8 +68,8 @@ def validate_config(cfg: DictConfig) -> list[str]:
     """Check a composed run config; raise :class:`ConfigError` (one line) on the first problem.
 
     Every key's type and range come from its declaration (:func:`orchestrator.schema.check_schema`); then each
-    selected component's own check: the algorithm's functions exist, accept the configured parameters and pass
-    their registered validators; the training task's ``validate``; the evaluation's (:func:`validate_eval`); the
+    selected component's own check: the algorithm's (:func:`training.algorithms.check_algorithm`: its functions
+    exist, accept the configured parameters, pass their registered validators and can move the policy); the training task's ``validate``; the evaluation's (:func:`validate_eval`); the
     engine's ``validate``. What stays here are the rules that relate several parts: DAPO's overlong buffer within
     the response length, every length within the model's context, no group of one under an estimator that then
     gives advantage 0, checkpoint evaluation needing kept checkpoints, search-tool tasks needing a corpus.
@@ -128,25 +80,17 @@ def validate_config(cfg: DictConfig) -> list[str]:
     from .schema import check_schema
 
     warnings: list[str] = check_schema(cfg)  # every key: type, range, choices; unknown keys refused
-    # -- algorithm
+    # -- algorithm: its own checks (training.algorithms.check_algorithm: registered names, parameters, validators,
+    # a policy that can change), then how it relates to the rest
     algo = cfg.algo
-    for kind, getter in (("advantage", get_advantage_fn), ("policy_loss", get_policy_loss_fn)):
-        node = algo.get(kind)
-        _require(node is not None and node.get("name"), f"algo.{kind}.name is missing (algo={algo.get('name')!r})")
-        try:
-            fn = getter(node.name)
-        except KeyError as e:
-            raise ConfigError(f"algo.{kind}.name={node.name!r}: {e.args[0]}") from None
-        try:
-            params = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k != "name"}
-        except Exception as e:
-            raise ConfigError(f"algo.{kind}: {e}") from None
-        _check_params(kind, fn, params)
-        try:
-            warnings += validate_params(kind, node.name, params,
-                                        context={"group_size": OmegaConf.select(cfg, "train.group_size")})
-        except ValueError as e:
-            raise ConfigError(f"algo.{kind} ({node.name}): {e}") from None
+    try:
+        algo_dict = OmegaConf.to_container(algo, resolve=True)
+    except Exception as e:
+        raise ConfigError(f"algo: {e}") from None
+    try:
+        warnings += check_algorithm(algo_dict, OmegaConf.select(cfg, "train.group_size"))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     over = algo.get("overlong_buffer")
     if over and over.get("enabled", False):  # its length within the response length
         from training.rewards import overlong_buffer_length
@@ -156,10 +100,9 @@ def validate_config(cfg: DictConfig) -> list[str]:
         except ValueError as e:   # names the bad key and value
             raise ConfigError(str(e)) from None
 
-    # -- the model and the algorithm against the rest: lengths within its context, a policy that can change, a
-    # minibatch within the batch (the model's files and the data are read by orchestrator.preflight.check_inputs)
+    # -- the model against the rest: lengths within its context, a minibatch within the batch (the model's files and
+    # the data are read by orchestrator.preflight.check_inputs)
     _check_against_the_model(cfg)
-    _check_the_policy_can_change(cfg)
     mb, per, g = (OmegaConf.select(cfg, f"train.{k}") for k in ("minibatch_size", "prompts_per_step", "group_size"))
     _require(mb is None or per is None or g is None or int(mb) <= int(per) * int(g),
              f"train.minibatch_size={mb}: larger than the batch (train.prompts_per_step={per} x train.group_size={g} = "

@@ -8,6 +8,7 @@ and :func:`get_policy_loss_fn`.
 from .aggregation import LOSS_AGG_MODES, agg_loss, masked_mean
 from .kl import kl_k3
 from .registry import (
+    check_algorithm,
     couples_rows,
     get_advantage_fn,
     get_policy_loss_fn,
@@ -22,6 +23,6 @@ from .registry import (
 
 __all__ = [
     "LOSS_AGG_MODES", "agg_loss", "masked_mean", "kl_k3",
-    "couples_rows", "get_advantage_fn", "get_policy_loss_fn", "need_param", "needs_of", "register_advantage", "register_policy_loss",
+    "check_algorithm", "couples_rows", "get_advantage_fn", "get_policy_loss_fn", "need_param", "needs_of", "register_advantage", "register_policy_loss",
     "registered_advantages", "registered_policy_losses", "validate_params",
 ]

@@ -192,3 +192,95 @@ def base_params(name: str, params: dict) -> tuple[dict, dict]:
         return params, {}
     own = {k: v for k, v in params.items() if k in sig}
     return own, {k: v for k, v in params.items() if k not in sig}
+
+
+def _check_signature(kind: str, fn, params: dict) -> None:
+    """``params`` are the parameters ``fn`` (a registered estimator or loss) accepts, and every parameter it requires
+    (a shaping estimator's ``base_estimator`` gets the keys its signature does not take).
+
+    Raises:
+        ValueError: one line naming ``algo.<kind>`` and the unknown or missing parameters.
+    """
+    import inspect
+
+    sig = inspect.signature(fn)
+    skip = 3 if kind == "policy_loss" else 1  # (logprobs, batch, advantages) or (batch)
+    names = [p for p, v in sig.parameters.items() if v.kind is not inspect.Parameter.VAR_KEYWORD][skip:]
+    if kind == "advantage" and params.get("base_estimator") and len(names) < len(sig.parameters) - 1:  # shaping another estimator
+        try:
+            base_fn = get_advantage_fn(params["base_estimator"])
+        except KeyError as e:
+            raise ValueError(f"algo.advantage.base_estimator={params['base_estimator']!r}: {e.args[0]}") from None
+        _check_signature(kind, base_fn, {k: v for k, v in params.items() if k not in names})  # the base's own keys
+        params = {k: v for k, v in params.items() if k in names}
+    unknown = [k for k in params if k not in names]
+    if unknown:
+        raise ValueError(f"algo.{kind}: unknown parameter(s) {unknown} for {fn.__name__}; accepted: {names}")
+    missing = [p.name for p in list(sig.parameters.values())[skip:]
+               if p.default is inspect.Parameter.empty and p.name not in params
+               and p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)]
+    if missing:
+        raise ValueError(f"algo.{kind}: missing parameter(s) {missing} for {fn.__name__}")
+
+
+def _policy_can_change(name: str, params: dict, group_size) -> None:
+    """Refuse a group of one response per prompt when the estimator ``name`` gives every such response advantage 0
+    (measured: the estimator run on four groups of one with rewards 1, 0, 1, 0): the loss gradient is then 0 at every
+    step and the policy never moves. An estimator that does not centre on its group passes.
+
+    Raises:
+        ValueError: naming ``train.group_size``.
+    """
+    if group_size != 1:
+        return
+    import torch
+
+    from training.batch import RolloutBatch
+
+    B, L = 4, 3
+    g = torch.Generator().manual_seed(0)
+    old = -torch.rand(B, L, generator=g) * 3
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    batch = RolloutBatch(prompt_ids=torch.ones(B, 2, dtype=torch.long), prompt_mask=torch.ones(B, 2, dtype=torch.long),
+                         response_ids=torch.ones(B, L, dtype=torch.long), response_mask=torch.ones(B, L),
+                         old_logprobs=old, rewards=rewards, group_index=torch.arange(B),
+                         response_lengths=torch.full((B,), L), ref_logprobs=old.clone(), correct=rewards > 0)
+    try:
+        adv, _ = get_advantage_fn(name)(batch, **params)
+    except Exception:  # an estimator that cannot run on this batch is not judged here
+        return
+    if bool(torch.all(torch.as_tensor(adv) == 0)):
+        raise ValueError(f"train.group_size=1: {name}'s advantages are all 0 in a group of one response per prompt, "
+                         "so the policy never changes; use train.group_size >= 2")
+
+
+def check_algorithm(algo: dict, group_size=None) -> list[str]:
+    """The algorithm's own checks, before any work: its estimator and loss are registered, accept the configured
+    parameters (their signatures) and pass their registered validators (:func:`validate_params`), and the estimator
+    can move the policy at ``group_size`` (``train.group_size``).
+
+    Args:
+        algo: the ``algo`` group as a plain dict (``advantage`` and ``policy_loss`` nodes with ``name``).
+    Returns:
+        The validators' warnings.
+    Raises:
+        ValueError: one line naming the key.
+    """
+    warnings: list[str] = []
+    for kind, getter in (("advantage", get_advantage_fn), ("policy_loss", get_policy_loss_fn)):
+        node = algo.get(kind)
+        if not (node is not None and node.get("name")):
+            raise ValueError(f"algo.{kind}.name is missing (algo={algo.get('name')!r})")
+        try:
+            fn = getter(node["name"])
+        except KeyError as e:
+            raise ValueError(f"algo.{kind}.name={node['name']!r}: {e.args[0]}") from None
+        params = {k: v for k, v in node.items() if k != "name"}
+        _check_signature(kind, fn, params)
+        try:
+            warnings += validate_params(kind, node["name"], params, context={"group_size": group_size})
+        except ValueError as e:
+            raise ValueError(f"algo.{kind} ({node['name']}): {e}") from None
+    adv = algo["advantage"]
+    _policy_can_change(str(adv["name"]), {k: v for k, v in adv.items() if k != "name"}, group_size)
+    return warnings
