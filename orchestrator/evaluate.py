@@ -20,7 +20,11 @@ from pathlib import Path
 from evaluation.tables import protocol_differences
 
 
-def main(argv=None) -> int:
+class _Refused(Exception):
+    """Bad input found before any work: its one line (None: already printed) goes to stderr, exit status 2."""
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m orchestrator.evaluate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", required=True, help="Hugging Face model directory or hub id")
     ap.add_argument("--eval", default="quick", help="eval preset in sweeps/eval/ (default: quick)")
@@ -35,98 +39,18 @@ def main(argv=None) -> int:
     ap.add_argument("--sampler", default=None, help="auto | hf | vllm (default: the eval preset's eval.sampler)")
     ap.add_argument("--run-name", default=None)
     ap.add_argument("overrides", nargs="*", help="eval overrides key=value")
-    args = ap.parse_args(argv)
+    return ap
 
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
 
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from core.sampling import resolve_sampler
-    from .preflight import CONFIG_DIR
-
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
     try:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-            cfg = compose("config", overrides=[f"eval={args.eval}"] + [f"eval.{o}" for o in args.overrides]
-                          + ([f"eval.sampler={args.sampler}"] if args.sampler else []))
-    except (HydraException, OmegaConfBaseException) as e:
-        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+        cfg, base, heldout = _preflight(args)
+    except _Refused as e:
+        if e.args and e.args[0]:
+            print(f"error: {e.args[0]}", file=sys.stderr)
         return 2
-    eval_cfg = cfg.eval
-    from .errors import ConfigError
-    from .schema import check_schema
-    from .validate import validate_eval
-
-    try:  # the same checks as the sweep's pre-flight: every key's declaration, then the evaluation's own check
-        check_schema(cfg)
-        for w in validate_eval(cfg):
-            print(f"warning: {w}", file=sys.stderr)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    from core.models import check_source
-
-    try:  # the checkpoint is there (a folder with config.json, or a hub id: cached when offline) before any loading
-        check_source({"source": "pretrained", "path": str(args.checkpoint)})
-    except ValueError as e:
-        print(f"error: --checkpoint: {str(e).replace('model.path=', '', 1)}", file=sys.stderr)
-        return 2
-    if args.out and Path(args.out).exists() and any(Path(args.out).iterdir()) and not args.overwrite:
-        print(f"error: --out={args.out}: exists and is not empty (its results would be written over); choose another "
-              "folder, leave --out out (a new folder each time), or add --overwrite", file=sys.stderr)
-        return 2
-    base = None
-    if args.base_samples:
-        base = _read_base(args.base_samples, eval_cfg, args.any_protocol)
-        if base is None:
-            return 2
-    sampler = resolve_sampler(str(eval_cfg.get("sampler", "auto")))
-    from core.tasks import get_task, load_plugins, load_prompts
-
-    try:
-        load_plugins(cfg.get("plugins"))
-        held = sorted({b for b in eval_cfg.benchmarks if get_task(b).heldout_from_data})
-    except (ImportError, KeyError) as e:
-        print(f"error: {e.args[0]}", file=sys.stderr)
-        return 2
-    if len(held) > 1:
-        print(f"error: eval.benchmarks: {held} are held-out splits of different training sets; evaluate them separately",
-              file=sys.stderr)
-        return 2
-    if held:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-            data_cfg = compose("config", overrides=[f"data={held[0]}"]).data
-        heldout = load_prompts(data_cfg, "eval")
-    else:
-        heldout = None
-
-    import mlflow
-
-    from evaluation.evaluate import evaluate_checkpoint
-
-    from . import provenance, tracking
-
-    exp_id = tracking.setup_experiment(args.tracking_uri, args.experiment, "mlartifacts")
-    with mlflow.start_run(experiment_id=exp_id, run_name=args.run_name or Path(str(args.checkpoint)).name,
-                          tags={"rlvr.kind": "evaluation", "rlvr.checkpoint": str(args.checkpoint), "rlvr.sampler": sampler,
-                                **provenance.tags(eval_cfg)}) as run:
-        out = Path(args.out or Path("eval_out") / f"{Path(str(args.checkpoint)).name}-{run.info.run_id[:12]}")
-        mlflow.set_tag("rlvr.run_dir", str(out.resolve()))
-        from evaluation.evaluate import benchmark_rows
-
-        from . import window
-
-        mlflow.log_params({f"eval.{k}": str(v)[:6000] for k, v in tracking.flatten(OmegaConf.to_container(eval_cfg, resolve=True)).items()})
-        window.log_datasets(run.info.run_id, None, None, benchmark_rows(eval_cfg, heldout), eval_cfg)
-        with window.system_metrics(cfg, run.info.run_id):
-            metrics, files, info = evaluate_checkpoint(args.checkpoint, eval_cfg, out, heldout, base_samples=base,
-                                                       sampler=sampler)
-        mlflow.set_tag("rlvr.entropy_method", str(info["entropy_method"]))
-        mlflow.log_metrics(metrics)
-        for rel, path in files.items():
-            sub = str(Path(rel).parent)
-            mlflow.log_artifact(str(path), None if sub == "." else sub)
+    metrics, out = _evaluate(args, cfg, base, heldout)
     for k in sorted(metrics):
         if k.startswith("eval/mean/"):
             print(f"{k:40s} {metrics[k]:.4f}")
@@ -138,6 +62,105 @@ def main(argv=None) -> int:
         print(f"flip rates on the {shared} of {total} prompts shared with --base-samples {args.base_samples}")
     print(f"results: {out.resolve()}")
     return 0
+
+
+def _preflight(args):
+    """The evaluation's config composed and checked as the sweep's pre-flight checks it (every key's declaration, the
+    evaluation's own check, an explicit bf16 on a device that emulates it), the checkpoint and ``--out`` checked,
+    ``--base-samples`` read, the held-out split loaded. Returns (config, base samples or None, held-out rows or None).
+
+    Raises:
+        _Refused: bad input, one line.
+    """
+    from hydra import compose, initialize_config_dir
+
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from .preflight import CONFIG_DIR
+
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            cfg = compose("config", overrides=[f"eval={args.eval}"] + [f"eval.{o}" for o in args.overrides]
+                          + ([f"eval.sampler={args.sampler}"] if args.sampler else []))
+    except (HydraException, OmegaConfBaseException) as e:
+        raise _Refused(str(e).splitlines()[0]) from None
+    eval_cfg = cfg.eval
+    from .errors import ConfigError
+    from .preflight import check_precision
+    from .schema import check_schema
+    from .validate import validate_eval
+
+    try:  # the same checks as the sweep's pre-flight: every key's declaration, then the evaluation's own check
+        check_schema(cfg)
+        for w in validate_eval(cfg):
+            print(f"warning: {w}", file=sys.stderr)
+        check_precision(cfg)
+    except ConfigError as e:
+        raise _Refused(str(e)) from None
+    from core.models import check_source
+
+    try:  # the checkpoint is there (a folder with config.json, or a hub id: cached when offline) before any loading
+        check_source({"source": "pretrained", "path": str(args.checkpoint)})
+    except ValueError as e:
+        raise _Refused(f"--checkpoint: {str(e).replace('model.path=', '', 1)}") from None
+    if args.out and Path(args.out).exists() and any(Path(args.out).iterdir()) and not args.overwrite:
+        raise _Refused(f"--out={args.out}: exists and is not empty (its results would be written over); choose another "
+                       "folder, leave --out out (a new folder each time), or add --overwrite")
+    base = None
+    if args.base_samples:
+        base = _read_base(args.base_samples, eval_cfg, args.any_protocol)
+        if base is None:
+            raise _Refused(None)
+    from core.tasks import get_task, load_plugins, load_prompts
+
+    try:
+        load_plugins(cfg.get("plugins"))
+        held = sorted({b for b in eval_cfg.benchmarks if get_task(b).heldout_from_data})
+    except (ImportError, KeyError) as e:
+        raise _Refused(e.args[0]) from None
+    if len(held) > 1:
+        raise _Refused(f"eval.benchmarks: {held} are held-out splits of different training sets; evaluate them "
+                       "separately")
+    heldout = None
+    if held:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            data_cfg = compose("config", overrides=[f"data={held[0]}"]).data
+        heldout = load_prompts(data_cfg, "eval")
+    return cfg, base, heldout
+
+
+def _evaluate(args, cfg, base, heldout):
+    """The checkpoint's evaluation in an MLflow run of its own (``--experiment``, kind ``evaluation``, provenance
+    tags, the eval group as parameters, the datasets, system metrics, the samples and tables as artifacts). Returns
+    (metrics, output folder)."""
+    import mlflow
+    from omegaconf import OmegaConf
+
+    from core.sampling import resolve_sampler
+    from evaluation.evaluate import benchmark_rows, evaluate_checkpoint
+
+    from . import provenance, tracking, window
+
+    eval_cfg = cfg.eval
+    sampler = resolve_sampler(str(eval_cfg.get("sampler", "auto")))
+    exp_id = tracking.setup_experiment(args.tracking_uri, args.experiment, "mlartifacts")
+    with mlflow.start_run(experiment_id=exp_id, run_name=args.run_name or Path(str(args.checkpoint)).name,
+                          tags={"rlvr.kind": "evaluation", "rlvr.checkpoint": str(args.checkpoint), "rlvr.sampler": sampler,
+                                **provenance.tags(eval_cfg)}) as run:
+        out = Path(args.out or Path("eval_out") / f"{Path(str(args.checkpoint)).name}-{run.info.run_id[:12]}")
+        mlflow.set_tag("rlvr.run_dir", str(out.resolve()))
+        mlflow.log_params({f"eval.{k}": str(v)[:6000] for k, v in tracking.flatten(OmegaConf.to_container(eval_cfg, resolve=True)).items()})
+        window.log_datasets(run.info.run_id, None, None, benchmark_rows(eval_cfg, heldout), eval_cfg)
+        with window.system_metrics(cfg, run.info.run_id):
+            metrics, files, info = evaluate_checkpoint(args.checkpoint, eval_cfg, out, heldout, base_samples=base,
+                                                       sampler=sampler)
+        mlflow.set_tag("rlvr.entropy_method", str(info["entropy_method"]))
+        mlflow.log_metrics(metrics)
+        for rel, path in files.items():
+            sub = str(Path(rel).parent)
+            mlflow.log_artifact(str(path), None if sub == "." else sub)
+    return metrics, out
 
 
 def _read_base(path: str, eval_cfg, any_protocol: bool):
