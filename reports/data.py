@@ -14,10 +14,22 @@ import pandas as pd
 
 from evaluation.tables import TABLES, MetricTable, find_table, metric_key
 
+#: every run's per-step panels: the update's, then (:func:`train_panels`) the algorithms' own, then the
+#: training-inference mismatch with vLLM rollouts (training/mismatch.py) and its correction (tis_*)
 TRAIN_PANELS = ["train/reward_mean", "train/accuracy", "train/entropy", "train/kl_ref", "train/clip_fraction",
-                "train/ppo_kl", "train/grad_norm", "train/lambda_mean", "train/lambda_floored_groups",
-                "train/reversed_share", "train/mismatch_kl", "train/mismatch_logprob_abs_diff", "train/tis_weight_mean"]
-# (mismatch_*: the training-inference mismatch with vLLM rollouts, training/mismatch.py; tis_*: its correction)
+                "train/ppo_kl", "train/grad_norm", "train/mismatch_kl", "train/mismatch_logprob_abs_diff",
+                "train/tis_weight_mean"]
+
+
+def train_panels() -> list[str]:
+    """The report's per-step training panels: :data:`TRAIN_PANELS` with, after the update's, the metrics each
+    registered algorithm declared for its own panels (``panels=`` of
+    :func:`training.algorithms.register_advantage` / ``register_policy_loss``; QUATRO's lambda and reversed share)."""
+    from training.algorithms import panel_metrics
+
+    cut = TRAIN_PANELS.index("train/grad_norm") + 1
+    own = [k for k in panel_metrics() if k not in TRAIN_PANELS]
+    return TRAIN_PANELS[:cut] + own + TRAIN_PANELS[cut:]
 BASE_LABEL = "Initialization"  # the papers' name for the starting model's row
 
 
@@ -285,8 +297,10 @@ def base_label(runs: pd.DataFrame) -> str | None:
     return str(base["label"].iloc[0]) if len(base) else None
 
 
-def histories(tracking_uri: str, runs: pd.DataFrame, keys=TRAIN_PANELS) -> dict:
-    """{metric: {run label: (steps array, values array)}} for the per-step training metrics present."""
+def histories(tracking_uri: str, runs: pd.DataFrame, keys=None) -> dict:
+    """{metric: {run label: (steps array, values array)}} for the per-step training metrics present (``keys``;
+    default :func:`train_panels`)."""
+    keys = train_panels() if keys is None else keys
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking_uri)

@@ -40,7 +40,7 @@ class Context:
 
     def hist(self) -> dict:
         if self._hist is None:
-            keys = list(dict.fromkeys(R.TRAIN_PANELS + R.COST_KEYS + ["train/seq_ratio_mean", "train/seq_ratio_max"]))
+            keys = list(dict.fromkeys(R.train_panels() + R.COST_KEYS + ["train/seq_ratio_mean", "train/seq_ratio_max"]))
             self._hist = R.histories(self.tracking_uri, self.done, keys=keys) if len(self.done) else {}
         return self._hist
 

@@ -192,7 +192,7 @@ hist = R.histories(tracking_uri, done) if len(done) else {}
 if not hist:
     note("No per-step training metrics were logged.")
 else:
-    keys = [k for k in R.TRAIN_PANELS if k in hist]
+    keys = [k for k in R.train_panels() if k in hist]
     cols = min(3, len(keys))
     rows_ = int(np.ceil(len(keys) / cols))
     fig, axes = plt.subplots(rows_, cols, figsize=(4.6 * cols, 3.2 * rows_), squeeze=False)

@@ -34,6 +34,20 @@ def test_rank_advantage_by_hand():
     assert torch.allclose(adv, torch.tensor(expected) * 2.0, atol=1e-6)
 
 
+def test_an_algorithm_declares_the_training_metrics_its_report_panels_plot():
+    """The report's per-step panels are the update's and the mismatch's (reports.data.TRAIN_PANELS, no algorithm's)
+    plus what each registered algorithm declared (panels=): QUATRO's lambda and reversed share, the toy's metric."""
+    from reports.data import TRAIN_PANELS, train_panels
+    from tests.plugins import toy_algorithm  # noqa: F401  (registers toy_rank with its panel)
+    from training.algorithms import panel_metrics
+
+    declared = panel_metrics()
+    assert {"train/lambda_mean", "train/lambda_floored_groups", "train/reversed_share", "train/toy_rank_max"} <= set(declared)
+    assert not set(declared) & set(TRAIN_PANELS)
+    panels = train_panels()
+    assert set(panels) == set(TRAIN_PANELS) | set(declared) and len(panels) == len(set(panels))
+
+
 def _batch(rewards, groups):
     from types import SimpleNamespace
 

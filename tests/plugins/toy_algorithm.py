@@ -14,7 +14,7 @@ from training.algorithms.registry import register_validator
 from training.batch import from_groups, to_groups
 
 
-@register_advantage("toy_rank")
+@register_advantage("toy_rank", panels=("train/toy_rank_max",))  # its metric, plotted per step in the report
 def toy_rank(batch, scale: float = 1.0):
     """Centred ranks of the rewards within each group, in [-scale, scale]. ``batch.rewards`` (B,) and
     ``batch.group_index`` (B,); returns (advantages (B,), metrics)."""

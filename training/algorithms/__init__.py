@@ -14,6 +14,7 @@ from .registry import (
     get_policy_loss_fn,
     need_param,
     needs_of,
+    panel_metrics,
     register_advantage,
     register_policy_loss,
     registered_advantages,
@@ -23,6 +24,6 @@ from .registry import (
 
 __all__ = [
     "LOSS_AGG_MODES", "agg_loss", "masked_mean", "kl_k3",
-    "check_algorithm", "couples_rows", "get_advantage_fn", "get_policy_loss_fn", "need_param", "needs_of", "register_advantage", "register_policy_loss",
+    "check_algorithm", "couples_rows", "get_advantage_fn", "get_policy_loss_fn", "need_param", "needs_of", "panel_metrics", "register_advantage", "register_policy_loss",
     "registered_advantages", "registered_policy_losses", "validate_params",
 ]

@@ -137,7 +137,7 @@ def quatro_advantages(rewards: torch.Tensor, delta: float, lambda_min: float = 1
     return adv
 
 
-@register_advantage("quatro")
+@register_advantage("quatro", panels=("train/lambda_mean", "train/lambda_floored_groups"))
 def quatro_advantage(batch: RolloutBatch, delta: float, lambda_min: float = 1e-3):
     """Registered QUATRO advantage estimator (see :func:`quatro_advantages`).
 
@@ -170,7 +170,7 @@ def quatro_advantage(batch: RolloutBatch, delta: float, lambda_min: float = 1e-3
     return from_groups(adv, order).float(), metrics
 
 
-@register_policy_loss("quatro")
+@register_policy_loss("quatro", panels=("train/reversed_share",))
 def quatro_loss(
     logprobs: torch.Tensor,
     batch: RolloutBatch,

@@ -15,6 +15,7 @@ _POLICY_LOSSES: Registry = Registry("policy loss", packages=("training.algorithm
 _VALIDATORS: Dict[tuple, Callable] = {}
 _NEEDS: Dict[tuple, tuple] = {}  # (kind, name) -> batch fields beyond rewards and groups, with why
 _COUPLED: Dict[str, str] = {}  # policy loss -> why it couples responses beyond agg_loss's normalisers
+_PANELS: Dict[tuple, tuple] = {}  # (kind, name) -> the training metrics of its own the report plots
 BATCH_FIELDS = ("old_logprobs", "ref_logprobs")  # what a registered function may declare it needs
 
 
@@ -55,7 +56,7 @@ def _check_needs(kind: str, name: str, needs: dict) -> dict:
     return dict(needs)
 
 
-def register_advantage(name: str, needs: dict | None = None) -> Callable[[Callable], Callable]:
+def register_advantage(name: str, needs: dict | None = None, panels: tuple = ()) -> Callable[[Callable], Callable]:
     """Decorator registering an advantage estimator under ``name``.
 
     The estimator's signature is ``fn(batch: RolloutBatch, **params) -> (advantages, metrics)``
@@ -65,6 +66,8 @@ def register_advantage(name: str, needs: dict | None = None) -> Callable[[Callab
         needs: batch fields it reads beyond rewards and groups, each with the reason, e.g.
             ``{"old_logprobs": "its surprisal classes"}`` (or ``(reason, param)``: only when that parameter is
             set); an engine supplies them or refuses the estimator (:func:`needs_of`).
+        panels: training metrics of its own (``train/<key>`` of its metrics) the report plots per step
+            (:func:`panel_metrics`).
     Raises:
         ValueError: if ``name`` is already registered to another function, or an unknown need.
     """
@@ -73,13 +76,14 @@ def register_advantage(name: str, needs: dict | None = None) -> Callable[[Callab
     def deco(fn: Callable) -> Callable:
         _ADVANTAGES.register(name, fn)  # ValueError when another function has the name
         _NEEDS[("advantage", name)] = declared
+        _PANELS[("advantage", name)] = tuple(panels)
         return fn
 
     return deco
 
 
-def register_policy_loss(name: str, needs: dict | None = None, couples_rows: str | None = None
-                         ) -> Callable[[Callable], Callable]:
+def register_policy_loss(name: str, needs: dict | None = None, couples_rows: str | None = None,
+                         panels: tuple = ()) -> Callable[[Callable], Callable]:
     """Decorator registering a policy loss under ``name``.
 
     The loss's signature is ``fn(logprobs (B, L), batch, advantages, **params) -> (loss, metrics)``
@@ -92,6 +96,7 @@ def register_policy_loss(name: str, needs: dict | None = None, couples_rows: str
     log-probs (a group statistic of the current policy, say) declares ``couples_rows`` (why); the trainer then
     scores the minibatch without gradients, takes the loss's gradient with respect to its log-probs over the whole
     minibatch, and back-propagates it micro-batch by micro-batch: exact too, one more forward pass.
+    ``panels``: training metrics of its own the report plots per step (:func:`panel_metrics`).
 
     Raises:
         ValueError: if ``name`` is already registered to another function, or an unknown need.
@@ -101,6 +106,7 @@ def register_policy_loss(name: str, needs: dict | None = None, couples_rows: str
     def deco(fn: Callable) -> Callable:
         _POLICY_LOSSES.register(name, fn)
         _NEEDS[("policy_loss", name)] = declared
+        _PANELS[("policy_loss", name)] = tuple(panels)
         if couples_rows:
             _COUPLED[name] = str(couples_rows)
         else:
@@ -121,6 +127,14 @@ def _scanned(kind: str) -> None:
     """The folder scan done (declarations are made when a module registers): a lookup of needs before any
     function was fetched (the memory plan at pre-flight) must not read an empty table."""
     (_ADVANTAGES if kind == "advantage" else _POLICY_LOSSES).names()
+
+
+def panel_metrics() -> list[str]:
+    """The training metrics the registered estimators and losses declared for the report's per-step panels
+    (``panels=``), each once, in registration order (the suite's own after its folder scan, then plug-ins')."""
+    _scanned("advantage")
+    _scanned("policy_loss")
+    return list(dict.fromkeys(k for keys in _PANELS.values() for k in keys))
 
 
 def need_param(kind: str, name: str, field: str) -> str | None:
