@@ -499,165 +499,214 @@ def run(cfg: DictConfig) -> dict:
         signals.restore()
 
 
+@dataclass
+class _Started:
+    """A point's MLflow run, open: where it writes, what it already logged, what it takes over."""
+
+    run_id: str
+    run_dir: Path
+    logged_through: int   # the last training step the store holds (resume), -1 for a new run
+    active_before: float  # seconds the run was active before this job (resume)
+    recover: object = None  # a finished run whose checkpoint this one takes (decision.run), or None
+    reuse: str | None = None
+    active: object = None  # MLflow's ActiveRun
+
+
 def _run_point(pt: Point) -> dict | None:
-    """One run of point ``pt``: decide, then train (or resume, or take a checkpoint), evaluate and log. Returns the
-    point's summary, or None when its new run gave way to an identical point's earlier run and was deleted (decide
-    again)."""
+    """One run of point ``pt``: decide, open its run (resume or new), train (or take a checkpoint), evaluate and
+    log. Returns the point's summary, or None when its new run gave way to an identical point's earlier run and was
+    deleted (decide again)."""
     decision = decide(pt)
     if decision.action == "duplicate":
         return decision.summary
-    cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_s, force, run_dir = (
-        pt.cfg, pt.exp_id, pt.chash, pt.sweep_id, pt.job_num, pt.name, pt.tags, pt.params, pt.stale_s, pt.force, pt.run_dir)
-
-    import training
-    from training.token_probs import ARTIFACT as TOKEN_PROBS
-    from core.lifecycle import STOP_REQUESTED, TRAINING, Interrupted, Preempted, final_checkpoint_dir
-    from evaluation.evaluate import benchmark_rows
-    from core.tasks import load_prompts
-
     client = MlflowClient()
-    active_before, recover, reuse = 0.0, None, None
-    owner = decision.owner
-    if decision.action == "resume":
-        resume = decision.run
-        run_dir = Path(resume.data.tags.get("rlvr.run_dir") or run_dir)
-        if n := tracking.send_unsent(client, resume.info.run_id, run_dir / UNSENT):
-            log.info("point %s: sent %d metrics the store missed before the run stopped", name, n)
-        hist = tracking.retry(client.get_metric_history, resume.info.run_id, "train/reward_mean")
-        logged_through = max((m.step for m in hist), default=-1)
-        active = mlflow.start_run(run_id=resume.info.run_id)
-        requeues = int(resume.data.tags.get("rlvr.requeue_count", "0") or 0) + 1
-        active_before = float(resume.data.tags.get("rlvr.active_s", "0") or 0)
-        tracking.retry(mlflow.set_tags, {k: v for k, v in tags.items() if k != "rlvr.requeue_count"}
-                       | {"rlvr.requeue_count": str(max(requeues, int(tags["rlvr.requeue_count"])))}
-                       | lease.owner_tags(owner) | provenance.changes(resume.data.tags, tags))
-        log.info("point %s: resuming MLflow run %s from %s (metrics logged through step %d)",
-                 name, resume.info.run_id, run_dir, logged_through)
-    else:
-        recover, reuse = decision.run, decision.reuse
-        logged_through = -1
-        active = mlflow.start_run(experiment_id=exp_id, run_name=name,
-                                  tags={**tags, tracking.TAG_KIND: "trained", "rlvr.run_dir": str(run_dir),
-                                        **lease.owner_tags(owner)})
-        tracking.retry(mlflow.log_params, params)
-        # an identical point may have started at the same moment, here or in another sweep: the earliest run trains
-        # (or one with the same training and another evaluation: it trains, this point then evaluates its checkpoint)
-        earlier = [] if force else _earlier_runs(exp_id, chash, tags, active, stale_s, recover is None)
-        if earlier:
-            return _yield_to(earlier[0], pt, active.info.run_id)
-        if recover is not None:
-            tracking.retry(mlflow.set_tag, tracking.TAG_TRAINED_IN if reuse == "evaluation" else "rlvr.recovered_from",
-                           recover.info.run_id)
-    run_id = active.info.run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml({k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "hydra"}))
+    try:
+        st = _start_run(pt, decision, client)
+    except _Yield as y:  # an identical point started at the same moment, and first (this run is still active)
+        return _yield_to(y.run, pt, mlflow.active_run().info.run_id)
+    st.run_dir.mkdir(parents=True, exist_ok=True)
+    (st.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(
+        {k: v for k, v in OmegaConf.to_container(pt.cfg, resolve=True).items() if k != "hydra"}))
     pt.signals.install_preemption()
-    beat = lease.Heartbeat(client, run_id)
+    beat = lease.Heartbeat(client, st.run_id)
     beat.start()
-    metrics_out = tracking.MetricBuffer(client, run_id, run_dir / UNSENT)
-    monitor = window.system_metrics(cfg, run_id).__enter__()
+    metrics_out = tracking.MetricBuffer(client, st.run_id, st.run_dir / UNSENT)
+    monitor = window.system_metrics(pt.cfg, st.run_id).__enter__()
     t0 = time.time()
 
     def log_step(m, step):
         # by run id, not the active run: MLflow's active run is per thread, and the verl engine logs from its own
         beat.nudge()
-        if step > logged_through:  # a step replayed from an older saved state is not logged twice
+        if step > st.logged_through:  # a step replayed from an older saved state is not logged twice
             metrics_out.put(m, step)  # sent in order by its own thread: training never waits on the store
 
     def active_s() -> str:
-        return f"{active_before + time.time() - t0:.1f}"
+        return f"{st.active_before + time.time() - t0:.1f}"
     yield_to = None
     try:
-        tracking.retry(mlflow.log_artifact, str(run_dir / "config.yaml"))
-        if pt.tags.get(provenance.TAG_PREFIX + "git_dirty") == "true":  # the code the run ran, not only its commit
-            (run_dir / "git_diff.patch").write_text(provenance.git_diff() or "")
-            tracking.retry(mlflow.log_artifact, str(run_dir / "git_diff.patch"))
-        heldout = load_prompts(cfg.data, "eval")
-        bench = benchmark_rows(cfg.eval, heldout)  # unreadable benchmark files fail here, before any training
-        window.log_datasets(run_id, cfg.data, load_prompts(cfg.data, "train"), bench, cfg.eval)
-        base = None
-        if bool(cfg.eval.get("base", True)):
-            from .base import BaseEvaluation
-
-            base = BaseEvaluation(cfg, exp_id, sweep_id, job_num, Path(sweep_id) if sweep_id else run_dir, heldout)
-            base.ensure(wait=False)  # evaluated here now, unless another job already is
-        if recover is not None:
-            _recover_from(recover, run_dir)
-            last = _copy_train_metrics(client, recover.info.run_id, run_id)
-            log.info("point %s: training metrics (steps 0-%d) and checkpoint taken from run %s%s", name, last,
-                     recover.info.run_id, " (trained there; this run evaluates it)" if reuse == "evaluation" else "")
-            ckpt = final_checkpoint_dir(run_dir)
-        else:
-            # an identical point created at the same moment may only now be visible (its row committed after this
-            # one's, though started first): the earliest still trains, the other yields before training
-            earlier = [] if force or decision.action != "new" else _earlier_runs(exp_id, chash, tags, active, stale_s, True)
-            if earlier:
-                raise _Yield(earlier[0])
-            TRAINING.set()
-            try:
-                ckpt = training.train(cfg, run_dir, log_metrics=log_step, logged_through=logged_through)
-            finally:
-                TRAINING.clear()
-                _tag_rollout(run_dir)
-            metrics_out.flush()  # every training step's metrics are in the store before evaluation starts
-            if (run_dir / TOKEN_PROBS).is_file():  # the sampled tokens' mean probabilities (TR-GRPO's Fig. 1)
-                tracking.retry(mlflow.log_artifact, str(run_dir / TOKEN_PROBS))
-        tracking.retry(mlflow.set_tag, "rlvr.checkpoint", str(ckpt))
-        _free_memory()
-        metrics = evaluate_run(cfg, run_dir, ckpt, heldout, base)
-        tracking.retry(mlflow.log_artifact, str(record_integrity(run_dir, ckpt)))
+        metrics = _train_and_evaluate(pt, decision, st, client, log_step, metrics_out)
     except _Yield as y:
         beat.stop.set()
         yield_to = y.run
-    except Preempted as e:
-        log.warning("point %s: %s", name, e)
-        metrics_out.close()  # the completed steps' metrics reach the store (or UNSENT) before the run is marked
-        tracking.retry(mlflow.set_tag, "rlvr.active_s", active_s())
-        if "SLURM_JOB_ID" in os.environ:
-            # state saved: leave the run RUNNING for the requeued job, and let submitit requeue us
-            log.warning("point %s preempted; state saved in %s", name, run_dir)
-            pt.signals.hand_on_preemption()
-            raise
-        beat.stop.set()
-        STOP_REQUESTED.clear()
-        mlflow.end_run(status="KILLED")
-        raise Interrupted(pt.signals.signum, state_saved=True,
-                          where=f"run {run_id}") from None
     except BaseException as e:
-        beat.stop.set()
-        metrics_out.close()
-        killed = isinstance(e, KeyboardInterrupt)
-        try:
-            (run_dir / "traceback.txt").write_text(traceback.format_exc())
-            tracking.retry(mlflow.log_artifact, str(run_dir / "traceback.txt"))
-        except Exception as e2:  # a full disk or a lost store: the original error is what matters
-            log.error("could not save the traceback of run %s: %s", run_id, e2)
-        finally:
-            try:
-                mlflow.set_tag("rlvr.active_s", active_s())
-            except Exception:
-                pass
-            try:
-                mlflow.end_run(status="KILLED" if killed else "FAILED")
-            except Exception as e3:
-                log.error("could not mark run %s %s: %s", run_id, "KILLED" if killed else "FAILED", e3)
-        if isinstance(e, KeyboardInterrupt) and not isinstance(e, Interrupted):
-            raise Interrupted(signal.SIGINT, where=f"run {run_id}") from None
-        if isinstance(e, Interrupted):
-            e.where = f"run {run_id}"
+        _end_interrupted_run(pt, st, e, metrics_out, active_s, beat)
         raise
     finally:
         beat.stop.set()
         metrics_out.close()  # what is still queued is sent, or kept in UNSENT for the resumed run
         monitor.__exit__(None, None, None)
     if yield_to is not None:
-        log.info("point %s: run %s of the same point started first: yielding to it", name, yield_to.info.run_id)
-        return _yield_to(yield_to, pt, run_id)
+        log.info("point %s: run %s of the same point started first: yielding to it", pt.name, yield_to.info.run_id)
+        return _yield_to(yield_to, pt, st.run_id)
     tracking.retry(mlflow.set_tags, {"rlvr.active_s": active_s(), window.NOTE_TAG: window.describe(
-        cfg, tags.get("rlvr.point", name), metrics, sweep_id=tags.get("rlvr.sweep_id"))})
+        pt.cfg, pt.tags.get("rlvr.point", pt.name), metrics, sweep_id=pt.tags.get("rlvr.sweep_id"))})
     mlflow.end_run()
-    log.info("point %s finished: MLflow run %s", name, run_id)
-    return {"status": "finished", "run_id": run_id, "config_hash": chash, "metrics": metrics}
+    log.info("point %s finished: MLflow run %s", pt.name, st.run_id)
+    return {"status": "finished", "run_id": st.run_id, "config_hash": pt.chash, "metrics": metrics}
+
+
+def _start_run(pt: Point, decision, client) -> _Started:
+    """The point's MLflow run, started (the active run): the run ``decision`` resumes, with the metrics the store
+    missed sent and its tags brought up to date (requeue count, owner, what changed in its provenance); or a new run
+    with the point's tags and parameters, marked as taking a recovered run's checkpoint when ``decision`` says so.
+
+    Raises:
+        _Yield: a new run found an identical point's run that started first (this run is still active).
+    """
+    owner = decision.owner
+    if decision.action == "resume":
+        resume = decision.run
+        run_dir = Path(resume.data.tags.get("rlvr.run_dir") or pt.run_dir)
+        if n := tracking.send_unsent(client, resume.info.run_id, run_dir / UNSENT):
+            log.info("point %s: sent %d metrics the store missed before the run stopped", pt.name, n)
+        hist = tracking.retry(client.get_metric_history, resume.info.run_id, "train/reward_mean")
+        logged_through = max((m.step for m in hist), default=-1)
+        active = mlflow.start_run(run_id=resume.info.run_id)
+        requeues = int(resume.data.tags.get("rlvr.requeue_count", "0") or 0) + 1
+        tags = pt.tags
+        tracking.retry(mlflow.set_tags, {k: v for k, v in tags.items() if k != "rlvr.requeue_count"}
+                       | {"rlvr.requeue_count": str(max(requeues, int(tags["rlvr.requeue_count"])))}
+                       | lease.owner_tags(owner) | provenance.changes(resume.data.tags, tags))
+        log.info("point %s: resuming MLflow run %s from %s (metrics logged through step %d)",
+                 pt.name, resume.info.run_id, run_dir, logged_through)
+        return _Started(active.info.run_id, run_dir, logged_through,
+                        float(resume.data.tags.get("rlvr.active_s", "0") or 0), active=active)
+    recover, reuse = decision.run, decision.reuse
+    active = mlflow.start_run(experiment_id=pt.exp_id, run_name=pt.name,
+                              tags={**pt.tags, tracking.TAG_KIND: "trained", "rlvr.run_dir": str(pt.run_dir),
+                                    **lease.owner_tags(owner)})
+    tracking.retry(mlflow.log_params, pt.params)
+    # an identical point may have started at the same moment, here or in another sweep: the earliest run trains
+    # (or one with the same training and another evaluation: it trains, this point then evaluates its checkpoint)
+    earlier = [] if pt.force else _earlier_runs(pt.exp_id, pt.chash, pt.tags, active, pt.stale_s, recover is None)
+    if earlier:
+        raise _Yield(earlier[0])
+    if recover is not None:
+        tracking.retry(mlflow.set_tag, tracking.TAG_TRAINED_IN if reuse == "evaluation" else "rlvr.recovered_from",
+                       recover.info.run_id)
+    return _Started(active.info.run_id, pt.run_dir, -1, 0.0, recover, reuse, active)
+
+
+def _train_and_evaluate(pt: Point, decision, st: _Started, client, log_step, metrics_out) -> dict:
+    """The point's work inside its open run: the config and (with uncommitted code) the diff logged, the datasets,
+    the base model's evaluation started, training (or the recovered run's checkpoint and metrics taken), then the
+    checkpoint's evaluation and the integrity record. Returns the evaluation's metrics.
+
+    Raises:
+        _Yield: an identical point's run, visible only now, started first.
+    """
+    import training
+    from core.lifecycle import TRAINING, final_checkpoint_dir
+    from core.tasks import load_prompts
+    from evaluation.evaluate import benchmark_rows
+    from training.token_probs import ARTIFACT as TOKEN_PROBS
+
+    cfg, run_dir = pt.cfg, st.run_dir
+    tracking.retry(mlflow.log_artifact, str(run_dir / "config.yaml"))
+    if pt.tags.get(provenance.TAG_PREFIX + "git_dirty") == "true":  # the code the run ran, not only its commit
+        (run_dir / "git_diff.patch").write_text(provenance.git_diff() or "")
+        tracking.retry(mlflow.log_artifact, str(run_dir / "git_diff.patch"))
+    heldout = load_prompts(cfg.data, "eval")
+    bench = benchmark_rows(cfg.eval, heldout)  # unreadable benchmark files fail here, before any training
+    window.log_datasets(st.run_id, cfg.data, load_prompts(cfg.data, "train"), bench, cfg.eval)
+    base = None
+    if bool(cfg.eval.get("base", True)):
+        from .base import BaseEvaluation
+
+        base = BaseEvaluation(cfg, pt.exp_id, pt.sweep_id, pt.job_num, Path(pt.sweep_id) if pt.sweep_id else run_dir,
+                              heldout)
+        base.ensure(wait=False)  # evaluated here now, unless another job already is
+    if st.recover is not None:
+        _recover_from(st.recover, run_dir)
+        last = _copy_train_metrics(client, st.recover.info.run_id, st.run_id)
+        log.info("point %s: training metrics (steps 0-%d) and checkpoint taken from run %s%s", pt.name, last,
+                 st.recover.info.run_id, " (trained there; this run evaluates it)" if st.reuse == "evaluation" else "")
+        ckpt = final_checkpoint_dir(run_dir)
+    else:
+        # an identical point created at the same moment may only now be visible (its row committed after this
+        # one's, though started first): the earliest still trains, the other yields before training
+        earlier = [] if pt.force or decision.action != "new" else _earlier_runs(
+            pt.exp_id, pt.chash, pt.tags, st.active, pt.stale_s, True)
+        if earlier:
+            raise _Yield(earlier[0])
+        TRAINING.set()
+        try:
+            ckpt = training.train(cfg, run_dir, log_metrics=log_step, logged_through=st.logged_through)
+        finally:
+            TRAINING.clear()
+            _tag_rollout(run_dir)
+        metrics_out.flush()  # every training step's metrics are in the store before evaluation starts
+        if (run_dir / TOKEN_PROBS).is_file():  # the sampled tokens' mean probabilities (TR-GRPO's Fig. 1)
+            tracking.retry(mlflow.log_artifact, str(run_dir / TOKEN_PROBS))
+    tracking.retry(mlflow.set_tag, "rlvr.checkpoint", str(ckpt))
+    _free_memory()
+    metrics = evaluate_run(cfg, run_dir, ckpt, heldout, base)
+    tracking.retry(mlflow.log_artifact, str(record_integrity(run_dir, ckpt)))
+    return metrics
+
+
+def _end_interrupted_run(pt: Point, st: _Started, e: BaseException, metrics_out, active_s, beat) -> None:
+    """How a point's run ends when its work raised ``e`` (the caller re-raises it, or what this raises).
+
+    A preemption (:class:`core.lifecycle.Preempted`, the state saved): under SLURM the run stays RUNNING for the
+    requeued job and submitit requeues it (re-raised); elsewhere the run is KILLED and :class:`Interrupted` raised.
+    Any other error: the traceback logged, the run FAILED (KILLED for Ctrl-C, raised as :class:`Interrupted`)."""
+    from core.lifecycle import STOP_REQUESTED, Interrupted, Preempted
+
+    if isinstance(e, Preempted):
+        log.warning("point %s: %s", pt.name, e)
+        metrics_out.close()  # the completed steps' metrics reach the store (or UNSENT) before the run is marked
+        tracking.retry(mlflow.set_tag, "rlvr.active_s", active_s())
+        if "SLURM_JOB_ID" in os.environ:
+            # state saved: leave the run RUNNING for the requeued job, and let submitit requeue us
+            log.warning("point %s preempted; state saved in %s", pt.name, st.run_dir)
+            pt.signals.hand_on_preemption()
+            return
+        beat.stop.set()
+        STOP_REQUESTED.clear()
+        mlflow.end_run(status="KILLED")
+        raise Interrupted(pt.signals.signum, state_saved=True, where=f"run {st.run_id}") from None
+    beat.stop.set()
+    metrics_out.close()
+    killed = isinstance(e, KeyboardInterrupt)
+    try:
+        (st.run_dir / "traceback.txt").write_text(traceback.format_exc())
+        tracking.retry(mlflow.log_artifact, str(st.run_dir / "traceback.txt"))
+    except Exception as e2:  # a full disk or a lost store: the original error is what matters
+        log.error("could not save the traceback of run %s: %s", st.run_id, e2)
+    finally:
+        try:
+            mlflow.set_tag("rlvr.active_s", active_s())
+        except Exception:
+            pass
+        try:
+            mlflow.end_run(status="KILLED" if killed else "FAILED")
+        except Exception as e3:
+            log.error("could not mark run %s %s: %s", st.run_id, "KILLED" if killed else "FAILED", e3)
+    if isinstance(e, KeyboardInterrupt) and not isinstance(e, Interrupted):
+        raise Interrupted(signal.SIGINT, where=f"run {st.run_id}") from None
+    if isinstance(e, Interrupted):
+        e.where = f"run {st.run_id}"
 
 
 def record_integrity(run_dir: Path, ckpt: Path) -> Path:
