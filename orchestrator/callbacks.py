@@ -17,7 +17,7 @@ from pathlib import Path
 
 from hydra.experimental.callback import Callback
 
-from . import tracking, window
+from . import tracking, mlflow_views
 from .identity import point_name
 
 log = logging.getLogger("rlvr")
@@ -94,7 +94,7 @@ class SweepCallback(Callback):
         except Exception as e:  # pre-flight parsed them already; without the count, missing jobs go unnoticed
             log.warning("could not count the sweep's points: %s: %s", type(e).__name__, e)
         try:
-            self.parent_run_id = window.open_sweep_run(exp_id, sweep_id, git_commit())
+            self.parent_run_id = mlflow_views.open_sweep_run(exp_id, sweep_id, git_commit())
         except Exception as e:  # the points still run; they are then top-level runs
             log.warning("could not create the sweep's parent run: %s: %s", type(e).__name__, e)
         write_sweep(sweep_dir, {"status": "running", "parent_run_id": self.parent_run_id,
@@ -133,7 +133,7 @@ class SweepCallback(Callback):
         except Exception as e:
             store_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             log.error("could not read the sweep's runs back from MLflow: %s", store_error)
-        runs = [r for r in runs if r.data.tags.get(tracking.TAG_KIND) != window.SWEEP_KIND]
+        runs = [r for r in runs if r.data.tags.get(tracking.TAG_KIND) != mlflow_views.SWEEP_KIND]
         rows, failed_base, seen_jobs, summary = [], [], set(), []
         for r in runs:
             kind = r.data.tags.get(tracking.TAG_KIND, "?")
@@ -149,7 +149,7 @@ class SweepCallback(Callback):
             rows.append((job, point, status, r.info.run_id, r.data.tags.get("rlvr.slurm_job_id", "") or "-",
                          f"{wall:.1f}", note[:120]))
             summary.append({"job": job, "point": point, "status": status, "run_id": r.info.run_id, "wall_s": round(wall, 1),
-                            "error": note[:300], **window.headline(r.data.metrics, config.eval.get("n"))})
+                            "error": note[:300], **mlflow_views.headline(r.data.metrics, config.eval.get("n"))})
             if status in ("FAILED", "KILLED") and kind == "base":
                 failed_base.append(r.info.run_name or r.info.run_id)
         # a point that did not end FINISHED or DUPLICATE, by its own word or because it left nothing behind
@@ -180,7 +180,7 @@ class SweepCallback(Callback):
         lines = ["  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip() for row in [header, *rows]]
         print("\nSweep summary (" + sweep_id + ")\n" + "\n".join(lines), flush=True)
         if store_error is None:
-            print(window.ui_hint(str(config.tracking.uri), exp_id), flush=True)
+            print(mlflow_views.ui_hint(str(config.tracking.uri), exp_id), flush=True)
         if bad:
             print(f"{len(bad)} point(s) did not finish; tracebacks of failed runs are in MLflow (traceback.txt). "
                   "Re-running the same command trains only the points that did not finish.", flush=True)
@@ -211,17 +211,17 @@ def read_sweep(sweep_dir: Path) -> dict:
 
 def close_parent(parent_run_id: str | None, summary: list[dict], status: str | None = None, out_dir: Path | None = None,
                  children=(), report_html: Path | None = None) -> str | None:
-    """End the sweep's parent run (:func:`orchestrator.window.close_sweep_run`) with the report when one was built and
+    """End the sweep's parent run (:func:`orchestrator.mlflow_views.close_sweep_run`) with the report when one was built and
     the union of its ``children``'s datasets. Returns the status it ended with (None when there is no parent or it
     could not be closed); never raises."""
     if parent_run_id is None:
         return None
     try:
-        window.log_union_of_datasets(parent_run_id, children)
+        mlflow_views.log_union_of_datasets(parent_run_id, children)
     except Exception as e:
         log.warning("the sweep's parent run %s: datasets not logged: %s: %s", parent_run_id, type(e).__name__, e)
     try:
-        final = window.close_sweep_run(parent_run_id, summary, status, report_html, out_dir)
+        final = mlflow_views.close_sweep_run(parent_run_id, summary, status, report_html, out_dir)
         log.info("sweep run %s: %s", parent_run_id, final)
         return final
     except Exception as e:

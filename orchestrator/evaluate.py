@@ -140,7 +140,7 @@ def _evaluate(args, cfg, base, heldout):
     from core.sampling import resolve_sampler
     from evaluation.evaluate import benchmark_rows, evaluate_checkpoint
 
-    from . import provenance, tracking, window
+    from . import provenance, tracking, mlflow_views
 
     eval_cfg = cfg.eval
     sampler = resolve_sampler(str(eval_cfg.get("sampler", "auto")))
@@ -151,8 +151,8 @@ def _evaluate(args, cfg, base, heldout):
         out = Path(args.out or Path("eval_out") / f"{Path(str(args.checkpoint)).name}-{run.info.run_id[:12]}")
         mlflow.set_tag("rlvr.run_dir", str(out.resolve()))
         mlflow.log_params({f"eval.{k}": str(v)[:6000] for k, v in tracking.flatten(OmegaConf.to_container(eval_cfg, resolve=True)).items()})
-        window.log_datasets(run.info.run_id, None, None, benchmark_rows(eval_cfg, heldout), eval_cfg)
-        with window.system_metrics(cfg, run.info.run_id):
+        mlflow_views.log_datasets(run.info.run_id, None, None, benchmark_rows(eval_cfg, heldout), eval_cfg)
+        with mlflow_views.system_metrics(cfg, run.info.run_id):
             metrics, files, info = evaluate_checkpoint(args.checkpoint, eval_cfg, out, heldout, base_samples=base,
                                                        sampler=sampler)
         mlflow.set_tag("rlvr.entropy_method", str(info["entropy_method"]))

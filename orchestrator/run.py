@@ -30,8 +30,8 @@ import mlflow
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
-from . import integrity, lease, tracking, window
-from .base import log_metrics
+from . import integrity, lease, tracking, mlflow_views
+from .base_model import log_metrics
 from . import provenance
 from .identity import config_hash, git_commit, point_name, training_hash
 from .validate import validate_config
@@ -168,13 +168,13 @@ def _record_duplicate(exp_id, name, tags, params, of_run_id, chash, why, cfg=Non
 
 
 def _log_datasets(cfg, run_id: str) -> None:
-    """The run's training prompts and evaluation benchmarks as MLflow datasets (:func:`orchestrator.window.log_datasets`)."""
+    """The run's training prompts and evaluation benchmarks as MLflow datasets (:func:`orchestrator.mlflow_views.log_datasets`)."""
     try:
         from core.tasks import load_prompts
         from evaluation.evaluate import benchmark_rows
 
         heldout = load_prompts(cfg.data, "eval")
-        window.log_datasets(run_id, cfg.data, load_prompts(cfg.data, "train"), benchmark_rows(cfg.eval, heldout), cfg.eval)
+        mlflow_views.log_datasets(run_id, cfg.data, load_prompts(cfg.data, "train"), benchmark_rows(cfg.eval, heldout), cfg.eval)
     except Exception as e:  # bad data fails the point later, with its own message
         log.warning("run %s: datasets not logged: %s: %s", run_id, type(e).__name__, e)
 
@@ -484,7 +484,7 @@ def run(cfg: DictConfig) -> dict:
             **provenance.tags(cfg.eval)}
     if warnings:
         tags["rlvr.warnings"] = " | ".join(warnings)[:5000]
-    tags |= window.parent_tags(exp_id, sweep_id)  # nested under the sweep's run (a resumed run moves to this sweep)
+    tags |= mlflow_views.parent_tags(exp_id, sweep_id)  # nested under the sweep's run (a resumed run moves to this sweep)
     signals = StopSignals()
     pt = Point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params,
                stale_s=float(cfg.tracking.get("lease_stale_s", 300)), force=bool(cfg.get("force", False)),
@@ -531,7 +531,7 @@ def _run_point(pt: Point) -> dict | None:
     beat = lease.Heartbeat(client, st.run_id)
     beat.start()
     metrics_out = tracking.MetricBuffer(client, st.run_id, st.run_dir / UNSENT)
-    monitor = window.system_metrics(pt.cfg, st.run_id).__enter__()
+    monitor = mlflow_views.system_metrics(pt.cfg, st.run_id).__enter__()
     t0 = time.time()
 
     def log_step(m, step):
@@ -558,7 +558,7 @@ def _run_point(pt: Point) -> dict | None:
     if yield_to is not None:
         log.info("point %s: run %s of the same point started first: yielding to it", pt.name, yield_to.info.run_id)
         return _yield_to(yield_to, pt, st.run_id)
-    tracking.retry(mlflow.set_tags, {"rlvr.active_s": active_s(), window.NOTE_TAG: window.describe(
+    tracking.retry(mlflow.set_tags, {"rlvr.active_s": active_s(), mlflow_views.NOTE_TAG: mlflow_views.describe(
         pt.cfg, pt.tags.get("rlvr.point", pt.name), metrics, sweep_id=pt.tags.get("rlvr.sweep_id"))})
     mlflow.end_run()
     log.info("point %s finished: MLflow run %s", pt.name, st.run_id)
@@ -628,10 +628,10 @@ def _train_and_evaluate(pt: Point, decision, st: _Started, client, log_step, met
         tracking.retry(mlflow.log_artifact, str(run_dir / "git_diff.patch"))
     heldout = load_prompts(cfg.data, "eval")
     bench = benchmark_rows(cfg.eval, heldout)  # unreadable benchmark files fail here, before any training
-    window.log_datasets(st.run_id, cfg.data, load_prompts(cfg.data, "train"), bench, cfg.eval)
+    mlflow_views.log_datasets(st.run_id, cfg.data, load_prompts(cfg.data, "train"), bench, cfg.eval)
     base = None
     if bool(cfg.eval.get("base", True)):
-        from .base import BaseEvaluation
+        from .base_model import BaseEvaluation
 
         base = BaseEvaluation(cfg, pt.exp_id, pt.sweep_id, pt.job_num, Path(pt.sweep_id) if pt.sweep_id else run_dir,
                               heldout)
@@ -818,7 +818,7 @@ def _log_files(files: dict, prefix: str | None) -> None:
 def evaluate_run(cfg, run_dir: Path, final: Path, heldout, base=None) -> dict:
     """Evaluate a trained run's checkpoints (:func:`checkpoints_to_evaluate`) and log each to the active MLflow
     run at its training step, so MLflow draws every evaluation metric against steps; then, with ``base`` (an
-    :class:`orchestrator.base.BaseEvaluation`), wait for the base model's samples and log every evaluation's
+    :class:`orchestrator.base_model.BaseEvaluation`), wait for the base model's samples and log every evaluation's
     flip rates (``eval/<bench>/flip/<bucket>/<measure>``, ``flip_rates.csv``). Files of a non-final checkpoint
     go under ``eval/step_<N>/`` in the run's artifacts. An evaluation already logged (a marker file in its
     folder, e.g. before a requeue) is not logged twice.
@@ -878,7 +878,7 @@ def _backfill_flips(cfg, exp_id: str, sweep_id: str, job_num, run_dir: Path, pri
     from evaluation.tables import flip_metrics
     from core.tasks import load_prompts
 
-    from .base import BaseEvaluation
+    from .base_model import BaseEvaluation
 
     try:
         base = BaseEvaluation(cfg, exp_id, sweep_id, job_num, Path(sweep_id) if sweep_id else run_dir,

@@ -31,7 +31,7 @@ def build(experiment: str, tracking_uri: str = "sqlite:///mlflow.db", baseline: 
         experiment: MLflow experiment name; tracking_uri: the store (a relative sqlite path is
             resolved against the current directory); baseline: run label or algorithm name for the
             paired-bootstrap differences; out_dir: where files go (default
-            :func:`orchestrator.window.report_folder`: ``reports_out/<experiment>/<sweep>`` for one sweep, with
+            :func:`orchestrator.mlflow_views.report_folder`: ``reports_out/<experiment>/<sweep>`` for one sweep, with
             ``reports_out/<experiment>/latest`` linked to it, else ``reports_out/<experiment>/all``);
             parent_run_id: the sweep's parent run, under which the report run is nested, and whose sweep's runs
             (``rlvr.sweep_id``) the report shows; sections: the paper tables shown first (``report.sections``,
@@ -51,7 +51,7 @@ def build(experiment: str, tracking_uri: str = "sqlite:///mlflow.db", baseline: 
 
     if tracking_uri.startswith("sqlite:///") and not tracking_uri.startswith("sqlite:////"):
         tracking_uri = "sqlite:///" + str(Path(tracking_uri[len("sqlite:///"):]).resolve())
-    from orchestrator.window import report_folder
+    from orchestrator.mlflow_views import report_folder
 
     if parent_run_id and not sweeps:
         sweeps = [_sweep_of(tracking_uri, parent_run_id)]

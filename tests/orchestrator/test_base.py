@@ -8,7 +8,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from orchestrator import base as B
+from orchestrator import base_model as B
 from orchestrator import tracking
 from orchestrator.preflight import sweep_points
 

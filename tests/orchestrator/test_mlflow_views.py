@@ -1,10 +1,10 @@
-"""orchestrator/window.py: the experiment's kind, datasets and the parent's status, on a real SQLite store."""
+"""orchestrator/mlflow_views.py: the experiment's kind, datasets and the parent's status, on a real SQLite store."""
 import json
 
 import pytest
 from omegaconf import OmegaConf
 
-from orchestrator import tracking, window
+from orchestrator import tracking, mlflow_views
 
 
 def test_experiment_kind_is_set_once_and_a_users_kind_is_kept(tmp_path, monkeypatch):
@@ -28,7 +28,7 @@ def _inputs(train_rows, bench_rows, data_dir=None):
     train_cfg = OmegaConf.create({"name": "arithmetic", "seed": 0})
     eval_cfg = OmegaConf.create({"data_dir": data_dir, "max_prompts": None})
     out = {}
-    for d in window.datasets(train_cfg, train_rows, bench_rows, eval_cfg):
+    for d in mlflow_views.datasets(train_cfg, train_rows, bench_rows, eval_cfg):
         ctx = {t.key: t.value for t in d.tags}["mlflow.data.context"]
         out[(d.dataset.name, ctx)] = d.dataset
     return out
@@ -58,4 +58,4 @@ def test_datasets_name_context_rows_and_a_digest_that_follows_the_data(tmp_path)
     (["KILLED", "FAILED", "FINISHED"], "FAILED"), (["FINISHED", "NO OUTCOME"], "FAILED"), (["RUNNING"], "FAILED"),
 ])
 def test_the_parent_ends_like_its_worst_child(statuses, want):
-    assert window.worst_status(statuses) == want
+    assert mlflow_views.worst_status(statuses) == want

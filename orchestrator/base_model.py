@@ -35,7 +35,7 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from . import integrity, lease, provenance, tracking, window
+from . import integrity, lease, provenance, tracking, mlflow_views
 
 log = logging.getLogger("rlvr")
 
@@ -219,7 +219,7 @@ class BaseEvaluation:
             rows = benchmark_rows(self.cfg.eval, self.heldout_rows)
         except Exception:
             return
-        window.log_datasets(run_id, self.cfg.data, None, rows, self.cfg.eval)
+        mlflow_views.log_datasets(run_id, self.cfg.data, None, rows, self.cfg.eval)
 
     def _folder(self) -> Path:
         return self.root / f"base-{self.hash[:8]}"
@@ -231,7 +231,7 @@ class BaseEvaluation:
                 "rlvr.slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
                 "mlflow.note.content": "The starting model, evaluated with the sweep's protocol (the papers' "
                                        "'Initialization' row); every trained run's flip rates compare against it."}
-        tags |= window.parent_tags(self.exp_id, self.sweep_id) | provenance.tags(self.cfg.eval)
+        tags |= mlflow_views.parent_tags(self.exp_id, self.sweep_id) | provenance.tags(self.cfg.eval)
         run = tracking.retry(self.client.create_run, self.exp_id, run_name=RUN_NAME, tags=tags)
         mine = (run.info.start_time, run.info.run_id)
         rivals = [r for r in self._runs() if r.info.run_id != run.info.run_id and claim_is_live(r)
@@ -258,7 +258,7 @@ class BaseEvaluation:
         self.run_id = run_id
         beat = lease.Heartbeat(self.client, run_id, HEARTBEAT_S)
         beat.start()
-        monitor = window.system_metrics(self.cfg, run_id).__enter__()
+        monitor = mlflow_views.system_metrics(self.cfg, run_id).__enter__()
         try:
             folder.mkdir(parents=True, exist_ok=True)
             self._log_datasets(run_id)
@@ -277,8 +277,8 @@ class BaseEvaluation:
                                             {"samples.parquet": integrity.sha256(folder / "samples.parquet")})
             tracking.retry(self.client.log_artifact, run_id, str(record))
             tracking.retry(self.client.set_tag, run_id, "rlvr.entropy_method", str(info["entropy_method"]))
-            tracking.retry(self.client.set_tag, run_id, window.NOTE_TAG,
-                           window.describe(self.cfg, "", metrics, kind="base", sweep_id=self.sweep_id) + "\n\nEvery trained run's flip rates "
+            tracking.retry(self.client.set_tag, run_id, mlflow_views.NOTE_TAG,
+                           mlflow_views.describe(self.cfg, "", metrics, kind="base", sweep_id=self.sweep_id) + "\n\nEvery trained run's flip rates "
                            "compare against this run (the papers' 'Initialization' row).")
             monitor.__exit__(None, None, None)
             beat.stop.set()
