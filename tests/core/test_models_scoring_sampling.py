@@ -143,7 +143,7 @@ def test_generation_prefills_each_prompt_once_and_draws_the_same_samples(tiny_po
     handle.remove()
     P = shared.prompt_ids.shape[1]
     assert seen[0] == 2 * (P - 1)  # the prefill: two prompts, not eight rows
-    monkeypatch.setattr(cs, "_shared_prefill", lambda *a: None)
+    monkeypatch.setattr(cs.generate, "_shared_prefill", lambda *a: None)  # core/sampling/generate.py
     plain = cs.generate_responses(model, tok, texts, 4, 1.0, 0.9, 9, seed=7)
     assert torch.equal(shared.response_ids, plain.response_ids) and shared.texts == plain.texts
 

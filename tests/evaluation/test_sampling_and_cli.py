@@ -168,7 +168,7 @@ def test_entropy_taken_while_sampling_equals_the_teacher_forced_pass(tiny_policy
     during = HFSampler(model, tok, score_rows=3, score_tokens=4)
     a = during.sample(["Compute 1 + 1.", "Compute 2 + 5."], 3, [4, 4], settings)
     assert during.entropy_method == cs.GENERATION_ENTROPY_METHOD
-    monkeypatch.setattr(cs, "ENTROPY_LOGITS_BUDGET", 0)
+    monkeypatch.setattr(cs.hf, "ENTROPY_LOGITS_BUDGET", 0)  # where the hf sampler reads it (core/sampling/hf.py)
     forced = HFSampler(model, tok, score_rows=3, score_tokens=4)
     b = forced.sample(["Compute 1 + 1.", "Compute 2 + 5."], 3, [4, 4], settings)
     assert forced.entropy_method == cs.ENTROPY_METHOD

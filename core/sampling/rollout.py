@@ -1,0 +1,280 @@
+"""Training rollouts from a policy held in memory (transformers or the process's vLLM engine), and the choice
+between them for ``train.rollout.sampler=auto`` (the speed model)."""
+from __future__ import annotations
+
+import collections
+import gc
+import importlib.util
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+import torch
+
+from ..generation import Generation, response_mask_from_ids
+from .generate import generate_responses
+from .protocol import SAMPLERS, resolve_sampler
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    return [eos] if isinstance(eos, int) else list(eos or [tokenizer.eos_token_id])
+
+
+# ----------------------------------------------------------------------------------- training rollouts
+
+@dataclass(frozen=True)
+class RolloutOptions:
+    """How a training run's rollout sampler runs (``train.rollout``): ``dtype`` of the vLLM engine (``float32`` |
+    ``bfloat16`` | ``float16``) and its other ``vllm.LLM`` arguments (``gpu_memory_utilization``, ...)."""
+
+    dtype: str = "float32"
+    engine: dict = field(default_factory=dict)
+    token_budget: int | None = None  # positions a transformers rollout's key/value cache may hold (train.micro_batch_tokens)
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    """What ``train.rollout.sampler=auto`` weighs (:func:`choose_rollout_sampler`): optimiser steps, sequences
+    sampled per step (prompts x group size), the token budget of each, the policy's parameter count, whether it
+    trains on a GPU, and whether this process already runs a vLLM engine that would serve the run."""
+
+    steps: int
+    sequences: int
+    max_new_tokens: int
+    n_params: int
+    gpu: bool = False
+    engine_ready: bool = False
+
+    @property
+    def tokens(self) -> int:
+        return self.steps * self.sequences * self.max_new_tokens
+
+
+#: Sampling speeds of a training run's rollouts for a 100M-parameter model, in token budget per second (sequences x
+#: max_new_tokens over the generation's wall time; speeds scale as 1 / parameters), and vLLM's start in the training
+#: process (import and engine, seconds). CPU: measured on 2 cores (Xeon with AMX), SmolLM2-135M, float32, 4 prompts x
+#: 8 x 48 tokens, 2026-12-02 (``python -m benchmarks.train_step``: generation 9.95 s with hf, 6.92 s with vLLM per
+#: step; the engine's start about 11 s). GPU: not measured here (no GPU was lent); vLLM's usual order of magnitude
+#: over transformers ``generate``, and a start of a minute.
+ROLLOUT_SPEED = {"cpu": {"hf": 208.0, "vllm": 300.0, "vllm_start_s": 11.0},
+                 "gpu": {"hf": 1500.0, "vllm": 15000.0, "vllm_start_s": 60.0}}
+
+
+def _speed(what: str, plan: RolloutPlan) -> float:
+    value = ROLLOUT_SPEED["gpu" if plan.gpu else "cpu"][what]
+    return value if what.endswith("_s") else value * 1e8 / max(plan.n_params, 1)
+
+
+def choose_rollout_sampler(name: str, plan: RolloutPlan) -> tuple[str, str]:
+    """The rollout sampler of a training run and why: ``name`` itself when it is not ``auto`` (after checking it can
+    run here), else the registered sampler with the lowest estimated sampling time for ``plan`` (each sampler's
+    ``rollout_cost``; vLLM's includes its start unless this process's engine already serves the run).
+
+    Raises:
+        ValueError: an unknown sampler, one that cannot run here, or one that cannot roll out a policy.
+    """
+    if name != "auto":
+        resolved = resolve_sampler(name)
+        if SAMPLERS[resolved].rollout is None:
+            raise ValueError(f"train.rollout.sampler={name!r}: this sampler cannot sample a policy in training")
+        return resolved, "asked for"
+    costs = {spec.name: float(spec.rollout_cost(plan)) for spec in SAMPLERS.values()
+             if spec.rollout is not None and spec.rollout_cost is not None and spec.missing() is None}
+    best = min(costs, key=costs.get)
+    shown = ", ".join(f"{k} {v:.0f} s" for k, v in sorted(costs.items(), key=lambda kv: kv[1]))
+    return best, (f"auto: estimated sampling time for {plan.steps} steps x {plan.sequences} sequences x "
+                  f"{plan.max_new_tokens} tokens ({plan.n_params / 1e6:.0f}M parameters, "
+                  f"{'GPU' if plan.gpu else 'CPU'}): {shown}")
+
+
+def build_rollout(name: str, model, tokenizer, model_path, options: RolloutOptions | None = None):
+    """The training rollout sampler ``name`` (resolved, not ``auto``) for the policy ``model``."""
+    return SAMPLERS[name].rollout(model, tokenizer, model_path, options or RolloutOptions())
+
+
+class HFRollout:
+    """Training rollouts with transformers ``generate`` on the policy itself: nothing to copy or sync; no log-probs of
+    its own (the trainer's old log-probs are the rollout policy's)."""
+
+    name = "hf"
+
+    def __init__(self, model, tokenizer, token_budget: int | None = None):
+        self.model, self.tokenizer = model, tokenizer
+        self.sync_s = 0.0
+        self.token_budget = token_budget
+
+    def generate(self, texts: Sequence[str], n: int, temperature: float, top_p: float, max_new_tokens: int,
+                 seed: int) -> Generation:
+        """``n`` samples per text; with a token budget the prompts go in groups whose key/value cache (rows x
+        (longest prompt + ``max_new_tokens``) positions) fits it, group k seeded ``seed + k`` (one group, the whole
+        call: the same samples as without a budget)."""
+        chunks = _budget_chunks(self.tokenizer, texts, n, max_new_tokens, self.token_budget)
+        gens = [generate_responses(self.model, self.tokenizer, [texts[i] for i in idx], n, temperature, top_p,
+                                   max_new_tokens, seed + k) for k, idx in enumerate(chunks)]
+        return gens[0] if len(gens) == 1 else concat_generations(gens, self.tokenizer.pad_token_id)
+
+    def generate_with_tools(self, texts, n, temperature, top_p, max_new_tokens, seed, tools, max_turns, max_obs_tokens):
+        from ..agent import generate_with_tools
+
+        return generate_with_tools(self.model, self.tokenizer, texts, n, temperature, top_p, max_new_tokens, seed,
+                                   tools, max_turns, max_obs_tokens)
+
+    def sync(self, model) -> float:
+        return 0.0
+
+    def sleep(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self.model = None
+
+
+def _budget_chunks(tokenizer, texts: Sequence[str], n: int, max_new_tokens: int, budget: int | None) -> list[list[int]]:
+    """Consecutive groups of prompt indices whose generation holds at most ``budget`` positions (each group's rows x
+    (its longest prompt + ``max_new_tokens``)); one group of all without a budget. A prompt that alone exceeds the
+    budget goes alone."""
+    if budget is None or not texts:
+        return [list(range(len(texts)))]
+    lengths = [len(x) for x in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
+    out, cur, longest = [], [], 0
+    for i, p in enumerate(lengths):
+        wide = max(longest, p)
+        if cur and (len(cur) + 1) * n * (wide + max_new_tokens) > int(budget):
+            out.append(cur)
+            cur, wide = [], p
+        cur.append(i)
+        longest = wide
+    out.append(cur)
+    return out
+
+
+def concat_generations(gens: list["Generation"], pad_id: int) -> "Generation":
+    """One :class:`Generation` of several (rows in order): prompts re-padded on the left, responses on the right."""
+    import dataclasses
+
+    P = max(g.prompt_ids.shape[1] for g in gens)
+    L = max(g.response_ids.shape[1] for g in gens)
+
+    def left(t, value):
+        return torch.cat([t.new_full((t.shape[0], P - t.shape[1]), value), t], dim=1)
+
+    def right(t, value):
+        return torch.cat([t, t.new_full((t.shape[0], L - t.shape[1]), value)], dim=1)
+
+    out = {"prompt_ids": torch.cat([left(g.prompt_ids, pad_id) for g in gens]),
+           "prompt_mask": torch.cat([left(g.prompt_mask, 0) for g in gens]),
+           "response_ids": torch.cat([right(g.response_ids, pad_id) for g in gens]),
+           "response_mask": torch.cat([right(g.response_mask, 0) for g in gens]),
+           "texts": [t for g in gens for t in g.texts]}
+    for f in dataclasses.fields(gens[0]):
+        if f.name in out:
+            continue
+        vals = [getattr(g, f.name) for g in gens]
+        if all(v is None for v in vals):
+            out[f.name] = None
+        elif isinstance(vals[0], torch.Tensor):
+            out[f.name] = torch.cat([right(v, 0) if v.dim() == 2 else v for v in vals])
+        elif isinstance(vals[0], list):
+            out[f.name] = [x for v in vals for x in v]
+        else:
+            out[f.name] = vals[0]
+    return dataclasses.replace(gens[0], **out)
+
+
+class VLLMRollout:
+    """Training rollouts through the process's vLLM engine (:mod:`core.vllm_engine`), which takes the policy's
+    weights in place after every optimiser step (:meth:`sync`). Each generation also returns vLLM's log-prob of each
+    sampled token at the sampling temperature (``Generation.logprobs``), for the trainer to measure, and optionally
+    correct, the training-inference mismatch.
+
+    Seeds: prompt i of a call is one request seeded from (``seed``, i), its n samples vLLM's draws of that request; in
+    multi-turn episodes each episode's turn is its own request, seeded from (``seed``, episode, turn)."""
+
+    name = "vllm"
+
+    def __init__(self, engine, tokenizer, eos_ids: Sequence[int]):
+        self.engine, self.tokenizer, self.eos_ids = engine, tokenizer, list(eos_ids)
+        self.version = 0
+        self.sync_s = 0.0
+
+    def _params(self, n, temperature, top_p, max_tokens, seed, **extra):
+        from vllm import SamplingParams
+
+        greedy = float(temperature) == 0.0
+        return SamplingParams(n=1 if greedy else int(n), seed=int(seed) % (2**31), temperature=float(temperature),
+                              top_p=1.0 if greedy else float(top_p), max_tokens=int(max_tokens), logprobs=0, stop_token_ids=self.eos_ids, detokenize=False,
+                              **extra)
+
+    @staticmethod
+    def _token_logprobs(c) -> list[float]:
+        return [float(d[t].logprob) if d and t in d else 0.0 for t, d in zip(c.token_ids, c.logprobs or [])]
+
+    def generate(self, texts: Sequence[str], n: int, temperature: float, top_p: float, max_new_tokens: int,
+                 seed: int) -> Generation:
+        """``n`` samples per text, as :func:`generate_responses` lays them out (prompt-major, left-padded prompts,
+        right-padded responses, the mask through the first EOS), with ``logprobs`` (B, L)."""
+        self.engine.wake_up()
+        ids = [self.tokenizer(t, add_special_tokens=False).input_ids for t in texts]
+        params = [self._params(n, temperature, top_p, max_new_tokens, seed * 1_000_003 + i * 10_007)
+                  for i in range(len(ids))]
+        outs = self.engine.llm.generate([{"prompt_token_ids": x} for x in ids], params, use_tqdm=False)
+        greedy = float(temperature) == 0.0
+        rows, lps = [], []
+        for res in outs:
+            cs = list(res.outputs) * int(n) if greedy else list(res.outputs)
+            rows += [list(c.token_ids) or [self.tokenizer.pad_token_id] for c in cs]
+            lps += [self._token_logprobs(c) for c in cs]
+        return _generation(self.tokenizer, ids, int(n), rows, lps, self.eos_ids)
+
+    def generate_with_tools(self, texts, n, temperature, top_p, max_new_tokens, seed, tools, max_turns, max_obs_tokens):
+        """Multi-turn episodes (:func:`core.agent.run_episodes`) on the engine: each turn of each episode one request
+        that stops at a tool's closing tag, ``</answer>`` or EOS, seeded by (``seed``, episode, turn)."""
+        from ..agent import ANSWER_CLOSE, run_episodes
+
+        self.engine.wake_up()
+        stops = [t.close_tag for t in tools.values()] + [ANSWER_CLOSE]
+
+        def cont(seqs, budgets, turn):
+            params = [self._params(1, temperature, top_p, b, seed * 7919 + turn * 100_003 + j, stop=stops,
+                                   include_stop_str_in_output=True) for j, b in enumerate(budgets)]
+            outs = self.engine.llm.generate([{"prompt_token_ids": s} for s in seqs], params, use_tqdm=False)
+            return [(list(o.outputs[0].token_ids), self._token_logprobs(o.outputs[0])) for o in outs]
+
+        return run_episodes(cont, self.tokenizer, self.eos_ids, texts, n, max_new_tokens, tools, max_turns,
+                            max_obs_tokens)
+
+    def sync(self, model) -> float:
+        """Load ``model``'s current weights into the engine in place (after an optimiser step). Returns seconds."""
+        self.version += 1
+        self.sync_s = self.engine.load_module(model, f"policy:{id(model)}:{self.version}")
+        return self.sync_s
+
+    def sleep(self) -> None:
+        """Free the engine's GPU memory while the trainer updates the policy (a no-op on the CPU)."""
+        self.engine.sleep()
+
+    def close(self) -> None:
+        self.engine.sleep()
+
+
+def _generation(tokenizer, prompt_ids: list[list[int]], n: int, responses: list[list[int]], logprobs: list[list[float]],
+                eos_ids: Sequence[int]) -> Generation:
+    """A :class:`Generation` from token lists: prompts (one per n rows) left-padded, responses right-padded."""
+    pad = tokenizer.pad_token_id
+    B = len(responses)
+    p_width = max(len(p) for p in prompt_ids)
+    prompts = [prompt_ids[i // n] for i in range(B)]
+    width = max(1, max(len(r) for r in responses))
+    response_ids = torch.tensor([r + [pad] * (width - len(r)) for r in responses])
+    mask, finished = response_mask_from_ids(response_ids, eos_ids)
+    lp = torch.tensor([x + [0.0] * (width - len(x)) for x in logprobs]) * mask
+    texts = tokenizer.batch_decode(response_ids.masked_fill(mask == 0, pad), skip_special_tokens=True)
+    return Generation(
+        prompt_ids=torch.tensor([[pad] * (p_width - len(p)) + p for p in prompts]),
+        prompt_mask=torch.tensor([[0] * (p_width - len(p)) + [1] * len(p) for p in prompts]),
+        response_ids=response_ids, response_mask=mask, response_lengths=mask.sum(-1), finished=finished, texts=texts,
+        logprobs=lp)
