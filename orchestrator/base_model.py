@@ -233,6 +233,10 @@ class BaseEvaluation:
                                        "'Initialization' row); every trained run's flip rates compare against it."}
         tags |= mlflow_views.parent_tags(self.exp_id, self.sweep_id) | provenance.tags(self.cfg.eval)
         run = tracking.retry(self.client.create_run, self.exp_id, run_name=RUN_NAME, tags=tags)
+        # a rival job's claim made at the same moment may still wait on the store (SQLite's lock: its insert retried
+        # 0.2 s later, after this job's search); after the settle both claims are visible to both jobs, and the
+        # later one yields (seen in CI: two jobs' claims 15 ms apart both evaluated the base model)
+        time.sleep(lease.SETTLE_S)
         mine = (run.info.start_time, run.info.run_id)
         rivals = [r for r in self._runs() if r.info.run_id != run.info.run_id and claim_is_live(r)
                   and (r.info.start_time, r.info.run_id) < mine]
