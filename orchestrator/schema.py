@@ -40,7 +40,7 @@ SCHEMA: dict[str, Spec] = {
     "report.enabled": B(),
     "report.baseline": S(null=True),
     "report.out_dir": S(null=True),
-    # names of reports/sections.py: the type is checked here, the names by reports.callback.check_report_config
+    # names of reports/sections/: the type is checked here, the names by reports.callback.check_report_config
     # at pre-flight (sweep.py passes it in: this layer does not import the reports layer)
     "report.sections": L(S(pattern=r"[a-z][a-z0-9_]*")),
     "tracking.uri": S(min_len=1),

@@ -157,7 +157,7 @@ def check_args(args) -> None:
     if args.experiment not in names:
         fail(f"--experiment={args.experiment!r}: not in {uri} (experiments: {', '.join(sorted(names)) or 'none'})")
     if args.sweep:
-        from .data import in_sweeps
+        from .load import in_sweeps
 
         exp = client.get_experiment_by_name(args.experiment)
         known = {r.data.tags.get("rlvr.sweep_id") for r in client.search_runs([exp.experiment_id], max_results=5000)}

@@ -40,18 +40,20 @@ def _sweep_name(config) -> str:
 
 def check_report_config(config) -> None:
     """Pre-flight check of a sweep point's ``report`` keys (sweep.py runs it on every point before any work):
-    every name in ``report.sections`` is a registered paper section (:mod:`reports.sections`).
+    every name in ``report.sections`` is a registered report section with a table (:mod:`reports.sections`: the paper
+    tables, and a plug-in's sections once ``plugins`` imported them).
 
     Raises:
         ValueError: one line naming the unknown names and the known ones.
     """
-    from .sections import SECTIONS
+    from .sections import paper_names
 
     names = [str(s) for s in ((config.get("report", {}) or {}).get("sections") or [])]
-    bad = [n for n in names if n not in SECTIONS]
+    known = paper_names()
+    bad = [n for n in names if n not in known]
     if bad:
         raise ValueError(f"report.sections: {bad} {'is not a' if len(bad) == 1 else 'are not'} paper section"
-                         f"{'' if len(bad) == 1 else 's'} (reports/sections.py has: {', '.join(sorted(SECTIONS))})")
+                         f"{'' if len(bad) == 1 else 's'} (reports/sections/ has: {', '.join(known)})")
 
 
 def check_report_baseline(configs) -> list[str]:
@@ -71,7 +73,8 @@ def check_report_baseline(configs) -> list[str]:
 
     from orchestrator.schema import leaves
 
-    from .data import BASE_LABEL, short_labels
+    from .data import short_labels
+    from .load import BASE_LABEL
 
     from orchestrator.preflight import CONFIG_DIR
 

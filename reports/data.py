@@ -1,24 +1,27 @@
-"""MLflow -> pandas: the tables and series the report notebook shows (pure functions, tested).
+"""The tables and series the report shows, as pure functions of what :mod:`reports.load` read from MLflow (tested).
 
 Evaluation metrics are found through the metric-table registry (:data:`evaluation.tables.TABLES`): an entry's
 ``parse`` maps an MLflow metric name to its table, row and column, so no metric name is matched by a pattern here and
-a plug-in table (``plugins`` config key, :func:`load_plugins`) is found like the built-ins.
+a plug-in table (``plugins`` config key, :func:`reports.load.load_plugins`) is found like the built-ins.
 """
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from evaluation.tables import TABLES, MetricTable, find_table, metric_key
 
+from .load import BASE_LABEL
+
+
 #: every run's per-step panels: the update's, then (:func:`train_panels`) the algorithms' own, then the
 #: training-inference mismatch with vLLM rollouts (training/mismatch.py) and its correction (tis_*)
 TRAIN_PANELS = ["train/reward_mean", "train/accuracy", "train/entropy", "train/kl_ref", "train/clip_fraction",
                 "train/ppo_kl", "train/grad_norm", "train/mismatch_kl", "train/mismatch_logprob_abs_diff",
                 "train/tis_weight_mean"]
+
 
 
 def train_panels() -> list[str]:
@@ -30,67 +33,13 @@ def train_panels() -> list[str]:
     cut = TRAIN_PANELS.index("train/grad_norm") + 1
     own = [k for k in panel_metrics() if k not in TRAIN_PANELS]
     return TRAIN_PANELS[:cut] + own + TRAIN_PANELS[cut:]
-BASE_LABEL = "Initialization"  # the papers' name for the starting model's row
+
 
 
 def display_name(metric: str) -> str:
     """``pass_at_8`` -> ``pass@8`` (MLflow keys cannot hold '@'; reports show the papers' names)."""
     return re.sub(r"_at_(\d+)", r"@\1", metric)
 
-
-def in_sweeps(tags: dict, sweeps) -> bool:
-    """True when a run's ``rlvr.sweep_id`` (the sweep's folder) is one of ``sweeps``: each a folder path or its last
-    part (``multirun/rlvr/2026-12-05_10-00-00-000000`` or ``2026-12-05_10-00-00-000000``)."""
-    sid = tags.get("rlvr.sweep_id")
-    if not sid:
-        return False
-    return any(str(s).rstrip("/") in (sid, Path(sid).name) for s in sweeps)
-
-
-def load_runs(tracking_uri: str, experiment: str, sweeps=None, filter_string: str = "") -> pd.DataFrame:
-    """One row per run of ``experiment``: ids, label, algorithm, status, kind, wall time, steps,
-    and the ``params``/``metrics``/``tags`` dicts. Empty frame when the experiment does not exist.
-
-    Args:
-        sweeps: only the runs of these sweeps (:func:`in_sweeps`), with the base-model runs their runs compared
-            against (``rlvr.base_run_id``, which an earlier sweep may have made); None: every run.
-        filter_string: an MLflow search filter (``params.algo.name = 'grpo'``) applied first.
-    """
-    import logging
-
-    from mlflow.tracking import MlflowClient
-
-    logging.getLogger("mlflow").setLevel(logging.WARNING)
-    client = MlflowClient(tracking_uri=tracking_uri)
-    exp = client.get_experiment_by_name(experiment)
-    cols = ["run_id", "label", "algo", "status", "kind", "duplicate_of", "wall_time_s", "steps", "params", "metrics", "tags"]
-    if exp is None:
-        return pd.DataFrame(columns=cols)
-    rows = []
-    found = client.search_runs([exp.experiment_id], filter_string=filter_string or "", max_results=5000,
-                               order_by=["attributes.start_time ASC"])
-    if sweeps:
-        own = [r for r in found if in_sweeps(r.data.tags, sweeps)]
-        bases = {r.data.tags.get("rlvr.base_run_id") for r in own} - {None, ""} - {r.info.run_id for r in own}
-        found = [r for r in found if r.info.run_id in bases] + own
-    for r in found:
-        tags = r.data.tags
-        if tags.get("rlvr.kind") in ("report", "sweep"):  # the report runs and the sweeps' parent runs
-            continue
-        if tags.get("rlvr.reproduces"):  # a check of another run (orchestrator.reproduce), not a second point
-            continue
-        end = r.info.end_time or r.info.start_time
-        is_base = tags.get("rlvr.kind") == "base"
-        rows.append({
-            "run_id": r.info.run_id, "label": BASE_LABEL if is_base else (r.info.run_name or r.info.run_id[:8]),
-            "algo": "base model" if is_base else r.data.params.get("algo.name", "?"),
-            "status": r.info.status, "kind": tags.get("rlvr.kind", "trained"), "duplicate_of": tags.get("rlvr.duplicate_of"),
-            "wall_time_s": float(tags["rlvr.active_s"]) if tags.get("rlvr.active_s") else
-                           (end - r.info.start_time) / 1000.0 if r.info.start_time else np.nan,
-            "steps": int(r.data.params.get("train.steps", 0) or 0) if tags.get("rlvr.kind") == "trained" else 0,
-            "params": dict(r.data.params), "metrics": dict(r.data.metrics), "tags": dict(tags),
-        })
-    return pd.DataFrame(rows, columns=cols)
 
 
 def provenance_warnings(runs: pd.DataFrame, shown: int = 4) -> list[str]:
@@ -113,6 +62,7 @@ def provenance_warnings(runs: pd.DataFrame, shown: int = 4) -> list[str]:
         lines.append(f"The runs compared here differ in {key}: " + "; ".join(parts) + ". A difference between "
                      "them may come from this rather than from what was swept.")
     return lines
+
 
 
 def lora_notes(runs: pd.DataFrame) -> list[str]:
@@ -143,6 +93,7 @@ def lora_notes(runs: pd.DataFrame) -> list[str]:
             "numbers as the paper's." for key, labels in groups.items()]
 
 
+
 def swept_params(runs: pd.DataFrame) -> list[str]:
     """Parameter keys whose value differs between the trained runs (the sweep's axes), bookkeeping keys
     excluded (base-model runs carry only model, eval and data parameters, so they are left out)."""
@@ -157,6 +108,7 @@ def swept_params(runs: pd.DataFrame) -> list[str]:
         if len({p.get(k) for p in params}) > 1:
             out.append(k)
     return out
+
 
 
 def short_labels(runs: pd.DataFrame) -> pd.DataFrame:
@@ -191,6 +143,7 @@ def short_labels(runs: pd.DataFrame) -> pd.DataFrame:
     return runs
 
 
+
 def run_table(runs: pd.DataFrame, tracking_uri: str | None = None) -> pd.DataFrame:
     """Run table: label, algorithm, swept hyperparameters, status, steps, the checkpoint the benchmarks evaluated
     when a run chose it on a validation split (``eval.select_on=validation``: its step and on what), wall time, the
@@ -218,7 +171,9 @@ def run_table(runs: pd.DataFrame, tracking_uri: str | None = None) -> pd.DataFra
     return table.set_index("run")
 
 
+
 COST_KEYS = ["train/step_time_s", "train/samples_per_s", "train/peak_memory_gb", "train/peak_reserved_gb", "train/gpus"]
+
 
 
 def cost_table(runs: pd.DataFrame, hist: dict) -> pd.DataFrame:
@@ -266,52 +221,13 @@ def cost_table(runs: pd.DataFrame, hist: dict) -> pd.DataFrame:
     return table
 
 
+
 PHASE_COLUMNS = [("step s", "train/step_time_s"), ("generate s", "train/generate_time_s"),
                  ("log-probs s", "train/logprob_time_s"), ("update s", "train/update_time_s"),
                  ("eval s", "time/eval_s"), ("eval sampling s", "time/eval_sampling_s"),
                  ("eval entropy s", "time/eval_entropy_s"), ("eval verify s", "time/eval_verify_s"),
                  ("eval metrics s", "time/eval_metrics_s")]
 
-
-def finished(runs: pd.DataFrame) -> pd.DataFrame:
-    """The trained runs that finished (duplicates and failures left out)."""
-    if runs.empty:
-        return runs
-    return runs[(runs["kind"] == "trained") & (runs["status"] == "FINISHED")]
-
-
-def evaluated(runs: pd.DataFrame) -> pd.DataFrame:
-    """The finished base-model runs (the "Initialization" rows, first) and the finished trained runs: every
-    run whose evaluation tables the report shows."""
-    if runs.empty:
-        return runs
-    base = runs[(runs["kind"] == "base") & (runs["status"] == "FINISHED")]
-    return pd.concat([base, finished(runs)])
-
-
-def base_label(runs: pd.DataFrame) -> str | None:
-    """Label of the (first) finished base-model run, the default baseline of the paired differences."""
-    if runs.empty:
-        return None
-    base = runs[(runs["kind"] == "base") & (runs["status"] == "FINISHED")]
-    return str(base["label"].iloc[0]) if len(base) else None
-
-
-def histories(tracking_uri: str, runs: pd.DataFrame, keys=None) -> dict:
-    """{metric: {run label: (steps array, values array)}} for the per-step training metrics present (``keys``;
-    default :func:`train_panels`)."""
-    keys = train_panels() if keys is None else keys
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=tracking_uri)
-    out: dict = {}
-    for _, r in runs.iterrows():
-        for key in keys:
-            if key not in r["metrics"]:
-                continue
-            hist = sorted(client.get_metric_history(r["run_id"], key), key=lambda m: m.step)
-            out.setdefault(key, {})[r["label"]] = (np.array([m.step for m in hist]), np.array([m.value for m in hist]))
-    return out
 
 
 def train_summary(hist: dict) -> pd.DataFrame:
@@ -326,6 +242,7 @@ def train_summary(hist: dict) -> pd.DataFrame:
     return df
 
 
+
 def table_entry(table: str | MetricTable) -> MetricTable:
     """The registered metric table ``table`` (a name of :data:`evaluation.tables.TABLES`, or the entry itself).
 
@@ -334,37 +251,6 @@ def table_entry(table: str | MetricTable) -> MetricTable:
     """
     return table if isinstance(table, MetricTable) else TABLES[table]
 
-
-def plugin_modules(runs: pd.DataFrame) -> list[str]:
-    """The modules named in the runs' ``plugins`` config key (the MLflow param ``plugins``, a list's string form),
-    in first-seen order."""
-    import ast
-
-    out: list[str] = []
-    for params in (runs["params"] if len(runs) and "params" in runs else []):
-        raw = (params or {}).get("plugins")
-        if not raw or raw in ("None", "[]"):
-            continue
-        try:
-            mods = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            mods = [m.strip(" '\"") for m in str(raw).strip("[]").split(",")]
-        out.extend(str(m) for m in (mods if isinstance(mods, (list, tuple)) else [mods]) if m)
-    return list(dict.fromkeys(out))
-
-
-def load_plugins(runs: pd.DataFrame) -> list[str]:
-    """Import the runs' plug-in modules (:func:`plugin_modules`) so that their metric tables are registered and
-    shown. Returns one line per module that failed to import (the report names them and goes on)."""
-    from core.registry import load_plugins as _load
-
-    problems = []
-    for m in plugin_modules(runs):
-        try:
-            _load([m])
-        except ImportError as e:
-            problems.append(str(e))
-    return problems
 
 
 def metric_sections(exclude=()) -> dict[str, list[MetricTable]]:
@@ -377,12 +263,14 @@ def metric_sections(exclude=()) -> dict[str, list[MetricTable]]:
     return out
 
 
+
 def _column_order(entry: MetricTable, first=()):
     def order(c):
         got = entry.parse_column(c)
         template, fields = got if got else (c, {})
         return (c not in first, template, tuple(fields.values()))
     return order
+
 
 
 def metric_table(runs: pd.DataFrame, table: str | MetricTable, columns=None, sort: bool = True) -> pd.DataFrame:
@@ -422,6 +310,7 @@ def metric_table(runs: pd.DataFrame, table: str | MetricTable, columns=None, sor
     return df.sort_index() if sort else df
 
 
+
 def temperature_table(runs: pd.DataFrame, benchmark: str = "mean") -> pd.DataFrame:
     """Rows (run, temperature), columns = the summary columns of every registered table (``summary``: pass@1, UCR,
     UCC@k, rouge_l_mean for the built-ins) for ``benchmark``, at the main evaluation temperature (``eval/...``) and
@@ -441,6 +330,7 @@ def temperature_table(runs: pd.DataFrame, benchmark: str = "mean") -> pd.DataFra
     df = pd.DataFrame.from_dict(records, orient="index")
     df.index = pd.MultiIndex.from_tuples(df.index, names=["run", "temperature"])
     return df.sort_index()
+
 
 
 def subset_table(runs: pd.DataFrame, metric: str = "accuracy") -> pd.DataFrame:
@@ -465,6 +355,7 @@ def subset_table(runs: pd.DataFrame, metric: str = "accuracy") -> pd.DataFrame:
     return df[sorted(df.columns, key=order)]
 
 
+
 def kind_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Rows (run, task kind), columns the number of benchmarks, then pass@k / avg@n (display names), from the
     registered ``kinds`` table (``eval/kind/<kind>/<metric>``: the unweighted mean over each kind's benchmarks)."""
@@ -472,19 +363,11 @@ def kind_table(runs: pd.DataFrame) -> pd.DataFrame:
     return df[sorted(df.columns, key=_column_order(table_entry("kinds"), first=("benchmarks",)))] if len(df) else df
 
 
+
 def passk_table(runs: pd.DataFrame) -> pd.DataFrame:
     """pass@k (columns ordered by k) and avg@n per (run, benchmark), including the ``mean`` benchmark."""
     return metric_table(runs, "passk")
 
-
-def bold_best_html(df: pd.DataFrame, digits: int = 4) -> str:
-    """HTML of ``df`` with the best (largest) value of each column in bold, values to ``digits`` places."""
-    fmt = df.copy().astype(object)
-    for col in df.columns:
-        vals = pd.to_numeric(df[col], errors="coerce")
-        best = vals.max() if vals.nunique() > 1 else None  # nothing to single out when all are equal
-        fmt[col] = [("" if pd.isna(v) else (f"<b>{v:.{digits}f}</b>" if v == best else f"{v:.{digits}f}")) for v in vals]
-    return fmt.to_html(escape=False, na_rep="-")
 
 
 def flip_table(runs: pd.DataFrame, benchmark: str | None = "all") -> pd.DataFrame:
@@ -511,33 +394,11 @@ def flip_table(runs: pd.DataFrame, benchmark: str | None = "all") -> pd.DataFram
     return df.loc[keys, cols]
 
 
+
 def flip_rules(runs: pd.DataFrame) -> list[str]:
     """The flip-rate rules the runs were evaluated with (tag ``rlvr.flip_rule``)."""
     return sorted({r["tags"].get("rlvr.flip_rule") for _, r in runs.iterrows() if r["tags"].get("rlvr.flip_rule")})
 
-
-def eval_trajectories(tracking_uri: str, runs: pd.DataFrame, key: str) -> dict:
-    """{run label: (steps, values)} of evaluation metric ``key`` (e.g. ``eval/mean/pass_at_8``) for the trained
-    runs evaluated at more than one checkpoint (``eval.checkpoints=all``), each starting with the base model's
-    value at step 0 when the run's base run (tag ``rlvr.base_run_id``) has it."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=tracking_uri)
-    base_values = {r["run_id"]: r["metrics"].get(key) for _, r in runs.iterrows() if r["kind"] == "base"}
-    out = {}
-    for _, r in runs.iterrows():
-        if r["kind"] != "trained" or key not in r["metrics"]:
-            continue
-        hist = sorted(client.get_metric_history(r["run_id"], key), key=lambda m: (m.step, m.timestamp))
-        by_step = {m.step: m.value for m in hist}  # the last value logged at a step
-        if len(by_step) < 2:
-            continue
-        base_v = base_values.get(r["tags"].get("rlvr.base_run_id"))
-        if base_v is not None and 0 not in by_step:
-            by_step[0] = base_v
-        steps = sorted(by_step)
-        out[r["label"]] = (np.array(steps), np.array([by_step[s] for s in steps]))
-    return out
 
 
 def largest_k_key(runs: pd.DataFrame, benchmark: str = "mean") -> str | None:
@@ -547,71 +408,6 @@ def largest_k_key(runs: pd.DataFrame, benchmark: str = "mean") -> str | None:
           if m is not None and m.temperature is None and m.template == "pass@{k}" and m.row["benchmark"] == benchmark]
     return f"eval/{entry.row_prefix(benchmark)}/{metric_key(entry.display('pass@{k}', {'k': max(ks)}))}" if ks else None
 
-
-def download_samples(tracking_uri: str, runs: pd.DataFrame, dst: Path, problems: list | None = None) -> dict:
-    """{run label: samples DataFrame} for runs that logged ``samples.parquet``.
-
-    A file whose SHA-256 differs from the run's ``integrity.json`` record, or that cannot be read, is left out and
-    named, one line each, in ``problems`` (when given); a run that logged no samples is left out silently.
-    """
-    import mlflow
-    from mlflow.tracking import MlflowClient
-
-    from orchestrator.integrity import load_record, sha256
-
-    mlflow.set_tracking_uri(tracking_uri)
-    client = MlflowClient(tracking_uri=tracking_uri)
-    out = {}
-    for _, r in runs.iterrows():
-        try:
-            path = mlflow.artifacts.download_artifacts(run_id=r["run_id"], artifact_path="samples.parquet",
-                                                       dst_path=str(Path(dst) / r["run_id"]))
-        except Exception:
-            continue
-        try:
-            record = load_record(client, client.get_run(r["run_id"])) or {}
-            want = record.get("artifacts", {}).get("samples.parquet")
-            if want and sha256(Path(path)) != want:
-                raise ValueError("its SHA-256 differs from the one recorded in integrity.json (corrupt)")
-            out[r["label"]] = pd.read_parquet(path)
-        except Exception as e:
-            if problems is not None:
-                problems.append(f"{r['label']} (run {r['run_id']}): samples.parquet is unreadable: "
-                                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-    return out
-
-
-def token_prob_table(tracking_uri: str, runs: pd.DataFrame, top: int = 20) -> pd.DataFrame:
-    """TR-GRPO's Fig. 1 as a table: for each run that logged ``token_probs.csv`` (the local engine's per-token
-    counts over all training rollouts, :mod:`training.token_probs`), its ``top`` most frequent sampled tokens ranked
-    by their mean probability under the rollout policy (rank 1: the highest).
-
-    Returns:
-        Rows (run, rank), columns ``token`` (Python repr, so whitespace shows), ``count``, ``share`` (of the run's
-        response tokens), ``mean_prob``; empty when no run logged the file.
-    """
-    import tempfile
-
-    import mlflow
-
-    mlflow.set_tracking_uri(tracking_uri)
-    parts = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for _, r in runs.iterrows():
-            try:
-                path = mlflow.artifacts.download_artifacts(run_id=r["run_id"], artifact_path="token_probs.csv",
-                                                           dst_path=str(Path(tmp) / r["run_id"]))
-                df = pd.read_csv(path, keep_default_na=False)
-            except Exception:
-                continue
-            if df.empty:
-                continue
-            df = df.sort_values(["count", "token_id"], ascending=[False, True]).head(top)
-            df = df.sort_values(["mean_prob", "count"], ascending=[False, False]).reset_index(drop=True)
-            df.index = pd.RangeIndex(1, len(df) + 1, name="rank")
-            df["token"] = [repr(str(t)) for t in df["token"]]
-            parts[r["label"]] = df[["token", "count", "share", "mean_prob"]]
-    return pd.concat(parts, names=["run", "rank"]) if parts else pd.DataFrame()
 
 
 def baseline_differences(samples: dict, baseline: str, metric: str = "accuracy", n_boot: int = 2000) -> pd.DataFrame:
@@ -636,6 +432,7 @@ def baseline_differences(samples: dict, baseline: str, metric: str = "accuracy",
     return pd.DataFrame.from_dict(rows, orient="index")
 
 
+
 def prompt_similarities(samples_by_run: dict) -> pd.DataFrame:
     """Per (run, benchmark, prompt) mean pairwise similarity among the prompt's correct responses, for
     the four metrics; prompts with fewer than two correct responses are left out."""
@@ -651,52 +448,12 @@ def prompt_similarities(samples_by_run: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-# ---------------------------------------------------------------------------- colours, seeds, paper figures
-
-def run_colors(labels) -> dict:
-    """{run label: colour}, one colour per run for every figure of the report (the base model grey, the
-    others in the order given from matplotlib's tab10 up to 10 runs, tab20 up to 20, and tab20, tab20b and tab20c
-    together up to 60; beyond that they repeat), so a run keeps its colour across figures."""
-    import matplotlib
-
-    labels = list(dict.fromkeys(labels))
-    others = [lab for lab in labels if lab != BASE_LABEL]
-    if len(others) <= 20:
-        cmap = matplotlib.colormaps["tab10" if len(others) <= 10 else "tab20"]
-        palette = [cmap(i) for i in range(cmap.N)]
-    else:
-        palette = [matplotlib.colormaps[m](i) for m in ("tab20", "tab20b", "tab20c") for i in range(20)]
-    colors = {lab: palette[i % len(palette)] for i, lab in enumerate(others)}
-    colors[BASE_LABEL] = (0.45, 0.45, 0.45, 1.0)
-    return colors
-
-
-LEGEND_INSIDE = 6  # entries a legend may have inside the axes; more go outside, clear of the data
-
-
-def legend(ax, handles=None, labels=None, fig=None):
-    """Draw ``ax``'s legend where it covers no data: inside (matplotlib's best place) with up to
-    :data:`LEGEND_INSIDE` entries; with more, outside: to the right of ``ax`` in columns of up to 16 entries, or,
-    given the multi-panel ``fig``, below the whole figure. Figures are saved with ``bbox_inches="tight"`` so an
-    outside legend is kept. Returns the legend (None without entries)."""
-    if handles is None:
-        handles, labels = ax.get_legend_handles_labels()
-    n = len(handles)
-    if not n:
-        return None
-    if n <= LEGEND_INSIDE:
-        return ax.legend(handles, labels, fontsize=7)
-    if fig is not None:
-        return fig.legend(handles, labels, fontsize=6, loc="upper center", bbox_to_anchor=(0.5, 0.0),
-                          ncol=min(4, -(-n // 8)), frameon=False)
-    return ax.legend(handles, labels, fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0),
-                     ncol=-(-n // 16), frameon=False, borderaxespad=0.0)
-
 
 def seed_group(label: str, key: str = "seed") -> str:
     """The label without its ``<key>=N`` part: runs that differ only by that seed share it. ``key="seed"`` is the
     training seed (``eval.seed=N`` is left alone), ``key="eval.seed"`` the decoding seed."""
     return re.sub(rf"\s*(?<![\w.]){re.escape(key)}=\S+", "", label).strip()
+
 
 
 def seed_aggregate(table: pd.DataFrame, digits: int = 4, key: str = "seed") -> pd.DataFrame:
@@ -722,6 +479,7 @@ def seed_aggregate(table: pd.DataFrame, digits: int = 4, key: str = "seed") -> p
                     for m, s in zip(mean[col], std[col])]
     out["seeds"] = count
     return out
+
 
 
 def quatro_advantage_curves(runs: pd.DataFrame) -> pd.DataFrame:
@@ -751,6 +509,7 @@ def quatro_advantage_curves(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["delta", "G", "correct", "A_correct", "A_wrong"])
 
 
+
 def staleness_axes(runs: pd.DataFrame) -> tuple[list, list] | None:
     """(inner-epoch values, learning rates) when the sweep varies the inner epochs (the QUATRO paper's staleness
     study, its Fig. 1 and 4: a column per number of epochs, a colour per learning rate; one learning rate draws one
@@ -760,6 +519,7 @@ def staleness_axes(runs: pd.DataFrame) -> tuple[list, list] | None:
     epochs = sorted({int(p["train.ppo_epochs"]) for p in runs["params"] if p.get("train.ppo_epochs")})
     lrs = sorted({float(p["train.lr"]) for p in runs["params"] if p.get("train.lr")})
     return (epochs, lrs) if len(epochs) > 1 and lrs else None
+
 
 
 def qualitative_examples(samples_by_run: dict, n_prompts: int = 3, per_run: int = 3, chars: int = 240) -> pd.DataFrame:
@@ -786,7 +546,6 @@ def qualitative_examples(samples_by_run: dict, n_prompts: int = 3, per_run: int 
     return pd.DataFrame(rows)
 
 
-# ---------------------------------------------------------------------------- a study over seeds (docs/study.md)
 
 def study_methods(trained: pd.DataFrame, samples: dict, key: str = "seed") -> dict:
     """{method: [run labels]}: the finished trained runs with samples, grouped by :func:`seed_group` (runs that
@@ -796,6 +555,7 @@ def study_methods(trained: pd.DataFrame, samples: dict, key: str = "seed") -> di
         if label in samples:
             methods.setdefault(seed_group(label, key), []).append(label)
     return methods if any(len(v) > 1 for v in methods.values()) else {}
+
 
 
 def study_baseline(methods: dict, trained: pd.DataFrame, baseline: str | None) -> str | None:
@@ -813,6 +573,7 @@ def study_baseline(methods: dict, trained: pd.DataFrame, baseline: str | None) -
     return None
 
 
+
 def seed_band(hist: dict, methods: dict, key: str) -> dict:
     """{method: (steps, mean, min, max)} of training metric ``key`` over each method's seeds, on the steps every
     seed logged (from :func:`histories`); methods without the metric left out."""
@@ -824,62 +585,3 @@ def seed_band(hist: dict, methods: dict, key: str) -> dict:
         df = pd.concat(series, axis=1, join="inner").sort_index()
         out[method] = (df.index.to_numpy(), df.mean(axis=1).to_numpy(), df.min(axis=1).to_numpy(), df.max(axis=1).to_numpy())
     return out
-
-
-# ---------------------------------------------------------------------------- export for a paper
-
-def paper_number(v: float) -> str:
-    """A number of a paper table: four decimals, or three significant digits in scientific notation when it is
-    nonzero and below 0.001 in size (a probability of 2e-5 is not shown as 0.0000)."""
-    return f"{v:.2e}" if v != 0 and abs(v) < 1e-3 else f"{v:.4f}"
-
-
-def export_table(df: pd.DataFrame, directory, name: str, digits: int = 4) -> list[Path]:
-    """Write ``df`` as ``<directory>/<name>.csv`` and ``<name>.tex`` (a LaTeX ``tabular`` with booktabs rules,
-    special characters escaped, floats to ``digits`` places), for a paper; returns the two paths. An empty frame
-    writes nothing. Raises OSError when the directory cannot be written."""
-    if df is None or df.empty:
-        return []
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    csv, tex = d / f"{name}.csv", d / f"{name}.tex"
-    df.to_csv(csv)
-    tex.write_text(df.to_latex(escape=True, float_format=f"%.{digits}f", na_rep="-"), encoding="utf-8")
-    return [csv, tex]
-
-
-def configured_baseline(runs: pd.DataFrame) -> str | None:
-    """The sweep's own ``report.baseline`` (logged with every run's config): the most common non-null value among
-    the trained runs, so that ``python -m reports`` without ``--baseline`` rebuilds the report the sweep built."""
-    if runs.empty:
-        return None
-    values = [p.get("report.baseline") for p, k in zip(runs["params"], runs["kind"]) if k == "trained"]
-    values = [v for v in values if v not in (None, "", "None", "null")]
-    return max(set(values), key=values.count) if values else None
-
-
-def figure_alt(fig, name: str) -> str:
-    """Alt text for a report figure: its title (``suptitle``), else its axes' titles, else its file name in words,
-    with the axes' labels (what is plotted against what)."""
-    title = fig._suptitle.get_text() if getattr(fig, "_suptitle", None) is not None else ""
-    axes = [ax for ax in fig.axes if ax.get_visible()]
-    title = title or "; ".join(t for t in (ax.get_title() for ax in axes) if t) or name.replace("_", " ")
-    pairs = list(dict.fromkeys(f"{ax.get_ylabel()} against {ax.get_xlabel()}" for ax in axes
-                               if ax.get_xlabel() and ax.get_ylabel()))
-    return f"Figure: {title}" + (f" ({'; '.join(pairs[:4])})" if pairs else "")
-
-
-def img_tag(png: Path, alt: str) -> str:
-    """An <img> of ``png`` embedded as a data URI, with ``alt`` text (escaped): a page that opens offline and says
-    what each figure shows to a screen reader or where the image does not load."""
-    import base64
-    import html
-
-    data = base64.b64encode(Path(png).read_bytes()).decode()
-    return f'<img src="data:image/png;base64,{data}" alt="{html.escape(alt, quote=True)}" style="max-width:100%">'
-
-
-def dashes(html: str) -> str:
-    """``html`` with every table cell that holds only None, NaN, nan or null (values a run does not have, as pandas or
-    MLflow's string parameters print them) shown as a dash."""
-    return re.sub(r"<td>\s*(None|NaN|nan|null|<NA>)\s*</td>", "<td>-</td>", html)

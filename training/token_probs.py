@@ -4,7 +4,7 @@ sampled and its mean probability under the rollout policy when it was.
 TR-GRPO's Fig. 1 ranks the most frequent tokens of the rollouts by their mean probability, the quantity its token
 weights are a function of. The local engine accumulates these counts every step
 (:class:`TokenProbs`), keeps them in its resumable state, and writes ``token_probs.csv`` at the end of training
-(logged to the run); the report's ``trgrpo_tokens`` section (reports/sections.py) shows the table.
+(logged to the run); the report's ``trgrpo_tokens`` section (reports/sections/paper.py) shows the table.
 """
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ from core.config_keys import NO_DEFAULT, BadValue, Spec, check_value
 from evaluation.metrics.difficulty import flip_rates
 from evaluation.tables import TABLES, MetricTable, compute_tables, find_table, flip_metrics
 from reports import data as R
+from reports import load as L
 
 BUILT_INS = ["passk", "ucc", "similarity", "entropy", "modes", "subsets", "verifier", "tools", "kinds", "flip_rates"]
 
@@ -199,7 +200,7 @@ def test_the_report_data_layer_finds_a_plug_in_table_through_the_registry(toy_me
                      "eval_T1.5/a/response_length": 9.0, "eval/kind/math/pass_at_1": 0.5}},
         {"label": "base", "params": {"plugins": "[]"}, "metrics": {"eval/a/response_length": 7.0}},
     ])
-    assert R.plugin_modules(runs) == ["tests.plugins.toy_metric"] and R.load_plugins(runs) == []
+    assert L.plugin_modules(runs) == ["tests.plugins.toy_metric"] and L.load_plugins(runs) == []
     table = R.metric_table(runs, "response_length")
     assert list(table.index) == [("base", "a"), ("grpo", "a"), ("grpo", "mean")]
     assert table.loc[("grpo", "a"), "response_length"] == 6.0  # the main temperature's value, not eval_T1.5's
@@ -209,7 +210,7 @@ def test_the_report_data_layer_finds_a_plug_in_table_through_the_registry(toy_me
     with pytest.raises(ValueError, match="not one of metric table 'response_length'"):
         R.metric_table(runs, "response_length", columns=("pass@{k}",))
     bad = pd.DataFrame([{"label": "x", "params": {"plugins": "['no_such_module_xyz']"}, "metrics": {}}])
-    assert "no_such_module_xyz" in R.load_plugins(bad)[0]
+    assert "no_such_module_xyz" in L.load_plugins(bad)[0]
 
 
 def test_the_report_shows_a_plug_in_tables_section(tmp_path):

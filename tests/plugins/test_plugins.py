@@ -1,7 +1,7 @@
 """One plug-in of every kind, each in one file of this folder plus at most one YAML file (``conf/``), run through one
 sweep point together: a task and a math benchmark (toy_tasks.py), an algorithm (toy_algorithm.py +
-conf/algo/toy_rank.yaml), an engine (toy_engine.py + conf/engine/toy_local.yaml), a sampler (toy_sampler.py) and a
-metric table (toy_metric.py). No other file of the repository names them (checked below), so adding each one took
+conf/algo/toy_rank.yaml), an engine (toy_engine.py + conf/engine/toy_local.yaml), a sampler (toy_sampler.py), a
+metric table (toy_metric.py) and a report section (toy_section.py). No other file of the repository names them (checked below), so adding each one took
 only its own files: the claim of docs/extending.md."""
 import json
 import subprocess
@@ -18,6 +18,7 @@ PLUGINS = {  # kind: (module, registered name, its YAML or None)
     "engine": ("tests.plugins.toy_engine", "toy_local", "conf/engine/toy_local.yaml"),
     "sampler": ("tests.plugins.toy_sampler", "toy_hf", None),
     "metric": ("tests.plugins.toy_metric", "response_length", None),
+    "section": ("tests.plugins.toy_section", "toy_reward_range", None),
 }
 
 
@@ -81,7 +82,7 @@ def test_one_plugin_of_every_kind_runs_through_one_sweep_point(tmp_path):
     proc = _sweep(tmp_path, f"plugins=[{modules}]", f"hydra.searchpath=[file://{REPO / 'tests' / 'plugins' / 'conf'}]",
                   *TINY, "algo=toy_rank", "engine=toy_local", "eval.sampler=toy_hf", "+eval.toy_hf.max_batch=1",
                   "eval.benchmarks=[toy_math,toy_echo]", f"eval.data_dir={tmp_path / 'data'}", "eval.base=false",
-                  "report.enabled=false", env={"TOY_SAMPLER_LOG": str(log)})
+                  "report.sections=[toy_reward_range]", env={"TOY_SAMPLER_LOG": str(log)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     client, [run] = _runs(tmp_path)
     m, p = run.data.metrics, run.data.params
@@ -102,6 +103,22 @@ def test_one_plugin_of_every_kind_runs_through_one_sweep_point(tmp_path):
     # the sampler: it sampled every prompt, one per call (its own key)
     calls = [int(x) for x in log.read_text().split()]
     assert calls and set(calls) == {1} and sum(calls) == 3 + 4
+    # the report section: named by report.sections (pre-flight knew it from plugins=), shown among the paper's tables
+    # (read back from the run's config) and in the body after the built-in sections, its table recomputed from the
+    # run's reward history, its figure saved; the report notebook imports the plug-in from the run's config
+    from reports.build import build
+
+    rewards = [h.value for h in sorted(client.get_metric_history(run.info.run_id, "train/reward_mean"), key=lambda h: h.step)]
+    out = tmp_path / "report"
+    build("rlvr", f"sqlite:///{tmp_path / 'mlflow.db'}", out_dir=out, log_to_mlflow=False)
+    html = (out / "report.html").read_text()
+    assert 'id="paper-toy_reward_range"' in html and "Reward range over training (a plug-in section)" in html
+    assert html.index('id="paper-toy_reward_range"') < html.index('id="Cost"')
+    assert html.rindex("Reward range over training (a plug-in section)") > html.index("Qualitative examples")  # order=500
+    table = pd.read_csv(out / "paper" / "toy_reward_range.csv", index_col=0)
+    assert list(table.columns) == ["first", "last", "range"] and len(table) == 1
+    assert table.iloc[0].tolist() == pytest.approx([rewards[0], rewards[-1], max(rewards) - min(rewards)])
+    assert (out / "figures" / "toy_reward_range.png").is_file() and (out / "paper" / "toy_reward_range.pdf").is_file()
 
 
 def test_tool_benchmarks_take_a_sampler_that_declares_tool_support():

@@ -6,6 +6,8 @@ import pandas as pd
 import pytest
 
 from reports import data as R
+from reports import load as L
+from reports import render as V
 from reports.build import build
 from tests.e2e.test_sweep import _assert_clean_notebook  # noqa: F401  (also used here)
 
@@ -35,7 +37,7 @@ def test_all_failed_experiment_says_so(tmp_path):
 def test_bold_best_and_labels():
     import pandas as pd
 
-    html = R.bold_best_html(pd.DataFrame({"pass@1": [0.25, 0.5], "pass@2": [1.0, 1.0]}, index=["a", "b"]))
+    html = V.bold_best_html(pd.DataFrame({"pass@1": [0.25, 0.5], "pass@2": [1.0, 1.0]}, index=["a", "b"]))
     assert "<b>0.5000</b>" in html and "<b>0.2500</b>" not in html and "<b>1.0000</b>" not in html
     assert R.display_name("pass_at_8") == "pass@8" and R.display_name("ucc_at_64") == "ucc@64"
 
@@ -84,7 +86,7 @@ def test_subset_temperature_and_training_summary_tables():
 
 
 def test_report_colours_seeds_and_quatro_advantages_by_hand():
-    colors = R.run_colors(["Initialization", "a", "b", "a"])
+    colors = V.run_colors(["Initialization", "a", "b", "a"])
     assert set(colors) == {"Initialization", "a", "b"} and colors["a"] != colors["b"]
     table = pd.DataFrame({"pass@1": [0.5, 0.7, 0.2]}, index=pd.Index(["grpo seed=0", "grpo seed=1", "quatro seed=0"], name="run"))
     agg = R.seed_aggregate(table)
@@ -151,7 +153,7 @@ def test_staleness_grid_draws_with_one_learning_rate_and_every_figure_and_table_
                     mlflow.log_metrics({"train/clip_fraction": 0.05 * epochs, "train/entropy": 1.0 - 0.1 * step,
                                         "train/reward_mean": 0.5}, step=step)
                 mlflow.log_metrics({"eval/a/pass_at_1": 0.1 * epochs, "eval/mean/pass_at_1": 0.1 * epochs})
-    assert R.staleness_axes(R.load_runs(uri, "stale1")) == ([1, 2, 4, 8], [1e-5])
+    assert R.staleness_axes(L.load_runs(uri, "stale1")) == ([1, 2, 4, 8], [1e-5])
     res = build("stale1", uri, out_dir=tmp_path / "out", log_to_mlflow=True,
                 sections=["quatro_staleness", "quatro_passk", "trgrpo_dynamics", "quatro_entropy", "no_such_table"])
     _assert_clean_notebook(res["notebook"])
@@ -185,18 +187,18 @@ def test_the_configured_baseline_is_the_trained_runs_common_value():
     runs = pd.DataFrame({"kind": ["base", "trained", "trained", "trained", "duplicate"],
                          "params": [{}, {"report.baseline": "grpo"}, {"report.baseline": "grpo"}, {"report.baseline": "None"},
                                     {"report.baseline": "gspo"}]})
-    assert R.configured_baseline(runs) == "grpo"
-    assert R.configured_baseline(runs.iloc[[0, 3]]) is None
+    assert L.configured_baseline(runs) == "grpo"
+    assert L.configured_baseline(runs.iloc[[0, 3]]) is None
 
 
 def test_export_table_writes_csv_and_escaped_booktabs(tmp_path):
     df = pd.DataFrame({"pass@1": [0.5, 0.25]}, index=pd.Index(["quatro delta=0.01", "tr_grpo"], name="run"))
-    csv, tex = R.export_table(df, tmp_path / "paper", "t")
+    csv, tex = V.export_table(df, tmp_path / "paper", "t")
     assert pd.read_csv(csv, index_col=0).equals(df)
     lines = tex.read_text().splitlines()
     assert lines[0] == "\\begin{tabular}{lr}" and lines[1] == "\\toprule"
     assert "tr\\_grpo & 0.2500 \\\\" in lines   # the underscore escaped, four places
-    assert R.export_table(pd.DataFrame(), tmp_path / "paper", "empty") == []
+    assert V.export_table(pd.DataFrame(), tmp_path / "paper", "empty") == []
 
 
 def test_cost_table_by_hand():
@@ -239,12 +241,12 @@ def test_token_probability_table_ranks_each_runs_most_frequent_tokens_by_mean_pr
             mlflow.log_metric("train/reward_mean", 0.5, step=0)
             if algo == "tr_grpo":
                 mlflow.log_artifact(str(csv))
-    runs = R.load_runs(uri, "tok")
-    t = R.token_prob_table(uri, runs, top=3)   # 13 ("nan", count 1) is not among the 3 most frequent
+    runs = L.load_runs(uri, "tok")
+    t = L.token_prob_table(uri, runs, top=3)   # 13 ("nan", count 1) is not among the 3 most frequent
     assert t.index.get_level_values("run").nunique() == 1   # grpo logged no file
     assert list(t["token"]) == ["'\\n'", "'3'", "' the'"] and list(t["mean_prob"]) == [0.9, 0.7, 0.5]
     assert list(t.index.get_level_values("rank")) == [1, 2, 3]
-    ctx = Context(runs=runs, shown=runs, done=R.finished(runs), tracking_uri=uri)
+    ctx = Context(runs=runs, shown=runs, done=L.finished(runs), tracking_uri=uri)
     section = SECTIONS["trgrpo_tokens"].build(ctx)   # the top 20: all four, the token "nan" kept as text
     assert list(section["token"]) == ["'nan'", "'\\n'", "'3'", "' the'"]
 
@@ -261,7 +263,7 @@ def test_at_32_runs_each_run_has_its_own_colour_and_legends_cover_no_data(tmp_pa
 
     labels = [f"algo={a} train.ppo_epochs={e} train.lr={lr}" for a in ("gspo", "quatro") for e in (1, 2, 4, 8)
               for lr in (1e-6, 2e-6, 5e-6, 1e-5)]
-    colors = R.run_colors(["Initialization", *labels])
+    colors = V.run_colors(["Initialization", *labels])
     assert len({colors[lab] for lab in labels}) == 32 and colors["Initialization"] not in {colors[lab] for lab in labels}
 
     def overlaps(a, b):
@@ -270,7 +272,7 @@ def test_at_32_runs_each_run_has_its_own_colour_and_legends_cover_no_data(tmp_pa
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for i, lab in enumerate(labels):
         ax.plot([0, 1, 2], [i, i + 1, i], color=colors[lab], label=lab)
-    leg = R.legend(ax)
+    leg = V.legend(ax)
     fig.canvas.draw()
     assert not overlaps(leg.get_window_extent(), ax.get_window_extent())
     fig.savefig(tmp_path / "one.png", bbox_inches="tight")
@@ -280,7 +282,7 @@ def test_at_32_runs_each_run_has_its_own_colour_and_legends_cover_no_data(tmp_pa
     for ax in axs:
         for i, lab in enumerate(labels):
             ax.plot([0, 1], [i, i], color=colors[lab], label=lab)
-    leg = R.legend(axs[0], fig=fig)
+    leg = V.legend(axs[0], fig=fig)
     fig.canvas.draw()
     assert all(not overlaps(leg.get_window_extent(), ax.get_window_extent()) for ax in axs)
     assert len(leg.get_texts()) == 32
@@ -288,14 +290,14 @@ def test_at_32_runs_each_run_has_its_own_colour_and_legends_cover_no_data(tmp_pa
     fig, ax = plt.subplots()   # a handful of entries stay inside the axes
     for lab in labels[:3]:
         ax.plot([0, 1], [0, 1], label=lab)
-    leg = R.legend(ax)
+    leg = V.legend(ax)
     fig.canvas.draw()
     assert overlaps(leg.get_window_extent(), ax.get_window_extent())
     plt.close(fig)
 
 
 def test_paper_numbers_keep_small_values_visible():
-    assert [R.paper_number(v) for v in (0.5, 0.0, 2.1e-5, -3e-4, 12.34567, 0.001)] == [
+    assert [V.paper_number(v) for v in (0.5, 0.0, 2.1e-5, -3e-4, 12.34567, 0.001)] == [
         "0.5000", "0.0000", "2.10e-05", "-3.00e-04", "12.3457", "0.0010"]
 
 
@@ -346,11 +348,11 @@ def test_each_sweeps_report_shows_its_own_runs_and_both_stay(tmp_path, monkeypat
     html = {s: (root / s / "report.html").read_text() for s in (first, second)}
     assert "alpha_algo" in html[first] and "beta_algo" in html[first] and "gamma_algo" not in html[first]
     assert "gamma_algo" in html[second] and "alpha_algo" not in html[second] and "beta_algo" not in html[second]
-    assert all(R.BASE_LABEL in h for h in html.values())  # the second sweep's flip rates compared against it
+    assert all(L.BASE_LABEL in h for h in html.values())  # the second sweep's flip rates compared against it
     assert (root / "latest").resolve() == (root / second).resolve()
-    runs = R.load_runs(uri, "two", sweeps=[second])
+    runs = L.load_runs(uri, "two", sweeps=[second])
     assert sorted(runs["run_id"]) == sorted([ids["base"], ids["gamma_algo"]])
-    assert len(R.load_runs(uri, "two")) == 4 and len(R.load_runs(uri, "two", sweeps=[first, second])) == 4
+    assert len(L.load_runs(uri, "two")) == 4 and len(L.load_runs(uri, "two", sweeps=[first, second])) == 4
     from reports.build import main
 
     assert main(["--experiment", "two", "--tracking-uri", uri, "--no-mlflow"]) == 0  # across sweeps: its own folder

@@ -1,0 +1,218 @@
+"""Report sections: the sixth plug-in kind. Every part of the report (the run table, the paper's tables, the cost,
+the training curves, each metric table, the study...) is a :class:`ReportSection` registered by name in
+:data:`SECTIONS`, one file of this folder per topic (found by the registry's folder scan, like tasks, algorithms,
+engines, samplers and metric tables); a plug-in module (``plugins`` config key) adds one with one
+:func:`register_section` call (docs/extending.md; tests/plugins/toy_section.py).
+
+A section declares what it needs and how it builds what it shows:
+
+- ``build(ctx) -> DataFrame``: its table. A section with one can be named in ``report.sections`` (a paper's table:
+  the report shows it first, under ``title``, in the paper's layout; an empty frame names ``needs``, the key to
+  sweep).
+- ``figure(ctx, table) -> matplotlib Figure | None``: its figure, drawn from its table.
+- ``order``: its place in the report body, where it shows its ``build`` table and ``figure``, or, given ``show(ctx,
+  page)``, whatever that writes to a :class:`reports.render.Page` (several tables, figures, notes).
+- ``tables``: the registered metric tables (:data:`evaluation.tables.TABLES`) it shows; its heading is then the
+  first one's ``section``, and the closing section shows every table no section claims.
+
+The report notebook (reports/templates/report.py) makes a :class:`Context` and loops over :func:`body`. Every
+builder reads only :mod:`reports.data` and :mod:`reports.load`, so a paper table's numbers are the ones the body shows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from core.registry import Registry
+
+from .. import data as R
+from .. import load as L
+
+
+@dataclass
+class Context:
+    """What a section reads: the runs (:func:`reports.load.load_runs`, labelled), the evaluated runs (``shown``:
+    base model first), the finished trained runs (``done``), the store, the baseline, the paper sections the sweep
+    names (``paper``) and the report's folder (``work_dir``: samples are downloaded under it). Training histories
+    and samples are fetched once, on first use; ``sample_problems`` lists the runs whose samples could not be read."""
+    runs: pd.DataFrame
+    shown: pd.DataFrame
+    done: pd.DataFrame
+    tracking_uri: str
+    work_dir: Path | None = None
+    baseline: str | None = None
+    paper: list = field(default_factory=list)
+    colors: dict = field(default_factory=dict)
+    sample_problems: list = field(default_factory=list)
+    _hist: dict | None = None
+    _histories: dict = field(default_factory=dict)
+    _samples: dict | None = None
+
+    @property
+    def samples(self) -> dict:
+        """{run label: samples DataFrame} of the evaluated runs (:func:`reports.load.download_samples`)."""
+        if self._samples is None:
+            self._samples = (L.download_samples(self.tracking_uri, self.shown, Path(self.work_dir) / "samples",
+                                                self.sample_problems) if len(self.shown) and self.work_dir else {})
+        return self._samples
+
+    def hist(self) -> dict:
+        """The trained runs' histories of the training panels, the cost keys and the sequence ratios (the paper
+        tables' per-step metrics), fetched once."""
+        if self._hist is None:
+            keys = list(dict.fromkeys(R.train_panels() + R.COST_KEYS + ["train/seq_ratio_mean", "train/seq_ratio_max"]))
+            self._hist = L.histories(self.tracking_uri, self.done, keys=keys) if len(self.done) else {}
+        return self._hist
+
+    def history(self, keys) -> dict:
+        """:func:`reports.load.histories` of the trained runs for ``keys``, fetched once per key list."""
+        keys = tuple(keys)
+        if keys not in self._histories:
+            self._histories[keys] = L.histories(self.tracking_uri, self.done, keys=list(keys)) if len(self.done) else {}
+        return self._histories[keys]
+
+    def color(self, label):
+        """The run's colour, the same in every figure."""
+        return self.colors.get(label)
+
+    def baseline_label(self) -> str | None:
+        """The run the baseline names (``report.baseline``: a run label or an algorithm, whose first finished run is
+        taken), else the base model's run; None without either."""
+        label = self.baseline or L.base_label(self.runs)
+        if label is not None and label not in set(self.shown["label"]) and label in set(self.done["algo"]):
+            label = self.done[self.done["algo"] == label]["label"].iloc[0]
+        return label
+
+
+@dataclass(frozen=True)
+class ReportSection:
+    """One part of the report (see the module's docstring): ``title`` names a paper table (a paper's table or figure
+    number) or, for a body-only section, is its heading; ``heading`` the body's heading when it differs from
+    ``title``; ``doc`` Markdown under the heading; ``needs`` what to sweep when the sweep lacks the data."""
+    name: str
+    title: str
+    build: Callable[[Context], pd.DataFrame] | None = None
+    show: Callable | None = None
+    needs: str = ""
+    order: float | None = None
+    heading: str | None = None
+    doc: str = ""
+    tables: tuple = ()
+    figure: Callable | None = None
+
+    @property
+    def paper(self) -> bool:
+        """True when ``report.sections`` may name it (it builds a table)."""
+        return self.build is not None
+
+    def body_heading(self) -> str:
+        """Its heading in the report body: its first metric table's section, else ``heading``, else ``title``
+        (empty: the section writes its own headings)."""
+        if self.tables:
+            return R.table_entry(self.tables[0]).section
+        return self.title if self.heading is None else self.heading
+
+
+SECTIONS: Registry[ReportSection] = Registry("report section", packages=(__name__,))
+
+
+def register_section(name: str, title: str, *, build=None, show=None, needs: str = "", order: float | None = None,
+                     heading: str | None = None, doc: str = "", tables=(), figure=None) -> ReportSection:
+    """Register the report section ``name`` (module docstring: what each argument declares) and return it.
+
+    Raises:
+        ValueError: the name is taken, or the section has neither ``build`` nor ``show``, ``show`` without an
+            ``order`` (a body section needs its place), or ``figure`` without ``build``.
+    """
+    if build is None and show is None:
+        raise ValueError(f"report section {name!r} needs build (its table) or show (its body)")
+    if show is not None and order is None:
+        raise ValueError(f"report section {name!r} has show= but no order= (its place in the report)")
+    if name in SECTIONS:
+        raise ValueError(f"report section {name!r} is already registered")
+    if figure is not None and build is None:
+        raise ValueError(f"report section {name!r} has figure= but no build= (the table it draws)")
+    return SECTIONS.register(name, ReportSection(name, title, build, show, needs, order, heading, doc, tuple(tables),
+                                                 figure))
+
+
+def paper_table(name: str, title: str, needs: str):
+    """Decorator: register ``build`` as the paper table ``name`` (a ``report.sections`` entry only)."""
+    def deco(build):
+        register_section(name, title, build=build, needs=needs)
+        return build
+    return deco
+
+
+def body() -> list[ReportSection]:
+    """The sections of the report body, by ``order`` (ties: registration order)."""
+    return sorted((s for s in SECTIONS.values() if s.order is not None), key=lambda s: s.order)
+
+
+def claimed_tables() -> set:
+    """The metric tables some body section shows (the closing section shows the others)."""
+    return {t for s in body() for t in s.tables}
+
+
+def show_section(sec: ReportSection, ctx: Context, page) -> None:
+    """Write ``sec`` into ``page``: its heading and ``doc``, then its ``show``, or else its ``build`` table and its
+    ``figure`` (a note naming ``needs`` when the sweep lacks the data)."""
+    heading = sec.body_heading()
+    if heading:
+        page.heading(heading)
+    if sec.doc:
+        page.markdown(sec.doc)
+    if sec.show is not None:
+        sec.show(ctx, page)
+        return
+    table = sec.build(ctx)
+    if is_empty(table):
+        page.note(f"This sweep has no data for it: sweep {sec.needs}.")
+        return
+    page.table(table, sec.name)
+    fig = sec.figure(ctx, table) if sec.figure is not None else None
+    if fig is not None:
+        page.figure(fig, sec.name)
+
+
+def sections_of(runs: pd.DataFrame, given=None) -> list[str]:
+    """The sweep's ``report.sections``: ``given`` when not None, else read back from the trained runs' logged
+    config (the most common value). Returns names in order; [] when none."""
+    import ast
+
+    if given is not None:
+        return [str(s) for s in given]
+    if runs.empty:
+        return []
+    values = [p.get("report.sections") for p, k in zip(runs["params"], runs["kind"]) if k == "trained"]
+    values = [v for v in values if v not in (None, "", "None", "[]")]
+    if not values:
+        return []
+    try:
+        return [str(s) for s in ast.literal_eval(max(set(values), key=values.count))]
+    except (ValueError, SyntaxError):
+        return []
+
+
+def build_section(name: str, ctx: Context) -> tuple[ReportSection | None, pd.DataFrame]:
+    """(the section, its table) for ``name``; (None, empty) for a name no paper section has. Never raises on missing
+    data: an empty table means the sweep lacks it."""
+    sec = SECTIONS[name] if name in SECTIONS else None
+    if sec is None or sec.build is None:
+        return None, pd.DataFrame()
+    table = sec.build(ctx)
+    return sec, (table if isinstance(table, pd.DataFrame) else pd.DataFrame())
+
+
+def paper_names() -> list[str]:
+    """The names ``report.sections`` may hold (sections with a table), sorted."""
+    return sorted(n for n, s in SECTIONS.items() if s.paper)
+
+
+def is_empty(df: pd.DataFrame) -> bool:
+    """True when ``df`` has no cell with a value (the section's data is missing)."""
+    return df is None or df.empty or not bool(np.asarray(df.notna()).any())

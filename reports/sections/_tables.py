@@ -1,0 +1,63 @@
+"""Tables several report sections share (a paper table and the body's section of the same topic): the files of this
+folder whose name starts with ``_`` register nothing (the registry's scan skips them)."""
+from __future__ import annotations
+
+import pandas as pd
+
+from .. import data as R
+
+
+def mean_passk(ctx) -> pd.DataFrame:
+    """pass@k (and avg@n) of the mean over benchmarks, rows = runs (the base model first)."""
+    p = R.passk_table(ctx.shown)
+    return p.xs("mean", level="benchmark") if len(p) and "mean" in p.index.get_level_values("benchmark") else pd.DataFrame()
+
+
+def by_benchmark(ctx) -> pd.DataFrame:
+    """pass@k per benchmark side by side: rows = runs, columns (benchmark, pass@k)."""
+    p = R.passk_table(ctx.shown)
+    if p.empty:
+        return p
+    wide = p.unstack("benchmark").swaplevel(axis=1)
+    benches = [b for b in dict.fromkeys(p.index.get_level_values("benchmark")) if b != "mean"] + ["mean"]
+    return wide.reindex(columns=[c for b in benches for c in wide.columns if c[0] == b])
+
+
+def with_params(table: pd.DataFrame, runs: pd.DataFrame, keys) -> pd.DataFrame:
+    """``table`` (indexed by run label) with the runs' values of the config ``keys`` as leading columns."""
+    if table.empty:
+        return table
+    params = {lab: p for lab, p in zip(runs["label"], runs["params"])}
+    lead = pd.DataFrame({k.split(".")[-1]: [params.get(lab, {}).get(k, "") for lab in table.index] for k in keys},
+                        index=table.index)
+    return pd.concat([lead, table], axis=1)
+
+
+def train_means(ctx, keys) -> pd.DataFrame:
+    """Rows = trained runs, columns = the mean over steps of the training metrics ``keys`` that were logged."""
+    summary = R.train_summary({k: v for k, v in ctx.hist().items() if k in keys})
+    summary.index.name = "run"
+    return summary
+
+
+def per_step(ctx, key: str) -> pd.DataFrame:
+    """Rows = trained runs, columns = steps: the training metric ``key``."""
+    series = ctx.hist().get(key, {})
+    if not series:
+        return pd.DataFrame()
+    return pd.DataFrame({lab: pd.Series(v, index=s) for lab, (s, v) in series.items()}).T.rename_axis("run")
+
+
+def shared_d(ctx) -> pd.DataFrame:
+    """ExPPO's Table 2B: disagreement D on the Shared set (prompts where every run has two or more correct samples)
+    and Delta-D against the baseline run (:meth:`Context.baseline_label`), with a paired prompt-bootstrap 95% CI;
+    empty without a baseline run with samples."""
+    from core.tasks import get_task, task_names
+    from evaluation.metrics.modes import shared_set_disagreement
+
+    label = ctx.baseline_label()
+    if not ctx.samples or label not in ctx.samples:
+        return pd.DataFrame()
+    benches = {b for df in ctx.samples.values() for b in df["benchmark"].unique()}
+    same = {b: get_task(b).same_answer for b in benches if b in task_names()}
+    return shared_set_disagreement(ctx.samples, label, same)
