@@ -29,6 +29,8 @@ from orchestrator.preflight import sweep_points  # noqa: E402
 from training.algorithms import get_advantage_fn, get_policy_loss_fn  # noqa: E402
 from training.batch import RolloutBatch  # noqa: E402
 from training.engines import verl as V  # noqa: E402
+from training.engines.verl_support import verl_checkpoint as VC  # noqa: E402
+from training.engines.verl_support import verl_metrics as VM  # noqa: E402
 from training.engines.local import policy_objective  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -300,7 +302,7 @@ def test_metrics_stream_once_with_sanitised_names(tmp_path):
                                  "timing_s/step": 3.0, "perf/note": "text", "actor/nan": float("nan")}} for s in (1, 2, 3)]
     path.write_text("".join(json.dumps(r) + "\n" for r in recs[:2]) + json.dumps(recs[2])[:20])  # step 3 half written
     got = []
-    st = V.MetricsStreamer(path, lambda m, s: got.append((s, m)), logged_through=0)  # step 0 already logged
+    st = VM.MetricsStreamer(path, lambda m, s: got.append((s, m)), logged_through=0)  # step 0 already logged
     st.flush()
     assert [s for s, _ in got] == [1]
     m = got[0][1]
@@ -332,11 +334,11 @@ def test_export_copies_the_latest_hf_checkpoint(tmp_path):
             (hf / f.name).write_bytes(f.read_bytes())
         (hf / "step.txt").write_text(str(step))
     (root / "latest_checkpointed_iteration.txt").write_text("4")
-    out = V.export_hf_checkpoint(root, tmp_path / "checkpoint")
+    out = VC.export_hf_checkpoint(root, tmp_path / "checkpoint")
     assert (out / "step.txt").read_text() == "4"
     AutoModelForCausalLM.from_pretrained(out)
     with pytest.raises(FileNotFoundError, match="no verl checkpoint"):
-        V.export_hf_checkpoint(tmp_path / "nothing", tmp_path / "c2")
+        VC.export_hf_checkpoint(tmp_path / "nothing", tmp_path / "c2")
 
 
 def test_save_every_keeps_every_verl_checkpoint_and_exports_the_trajectory(tmp_path):
@@ -358,7 +360,7 @@ def test_save_every_keeps_every_verl_checkpoint_and_exports_the_trajectory(tmp_p
         for f in src.iterdir():
             (hf / f.name).write_bytes(f.read_bytes())
         (hf / "step.txt").write_text(str(step))
-    V.export_trajectory(root, tmp_path / "run", save_every=2, total_steps=6)
+    VC.export_trajectory(root, tmp_path / "run", save_every=2, total_steps=6)
     kept = saved_checkpoints(tmp_path / "run")
     assert [s for s, _ in kept] == [2, 4]  # every 2nd step before the last (the last is the final checkpoint)
     assert [(p / "step.txt").read_text() for _, p in kept] == ["2", "4"]
@@ -381,15 +383,15 @@ def test_a_checkpoint_ahead_of_the_logged_steps_is_set_aside_on_resume(tmp_path)
                 int(marker.read_text()) if marker.exists() else None)
 
     root = make(1, 2, marker=2)
-    assert V.rewind_to_logged(root, logged_through=1) == 2 and state(root) == ([1, 2], 2)  # steps 0, 1 logged
-    assert V.rewind_to_logged(root, logged_through=5) == 2 and state(root) == ([1, 2], 2)
-    assert V.rewind_to_logged(root, logged_through=0) == 1 and state(root) == ([1], 1)     # step 1 never logged
-    assert V.checkpointed_steps(root) == 1 and V.latest_verl_step(root).name == "global_step_1"
+    assert VC.rewind_to_logged(root, logged_through=1) == 2 and state(root) == ([1, 2], 2)  # steps 0, 1 logged
+    assert VC.rewind_to_logged(root, logged_through=5) == 2 and state(root) == ([1, 2], 2)
+    assert VC.rewind_to_logged(root, logged_through=0) == 1 and state(root) == ([1], 1)     # step 1 never logged
+    assert VC.checkpointed_steps(root) == 1 and VC.latest_verl_step(root).name == "global_step_1"
     root = make(2, 3, marker=3)                    # keep=2 rotated global_step_1 away
-    assert V.rewind_to_logged(root, logged_through=0) == 0 and state(root) == ([], None)   # from scratch
+    assert VC.rewind_to_logged(root, logged_through=0) == 0 and state(root) == ([], None)   # from scratch
     root = make(4, 6, marker=6)
-    assert V.rewind_to_logged(root, logged_through=4) == 4 and state(root) == ([4], 4)
-    assert V.rewind_to_logged(tmp_path / "none", logged_through=-1) == 0
+    assert VC.rewind_to_logged(root, logged_through=4) == 4 and state(root) == ([4], 4)
+    assert VC.rewind_to_logged(tmp_path / "none", logged_through=-1) == 0
 
 
 def _stub(path: Path, body: str) -> None:
@@ -495,7 +497,7 @@ def test_metrics_file_recreated_by_a_resumed_verl_is_read_from_the_start(tmp_pat
     path = tmp_path / "m.jsonl"
     path.write_text("".join(json.dumps({"step": s, "data": {"actor/pg_loss": float(s)}}) + "\n" for s in range(1, 6)))
     got = []
-    st = V.MetricsStreamer(path, lambda m, s: got.append(s), logged_through=-1)
+    st = VM.MetricsStreamer(path, lambda m, s: got.append(s), logged_through=-1)
     st.flush()
     assert got == [0, 1, 2, 3, 4]
     # verl resumed from step 3 rewrites the file ("wb"): steps 4.. again, then new ones; a damaged line is skipped
@@ -614,12 +616,12 @@ def test_estimator_metrics_reach_verls_step_metrics_and_mlflow_as_train_names(al
 
     metrics = {"timing_s/step": 1.0}
     V._metrics_wrapper(verl_step)(None, data, metrics)
-    logged = V.mlflow_metrics(metrics)
+    logged = VM.mlflow_metrics(metrics)
     for key in keys:
         assert logged[f"train/{key}"] == pytest.approx(float(local[key]), rel=1e-6), key
     assert "train/solver_ms" in logged or algo != "quatro"
     # a loss metric the adapter reports as actor/<name> is logged under the local engine's name too
-    assert V.mlflow_metrics({"actor/weight_mean": 1.2, "actor/entropy": 2.0})["train/weight_mean"] == 1.2
+    assert VM.mlflow_metrics({"actor/weight_mean": 1.2, "actor/entropy": 2.0})["train/weight_mean"] == 1.2
 
 
 @pytest.mark.parametrize("algo", ALGOS)

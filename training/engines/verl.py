@@ -28,18 +28,22 @@ DAPO's dynamic sampling maps to verl's own group filter (``algorithm.filter_grou
 function's ``acc``, i.e. on correctness; verl refills evicted groups until the batch is full, where the local
 engine stops after ``max_num_gen_batches`` rounds); its overlong shaping is verl's DAPO reward manager,
 configured from the spec (:mod:`training.engines.verl_support.verl_reward`).
+
+This file maps the suite onto verl, by part: the algorithm spec and its checks, the device, the registration of the
+two entries and their adapters, the config translation (:func:`verl_overrides`), the data and the model, and the
+engine's ``train``. What verl hands back lives beside it in ``verl_support/``: its metrics
+(:mod:`~training.engines.verl_support.verl_metrics`), its checkpoints and their export
+(:mod:`~training.engines.verl_support.verl_checkpoint`), its platform on the CPU, its reward functions, its entry point.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
-import re
 import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -53,6 +57,8 @@ from core.lora import LoraSettings
 from training.algorithms import get_advantage_fn, get_policy_loss_fn, need_param, needs_of
 from training.engines import register_engine
 from training.batch import RolloutBatch
+from training.engines.verl_support.verl_checkpoint import (export_hf_checkpoint, export_trajectory, rewind_to_logged)
+from training.engines.verl_support.verl_metrics import (MetricsStreamer, aliases_for, mlflow_metrics)
 
 VERL_NAME = "rlvr"                 # the name of both registry entries inside verl
 SPEC_ENV = "RLVR_VERL_ALGO"        # JSON {"advantage": {name, params}, "policy_loss": {name, params}}
@@ -800,240 +806,6 @@ def materialize_model(model_cfg, out_dir: Path) -> str:
         tok.save_pretrained(tmp)
         tmp.replace(out_dir)
     return str(out_dir)
-
-
-# ----------------------------------------------------------------------------------- metrics
-
-_BAD_CHARS = re.compile(r"[^A-Za-z0-9_\-./ ]")
-ALIASES = {  # verl metric -> this suite's standard name (the report's panels)
-    "critic/score/mean": "train/reward_mean",
-    "actor/entropy": "train/entropy",
-    "actor/kl_loss": "train/kl_ref",
-    "actor/grad_norm": "train/grad_norm",
-    "actor/clip_fraction": "train/clip_fraction",
-    "actor/pg_loss": "train/policy_loss",
-    "response_length/mean": "train/response_length_mean",
-    "response_length/max": "train/response_length_max",
-    "timing_s/step": "train/step_time_s",
-    "actor/lr": "train/lr",
-}
-
-
-def aliases_for(loss_agg_mode: str) -> dict:
-    """:data:`ALIASES` usable for a run: verl aggregates ``actor/entropy`` with the loss's aggregation
-    mode, a per-token mean only for ``token-mean`` and ``seq-mean-token-mean``."""
-    if loss_agg_mode in ("token-mean", "seq-mean-token-mean"):
-        return dict(ALIASES)
-    return {k: v for k, v in ALIASES.items() if k != "actor/entropy"}
-
-
-def mlflow_metrics(data: dict, aliases: dict | None = None) -> dict:
-    """verl's per-step metrics as MLflow metrics: every finite number under ``verl/<name>`` with
-    characters MLflow rejects replaced by ``_`` (``@`` -> ``_at_``), plus this suite's standard names
-    for the metrics in ``aliases`` (default :data:`ALIASES`: ``train/reward_mean``, ``train/entropy``, ...),
-    and ``train/<name>`` for the metrics the suite's own functions report through the adapters: the
-    estimator's ``rlvr/<name>`` and the loss's ``actor/<name>`` (those not in :data:`ALIASES`), the names the
-    local engine logs."""
-    aliases = ALIASES if aliases is None else aliases
-    out = {}
-    for k, v in data.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
-            continue
-        out["verl/" + _BAD_CHARS.sub("_", str(k).replace("@", "_at_"))] = float(v)
-        if k in aliases:
-            out[aliases[k]] = float(v)
-        elif str(k).startswith(("rlvr/", "actor/")) and k not in ALIASES:
-            out["train/" + _BAD_CHARS.sub("_", str(k).split("/", 1)[1])] = float(v)
-    return out
-
-
-def read_new_metrics(path: Path, offset: int) -> tuple[list[tuple[int, dict]], int]:
-    """Complete JSONL records ``{"step", "data"}`` written to verl's file logger after byte ``offset``.
-
-    Returns:
-        ([(step, data), ...], new offset). A partly written last line is left for the next call.
-    """
-    if not path.is_file():
-        return [], offset
-    if path.stat().st_size < offset:  # the file was recreated (verl opens it with "wb"): start over
-        offset = 0
-    with open(path, "rb") as f:
-        f.seek(offset)
-        chunk = f.read()
-    out = []
-    end = chunk.rfind(b"\n") + 1
-    for line in chunk[:end].splitlines():
-        if line.strip():
-            try:
-                rec = json.loads(line)
-                out.append((int(rec["step"]), rec.get("data") or {}))
-            except (ValueError, KeyError, TypeError):  # a damaged line loses one record, not the stream
-                continue
-    return out, offset + end
-
-
-class MetricsStreamer(threading.Thread):
-    """Stream verl's JSONL metrics into ``log_metrics(metrics, step)`` while verl runs; steps at or
-    below ``logged_through`` (already in the tracker from an earlier attempt) are skipped, so a
-    resumed run logs every step once. Step numbers are verl's ``global_steps`` minus 1 (0-based, as
-    the local engine)."""
-
-    def __init__(self, path: Path, log_metrics: Callable[[dict, int], None], logged_through: int = -1,
-                 poll_s: float = 2.0, progress=None, aliases: dict | None = None):
-        super().__init__(daemon=True)
-        self.path, self.log_metrics, self.logged_through = Path(path), log_metrics, logged_through
-        self.aliases = aliases
-        self.poll_s, self.progress, self.offset = poll_s, progress, 0
-        self.stop_event = threading.Event()
-
-    def flush(self) -> None:
-        records, self.offset = read_new_metrics(self.path, self.offset)
-        for step, data in records:
-            step0 = step - 1
-            if self.progress is not None:
-                self.progress(step0)
-            if step0 > self.logged_through:
-                m = mlflow_metrics(data, self.aliases)
-                if m:
-                    self.log_metrics(m, step0)
-                self.logged_through = step0
-
-    def run(self) -> None:
-        while not self.stop_event.wait(self.poll_s):
-            self.flush()
-        self.flush()
-
-
-# ----------------------------------------------------------------------------------- checkpoint
-
-def latest_verl_step(ckpt_root: Path) -> Path | None:
-    """The newest ``global_step_N`` folder under verl's ``default_local_dir`` (None when there is none)."""
-    ckpt_root = Path(ckpt_root)
-    marker = ckpt_root / "latest_checkpointed_iteration.txt"
-    if marker.is_file():
-        step_dir = ckpt_root / f"global_step_{int(marker.read_text().strip())}"
-        if step_dir.is_dir():
-            return step_dir
-    steps = sorted(ckpt_root.glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1]))
-    return steps[-1] if steps else None
-
-
-def checkpointed_steps(ckpt_root: Path) -> int:
-    """How many training steps verl's last complete checkpoint under ``ckpt_root`` holds (its
-    ``latest_checkpointed_iteration.txt``, written after the checkpoint itself); 0 when there is none."""
-    marker = Path(ckpt_root) / "latest_checkpointed_iteration.txt"
-    try:
-        return int(marker.read_text().strip())
-    except (OSError, ValueError):
-        return 0
-
-
-def verl_steps(ckpt_root: Path) -> list[tuple[int, Path]]:
-    """``[(step, global_step_<step> folder), ...]`` under verl's ``default_local_dir``, by step."""
-    out = []
-    for d in Path(ckpt_root).glob("global_step_*"):
-        try:
-            out.append((int(d.name.rsplit("_", 1)[1]), d))
-        except ValueError:
-            continue
-    return sorted(out)
-
-
-def rewind_to_logged(ckpt_root: Path, logged_through: int) -> int:
-    """Make verl resume (``resume_mode=auto``) from the newest checkpoint whose steps all reached the tracker.
-
-    verl saves a step's checkpoint before it logs that step's metrics, so a run stopped between the two leaves a
-    checkpoint holding a step that was never logged; resuming there would leave that step out of the run's history
-    for good. The marker ``latest_checkpointed_iteration.txt`` is moved back to the newest checkpoint
-    ``global_step_k`` with ``k <= logged_through + 1`` (``global_step_k`` holds the 0-based steps ``0 .. k-1``), the
-    newer checkpoints are removed, and the steps after it are trained again and logged once; with no such checkpoint
-    the run starts over.
-
-    Args:
-        ckpt_root: verl's ``default_local_dir``.
-        logged_through: the last 0-based step whose metrics the tracker holds (-1: none).
-    Returns:
-        The number of steps verl resumes after (0: from scratch).
-    """
-    ckpt_root = Path(ckpt_root)
-    done = checkpointed_steps(ckpt_root)
-    if done <= logged_through + 1:
-        return done
-    keep = max((k for k, _ in verl_steps(ckpt_root) if k <= min(done, logged_through + 1)), default=0)
-    for k, folder in verl_steps(ckpt_root):
-        if k > keep:
-            shutil.rmtree(folder, ignore_errors=True)
-    marker = ckpt_root / "latest_checkpointed_iteration.txt"
-    if keep:
-        tmp = marker.with_suffix(".tmp")
-        tmp.write_text(str(keep))
-        tmp.replace(marker)
-    else:
-        marker.unlink(missing_ok=True)
-    import logging
-
-    logging.getLogger("rlvr").warning(
-        "engine=verl: the checkpoint after step %d holds steps whose metrics were never logged (stopped between "
-        "verl's save and its log); resuming after step %d instead", done, keep)
-    return keep
-
-
-def export_trajectory(ckpt_root: Path, run_dir: Path, save_every: int, total_steps: int) -> list[Path]:
-    """Export verl's checkpoints at every ``save_every``-th step before the last to
-    ``run_dir/checkpoints/step_<N>`` (:func:`core.lifecycle.step_checkpoint_dir`), skipping those already there."""
-    from core.lifecycle import step_checkpoint_dir
-
-    out = []
-    for step, step_dir in verl_steps(ckpt_root):
-        if save_every and step % save_every == 0 and step < total_steps:
-            target = step_checkpoint_dir(run_dir, step)
-            if not (target / "config.json").is_file():
-                export_hf_checkpoint(ckpt_root, target, step_dir=step_dir)
-            out.append(target)
-    return out
-
-
-def export_hf_checkpoint(ckpt_root: Path, out_dir: Path, step_dir: Path | None = None) -> Path:
-    """Copy verl's latest actor checkpoint (or ``step_dir``'s), in Hugging Face format, to ``out_dir`` for evaluation.
-
-    Uses ``actor/huggingface`` when verl saved the weights there (``save_contents`` with ``hf_model``);
-    otherwise merges the FSDP shards with verl's own ``python -m verl.model_merger merge``. A LoRA actor's
-    (``lora_train_meta.json``) is saved as the peft-wrapped model, which ``from_pretrained`` would load as random
-    weights without a word: its adapters are merged into the base first (:func:`core.lora.merge_saved_peft_model`).
-
-    Raises:
-        FileNotFoundError: no verl checkpoint under ``ckpt_root``.
-        RuntimeError: the model merger failed.
-    """
-    step_dir = step_dir or latest_verl_step(ckpt_root)
-    if step_dir is None:
-        raise FileNotFoundError(f"no verl checkpoint (global_step_*) under {ckpt_root}")
-    actor, out_dir = step_dir / "actor", Path(out_dir)
-    hf = actor / "huggingface"
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    has_weights = hf.is_dir() and (any(hf.glob("*.safetensors")) or any(hf.glob("pytorch_model*.bin")))
-    if has_weights:
-        shutil.copytree(hf, tmp)
-    else:
-        cmd = [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp",
-               "--local_dir", str(actor), "--target_dir", str(tmp)]
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        if res.returncode != 0:
-            raise RuntimeError(f"verl model merger failed ({' '.join(cmd)}):\n{res.stderr[-4000:]}")
-        if hf.is_dir():  # tokenizer and config files verl saved beside the shards
-            for f in hf.iterdir():
-                if f.is_file() and not (tmp / f.name).exists():
-                    shutil.copy2(f, tmp / f.name)
-    meta = actor / "lora_train_meta.json"
-    if meta.is_file():  # a LoRA actor: verl saved the peft-wrapped state dict; evaluate the adapters merged
-        from core.lora import merge_saved_peft_model
-
-        info = json.loads(meta.read_text())
-        merge_saved_peft_model(tmp, int(info["r"]), float(info["lora_alpha"]))
-    shutil.rmtree(out_dir, ignore_errors=True)
-    tmp.replace(out_dir)
-    return out_dir
 
 
 # ----------------------------------------------------------------------------------- the engine
