@@ -192,7 +192,7 @@ def test_vllm_sampler_without_vllm_stops_before_training(tmp_path, without_vllm)
     (["eval.extra_temperatures=1.5"], "expected a list"),
     (["eval.flip_k=5"], "eval.flip_k=5: larger than eval.n=4"),
     (["eval.checkpoints=all"], "set train.save_every"),
-    # checkpoint selection (orchestrator.run.select_on_validation)
+    # checkpoint selection (orchestrator.run_evaluation.select_on_validation)
     (["eval.select_on=validation", "train.save_every=1"], "eval.select_on=validation: no validation split"),
     (["eval.select_on=validation", "data.validation_prompts=4"], "eval.select_on=validation: only the final"),
     (["train.keep_top_k=2"], "train.keep_top_k=2: checkpoints are ranked on the validation split"),
@@ -577,7 +577,7 @@ def test_reproduce_reruns_a_finished_run_bitwise_on_the_cpu(sweep_dir):
         a = sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
         b = sorted((m.step, m.value) for m in client.get_metric_history(new_id, key))
         assert a == b, key
-    from reports.data import load_runs  # a reproduction is a check, not a second copy of its point in the report
+    from reports.load import load_runs  # a reproduction is a check, not a second copy of its point in the report
 
     shown = set(load_runs(uri, "rlvr")["run_id"])
     assert run_id in shown and new_id not in shown

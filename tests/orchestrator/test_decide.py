@@ -3,7 +3,6 @@
 Seen in CI (two identical sweeps at once): a point waiting on another sweep's live run of it looked for a finished
 run, found none, and in the next query (the unfinished runs) no longer saw the other run, which had finished in
 between; it then trained the point a second time. These tests put the other run's end exactly in that window."""
-import importlib
 from pathlib import Path
 
 import mlflow
@@ -11,9 +10,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from orchestrator import integrity, lease, tracking
-
-orun = importlib.import_module("orchestrator.run")  # the module (the package exports its function run)
+from orchestrator import decision, integrity, lease, tracking
+from orchestrator.signals import StopSignals
 
 CHASH, THASH = "c" * 16, "t" * 16
 
@@ -24,7 +22,7 @@ def store(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     mlflow.set_tracking_uri(uri)
     exp_id = MlflowClient().create_experiment("rlvr")
-    monkeypatch.setattr(orun, "POLL_S", 0.05)
+    monkeypatch.setattr(decision, "POLL_S", 0.05)
     # the finished run here is a bare MLflow run (no files): its integrity is not what these tests are about
     monkeypatch.setattr(integrity, "verify_run", lambda client, r: ([], True))
     yield exp_id
@@ -41,10 +39,10 @@ def _other_sweeps_live_run(exp_id):
 
 def _point(exp_id, tmp_path):
     cfg = OmegaConf.create({"eval": {"base": False}, "data": {}})
-    return orun.Point(cfg, exp_id, CHASH, "this-sweep", 1, "algo=gspo",
+    return decision.Point(cfg, exp_id, CHASH, "this-sweep", 1, "algo=gspo",
                       {tracking.TAG_HASH: CHASH, tracking.TAG_TRAIN_HASH: THASH, "rlvr.sweep_id": "this-sweep",
                        "rlvr.job_num": "1"}, {}, stale_s=300.0, force=False, run_dir=Path(tmp_path) / "run",
-                      signals=orun.StopSignals())
+                      signals=StopSignals())
 
 
 @pytest.mark.parametrize("finishes_after", ["find_finished_run", "_trained_checkpoint"])
@@ -52,7 +50,7 @@ def test_a_run_finishing_between_the_decisions_queries_is_taken_as_the_points_re
                                                                                       finishes_after):
     other = _other_sweeps_live_run(store)
     calls = {"n": 0}
-    owner = tracking if finishes_after == "find_finished_run" else orun
+    owner = tracking if finishes_after == "find_finished_run" else decision
     real = getattr(owner, finishes_after)
 
     def then_the_other_finishes(*a, **k):
@@ -63,9 +61,9 @@ def test_a_run_finishing_between_the_decisions_queries_is_taken_as_the_points_re
         return out
 
     monkeypatch.setattr(owner, finishes_after, then_the_other_finishes)
-    decision = orun.decide(_point(store, tmp_path))
+    decided = decision.decide(_point(store, tmp_path))
     assert calls["n"] >= 2  # the race happened: the point waited on the live run, then it finished mid-decision
-    assert decision.action == "duplicate" and decision.summary["duplicate_of"] == other
+    assert decided.action == "duplicate" and decided.summary["duplicate_of"] == other
     trained = tracking.runs_with_hash(store, CHASH)
     assert [r.info.run_id for r in trained] == [other]  # no second trained run of the point
 
@@ -77,8 +75,8 @@ def test_a_stale_run_of_another_sweep_is_taken_over_not_waited_for(store, tmp_pa
     MlflowClient().set_tag(other, "rlvr.heartbeat", "1.0")  # its owner stopped beating long ago: stale
     MlflowClient().set_tag(other, "rlvr.host", "another-host")  # (on this host a live PID would keep it)
     monkeypatch.setattr(lease, "SETTLE_S", 0.0)
-    decision = orun.decide(pt)
+    decided = decision.decide(pt)
     # claimed by this process; with no run folder to resume from it is set aside and the point starts afresh
     r = MlflowClient().get_run(other)
-    assert r.data.tags["rlvr.owner"] == decision.owner and decision.action == "new" and decision.run is None
+    assert r.data.tags["rlvr.owner"] == decided.owner and decided.action == "new" and decided.run is None
     assert r.info.status == "KILLED" and "not resumed" in r.data.tags["rlvr.invalid"]

@@ -359,7 +359,7 @@ def test_corrupt_samples_are_reevaluated_and_a_corrupt_checkpoint_retrained(tmp_
 
     assert len(pd.read_parquet(Path(new.data.tags["rlvr.run_dir"]) / "eval" / "samples.parquet")) > 0
     # the report's loader and the recompute CLI name the unreadable file in one line
-    from reports.data import download_samples, load_runs
+    from reports.load import download_samples, load_runs
 
     problems = []
     got = download_samples(f"sqlite:///{tmp_path}/mlflow.db", load_runs(f"sqlite:///{tmp_path}/mlflow.db", "rlvr"),
@@ -408,7 +408,7 @@ def test_the_lease_has_one_owner_and_a_dead_process_is_stale(tmp_path, monkeypat
 
 
 def test_resume_loads_tensors_only_and_only_from_inside_the_run_folder(tmp_path):
-    from orchestrator.run import safe_run_dir
+    from orchestrator.decision import safe_run_dir
     from training.engines.local import load_state
 
     class Evil:

@@ -1,4 +1,4 @@
-"""Honest checkpoint selection (orchestrator.run.select_on_validation): a validation split held out of the training
+"""Honest checkpoint selection (orchestrator.run_evaluation.select_on_validation): a validation split held out of the training
 prompts, every kept checkpoint scored on it, the best one evaluated on the benchmarks, ``train.keep_top_k`` keeping
 only the best on disk, and the report naming the chosen step. One sweep point through the real command on the tiny
 model and the toy parity task (a random model's responses are right about half the time; a large learning rate,
@@ -75,7 +75,8 @@ def test_the_chosen_checkpoint_is_the_best_on_held_out_training_prompts_and_only
     assert kept == {s for s in ranked[:TOP] if s < STEPS}, (ranked, kept)
     assert (run_dir / "checkpoint" / "config.json").is_file()
     # the report's run table names the evaluated checkpoint
-    from reports.data import load_runs, run_table
+    from reports.data import run_table
+    from reports.load import load_runs
 
     table = run_table(load_runs(f"sqlite:///{cwd}/mlflow.db", "rlvr"))
     assert table["evaluated checkpoint"].dropna().tolist() == [f"step {best} (best {run.data.tags['rlvr.selected_on']})"]

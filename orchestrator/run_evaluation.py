@@ -1,0 +1,224 @@
+"""A trained run's evaluation: the checkpoints it evaluates (:func:`checkpoints_to_evaluate`, with
+``eval.select_on=validation`` the one :func:`select_on_validation` chooses), each logged at its training step
+(:func:`evaluate_run`), the flip rates against the base model (added later to a run without them:
+:func:`backfill_flips`), and the run's integrity record (:func:`record_integrity`)."""
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import mlflow
+from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
+
+from . import integrity, tracking
+from .base_model import log_metrics
+
+log = logging.getLogger("rlvr")
+
+
+def record_integrity(run_dir: Path, ckpt: Path) -> Path:
+    """Write ``run_dir/integrity.json`` (:mod:`orchestrator.integrity`) for the files this run logged and the
+    checkpoints and samples later stages read; returns its path."""
+    artifacts = {"config.yaml": run_dir / "config.yaml"}
+    run_files = integrity.hash_tree(Path(ckpt), "checkpoint") if Path(ckpt) == run_dir / "checkpoint" else {}
+    from core.lifecycle import saved_checkpoints
+
+    for step, path in saved_checkpoints(run_dir):
+        run_files |= integrity.hash_tree(path, f"checkpoints/step_{step}")
+    for marker in sorted((run_dir / "eval").rglob(".logged")) if (run_dir / "eval").is_dir() else []:
+        out_dir = marker.parent
+        rel = out_dir.relative_to(run_dir / "eval").as_posix()
+        prefix = "" if rel == "." else f"eval/{rel}/"
+        for f in sorted(out_dir.iterdir()):
+            if f.is_file() and not f.name.startswith(".") and f.suffix in (".parquet", ".csv"):
+                artifacts[prefix + f.name] = f
+        run_files[f"eval/{'' if rel == '.' else rel + '/'}samples.parquet"] = integrity.sha256(out_dir / "samples.parquet")
+    return integrity.write_record(run_dir, artifacts, run_files)
+
+
+def free_memory() -> None:
+    """Return the training engine's memory (GPU memory above all) before an evaluation engine starts."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _token_budget(cfg) -> int | None:
+    """``train.micro_batch_tokens`` when it is a number (the evaluation's entropy passes hold at most that many
+    positions too), else None."""
+    budget = OmegaConf.select(cfg, "train.micro_batch_tokens")
+    return budget if isinstance(budget, int) and not isinstance(budget, bool) else None
+
+
+def flip_rule(k) -> str:
+    from evaluation.metrics.difficulty import flip_rule as rule
+
+    return rule(None if k is None else int(k))
+
+
+def checkpoints_to_evaluate(cfg, run_dir: Path, final: Path, final_step: int | None = None
+                            ) -> list[tuple[int, Path, Path, bool]]:
+    """``[(step, checkpoint, evaluation folder, is_final), ...]``: with ``eval.checkpoints=all`` every kept
+    checkpoint (``train.save_every``) in ``run_dir/eval/step_<N>``, then the final one in ``run_dir/eval``;
+    ``step`` is the number of training steps behind the checkpoint (the final: ``final_step``, by default
+    ``train.steps``; with ``eval.select_on=validation`` the chosen checkpoint's)."""
+    from core.lifecycle import saved_checkpoints
+
+    out = []
+    if str(cfg.eval.get("checkpoints", "final")) == "all":
+        out = [(s, p, run_dir / "eval" / f"step_{s}", False) for s, p in saved_checkpoints(run_dir) if s < int(cfg.train.steps)]
+    step = int(cfg.train.steps) if final_step is None else int(final_step)
+    return out + [(step, Path(final), run_dir / "eval", True)]
+
+
+def select_on_validation(cfg, run_dir: Path, final: Path) -> tuple[int, Path]:
+    """The checkpoint the benchmarks evaluate under ``eval.select_on=validation``: every kept checkpoint
+    (``train.save_every``) and the final one are sampled ``eval.validation.n`` times on each prompt of the
+    validation split (``data.validation_prompts`` training prompts held out of training, :func:`core.tasks.load_prompts`);
+    the one with the highest unbiased pass@k (``k = eval.validation.k``) is chosen, the earliest on a tie. Each
+    score is logged to the active run as ``val/pass_at_<k>`` at its step (once; its samples kept in
+    ``run_dir/validation/step_<N>``), and the choice as the tags ``rlvr.selected_step`` and ``rlvr.selected_on``.
+    With ``train.keep_top_k = K`` only the K best kept checkpoints stay on disk afterwards (the final one, which
+    the run's record points to, always stays). The benchmarks never take part in the choice (understand-r1-zero#21).
+
+    Returns:
+        (step, checkpoint folder) of the chosen checkpoint.
+    """
+    from core.lifecycle import saved_checkpoints
+    from core.tasks import load_prompts
+    from evaluation.evaluate import evaluate_checkpoint
+
+    steps, n, k = int(cfg.train.steps), int(cfg.eval.validation.n), int(cfg.eval.validation.k)
+    task = str(cfg.data.name)
+    rows = {task: load_prompts(cfg.data, "validation")}
+    vcfg = OmegaConf.merge(cfg.eval, {"benchmarks": [task], "n": n, "ks": [k], "decoding": None,
+                                      "extra_temperatures": [], "entropy": False, "max_prompts": None})
+    chat = bool(cfg.model.get("chat_template", True))
+    cands = [(s, p) for s, p in saved_checkpoints(run_dir) if s < steps] + [(steps, Path(final))]
+    scores = {}
+    for step, path in cands:
+        out_dir = run_dir / "validation" / f"step_{step}"
+        metrics, _, _ = evaluate_checkpoint(path, vcfg, out_dir, None, chat, temperatures=False,
+                                            tools_cfg=cfg.get("tools"), rows=rows)
+        scores[step] = float(metrics[f"eval/{task}/pass_at_{k}"])
+        if not (out_dir / ".logged").exists():
+            tracking.retry(mlflow.log_metrics, {f"val/pass_at_{k}": scores[step]}, step=step)
+            (out_dir / ".logged").write_text(str(step))
+        log.info("validation: step %d pass@%d %.4f (%d prompts x %d samples)", step, k, scores[step], len(rows[task]), n)
+    ranked = sorted(cands, key=lambda c: (-scores[c[0]], c[0]))
+    best_step, best = ranked[0]
+    tracking.retry(mlflow.set_tags, {"rlvr.selected_step": str(best_step), "rlvr.selected_on":
+                                     f"validation pass@{k}: {len(rows[task])} held-out {task} prompts x {n} samples"})
+    keep = cfg.train.get("keep_top_k")
+    if keep:
+        for step, path in ranked[int(keep):]:
+            if step != steps:
+                shutil.rmtree(path, ignore_errors=True)
+    log.info("validation: step %d chosen of %s", best_step, [s for s, _ in cands])
+    return best_step, Path(best)
+
+
+def _log_files(files: dict, prefix: str | None) -> None:
+    for rel, f in files.items():
+        sub = str(Path(rel).parent)
+        dest = "/".join(x for x in (prefix, None if sub == "." else sub) if x)
+        tracking.retry(mlflow.log_artifact, str(f), dest or None)
+
+
+def evaluate_run(cfg, run_dir: Path, final: Path, heldout, base=None) -> dict:
+    """Evaluate a trained run's checkpoints (:func:`checkpoints_to_evaluate`) and log each to the active MLflow
+    run at its training step, so MLflow draws every evaluation metric against steps; then, with ``base`` (an
+    :class:`orchestrator.base_model.BaseEvaluation`), wait for the base model's samples and log every evaluation's
+    flip rates (``eval/<bench>/flip/<bucket>/<measure>``, ``flip_rates.csv``). Files of a non-final checkpoint
+    go under ``eval/step_<N>/`` in the run's artifacts. An evaluation already logged (a marker file in its
+    folder, e.g. before a requeue) is not logged twice.
+
+    Returns:
+        The final checkpoint's metrics (flip rates included).
+    """
+    import pandas as pd
+
+    from evaluation.evaluate import evaluate_checkpoint
+    from evaluation.tables import flip_metrics
+
+    chat = bool(cfg.model.get("chat_template", True))
+    final_metrics, evaluated = {}, []
+    final_step = None
+    if str(cfg.eval.get("select_on", "final")) == "validation":
+        final_step, final = select_on_validation(cfg, run_dir, final)
+    for step, path, out_dir, is_final in checkpoints_to_evaluate(cfg, run_dir, final, final_step):
+        metrics, files, info = evaluate_checkpoint(path, cfg.eval, out_dir, heldout, chat, temperatures=is_final,
+                                                   tools_cfg=cfg.get("tools"), score_budget=_token_budget(cfg))
+        if is_final:
+            final_metrics = dict(metrics)
+            tracking.retry(mlflow.set_tags, {"rlvr.sampler": info["sampler"], "rlvr.entropy_method": str(info["entropy_method"])})
+        if not (out_dir / ".logged").exists():
+            tracking.retry(mlflow.log_metrics, metrics | {"time/eval_s": info["eval_time_s"]}
+                           | {f"time/eval_{k}": v for k, v in info.get("phases", {}).items()}, step=step)
+            _log_files(files, None if is_final else f"eval/step_{step}")
+            (out_dir / ".logged").write_text(str(step))
+        evaluated.append((step, out_dir, is_final))
+    base_samples = base.ensure(wait=True) if base is not None else None
+    if base_samples is None:
+        return final_metrics
+    flip_k = cfg.eval.get("flip_k")
+    tracking.retry(mlflow.set_tags, {"rlvr.base_run_id": base.run_id, "rlvr.flip_rule": flip_rule(flip_k)})
+    for step, out_dir, is_final in evaluated:
+        table, flips = flip_metrics(base_samples, pd.read_parquet(out_dir / "samples.parquet"),
+                                    None if flip_k is None else int(flip_k))
+        if is_final:
+            final_metrics.update(flips)
+        if (out_dir / ".flips_logged").exists():
+            continue
+        table.to_csv(out_dir / "flip_rates.csv")
+        tracking.retry(mlflow.log_metrics, flips, step=step)
+        _log_files({"flip_rates.csv": out_dir / "flip_rates.csv"}, None if is_final else f"eval/step_{step}")
+        (out_dir / ".flips_logged").write_text(str(step))
+    return final_metrics
+
+
+def backfill_flips(cfg, exp_id: str, sweep_id: str, job_num, run_dir: Path, prior) -> None:
+    """A finished run without flip rates (its sweep's base evaluation failed or was interrupted): evaluate the
+    base model now (or wait for the job that does) and log the flip rates of each of the run's evaluations to it,
+    at their steps, read back from its ``samples.parquet`` artifacts. Never raises: the run stays as it was."""
+    import tempfile
+
+    import pandas as pd
+
+    from evaluation.tables import flip_metrics
+    from core.tasks import load_prompts
+
+    from .base_model import BaseEvaluation
+
+    try:
+        base = BaseEvaluation(cfg, exp_id, sweep_id, job_num, Path(sweep_id) if sweep_id else run_dir,
+                              load_prompts(cfg.data, "eval"))
+        base_samples = base.ensure(wait=True)
+        if base_samples is None:
+            return
+        client = MlflowClient()
+        rid = prior.info.run_id
+        evaluations = [("", int(cfg.train.steps))] + [
+            (a.path + "/", int(a.path.rsplit("_", 1)[1])) for a in tracking.retry(client.list_artifacts, rid, "eval")
+            if a.is_dir and a.path.rsplit("/", 1)[-1].startswith("step_")]
+        flip_k = cfg.eval.get("flip_k")
+        tmp = Path(tempfile.mkdtemp(prefix="rlvr-flips-"))
+        for prefix, step in evaluations:
+            local = tmp / f"step_{step}"
+            samples = pd.read_parquet(client.download_artifacts(rid, prefix + "samples.parquet", str(local)))
+            table, flips = flip_metrics(base_samples, samples, None if flip_k is None else int(flip_k))
+            log_metrics(client, rid, flips, step)
+            table.to_csv(local / "flip_rates.csv")
+            tracking.retry(client.log_artifact, rid, str(local / "flip_rates.csv"), prefix.rstrip("/") or None)
+        tracking.retry(client.set_tag, rid, "rlvr.base_run_id", base.run_id)
+        tracking.retry(client.set_tag, rid, "rlvr.flip_rule", flip_rule(flip_k))
+        log.info("run %s: flip rates against base run %s added", rid, base.run_id)
+    except Exception as e:
+        log.warning("run %s: could not add flip rates against the base model: %s: %s", prior.info.run_id,
+                    type(e).__name__, e)
