@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 METRICS_PER_STEP, PARAMS, TAGS = 40, 150, 20
+OUTAGE_S = 120.0  # how long each writer's store call waits out an unreachable store (a sweep's tracking.outage_s)
 
 
 def _job(uri: str, exp_id: str, steps: int, interval: float, start_at: float, out) -> None:
@@ -32,14 +33,13 @@ def _job(uri: str, exp_id: str, steps: int, interval: float, start_at: float, ou
 
     from orchestrator import tracking
 
-    tracking.set_outage_s(120)
     client = MlflowClient(tracking_uri=uri)
     lat, errors = [], []
 
     def call(fn, *a, **k):
         t0 = time.perf_counter()
         try:
-            return tracking.retry(fn, *a, **k)
+            return tracking.retry(fn, *a, outage_s=OUTAGE_S, **k)
         except Exception as e:
             errors.append(f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
         finally:

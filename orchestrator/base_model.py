@@ -118,16 +118,19 @@ class BaseEvaluation:
         root: a folder for the base run's files (a claim taken over keeps the folder of the run it takes
             over when reachable).
         heldout_rows: the held-out training split (for ``arithmetic``/``kk`` benchmarks).
+        outage_s: how long each store call waits out an unreachable store (``tracking.outage_s``,
+            :func:`orchestrator.tracking.retry`).
     """
 
-    def __init__(self, cfg, exp_id: str, sweep_id: str, job_num, root: Path, heldout_rows=None):
+    def __init__(self, cfg, exp_id: str, sweep_id: str, job_num, root: Path, heldout_rows=None,
+                 outage_s: float = tracking.DEFAULT_OUTAGE_S):
         from evaluation.evaluate import evaluation_sampler
 
         self.cfg, self.exp_id, self.sweep_id, self.job_num = cfg, exp_id, str(sweep_id), str(job_num)
         self.sampler = base_sampler(cfg) or evaluation_sampler(cfg.eval)
         self.identity = base_identity(cfg, self.sampler)
         self.hash = base_hash(self.identity)
-        self.root, self.heldout_rows = Path(root), heldout_rows
+        self.root, self.heldout_rows, self.outage_s = Path(root), heldout_rows, outage_s
         self.client = MlflowClient()
         self.run_id: str | None = None
         self._last_wait_log = 0.0
@@ -136,7 +139,7 @@ class BaseEvaluation:
     def _runs(self):
         return tracking.retry(self.client.search_runs, [self.exp_id],
                               filter_string=f"tags.`{tracking.TAG_HASH}` = '{self.hash}' and tags.`{tracking.TAG_KIND}` = '{KIND}'",
-                              order_by=["attributes.start_time ASC"], max_results=1000)
+                              order_by=["attributes.start_time ASC"], max_results=1000, outage_s=self.outage_s)
 
     def _own(self, run) -> bool:
         return run.data.tags.get("rlvr.sweep_id") == self.sweep_id and run.data.tags.get("rlvr.job_num") == self.job_num
@@ -174,8 +177,9 @@ class BaseEvaluation:
                     return self.samples(done[0])
                 for p in problems:
                     log.warning("base model: finished run %s is not trusted: %s; evaluating again", done[0].info.run_id, p)
-                tracking.retry(self.client.set_tag, done[0].info.run_id, "rlvr.invalid", "; ".join(problems)[:4900])
-                tracking.retry(self.client.set_terminated, done[0].info.run_id, "KILLED")
+                tracking.retry(self.client.set_tag, done[0].info.run_id, "rlvr.invalid", "; ".join(problems)[:4900],
+                               outage_s=self.outage_s)
+                tracking.retry(self.client.set_terminated, done[0].info.run_id, "KILLED", outage_s=self.outage_s)
                 continue
             running = [r for r in runs if r.info.status == "RUNNING"]
             own = [r for r in running if self._own(r)]
@@ -202,7 +206,7 @@ class BaseEvaluation:
                 return None
             folder = self._folder()
             for r in running:  # silent claims: taken over, their partial samples resumed when reachable
-                tracking.retry(self.client.set_terminated, r.info.run_id, "KILLED")
+                tracking.retry(self.client.set_terminated, r.info.run_id, "KILLED", outage_s=self.outage_s)
                 old = Path(r.data.tags.get("rlvr.run_dir", ""))
                 if r.data.tags.get("rlvr.run_dir") and (old / "samples.parquet").is_file():
                     folder = old
@@ -219,7 +223,7 @@ class BaseEvaluation:
             rows = benchmark_rows(self.cfg.eval, self.heldout_rows)
         except Exception:
             return
-        mlflow_views.log_datasets(run_id, self.cfg.data, None, rows, self.cfg.eval)
+        mlflow_views.log_datasets(run_id, self.cfg.data, None, rows, self.cfg.eval, self.outage_s)
 
     def _folder(self) -> Path:
         return self.root / f"base-{self.hash[:8]}"
@@ -231,8 +235,8 @@ class BaseEvaluation:
                 "rlvr.slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
                 "mlflow.note.content": "The starting model, evaluated with the sweep's protocol (the papers' "
                                        "'Initialization' row); every trained run's flip rates compare against it."}
-        tags |= mlflow_views.parent_tags(self.exp_id, self.sweep_id) | provenance.tags(self.cfg.eval)
-        run = tracking.retry(self.client.create_run, self.exp_id, run_name=RUN_NAME, tags=tags)
+        tags |= mlflow_views.parent_tags(self.exp_id, self.sweep_id, self.outage_s) | provenance.tags(self.cfg.eval)
+        run = tracking.retry(self.client.create_run, self.exp_id, run_name=RUN_NAME, tags=tags, outage_s=self.outage_s)
         # a rival job's claim made at the same moment may still wait on the store (SQLite's lock: its insert retried
         # 0.2 s later, after this job's search); after the settle both claims are visible to both jobs, and the
         # later one yields (seen in CI: two jobs' claims 15 ms apart both evaluated the base model)
@@ -241,7 +245,7 @@ class BaseEvaluation:
         rivals = [r for r in self._runs() if r.info.run_id != run.info.run_id and claim_is_live(r)
                   and (r.info.start_time, r.info.run_id) < mine]
         if rivals:
-            tracking.retry(self.client.delete_run, run.info.run_id)
+            tracking.retry(self.client.delete_run, run.info.run_id, outage_s=self.outage_s)
             log.info("base model: job %s claimed it first (run %s)", rivals[0].data.tags.get("rlvr.job_num"),
                      rivals[0].info.run_id)
             return None
@@ -252,7 +256,7 @@ class BaseEvaluation:
         items = list(params.items())
         for a in range(0, len(items), 90):
             tracking.retry(self.client.log_batch, run.info.run_id,
-                           params=[Param(k, v) for k, v in items[a:a + 90]])
+                           params=[Param(k, v) for k, v in items[a:a + 90]], outage_s=self.outage_s)
         return run.info.run_id
 
     def _evaluate(self, run_id: str, folder: Path) -> pd.DataFrame | None:
@@ -260,41 +264,45 @@ class BaseEvaluation:
         from evaluation.evaluate import evaluate_checkpoint
 
         self.run_id = run_id
-        beat = lease.Heartbeat(self.client, run_id, HEARTBEAT_S)
+        beat = lease.Heartbeat(self.client, run_id, HEARTBEAT_S, self.outage_s)
         beat.start()
         monitor = mlflow_views.system_metrics(self.cfg, run_id).__enter__()
         try:
             folder.mkdir(parents=True, exist_ok=True)
             self._log_datasets(run_id)
-            tracking.retry(self.client.set_tag, run_id, "rlvr.run_dir", str(folder))
+            tracking.retry(self.client.set_tag, run_id, "rlvr.run_dir", str(folder), outage_s=self.outage_s)
             log.info("base model: evaluating (MLflow run %s, %s sampler) in %s", run_id, self.sampler, folder)
             metrics, files, info = evaluate_checkpoint(
                 model_path(self.cfg.model), self.cfg.eval, folder, self.heldout_rows,
                 chat_template=bool(self.cfg.model.get("chat_template", True)), sampler=self.sampler,
                 tools_cfg=self.cfg.get("tools"))
             log_metrics(self.client, run_id, metrics | {"time/eval_s": info["eval_time_s"]}
-                        | {f"time/eval_{k}": v for k, v in info.get("phases", {}).items()}, step=0)
+                        | {f"time/eval_{k}": v for k, v in info.get("phases", {}).items()}, step=0,
+                        outage_s=self.outage_s)
             for rel, path in files.items():
                 sub = str(Path(rel).parent)
-                tracking.retry(self.client.log_artifact, run_id, str(path), None if sub == "." else sub)
+                tracking.retry(self.client.log_artifact, run_id, str(path), None if sub == "." else sub,
+                               outage_s=self.outage_s)
             record = integrity.write_record(folder, {rel: Path(p) for rel, p in files.items()},
                                             {"samples.parquet": integrity.sha256(folder / "samples.parquet")})
-            tracking.retry(self.client.log_artifact, run_id, str(record))
-            tracking.retry(self.client.set_tag, run_id, "rlvr.entropy_method", str(info["entropy_method"]))
+            tracking.retry(self.client.log_artifact, run_id, str(record), outage_s=self.outage_s)
+            tracking.retry(self.client.set_tag, run_id, "rlvr.entropy_method", str(info["entropy_method"]),
+                           outage_s=self.outage_s)
             tracking.retry(self.client.set_tag, run_id, mlflow_views.NOTE_TAG,
                            mlflow_views.describe(self.cfg, "", metrics, kind="base", sweep_id=self.sweep_id) + "\n\nEvery trained run's flip rates "
-                           "compare against this run (the papers' 'Initialization' row).")
+                           "compare against this run (the papers' 'Initialization' row).", outage_s=self.outage_s)
             monitor.__exit__(None, None, None)
             beat.stop.set()
-            tracking.retry(self.client.set_terminated, run_id, "FINISHED")
+            tracking.retry(self.client.set_terminated, run_id, "FINISHED", outage_s=self.outage_s)
             return pd.read_parquet(folder / "samples.parquet")
         except BaseException as e:
             beat.stop.set()
             (folder / "traceback.txt").write_text(traceback.format_exc())
             try:
-                tracking.retry(self.client.log_artifact, run_id, str(folder / "traceback.txt"))
+                tracking.retry(self.client.log_artifact, run_id, str(folder / "traceback.txt"), outage_s=self.outage_s)
             finally:
-                tracking.retry(self.client.set_terminated, run_id, "FAILED" if isinstance(e, Exception) else "KILLED")
+                tracking.retry(self.client.set_terminated, run_id, "FAILED" if isinstance(e, Exception) else "KILLED",
+                               outage_s=self.outage_s)
             if not isinstance(e, Exception):
                 raise
             log.error("base model: evaluation failed (%s: %s); this point goes on without flip rates",
@@ -305,9 +313,11 @@ class BaseEvaluation:
             monitor.__exit__(None, None, None)
 
 
-def log_metrics(client: MlflowClient, run_id: str, metrics: dict, step: int) -> None:
-    """Log ``metrics`` to ``run_id`` at ``step`` in batches (MLflow takes at most 1,000 per call)."""
+def log_metrics(client: MlflowClient, run_id: str, metrics: dict, step: int,
+                outage_s: float = tracking.DEFAULT_OUTAGE_S) -> None:
+    """Log ``metrics`` to ``run_id`` at ``step`` in batches (MLflow takes at most 1,000 per call), each waiting out
+    an unreachable store for up to ``outage_s`` seconds."""
     ts = int(time.time() * 1000)
     items = [Metric(k, float(v), ts, int(step)) for k, v in metrics.items()]
     for a in range(0, len(items), 500):
-        tracking.retry(client.log_batch, run_id, metrics=items[a:a + 500])
+        tracking.retry(client.log_batch, run_id, metrics=items[a:a + 500], outage_s=outage_s)

@@ -49,6 +49,7 @@ class Point:
     force: bool  # +force=true: train regardless of identical runs
     run_dir: Path
     signals: StopSignals
+    outage_s: float = tracking.DEFAULT_OUTAGE_S  # a store call waits out an outage this long (tracking.outage_s)
 
 
 @dataclass(frozen=True)
@@ -69,25 +70,26 @@ class Decision:
     summary: dict | None = None
 
 
-def _record_duplicate(exp_id, name, tags, params, of_run_id, chash, why, cfg=None) -> dict:
+def _record_duplicate(exp_id, name, tags, params, of_run_id, chash, why, cfg=None, *, outage_s: float) -> dict:
     with mlflow.start_run(experiment_id=exp_id, run_name=name, tags={
         **tags, tracking.TAG_KIND: "duplicate", tracking.TAG_DUP_OF: of_run_id, "mlflow.note.content": why,
     }) as r:
-        tracking.retry(mlflow.log_params, params)
+        tracking.retry(mlflow.log_params, params, outage_s=outage_s)
         if cfg is not None:
-            _log_datasets(cfg, r.info.run_id)
+            _log_datasets(cfg, r.info.run_id, outage_s)
     log.info("point %s: %s (recorded as duplicate %s)", name, why, r.info.run_id)
     return {"status": "duplicate", "run_id": r.info.run_id, "duplicate_of": of_run_id, "config_hash": chash}
 
 
-def _log_datasets(cfg, run_id: str) -> None:
+def _log_datasets(cfg, run_id: str, outage_s: float) -> None:
     """The run's training prompts and evaluation benchmarks as MLflow datasets (:func:`orchestrator.mlflow_views.log_datasets`)."""
     try:
         from core.tasks import load_prompts
         from evaluation.evaluate import benchmark_rows
 
         heldout = load_prompts(cfg.data, "eval")
-        mlflow_views.log_datasets(run_id, cfg.data, load_prompts(cfg.data, "train"), benchmark_rows(cfg.eval, heldout), cfg.eval)
+        mlflow_views.log_datasets(run_id, cfg.data, load_prompts(cfg.data, "train"), benchmark_rows(cfg.eval, heldout),
+                                  cfg.eval, outage_s)
     except Exception as e:  # bad data fails the point later, with its own message
         log.warning("run %s: datasets not logged: %s: %s", run_id, type(e).__name__, e)
 
@@ -117,9 +119,9 @@ def safe_run_dir(tagged: str | None, sweep_id: str) -> Path | None:
     return path if root is not None and root in path.parents else None
 
 
-def _invalidate(client, run, why: str) -> None:
-    tracking.retry(client.set_tag, run.info.run_id, "rlvr.invalid", why[:4900])
-    tracking.retry(client.set_terminated, run.info.run_id, "KILLED")
+def _invalidate(client, run, why: str, outage_s: float) -> None:
+    tracking.retry(client.set_tag, run.info.run_id, "rlvr.invalid", why[:4900], outage_s=outage_s)
+    tracking.retry(client.set_terminated, run.info.run_id, "KILLED", outage_s=outage_s)
 
 
 def decide(pt: Point) -> Decision:
@@ -131,6 +133,7 @@ def decide(pt: Point) -> Decision:
     """
     cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_s, force, run_dir = (
         pt.cfg, pt.exp_id, pt.chash, pt.sweep_id, pt.job_num, pt.name, pt.tags, pt.params, pt.stale_s, pt.force, pt.run_dir)
+    outage_s = pt.outage_s
     client = MlflowClient()
     owner, recover, waited = lease.new_owner(), None, None
     from core.lifecycle import STOP_REQUESTED
@@ -140,31 +143,31 @@ def decide(pt: Point) -> Decision:
             from core.lifecycle import Interrupted
 
             raise Interrupted(pt.signals.signum)
-        prior = tracking.retry(tracking.find_finished_run, exp_id, chash)
+        prior = tracking.retry(tracking.find_finished_run, exp_id, chash, outage_s=outage_s)
         if prior is not None:
             problems, ckpt_ok = integrity.verify_run(client, prior)
             if not problems:
                 out = _record_duplicate(exp_id, name, tags, params, prior.info.run_id, chash,
                                         f"identical effective config to finished run {prior.info.run_id}; not trained again",
-                                        cfg)
+                                        cfg, outage_s=outage_s)
                 if bool(cfg.eval.get("base", True)) and not prior.data.tags.get("rlvr.base_run_id"):
-                    backfill_flips(cfg, exp_id, sweep_id, job_num, run_dir, prior)
+                    backfill_flips(cfg, exp_id, sweep_id, job_num, run_dir, prior, outage_s)
                 return Decision("duplicate", summary=out)
             for p in problems:
                 log.warning("point %s: finished run %s is not trusted: %s", name, prior.info.run_id, p)
             log.warning("point %s: %s", name, "re-evaluating its checkpoint in a new run" if ckpt_ok else
                         "its checkpoint is bad: training again in a new run")
-            _invalidate(client, prior, "; ".join(problems))
+            _invalidate(client, prior, "; ".join(problems), outage_s)
             recover = prior if ckpt_ok else None
             continue
         thash = tags.get(tracking.TAG_TRAIN_HASH)
         if recover is None and thash:
-            source = _trained_checkpoint(client, exp_id, thash, sweep_id, name)
+            source = _trained_checkpoint(client, exp_id, thash, sweep_id, name, outage_s)
             if source is not None and source.data.tags.get(tracking.TAG_HASH) == chash:
                 continue  # this very point finished since the look above: recorded as its duplicate next time round
             if source is not None:
                 return Decision("new", owner, source, "evaluation")
-        same = tracking.retry(tracking.runs_with_hash, exp_id, chash)
+        same = tracking.retry(tracking.runs_with_hash, exp_id, chash, outage_s=outage_s)
         if any(r.info.status == "FINISHED" and not r.data.tags.get("rlvr.invalid") for r in same):
             continue  # a run of this point finished between the two queries (it was live a moment ago): look again
         candidates = [r for r in same
@@ -177,9 +180,11 @@ def decide(pt: Point) -> Decision:
             if same_sweep and r.data.tags.get("rlvr.job_num") != str(job_num):
                 return Decision("duplicate", summary=_record_duplicate(
                     exp_id, name, tags, params, r.info.run_id, chash,
-                    f"identical to point {r.data.tags.get('rlvr.job_num')} of this sweep, run {r.info.run_id}", cfg))
+                    f"identical to point {r.data.tags.get('rlvr.job_num')} of this sweep, run {r.info.run_id}", cfg,
+                    outage_s=outage_s))
         if not live and thash:  # the same checkpoint is being trained for another evaluation: wait, then evaluate it
-            live = [r for r in tracking.retry(tracking.runs_with_hash, exp_id, thash, tag=tracking.TAG_TRAIN_HASH)
+            live = [r for r in tracking.retry(tracking.runs_with_hash, exp_id, thash, tag=tracking.TAG_TRAIN_HASH,
+                                              outage_s=outage_s)
                     if r.info.status == "RUNNING" and _trains(r) and r.data.tags.get(tracking.TAG_HASH) != chash
                     and lease.is_live(r, stale_s)]
         if live:
@@ -193,22 +198,22 @@ def decide(pt: Point) -> Decision:
             continue
         if candidates:
             r = candidates[-1]  # the newest unfinished run of this point: taken over
-            token = lease.claim(client, r.info.run_id, owner)
+            token = lease.claim(client, r.info.run_id, owner, outage_s)
             if token is None:
                 continue  # another process claimed it at the same moment: it is live now
             for other in candidates[:-1]:
                 if other.info.status == "RUNNING":
-                    tracking.retry(client.set_terminated, other.info.run_id, "KILLED")
+                    tracking.retry(client.set_terminated, other.info.run_id, "KILLED", outage_s=outage_s)
             old_dir = safe_run_dir(r.data.tags.get("rlvr.run_dir"), sweep_id)
-            hist = tracking.retry(client.get_metric_history, r.info.run_id, "train/reward_mean")
+            hist = tracking.retry(client.get_metric_history, r.info.run_id, "train/reward_mean", outage_s=outage_s)
             if old_dir is not None and (has_saved_state(cfg, old_dir) or not hist):
                 return Decision("resume", owner, r)
             why = ("its run folder lies outside this sweep's folders" if old_dir is None and r.data.tags.get("rlvr.run_dir")
                    else "it logged training steps but left no saved state (set train.checkpoint_every=N to keep one)")
             log.warning("point %s: not resuming run %s: %s; it is marked KILLED and the point starts again in a new run",
                         name, r.info.run_id, why)
-            tracking.retry(client.set_tag, r.info.run_id, "rlvr.invalid", f"not resumed: {why}")
-            tracking.retry(client.set_terminated, r.info.run_id, "KILLED")
+            tracking.retry(client.set_tag, r.info.run_id, "rlvr.invalid", f"not resumed: {why}", outage_s=outage_s)
+            tracking.retry(client.set_terminated, r.info.run_id, "KILLED", outage_s=outage_s)
             continue
         break
     return Decision("new", owner, recover, "recovered" if recover is not None else None)
@@ -222,14 +227,15 @@ class Yield(Exception):
         self.run = run
 
 
-def earlier_runs(exp_id: str, chash: str, tags: dict, active, stale_s: float, with_training: bool) -> list:
+def earlier_runs(exp_id: str, chash: str, tags: dict, active, stale_s: float, with_training: bool,
+                 outage_s: float) -> list:
     """Live RUNNING runs of this point (same config hash) started before ``active``, and with ``with_training`` those
     training the same checkpoint for another evaluation (same training hash), earliest first."""
     mine = (active.info.start_time, active.info.run_id)
-    same = list(tracking.retry(tracking.runs_with_hash, exp_id, chash))
+    same = list(tracking.retry(tracking.runs_with_hash, exp_id, chash, outage_s=outage_s))
     if with_training and tags.get(tracking.TAG_TRAIN_HASH):
         same += [r for r in tracking.retry(tracking.runs_with_hash, exp_id, tags[tracking.TAG_TRAIN_HASH],
-                                           tag=tracking.TAG_TRAIN_HASH)
+                                           tag=tracking.TAG_TRAIN_HASH, outage_s=outage_s)
                  if r.data.tags.get(tracking.TAG_HASH) != chash and _trains(r)]
     return sorted((r for r in same if r.info.run_id != active.info.run_id and r.info.status == "RUNNING"
                    and lease.is_live(r, stale_s) and (r.info.start_time, r.info.run_id) < mine),
@@ -243,13 +249,14 @@ def yield_to(earlier, pt: Point, run_id: str) -> dict | None:
     client = MlflowClient()
     name, chash = pt.name, pt.chash
     if earlier.data.tags.get("rlvr.sweep_id") == pt.sweep_id and earlier.data.tags.get(tracking.TAG_HASH) == chash:
-        tracking.retry(client.set_tag, run_id, tracking.TAG_KIND, "duplicate")
-        tracking.retry(client.set_tag, run_id, tracking.TAG_DUP_OF, earlier.info.run_id)
+        tracking.retry(client.set_tag, run_id, tracking.TAG_KIND, "duplicate", outage_s=pt.outage_s)
+        tracking.retry(client.set_tag, run_id, tracking.TAG_DUP_OF, earlier.info.run_id, outage_s=pt.outage_s)
         mlflow.end_run()
         log.info("point %s: identical to run %s started just before: recorded as duplicate", name, earlier.info.run_id)
         return {"status": "duplicate", "run_id": run_id, "duplicate_of": earlier.info.run_id, "config_hash": chash}
     mlflow.end_run()
-    tracking.retry(client.delete_run, run_id)  # another sweep (or another evaluation) owns the training: wait for it
+    tracking.retry(client.delete_run, run_id,
+                   outage_s=pt.outage_s)  # another sweep (or another evaluation) owns the training: wait for it
     return None
 
 
@@ -258,12 +265,12 @@ def _trains(run) -> bool:
     return not (run.data.tags.get(tracking.TAG_TRAINED_IN) or run.data.tags.get("rlvr.recovered_from"))
 
 
-def _trained_checkpoint(client, exp_id: str, thash: str, sweep_id: str, name: str):
+def _trained_checkpoint(client, exp_id: str, thash: str, sweep_id: str, name: str, outage_s: float):
     """The earliest FINISHED run with training hash ``thash`` (:func:`orchestrator.identity.training_hash`) whose
     checkpoint is intact (:func:`integrity.verify_run`) and lies in a folder this sweep may read
     (:func:`safe_run_dir`), or None: a point that differs from it only in its ``eval`` settings evaluates that
     checkpoint instead of training again."""
-    for r in tracking.retry(tracking.runs_with_hash, exp_id, thash, tag=tracking.TAG_TRAIN_HASH):
+    for r in tracking.retry(tracking.runs_with_hash, exp_id, thash, tag=tracking.TAG_TRAIN_HASH, outage_s=outage_s):
         if r.info.status != "FINISHED" or r.data.tags.get("rlvr.invalid"):
             continue
         folder = safe_run_dir(r.data.tags.get("rlvr.run_dir"), sweep_id)

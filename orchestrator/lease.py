@@ -73,11 +73,12 @@ def is_live(run, stale_s: float, now: float | None = None) -> bool:
     return (now or time.time()) - beat < stale_s
 
 
-def claim(client, run_id: str, owner: str | None = None) -> str | None:
-    """Take over the lease of ``run_id``; return the owner token when this process won, else None."""
+def claim(client, run_id: str, owner: str | None = None, outage_s: float = tracking.DEFAULT_OUTAGE_S) -> str | None:
+    """Take over the lease of ``run_id``; return the owner token when this process won, else None (store calls wait
+    out an outage of up to ``outage_s`` seconds, :func:`orchestrator.tracking.retry`)."""
     owner = owner or new_owner()
     for k, v in owner_tags(owner).items():
-        tracking.retry(client.set_tag, run_id, k, v)
+        tracking.retry(client.set_tag, run_id, k, v, outage_s=outage_s)
     time.sleep(SETTLE_S)
     return owner if client.get_run(run_id).data.tags.get("rlvr.owner") == owner else None
 
@@ -85,11 +86,13 @@ def claim(client, run_id: str, owner: str | None = None) -> str | None:
 class Heartbeat(threading.Thread):
     """Refresh ``rlvr.heartbeat`` of ``run_id`` every ``every_s`` seconds until :attr:`stop` is set.
     :meth:`beat` refreshes it at once (the training loop calls it every step). A missed beat is logged, not
-    raised: a long run of them lets another process take the run over, which is what a lost store means."""
+    raised: a long run of them lets another process take the run over, which is what a lost store means. A beat
+    waits out an outage of up to ``outage_s`` seconds (:func:`orchestrator.tracking.retry`)."""
 
-    def __init__(self, client, run_id: str, every_s: float = HEARTBEAT_S):
+    def __init__(self, client, run_id: str, every_s: float = HEARTBEAT_S, outage_s: float = tracking.DEFAULT_OUTAGE_S):
         super().__init__(daemon=True, name=f"rlvr-heartbeat-{run_id[:8]}")
         self.client, self.run_id, self.every_s, self.stop = client, run_id, every_s, threading.Event()
+        self.outage_s = outage_s
         self._last = 0.0
         self._now = threading.Event()
 
@@ -102,7 +105,8 @@ class Heartbeat(threading.Thread):
             return
         self._last = time.time()
         try:
-            tracking.retry(self.client.set_tag, self.run_id, "rlvr.heartbeat", f"{self._last:.3f}")
+            tracking.retry(self.client.set_tag, self.run_id, "rlvr.heartbeat", f"{self._last:.3f}",
+                           outage_s=self.outage_s)
         except Exception as e:
             log.warning("heartbeat of run %s failed: %s", self.run_id, e)
 

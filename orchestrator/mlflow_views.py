@@ -41,31 +41,32 @@ _STATUS_RANK = {"FINISHED": 0, "DUPLICATE": 0, "KILLED": 1, "FAILED": 2}
 _PARENTS: dict[tuple[str, str], str | None] = {}
 
 
-def sweep_parent(exp_id: str, sweep_id: str) -> str | None:
+def sweep_parent(exp_id: str, sweep_id: str, outage_s: float = tracking.DEFAULT_OUTAGE_S) -> str | None:
     """The id of sweep ``sweep_id``'s parent run in experiment ``exp_id`` (None outside a multirun, or when the
     sweep made none); looked up once per process."""
     key = (str(exp_id), str(sweep_id))
     if key not in _PARENTS and sweep_id:
         runs = tracking.retry(MlflowClient().search_runs, [exp_id], filter_string=(
             f"tags.`{tracking.TAG_KIND}` = '{SWEEP_KIND}' and tags.`rlvr.sweep_id` = '{sweep_id}'"),
-            order_by=["attributes.start_time ASC"], max_results=1)
+            order_by=["attributes.start_time ASC"], max_results=1, outage_s=outage_s)
         if not runs:
             return None  # not cached: a job that starts before the parent is visible asks again
         _PARENTS[key] = runs[0].info.run_id
     return _PARENTS.get(key)
 
 
-def parent_tags(exp_id: str, sweep_id: str) -> dict:
+def parent_tags(exp_id: str, sweep_id: str, outage_s: float = tracking.DEFAULT_OUTAGE_S) -> dict:
     """``{mlflow.parentRunId: ...}`` for a run of this sweep, or {} when the sweep has no parent run."""
-    pid = sweep_parent(exp_id, sweep_id)
+    pid = sweep_parent(exp_id, sweep_id, outage_s)
     return {PARENT_TAG: pid} if pid else {}
 
 
-def open_sweep_run(exp_id: str, sweep_id: str, git_commit: str, argv: list[str] | None = None) -> str:
+def open_sweep_run(exp_id: str, sweep_id: str, git_commit: str, argv: list[str] | None = None,
+                   outage_s: float = tracking.DEFAULT_OUTAGE_S) -> str:
     """Create the sweep's parent run (RUNNING), or return the one this sweep folder already has (a re-launched
     callback). Tags: ``rlvr.kind = sweep``, ``rlvr.sweep_id``, ``rlvr.command`` (the command line),
     ``rlvr.git_commit``; named ``sweep <folder name>``."""
-    existing = sweep_parent(exp_id, sweep_id)
+    existing = sweep_parent(exp_id, sweep_id, outage_s)
     if existing:
         return existing
     argv = list(sys.argv if argv is None else argv)
@@ -73,7 +74,7 @@ def open_sweep_run(exp_id: str, sweep_id: str, git_commit: str, argv: list[str] 
     run = tracking.retry(MlflowClient().create_run, exp_id, run_name=f"sweep {Path(sweep_id).name}", tags={
         tracking.TAG_KIND: SWEEP_KIND, "rlvr.sweep_id": sweep_id, "rlvr.command": command[:5000],
         "rlvr.git_commit": git_commit, "mlflow.source.git.commit": git_commit,
-        NOTE_TAG: f"Sweep `{command}`, running: its points are the runs beneath."})
+        NOTE_TAG: f"Sweep `{command}`, running: its points are the runs beneath."}, outage_s=outage_s)
     _PARENTS[(str(exp_id), sweep_id)] = run.info.run_id
     return run.info.run_id
 
@@ -103,7 +104,7 @@ def worst_status(statuses) -> str:
 
 
 def close_sweep_run(run_id: str, rows: list[dict], status: str | None = None, report_html: Path | None = None,
-                    out_dir: Path | None = None) -> str:
+                    out_dir: Path | None = None, outage_s: float = tracking.DEFAULT_OUTAGE_S) -> str:
     """End the parent run with the sweep's summary.
 
     Args:
@@ -124,15 +125,16 @@ def close_sweep_run(run_id: str, rows: list[dict], status: str | None = None, re
     try:
         if len(table):
             table.to_csv(folder / "summary.csv", index=False)
-            tracking.retry(client.log_artifact, run_id, str(folder / "summary.csv"))
+            tracking.retry(client.log_artifact, run_id, str(folder / "summary.csv"), outage_s=outage_s)
         if report_html is not None and Path(report_html).is_file():
-            tracking.retry(client.log_artifact, run_id, str(report_html))
+            tracking.retry(client.log_artifact, run_id, str(report_html), outage_s=outage_s)
         counts = {f"sweep/points_{s.lower()}": float(sum(str(r.get("status")).upper() == s for r in rows))
                   for s in ("FINISHED", "DUPLICATE", "FAILED", "KILLED")}
         ts = int(time.time() * 1000)
         from mlflow.entities import Metric
 
-        tracking.retry(client.log_batch, run_id, metrics=[Metric(k, v, ts, 0) for k, v in counts.items()])
+        tracking.retry(client.log_batch, run_id, metrics=[Metric(k, v, ts, 0) for k, v in counts.items()],
+                       outage_s=outage_s)
         run = client.get_run(run_id)
         lines = [f"Sweep `{run.data.tags.get('rlvr.command', '')}`: **{status}**", ""]
         if len(table):
@@ -143,9 +145,9 @@ def close_sweep_run(run_id: str, rows: list[dict], status: str | None = None, re
                 lines.append("| " + " | ".join(_cell(r.get(c)) for c in cols) + " |")
         if report_html is not None:
             lines += ["", f"Report: `{report_html}` (also this run's artifact `report.html`)."]
-        tracking.retry(client.set_tag, run_id, NOTE_TAG, "\n".join(lines)[:20000])
+        tracking.retry(client.set_tag, run_id, NOTE_TAG, "\n".join(lines)[:20000], outage_s=outage_s)
     finally:
-        tracking.retry(client.set_terminated, run_id, status)
+        tracking.retry(client.set_terminated, run_id, status, outage_s=outage_s)
     return status
 
 
@@ -221,18 +223,19 @@ def _plain(cfg) -> dict:
         return dict(cfg)
 
 
-def log_datasets(run_id: str, train_cfg, train_rows, bench_rows, eval_cfg) -> None:
+def log_datasets(run_id: str, train_cfg, train_rows, bench_rows, eval_cfg,
+                 outage_s: float = tracking.DEFAULT_OUTAGE_S) -> None:
     """Log :func:`datasets` to ``run_id``. Never raises (a warning instead): datasets describe a run, the run's
     results do not depend on them."""
     try:
         inputs = datasets(train_cfg, train_rows, bench_rows, eval_cfg)
         if inputs:
-            tracking.retry(MlflowClient().log_inputs, run_id, datasets=inputs)
+            tracking.retry(MlflowClient().log_inputs, run_id, datasets=inputs, outage_s=outage_s)
     except Exception as e:
         log.warning("run %s: could not log its datasets: %s: %s", run_id, type(e).__name__, e)
 
 
-def log_union_of_datasets(run_id: str, runs) -> None:
+def log_union_of_datasets(run_id: str, runs, outage_s: float = tracking.DEFAULT_OUTAGE_S) -> None:
     """Log to ``run_id`` (a sweep's parent) every distinct (dataset, context) the ``runs`` (MLflow Run objects of its
     children) logged, so the parent row's Dataset column shows what the sweep trained and evaluated on."""
     seen, out = set(), []
@@ -244,7 +247,7 @@ def log_union_of_datasets(run_id: str, runs) -> None:
                 seen.add(key)
                 out.append(d)
     if out:
-        tracking.retry(MlflowClient().log_inputs, run_id, datasets=out)
+        tracking.retry(MlflowClient().log_inputs, run_id, datasets=out, outage_s=outage_s)
 
 
 class SystemMetrics:

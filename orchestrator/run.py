@@ -45,7 +45,7 @@ def _hydra_job() -> tuple[Path | None, str, str, int | None]:
         return None, "", "", None
 
 
-def _tag_rollout(run_dir: Path) -> None:
+def _tag_rollout(run_dir: Path, outage_s: float) -> None:
     """Tag the run with what its engine chose and why: the rollout sampler (``rollout.json``:
     ``rlvr.rollout_sampler``, ``rlvr.rollout_sampler_reason``), the precision (``precision.json``: ``rlvr.precision``,
     ``rlvr.precision_reason``, ``rlvr.rollout_dtype``) and the scoring layout and micro-batch budget
@@ -57,14 +57,15 @@ def _tag_rollout(run_dir: Path) -> None:
     try:
         info = json.loads((Path(run_dir) / "rollout.json").read_text())
         tracking.retry(mlflow.set_tags, {"rlvr.rollout_sampler": str(info.get("sampler")),
-                                         "rlvr.rollout_sampler_reason": str(info.get("reason"))[:5000]})
+                                         "rlvr.rollout_sampler_reason": str(info.get("reason"))[:5000]},
+                       outage_s=outage_s)
     except (OSError, ValueError):
         pass
     try:
         info = json.loads((Path(run_dir) / "precision.json").read_text())
         tracking.retry(mlflow.set_tags, {"rlvr.precision": str(info.get("precision")),
                                          "rlvr.precision_reason": str(info.get("reason"))[:5000],
-                                         "rlvr.rollout_dtype": str(info.get("rollout_dtype"))})
+                                         "rlvr.rollout_dtype": str(info.get("rollout_dtype"))}, outage_s=outage_s)
     except (OSError, ValueError):
         pass
     memory = Path(run_dir) / "memory.json"
@@ -74,7 +75,7 @@ def _tag_rollout(run_dir: Path) -> None:
         return
     tracking.retry(mlflow.set_tags, {"rlvr.packing": str(info.get("layout")),
                                      "rlvr.packing_reason": str(info.get("layout_reason"))[:5000],
-                                     "rlvr.micro_batch_tokens": str(info.get("micro_batch_tokens"))})
+                                     "rlvr.micro_batch_tokens": str(info.get("micro_batch_tokens"))}, outage_s=outage_s)
     plan = info.get("plan") or {}
     values = {f"memory/plan_{k}": float(v) for k, v in plan.items()
               if k.endswith("_gb") and isinstance(v, (int, float)) and v is not None}
@@ -88,10 +89,10 @@ def _tag_rollout(run_dir: Path) -> None:
         values["model/trainable_share"] = float(params["trainable"]) / float(params["total"])
     if params.get("adapter_mb") is not None:
         values["model/adapter_mb"] = float(params["adapter_mb"])
-        tracking.retry(mlflow.set_tag, "rlvr.lora_rank", str(params.get("lora_rank")))
+        tracking.retry(mlflow.set_tag, "rlvr.lora_rank", str(params.get("lora_rank")), outage_s=outage_s)
     if values:
-        tracking.retry(mlflow.log_metrics, values, step=0)
-    tracking.retry(mlflow.log_artifact, str(memory))
+        tracking.retry(mlflow.log_metrics, values, step=0, outage_s=outage_s)
+    tracking.retry(mlflow.log_artifact, str(memory), outage_s=outage_s)
 
 
 def _recover_from(prior, run_dir: Path) -> None:
@@ -107,18 +108,18 @@ def _recover_from(prior, run_dir: Path) -> None:
             shutil.copytree(old / sub, run_dir / sub, copy_function=link)
 
 
-def _copy_train_metrics(client, src_run_id: str, dst_run_id: str) -> int:
+def _copy_train_metrics(client, src_run_id: str, dst_run_id: str, outage_s: float) -> int:
     """Copy every ``train/`` metric history of ``src`` into ``dst`` (each step once); returns the last step."""
     from mlflow.entities import Metric
 
     last, items = -1, []
     for key in client.get_run(src_run_id).data.metrics:
         if key.startswith("train/"):
-            for m in tracking.retry(client.get_metric_history, src_run_id, key):
+            for m in tracking.retry(client.get_metric_history, src_run_id, key, outage_s=outage_s):
                 items.append(Metric(key, m.value, m.timestamp, m.step))
                 last = max(last, m.step)
     for a in range(0, len(items), 500):
-        tracking.retry(client.log_batch, dst_run_id, metrics=items[a:a + 500])
+        tracking.retry(client.log_batch, dst_run_id, metrics=items[a:a + 500], outage_s=outage_s)
     return last
 
 
@@ -139,8 +140,9 @@ def run(cfg: DictConfig) -> dict:
     chash, thash = config_hash(cfg), training_hash(cfg)
     hydra_dir, point, sweep_id, job_num = _hydra_job()
     run_dir = hydra_dir or Path(tempfile.mkdtemp(prefix="rlvr-run-"))
-    tracking.set_outage_s(cfg.tracking.get("outage_s", tracking.OUTAGE_S))
-    exp_id = tracking.retry(tracking.setup_experiment, cfg.tracking.uri, cfg.experiment_name, cfg.tracking.artifact_root)
+    outage_s = tracking.outage_of(cfg)
+    exp_id = tracking.retry(tracking.setup_experiment, cfg.tracking.uri, cfg.experiment_name, cfg.tracking.artifact_root,
+                            outage_s, outage_s=outage_s)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved.pop("hydra", None)
     params = {k: str(v)[:6000] for k, v in tracking.flatten(resolved).items()}
@@ -157,11 +159,11 @@ def run(cfg: DictConfig) -> dict:
             **provenance.tags(cfg.eval)}
     if warnings:
         tags["rlvr.warnings"] = " | ".join(warnings)[:5000]
-    tags |= mlflow_views.parent_tags(exp_id, sweep_id)  # nested under the sweep's run (a resumed run moves to this sweep)
+    tags |= mlflow_views.parent_tags(exp_id, sweep_id, outage_s)  # nested under the sweep's run (a resumed run moves to this sweep)
     signals = StopSignals()
     pt = Point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params,
                stale_s=float(cfg.tracking.get("lease_stale_s", 300)), force=bool(cfg.get("force", False)),
-               run_dir=run_dir, signals=signals)
+               run_dir=run_dir, signals=signals, outage_s=outage_s)
     signals.install()
     try:
         while True:  # a point whose run gave way to an identical one started first is decided again
@@ -201,9 +203,9 @@ def _run_point(pt: Point) -> dict | None:
     (st.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(
         {k: v for k, v in OmegaConf.to_container(pt.cfg, resolve=True).items() if k != "hydra"}))
     pt.signals.install_preemption()
-    beat = lease.Heartbeat(client, st.run_id)
+    beat = lease.Heartbeat(client, st.run_id, outage_s=pt.outage_s)
     beat.start()
-    metrics_out = tracking.MetricBuffer(client, st.run_id, st.run_dir / UNSENT)
+    metrics_out = tracking.MetricBuffer(client, st.run_id, st.run_dir / UNSENT, pt.outage_s)
     monitor = mlflow_views.system_metrics(pt.cfg, st.run_id).__enter__()
     t0 = time.time()
 
@@ -232,7 +234,8 @@ def _run_point(pt: Point) -> dict | None:
         log.info("point %s: run %s of the same point started first: yielding to it", pt.name, first.info.run_id)
         return yield_to(first, pt, st.run_id)
     tracking.retry(mlflow.set_tags, {"rlvr.active_s": active_s(), mlflow_views.NOTE_TAG: mlflow_views.describe(
-        pt.cfg, pt.tags.get("rlvr.point", pt.name), metrics, sweep_id=pt.tags.get("rlvr.sweep_id"))})
+        pt.cfg, pt.tags.get("rlvr.point", pt.name), metrics, sweep_id=pt.tags.get("rlvr.sweep_id"))},
+                   outage_s=pt.outage_s)
     mlflow.end_run()
     log.info("point %s finished: MLflow run %s", pt.name, st.run_id)
     return {"status": "finished", "run_id": st.run_id, "config_hash": pt.chash, "metrics": metrics}
@@ -250,16 +253,16 @@ def _start_run(pt: Point, decision, client) -> _Started:
     if decision.action == "resume":
         resume = decision.run
         run_dir = Path(resume.data.tags.get("rlvr.run_dir") or pt.run_dir)
-        if n := tracking.send_unsent(client, resume.info.run_id, run_dir / UNSENT):
+        if n := tracking.send_unsent(client, resume.info.run_id, run_dir / UNSENT, pt.outage_s):
             log.info("point %s: sent %d metrics the store missed before the run stopped", pt.name, n)
-        hist = tracking.retry(client.get_metric_history, resume.info.run_id, "train/reward_mean")
+        hist = tracking.retry(client.get_metric_history, resume.info.run_id, "train/reward_mean", outage_s=pt.outage_s)
         logged_through = max((m.step for m in hist), default=-1)
         active = mlflow.start_run(run_id=resume.info.run_id)
         requeues = int(resume.data.tags.get("rlvr.requeue_count", "0") or 0) + 1
         tags = pt.tags
         tracking.retry(mlflow.set_tags, {k: v for k, v in tags.items() if k != "rlvr.requeue_count"}
                        | {"rlvr.requeue_count": str(max(requeues, int(tags["rlvr.requeue_count"])))}
-                       | lease.owner_tags(owner) | provenance.changes(resume.data.tags, tags))
+                       | lease.owner_tags(owner) | provenance.changes(resume.data.tags, tags), outage_s=pt.outage_s)
         log.info("point %s: resuming MLflow run %s from %s (metrics logged through step %d)",
                  pt.name, resume.info.run_id, run_dir, logged_through)
         return _Started(active.info.run_id, run_dir, logged_through,
@@ -268,15 +271,16 @@ def _start_run(pt: Point, decision, client) -> _Started:
     active = mlflow.start_run(experiment_id=pt.exp_id, run_name=pt.name,
                               tags={**pt.tags, tracking.TAG_KIND: "trained", "rlvr.run_dir": str(pt.run_dir),
                                     **lease.owner_tags(owner)})
-    tracking.retry(mlflow.log_params, pt.params)
+    tracking.retry(mlflow.log_params, pt.params, outage_s=pt.outage_s)
     # an identical point may have started at the same moment, here or in another sweep: the earliest run trains
     # (or one with the same training and another evaluation: it trains, this point then evaluates its checkpoint)
-    earlier = [] if pt.force else earlier_runs(pt.exp_id, pt.chash, pt.tags, active, pt.stale_s, recover is None)
+    earlier = [] if pt.force else earlier_runs(pt.exp_id, pt.chash, pt.tags, active, pt.stale_s, recover is None,
+                                               pt.outage_s)
     if earlier:
         raise Yield(earlier[0])
     if recover is not None:
         tracking.retry(mlflow.set_tag, tracking.TAG_TRAINED_IN if reuse == "evaluation" else "rlvr.recovered_from",
-                       recover.info.run_id)
+                       recover.info.run_id, outage_s=pt.outage_s)
     return _Started(active.info.run_id, pt.run_dir, -1, 0.0, recover, reuse, active)
 
 
@@ -295,23 +299,23 @@ def _train_and_evaluate(pt: Point, decision, st: _Started, client, log_step, met
     from training.token_probs import ARTIFACT as TOKEN_PROBS
 
     cfg, run_dir = pt.cfg, st.run_dir
-    tracking.retry(mlflow.log_artifact, str(run_dir / "config.yaml"))
+    tracking.retry(mlflow.log_artifact, str(run_dir / "config.yaml"), outage_s=pt.outage_s)
     if pt.tags.get(provenance.TAG_PREFIX + "git_dirty") == "true":  # the code the run ran, not only its commit
         (run_dir / "git_diff.patch").write_text(provenance.git_diff() or "")
-        tracking.retry(mlflow.log_artifact, str(run_dir / "git_diff.patch"))
+        tracking.retry(mlflow.log_artifact, str(run_dir / "git_diff.patch"), outage_s=pt.outage_s)
     heldout = load_prompts(cfg.data, "eval")
     bench = benchmark_rows(cfg.eval, heldout)  # unreadable benchmark files fail here, before any training
-    mlflow_views.log_datasets(st.run_id, cfg.data, load_prompts(cfg.data, "train"), bench, cfg.eval)
+    mlflow_views.log_datasets(st.run_id, cfg.data, load_prompts(cfg.data, "train"), bench, cfg.eval, pt.outage_s)
     base = None
     if bool(cfg.eval.get("base", True)):
         from .base_model import BaseEvaluation
 
         base = BaseEvaluation(cfg, pt.exp_id, pt.sweep_id, pt.job_num, Path(pt.sweep_id) if pt.sweep_id else run_dir,
-                              heldout)
+                              heldout, pt.outage_s)
         base.ensure(wait=False)  # evaluated here now, unless another job already is
     if st.recover is not None:
         _recover_from(st.recover, run_dir)
-        last = _copy_train_metrics(client, st.recover.info.run_id, st.run_id)
+        last = _copy_train_metrics(client, st.recover.info.run_id, st.run_id, pt.outage_s)
         log.info("point %s: training metrics (steps 0-%d) and checkpoint taken from run %s%s", pt.name, last,
                  st.recover.info.run_id, " (trained there; this run evaluates it)" if st.reuse == "evaluation" else "")
         ckpt = final_checkpoint_dir(run_dir)
@@ -319,7 +323,7 @@ def _train_and_evaluate(pt: Point, decision, st: _Started, client, log_step, met
         # an identical point created at the same moment may only now be visible (its row committed after this
         # one's, though started first): the earliest still trains, the other yields before training
         earlier = [] if pt.force or decision.action != "new" else earlier_runs(
-            pt.exp_id, pt.chash, pt.tags, st.active, pt.stale_s, True)
+            pt.exp_id, pt.chash, pt.tags, st.active, pt.stale_s, True, pt.outage_s)
         if earlier:
             raise Yield(earlier[0])
         TRAINING.set()
@@ -327,14 +331,14 @@ def _train_and_evaluate(pt: Point, decision, st: _Started, client, log_step, met
             ckpt = training.train(cfg, run_dir, log_metrics=log_step, logged_through=st.logged_through)
         finally:
             TRAINING.clear()
-            _tag_rollout(run_dir)
+            _tag_rollout(run_dir, pt.outage_s)
         metrics_out.flush()  # every training step's metrics are in the store before evaluation starts
         if (run_dir / TOKEN_PROBS).is_file():  # the sampled tokens' mean probabilities (TR-GRPO's Fig. 1)
-            tracking.retry(mlflow.log_artifact, str(run_dir / TOKEN_PROBS))
-    tracking.retry(mlflow.set_tag, "rlvr.checkpoint", str(ckpt))
+            tracking.retry(mlflow.log_artifact, str(run_dir / TOKEN_PROBS), outage_s=pt.outage_s)
+    tracking.retry(mlflow.set_tag, "rlvr.checkpoint", str(ckpt), outage_s=pt.outage_s)
     free_memory()
-    metrics = evaluate_run(cfg, run_dir, ckpt, heldout, base)
-    tracking.retry(mlflow.log_artifact, str(record_integrity(run_dir, ckpt)))
+    metrics = evaluate_run(cfg, run_dir, ckpt, heldout, base, pt.outage_s)
+    tracking.retry(mlflow.log_artifact, str(record_integrity(run_dir, ckpt)), outage_s=pt.outage_s)
     return metrics
 
 
@@ -349,7 +353,7 @@ def _end_interrupted_run(pt: Point, st: _Started, e: BaseException, metrics_out,
     if isinstance(e, Preempted):
         log.warning("point %s: %s", pt.name, e)
         metrics_out.close()  # the completed steps' metrics reach the store (or UNSENT) before the run is marked
-        tracking.retry(mlflow.set_tag, "rlvr.active_s", active_s())
+        tracking.retry(mlflow.set_tag, "rlvr.active_s", active_s(), outage_s=pt.outage_s)
         if "SLURM_JOB_ID" in os.environ:
             # state saved: leave the run RUNNING for the requeued job, and let submitit requeue us
             log.warning("point %s preempted; state saved in %s", pt.name, st.run_dir)
@@ -364,7 +368,7 @@ def _end_interrupted_run(pt: Point, st: _Started, e: BaseException, metrics_out,
     killed = isinstance(e, KeyboardInterrupt)
     try:
         (st.run_dir / "traceback.txt").write_text(traceback.format_exc())
-        tracking.retry(mlflow.log_artifact, str(st.run_dir / "traceback.txt"))
+        tracking.retry(mlflow.log_artifact, str(st.run_dir / "traceback.txt"), outage_s=pt.outage_s)
     except Exception as e2:  # a full disk or a lost store: the original error is what matters
         log.error("could not save the traceback of run %s: %s", st.run_id, e2)
     finally:

@@ -26,6 +26,11 @@ TAG_TRAIN_HASH = "rlvr.train_hash"  # identity.training_hash: runs sharing it sh
 TAG_TRAINED_IN = "rlvr.trained_in"  # on a run that evaluated a checkpoint another run trained: that run
 TAG_DUP_OF = "rlvr.duplicate_of"
 
+#: seconds a store call keeps retrying while the tracking server is unreachable, unless the config's
+#: ``tracking.outage_s`` says otherwise (:func:`outage_of`; :func:`retry` and :class:`MetricBuffer` take it as
+#: ``outage_s=``). Beyond it the call raises and the run fails, resumable.
+DEFAULT_OUTAGE_S = 900.0
+
 
 def _artifact_uri(root: str) -> str:
     if "://" in root:
@@ -266,13 +271,14 @@ KIND_TAG = "mlflow.experimentKind"
 TRAINING_KIND = "custom_model_development"
 
 
-def set_experiment_kind(client: MlflowClient, experiment) -> None:
+def set_experiment_kind(client: MlflowClient, experiment, outage_s: float = DEFAULT_OUTAGE_S) -> None:
     """Tag ``experiment`` (an MLflow Experiment) as model training unless it already has a kind."""
     if KIND_TAG not in (experiment.tags or {}):
-        retry(client.set_experiment_tag, experiment.experiment_id, KIND_TAG, TRAINING_KIND)
+        retry(client.set_experiment_tag, experiment.experiment_id, KIND_TAG, TRAINING_KIND, outage_s=outage_s)
 
 
-def setup_experiment(tracking_uri: str, experiment_name: str, artifact_root: str) -> str:
+def setup_experiment(tracking_uri: str, experiment_name: str, artifact_root: str,
+                     outage_s: float = DEFAULT_OUTAGE_S) -> str:
     """Point MLflow at ``tracking_uri`` (creating an SQLite store with :func:`ensure_store`) and return the id of
     ``experiment_name`` (created if new, with its artifacts under ``artifact_root``/<experiment>), tagged
     ``mlflow.experimentKind=custom_model_development`` unless it has a kind (:func:`set_experiment_kind`)."""
@@ -291,7 +297,7 @@ def setup_experiment(tracking_uri: str, experiment_name: str, artifact_root: str
         exp = client.get_experiment_by_name(experiment_name)
         if exp is None:
             raise StoreError(f"experiment_name={experiment_name!r}: could not be created in {tracking_uri}")
-    set_experiment_kind(client, exp)  # an experiment made before, or by hand: the UI opens on its runs table
+    set_experiment_kind(client, exp, outage_s)  # an experiment made before, or by hand: the UI opens on its runs table
     return exp.experiment_id
 
 
@@ -307,19 +313,16 @@ def flatten(d, prefix: str = "") -> dict:
     return out
 
 
-#: seconds a store call keeps retrying while the tracking server is unreachable (``tracking.outage_s``; set per
-#: process by :func:`set_outage_s`). Beyond it the call raises and the run fails, resumable.
-OUTAGE_S = 900.0
 _TRANSIENT = re.compile(
     r"database is locked|max retries exceeded|connection refused|failed to establish a new connection"
     r"|connection aborted|remotedisconnected|connection reset|read timed out|temporarily_unavailable"
     r"|error code 50[234]\b", re.IGNORECASE)
 
 
-def set_outage_s(seconds: float) -> None:
-    """How long :func:`retry` (and so every store call of this process) waits out an unreachable store."""
-    global OUTAGE_S
-    OUTAGE_S = float(seconds)
+def outage_of(cfg) -> float:
+    """How long store calls made for ``cfg`` (a run's or a sweep's config) wait out an unreachable store:
+    ``tracking.outage_s``, else :data:`DEFAULT_OUTAGE_S`."""
+    return float(cfg.tracking.get("outage_s", DEFAULT_OUTAGE_S))
 
 
 def transient(e: BaseException) -> bool:
@@ -329,12 +332,13 @@ def transient(e: BaseException) -> bool:
     return bool(_TRANSIENT.search(str(e))) or getattr(e, "error_code", "") == "TEMPORARILY_UNAVAILABLE"
 
 
-def retry(fn, *args, **kwargs):
+def retry(fn, *args, outage_s: float = DEFAULT_OUTAGE_S, **kwargs):
     """Call ``fn(*args, **kwargs)``; while it fails with a :func:`transient` store error, call it again with
-    exponential backoff (0.2 s doubling, at most 15 s apart) for up to :data:`OUTAGE_S` seconds, then raise the
-    last error. Any other error raises at once. Safe for the calls this suite makes: MLflow's SQL store drops a
-    metric it already holds (same key, step, timestamp and value), and tags and parameters are set, not added."""
-    deadline = time.monotonic() + OUTAGE_S
+    exponential backoff (0.2 s doubling, at most 15 s apart) for up to ``outage_s`` seconds (the config's
+    ``tracking.outage_s``: :func:`outage_of`), then raise the last error. Any other error raises at once. Safe for
+    the calls this suite makes: MLflow's SQL store drops a metric it already holds (same key, step, timestamp and
+    value), and tags and parameters are set, not added."""
+    deadline = time.monotonic() + outage_s
     delay, warned = 0.2, False
     while True:
         try:
@@ -345,7 +349,7 @@ def retry(fn, *args, **kwargs):
                 raise
             if not warned and "locked" not in str(e).lower():
                 log.warning("the MLflow store is unreachable (%s); retrying for up to %.0f s",
-                            str(e).splitlines()[0][:200], OUTAGE_S)
+                            str(e).splitlines()[0][:200], outage_s)
                 warned = True
             time.sleep(min(delay, remaining))  # the last try at the deadline
             delay = min(2 * delay, 15.0)
@@ -357,12 +361,12 @@ class MetricBuffer:
     :meth:`put` stamps the metrics (their timestamp is fixed then, so a resend after a lost reply is dropped by
     the store as a duplicate) and returns at once; the thread sends each put in one or more ``log_batch`` calls,
     through :func:`retry`, never reordering. :meth:`flush` waits until everything is sent. When the store stays
-    unreachable past :data:`OUTAGE_S`, what is unsent is written to ``unsent`` (JSON lines: key, value,
-    timestamp, step) for :func:`send_unsent` to deliver when the run resumes, and :meth:`flush` raises
-    :class:`StoreError`."""
+    unreachable past ``outage_s`` seconds (``tracking.outage_s``), what is unsent is written to ``unsent`` (JSON
+    lines: key, value, timestamp, step) for :func:`send_unsent` to deliver when the run resumes, and :meth:`flush`
+    raises :class:`StoreError`."""
 
-    def __init__(self, client: MlflowClient, run_id: str, unsent: Path):
-        self.client, self.run_id, self.unsent = client, run_id, Path(unsent)
+    def __init__(self, client: MlflowClient, run_id: str, unsent: Path, outage_s: float = DEFAULT_OUTAGE_S):
+        self.client, self.run_id, self.unsent, self.outage_s = client, run_id, Path(unsent), float(outage_s)
         self._q: queue.Queue = queue.Queue()
         self._error: Exception | None = None
         self._closed = False
@@ -384,7 +388,8 @@ class MetricBuffer:
                 if self._error is None:
                     try:
                         while sent < len(items):  # MLflow takes at most 1,000 metrics per call
-                            retry(self.client.log_batch, self.run_id, metrics=items[sent:sent + 500])
+                            retry(self.client.log_batch, self.run_id, metrics=items[sent:sent + 500],
+                                  outage_s=self.outage_s)
                             sent += 500
                     except Exception as e:
                         self._error = e
@@ -399,7 +404,7 @@ class MetricBuffer:
         """Wait until every metric put so far is sent; :class:`StoreError` if the store was lost for good."""
         self._q.join()
         if self._error is not None:
-            raise StoreError(f"the MLflow store was unreachable for over {OUTAGE_S:.0f} s "
+            raise StoreError(f"the MLflow store was unreachable for over {self.outage_s:.0f} s "
                              f"(tracking.outage_s): {str(self._error).splitlines()[0][:300]}; unsent metrics kept in "
                              f"{self.unsent}, sent when the run resumes")
 
@@ -411,7 +416,7 @@ class MetricBuffer:
             self._thread.join()
 
 
-def send_unsent(client: MlflowClient, run_id: str, unsent: Path) -> int:
+def send_unsent(client: MlflowClient, run_id: str, unsent: Path, outage_s: float = DEFAULT_OUTAGE_S) -> int:
     """Send the metrics a lost store left in ``unsent`` (by :class:`MetricBuffer`) to ``run_id``, in their
     order, then delete the file; the number sent (0 when there is no file)."""
     unsent = Path(unsent)
@@ -420,7 +425,7 @@ def send_unsent(client: MlflowClient, run_id: str, unsent: Path) -> int:
     items = [Metric(k, v, ts, step) for k, v, ts, step in
              (json.loads(line) for line in unsent.read_text().splitlines() if line.strip())]
     for a in range(0, len(items), 500):
-        retry(client.log_batch, run_id, metrics=items[a:a + 500])
+        retry(client.log_batch, run_id, metrics=items[a:a + 500], outage_s=outage_s)
     unsent.unlink()
     return len(items)
 

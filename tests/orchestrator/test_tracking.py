@@ -68,7 +68,6 @@ def test_store_calls_wait_out_an_unreachable_server_and_only_that(monkeypatch):
     from orchestrator import tracking
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # MLflow's own retries off: the suite's alone
-    monkeypatch.setattr(tracking, "OUTAGE_S", 3.0)
     client = MlflowClient(tracking_uri="http://127.0.0.1:9")
     calls = []
 
@@ -78,7 +77,7 @@ def test_store_calls_wait_out_an_unreachable_server_and_only_that(monkeypatch):
 
     t0 = time.monotonic()
     with pytest.raises(MlflowException) as e:
-        tracking.retry(get)
+        tracking.retry(get, outage_s=3.0)
     assert tracking.transient(e.value) and 2.0 < time.monotonic() - t0 < 6.0
     gaps = [b - a for a, b in zip(calls, calls[1:])]
     assert len(calls) >= 4 and gaps[-1] > gaps[0]  # several tries, further apart each time (backoff)
@@ -101,9 +100,8 @@ def test_metrics_a_lost_store_did_not_take_are_kept_in_order_and_sent_on_resume(
     from orchestrator import tracking
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    monkeypatch.setattr(tracking, "OUTAGE_S", 0.5)
     unsent = tmp_path / "unsent_metrics.jsonl"
-    buf = tracking.MetricBuffer(MlflowClient(tracking_uri="http://127.0.0.1:9"), "0" * 32, unsent)
+    buf = tracking.MetricBuffer(MlflowClient(tracking_uri="http://127.0.0.1:9"), "0" * 32, unsent, outage_s=0.5)
     for step in range(3):
         buf.put({"train/reward_mean": step / 4, "train/loss": -step}, step)  # returns at once
     with pytest.raises(tracking.StoreError, match="tracking.outage_s"):
