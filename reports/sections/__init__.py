@@ -160,7 +160,25 @@ def claimed_tables() -> set:
 
 def show_section(sec: ReportSection, ctx: Context, page) -> None:
     """Write ``sec`` into ``page``: its heading and ``doc``, then its ``show``, or else its ``build`` table and its
-    ``figure`` (a note naming ``needs`` when the sweep lacks the data)."""
+    ``figure`` (a note naming ``needs`` when the sweep lacks the data). A plug-in section (one defined outside this
+    package) that raises leaves a one-line note and the report goes on; a built-in one's error stops the report."""
+    if not plugin_section(sec):
+        _show_section(sec, ctx, page)
+        return
+    try:
+        _show_section(sec, ctx, page)
+    except Exception as e:  # noqa: BLE001 -- a plug-in's bug costs its own section, not the report
+        first = str(e).splitlines()[0] if str(e) else ""
+        page.note(f"The plug-in section {sec.name!r} failed, so it is not shown: {type(e).__name__}: {first}")
+
+
+def plugin_section(sec: ReportSection) -> bool:
+    """True when ``sec`` was registered by a module outside :mod:`reports.sections` (a plug-in)."""
+    fn = sec.show or sec.build
+    return not str(getattr(fn, "__module__", "")).startswith(__name__ + ".")
+
+
+def _show_section(sec: ReportSection, ctx: Context, page) -> None:
     heading = sec.body_heading()
     if heading:
         page.heading(heading)

@@ -379,3 +379,59 @@ def test_the_reports_command_refuses_bad_arguments_in_one_line(tmp_path, monkeyp
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert e.value.code == 2 and len(lines) == 1 and fragment in lines[0], lines
     assert not (tmp_path / "reports_out").exists() and not (tmp_path / "nowhere").exists()
+
+
+def test_the_section_registry_orders_the_body_checks_its_entries_and_contains_a_failing_plug_in(tmp_path):
+    """The report body is the registered sections by ``order`` (the built-ins' order, each topic once); a section
+    needs a table or a body, a body needs a place, a figure needs a table, a name is registered once; a plug-in
+    section that raises leaves one note and the next section still shows, while a built-in one's error is raised."""
+    import types
+
+    import pandas as pd
+    import pytest
+
+    from reports import sections as S
+
+    body = [s.name for s in S.body()]
+    assert body[:3] == ["runs", "paper_tables", "cost"] and body[-1] == "more_tables"
+    assert body.index("training_curves") < body.index("quatro_staleness") < body.index("passk") < body.index("study")
+    assert len(body) == len(set(body)) and all(not S.plugin_section(S.SECTIONS[n]) for n in body)
+    # a paper topic with a figure is one entry: its paper table and its body part
+    for name in ("quatro_staleness", "quatro_advantage", "exppo_coverage", "cost"):
+        assert S.SECTIONS[name].paper and S.SECTIONS[name].order is not None, name
+    assert "paper_tables" not in S.paper_names() and "quatro_passk" in S.paper_names()
+    # the closing section shows what no section claims: the built-ins claim every built-in table but none of a plug-in's
+    assert {"passk", "ucc", "similarity", "modes", "verifier"} <= S.claimed_tables()
+
+    for kwargs, fragment in (({}, "needs build"), ({"show": print}, "no order"),
+                             ({"show": print, "order": 1, "figure": print}, "no build")):
+        with pytest.raises(ValueError, match=fragment):
+            S.register_section("toy_bad_entry", "t", **kwargs)
+    with pytest.raises(ValueError, match="already registered"):
+        S.register_section("passk", "again", build=lambda ctx: pd.DataFrame())
+
+    class Page:  # records what a section writes
+        def __init__(self):
+            self.out = []
+
+        def __getattr__(self, kind):
+            return lambda *a, **k: self.out.append((kind, a[0] if a else None))
+
+    def broken(ctx):
+        raise RuntimeError("no such column\nsecond line")
+
+    module = types.ModuleType("toy_plugin_module")
+    broken.__module__ = module.__name__
+    sec = S.ReportSection("toy_broken", "Broken", build=broken, order=999)
+    page = Page()
+    ctx = S.Context(pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), "sqlite:///x")
+    S.show_section(sec, ctx, page)
+    assert page.out == [("heading", "Broken"), ("note", "The plug-in section 'toy_broken' failed, so it is not "
+                                                        "shown: RuntimeError: no such column")]
+
+    def broken_builtin(ctx, page):
+        raise RuntimeError("a bug in a built-in section")
+
+    broken_builtin.__module__ = "reports.sections.cost"   # as if defined in the suite's own folder
+    with pytest.raises(RuntimeError, match="a bug in a built-in section"):
+        S.show_section(S.ReportSection("toy_builtin", "Built in", show=broken_builtin, order=1), ctx, Page())
