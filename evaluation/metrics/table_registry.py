@@ -2,8 +2,9 @@
 keys it reads, its report section and the column families it produces; and the one mapping from an MLflow metric name
 back to its table (:meth:`MetricTable.parse`, :func:`find_table`).
 
-The built-in tables are registered in :mod:`evaluation.tables`; import :data:`TABLES` and :func:`register_table` from
-there (importing this module alone does not register them). A plug-in table is one module that calls
+The built-in tables are the modules of the :mod:`evaluation.tables` package, one per table (or closely related pair),
+found by the registry's folder scan like tasks, algorithms, engines and samplers (:data:`TABLES` names the package);
+:data:`TABLES` and :func:`register_table` are re-exported there. A plug-in table is one module that calls
 :func:`register_table` once (docs/extending.md has an example); naming the module in
 the ``plugins`` config key makes :func:`evaluation.tables.compute_tables` compute it, log its metrics and the report
 show it in a section of its own.
@@ -265,9 +266,10 @@ class MetricTable:
         return metrics
 
 
-TABLES: Registry[MetricTable] = Registry("metric table")
-"""Every metric table, by name, in registration order (the built-ins, then plug-ins). Import it from
-:mod:`evaluation.tables`, which registers the built-ins."""
+TABLES: Registry[MetricTable] = Registry("metric table", packages=("evaluation.tables",))
+"""Every metric table, by name, in registration order (the built-ins, then plug-ins). The built-ins are the modules of
+:mod:`evaluation.tables`, found by the registry's folder scan on the first look-up (importing that package registers
+them too, in their order)."""
 
 
 def register_table(name: str, compute: Callable, *, section: str, columns, rows: str = "{benchmark}", knobs=None,

@@ -1,0 +1,28 @@
+"""The ``passk`` table: unbiased pass@k and avg@n per benchmark; per-prompt values for paired bootstraps."""
+from __future__ import annotations
+
+import pandas as pd
+
+from ..metrics.passk import pass_at_k, passk_table
+from ..metrics.table_registry import TableSettings, register_table
+
+
+def per_prompt_values(samples: pd.DataFrame, metric: str = "accuracy") -> pd.Series:
+    """Per-prompt accuracy (or ``pass@k``) indexed by (benchmark, prompt_id), for paired bootstraps."""
+    per = samples.groupby(["benchmark", "prompt_id"])["correct"].agg(n="size", c="sum")
+    if metric == "accuracy":
+        return per["c"] / per["n"]
+    if metric.startswith("pass@"):
+        k = int(metric.split("@")[1])
+        return pd.Series(pass_at_k(per["n"].to_numpy(), per["c"].to_numpy(), k), index=per.index)
+    raise ValueError(f"metric={metric!r}: expected 'accuracy' or 'pass@<k>'")
+
+
+def _passk(samples, s: TableSettings) -> pd.DataFrame:
+    table = passk_table(samples, list(s.ks)).rename(columns={"avg@n": f"avg@{s.n}"})
+    table.index.name = "benchmark"
+    return table
+
+
+register_table("passk", _passk, section="pass@k", columns=("pass@{k}", "avg@{n}"), summary=("pass@1",),
+               doc="Unbiased pass@k (k in eval.ks) and avg@n (mean accuracy over the n samples) per benchmark.")
