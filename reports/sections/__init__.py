@@ -2,7 +2,7 @@
 the training curves, each metric table, the study...) is a :class:`ReportSection` registered by name in
 :data:`SECTIONS`, one file of this folder per topic (found by the registry's folder scan, like tasks, algorithms,
 engines, samplers and metric tables); a plug-in module (``plugins`` config key) adds one with one
-:func:`register_section` call (docs/extending.md; tests/plugins/toy_section.py).
+:func:`register_section` call (docs/extending.md has an example).
 
 A section declares what it needs and how it builds what it shows:
 
