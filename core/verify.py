@@ -73,6 +73,7 @@ class Check(NamedTuple):
 
 
 INCORRECT = Check(False, None, False)
+NO_ANSWER = "\x00no answer"  # Verifier.check_many's answer for a response with no answer in the asked form
 
 
 def _box_spans(text: str) -> list[tuple[int, int, str, bool]]:
@@ -111,6 +112,12 @@ def last_boxed(text: str) -> str | None:
     kept, or None. The brace must follow the tag: ``\\boxed 5. Then $\\frac{1}{2}$`` is ``5``, not ``1``."""
     spans = _box_spans(text)
     return spans[-1][2] if spans else None
+
+
+def box_contents(text: str) -> list[str]:
+    """The contents of every ``\\boxed{...}``/``\\fbox{...}`` (and brace-less ``\\boxed 5``) in ``text``, in order, as
+    :func:`last_boxed` reads them: the boxes a checker may take as the final answer (:mod:`core.tasks.answer_forms`)."""
+    return [content for _, _, content, _ in _box_spans(str(text or ""))]
 
 
 def _max_brace_depth(s: str) -> int:
@@ -326,12 +333,19 @@ def _exactly_equal(g, p) -> bool | None:
         signal.signal(signal.SIGALRM, old)
 
 
-def _check_one(item: tuple[str, str]) -> Check:
-    """Worker: (response tail, gold) -> :class:`Check`."""
-    tail, gold = item
+def _check_one(item: tuple) -> Check:
+    """Worker: (response tail, gold[, answer]) -> :class:`Check`. ``answer``: the text this project's verdict reads (the
+    final answer a task's answer form took from the response, :mod:`core.tasks.answer_forms`), the tail itself when
+    absent; ``NO_ANSWER``: no answer in the asked form, incorrect (the reference verdict still reads the tail)."""
+    tail, gold = item[0], item[1]
+    answer = item[2] if len(item) > 2 else tail
     gold_ours, gold_plain, gold_numbers = _golds(gold)
     pred_plain = _parse(tail)
     reference = _verify(gold_plain, pred_plain)
+    if answer == NO_ANSWER:
+        return Check(False, None, bool(reference))
+    if answer != tail:
+        tail, pred_plain = answer, _parse(answer)
 
     text = _FBOX.sub(r"\\boxed", tail)
     spans = _box_spans(text)
@@ -488,13 +502,22 @@ class Verifier:
         finally:
             done.set()
 
-    def check_many(self, responses: Iterable, golds: Iterable) -> list[Check]:
+    def check_many(self, responses: Iterable, golds: Iterable, answers: Iterable | None = None) -> list[Check]:
         """A :class:`Check` for each (response, gold) pair, in order. Never raises on model output: a response
-        that is not a string, is blank, adversarially nested or times out gets ``Check(False, None, False)``."""
+        that is not a string, is blank, adversarially nested or times out gets ``Check(False, None, False)``.
+
+        ``answers`` (optional, one per pair): the text this project's verdict judges instead of the response (the final
+        answer a task's answer form read, :mod:`core.tasks.answer_forms`), None for no answer in the asked form
+        (incorrect); the reference verdict (plain math-verify's) always reads the response. Without ``answers`` every
+        response is judged whole, as math-verify's own test suite is run through this class."""
         keys, todo = [], {}
-        for response, gold in zip(responses, golds):
+        responses, golds = list(responses), list(golds)
+        answers = list(answers) if answers is not None else list(responses)
+        for response, gold, answer in zip(responses, golds, answers):
             tail = response_tail(response)
-            key = None if tail is None or gold is None else (tail, str(gold))
+            answer = NO_ANSWER if answer is None else (response_tail(answer) or NO_ANSWER)
+            key = None if tail is None or gold is None else (
+                (tail, str(gold)) if answer == tail else (tail, str(gold), answer))
             keys.append(key)
             if key is None:
                 continue

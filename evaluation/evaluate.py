@@ -32,13 +32,15 @@ log = logging.getLogger("rlvr")
 SAMPLE_COLUMNS = [
     "benchmark", "prompt_id", "sample_idx", "prompt", "gold", "response", "n_tokens", "finish_reason",
     "extracted_answer", "correct", "reference_correct", "mean_token_entropy", "seed", "subset", "tool_calls",
+    "answer_status",
 ]
 
 
-def check_rows(rows: list[dict], responses: list[str]) -> list[tuple[bool, str | None, bool | None]]:
-    """(correct, extracted answer, reference verdict) for each response to the row beside it, by the row's
-    registered task; the reference verdict is plain math-verify's for math tasks, None for the others."""
-    return [(s.correct, s.extracted, s.reference) for s in score_responses(responses, rows)]
+def check_rows(rows: list[dict], responses: list[str]) -> list[tuple[bool, str | None, bool | None, str | None]]:
+    """(correct, extracted answer, reference verdict, answer status) for each response to the row beside it, by the
+    row's registered task; the reference verdict is plain math-verify's for math tasks, None for the others; the
+    status what the task's answer form found (:mod:`core.tasks.answer_forms`; None for tasks without one)."""
+    return [(s.correct, s.extracted, s.reference, s.status) for s in score_responses(responses, rows)]
 
 
 SAMPLING_KEYS = ("temperature", "top_p", "max_new_tokens", "n", "seed", "prompt_template", "dtype", "decoding")
@@ -308,6 +310,8 @@ def sample_benchmarks(sampler, rows_by_bench: dict, n: int, seed: int, samples_p
         counts = done.groupby(["benchmark", "prompt_id"]).size()
         finished = {key for key, c in counts.items() if c >= n}
         done = done[[(b, p) in finished for b, p in zip(done["benchmark"], done["prompt_id"])]]
+    if len(done) and "answer_status" not in done:  # drawn before answer forms (issue 55): graded again, not resampled
+        done = regrade(done, rows_by_bench)
     todo = [(b, r) for b, rows in rows_by_bench.items() for r in rows if (b, r["id"]) not in finished]
     frames = [done] if len(done) else []
     with_tools = {b: bool(tool_names(rows[:1])) for b, rows in rows_by_bench.items()}
@@ -343,14 +347,14 @@ def sample_benchmarks(sampler, rows_by_bench: dict, n: int, seed: int, samples_p
                 t0 = time.perf_counter()
                 for (bench, row), samples in zip(chunk, outs):
                     checks = check_rows([row] * len(samples), [s["response"] for s in samples])
-                    for j, (s, (correct, extracted, reference)) in enumerate(zip(samples, checks)):
+                    for j, (s, (correct, extracted, reference, status)) in enumerate(zip(samples, checks)):
                         records.append({
                             "benchmark": bench, "prompt_id": row["id"], "sample_idx": j, "prompt": row["prompt"],
                             "gold": row["gold"], "response": s["response"], "n_tokens": s["n_tokens"],
                             "finish_reason": s["finish_reason"], "extracted_answer": extracted, "correct": bool(correct),
                             "reference_correct": None if reference is None else bool(reference),
                             "mean_token_entropy": s.get("mean_token_entropy"), "seed": int(s.get("seed", seeds[0])),
-                            "subset": row.get("subset"), "tool_calls": s.get("tool_calls"),
+                            "subset": row.get("subset"), "tool_calls": s.get("tool_calls"), "answer_status": status,
                         })
                 timings["verify_s"] += time.perf_counter() - t0
                 frames.append(pd.DataFrame.from_records(records, columns=SAMPLE_COLUMNS))
@@ -365,6 +369,26 @@ def sample_benchmarks(sampler, rows_by_bench: dict, n: int, seed: int, samples_p
     table = pd.concat(frames, ignore_index=True)
     table["mean_token_entropy"] = table["mean_token_entropy"].astype("float64")
     return table
+
+
+def regrade(samples: pd.DataFrame, rows_by_bench: dict) -> pd.DataFrame:
+    """``samples`` with ``correct``, ``extracted_answer``, ``reference_correct`` and ``answer_status`` recomputed by
+    today's checkers (:func:`check_rows`) from each sample's response and its prompt's row in ``rows_by_bench``
+    (``{benchmark: rows}``); samples of a prompt not in ``rows_by_bench`` keep their verdicts."""
+    out = samples.copy()
+    if "answer_status" not in out:
+        out["answer_status"] = None
+    out["answer_status"] = out["answer_status"].astype(object)
+    index = {(b, str(r["id"])): r for b, rows in rows_by_bench.items() for r in rows}
+    keys = [(b, str(p)) for b, p in zip(out["benchmark"], out["prompt_id"])]
+    have = [i for i, k in enumerate(keys) if k in index]
+    if have:
+        checks = check_rows([index[keys[i]] for i in have], [out["response"].iloc[i] for i in have])
+        for col, j in (("correct", 0), ("extracted_answer", 1), ("reference_correct", 2), ("answer_status", 3)):
+            out[col] = out[col].astype(object)
+            out.iloc[have, out.columns.get_loc(col)] = [c[j] for c in checks]
+        out["correct"] = out["correct"].astype(bool)
+    return out
 
 
 def evaluate(sampler, eval_cfg, out_dir, heldout_rows=None, chat_template: bool = True,

@@ -7,24 +7,34 @@ import torch
 from core.tasks import score_responses
 
 
-def row_rewards(responses: list[str], rows: list[dict], answered: bool = False):
-    """Rewards of responses to prompt rows, by each row's registered ``task`` (math-verify 1/0 for math, the
-    K&K table for ``kk``, the letter for multiple choice, the share of unit tests for code).
+def row_rewards(responses: list[str], rows: list[dict], answered: bool = False, forms: bool = False):
+    """Rewards of responses to prompt rows, by each row's registered ``task`` (math-verify 1/0 for math, on the final
+    answer in the form the prompt asks for; the K&K table for ``kk``, the letter for multiple choice, the share of unit
+    tests for code).
 
     Args:
         responses: B decoded responses; rows: B prompt rows (one per response).
         answered: also return whether each response gave an answer the task could read (its extracted answer).
+        forms: also return, per response, whether it gave no answer in the asked form (``format_miss``) and whether its
+            answer was refused as an echo of the prompt or an expression where a value is asked (``echo``), as two
+            (B,) bool tensors (:mod:`core.tasks.answer_forms`; False for tasks without an answer form).
     Returns:
-        (rewards (B,) float32, correct (B,) bool[, answered (B,) bool]). A malformed response scores the task's
-        lowest reward, never raises.
+        (rewards (B,) float32, correct (B,) bool[, answered (B,) bool][, format_miss (B,) bool, echo (B,) bool]). A
+        malformed response scores the task's lowest reward, never raises.
     Raises:
         ValueError: lengths differ, or a row whose task is not registered (naming it).
     """
+    from core.tasks.answer_forms import ECHOES, MISSING
+
     scores = score_responses(responses, rows)
-    out = (torch.tensor([s.reward for s in scores], dtype=torch.float32).reshape(len(rows)),
-           torch.tensor([s.correct for s in scores], dtype=torch.bool).reshape(len(rows)))
+    n = len(rows)
+    out = (torch.tensor([s.reward for s in scores], dtype=torch.float32).reshape(n),
+           torch.tensor([s.correct for s in scores], dtype=torch.bool).reshape(n))
     if answered:
-        out += (torch.tensor([s.extracted is not None for s in scores], dtype=torch.bool).reshape(len(rows)),)
+        out += (torch.tensor([s.extracted is not None for s in scores], dtype=torch.bool).reshape(n),)
+    if forms:
+        out += (torch.tensor([s.status == MISSING for s in scores], dtype=torch.bool).reshape(n),
+                torch.tensor([s.status in ECHOES for s in scores], dtype=torch.bool).reshape(n))
     return out
 
 

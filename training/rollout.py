@@ -58,7 +58,8 @@ def collect_rollouts(model, tokenizer, rows: list[dict], group_size: int, temper
     if gen.response_ids.device != device:
         gen = _to(gen, device)
     t1 = time.perf_counter()
-    rewards, correct, answered = row_rewards(gen.texts, [r for r in rows for _ in range(group_size)], answered=True)
+    rewards, correct, answered, format_miss, echo = row_rewards(gen.texts, [r for r in rows for _ in range(group_size)],
+                                                                answered=True, forms=True)
     t2 = time.perf_counter()
     scorer = scorer or Scorer()
     if old_logprobs:
@@ -82,6 +83,7 @@ def collect_rollouts(model, tokenizer, rows: list[dict], group_size: int, temper
         response_mask=gen.response_mask, old_logprobs=old, rewards=rewards,
         group_index=torch.arange(len(rows)).repeat_interleave(group_size), response_lengths=gen.response_lengths,
         ref_logprobs=ref_logprobs, correct=correct, extras={"entropy": entropy, "finished": gen.finished,
+                                                            "format_miss": format_miss.to(device), "echo": echo.to(device),
                                                             **({"tool_calls": gen.tool_calls, "tool_tokens": gen.tool_tokens, "answered": answered}
                                                                if gen.tool_calls is not None else {}),
                                                             **({"rollout_logprobs": gen.logprobs}

@@ -57,6 +57,9 @@ def response_metrics(seen) -> dict:
         "response_length_max": float(seen.response_lengths.max()),
         "truncated_share": float((~seen.extras["finished"]).float().mean()),
     }
+    for key in ("format_miss", "echo"):  # no answer in the asked form; an answer refused as an echo of the prompt
+        if key in seen.extras:
+            out[{"echo": "echo_share"}.get(key, key)] = float(seen.extras[key].float().mean())
     if "tool_calls" in seen.extras:
         tool = int(seen.extras["tool_tokens"].sum())
         out.update(tool_calls_mean=float(seen.extras["tool_calls"].float().mean()),

@@ -65,6 +65,7 @@ class Arithmetic(MathScored):
     config = {"difficulty": I(1, 3), "operations": L(S(("+", "-", "*")), min_len=1), "seed": I(0), "n_eval": I(0),
               "template": S()}
     heldout_from_data = True
+    answer_form = "number"  # "Answer with just the number": a number stated as a value (core.tasks.answer_forms)
 
     def load(self, split: str, cfg) -> list[dict]:
         train, held_out = arithmetic_splits(difficulty=int(cfg.difficulty), operations=list(cfg.operations),

@@ -26,12 +26,15 @@ class Score:
     """The verdict on one response: ``reward`` (what training optimises), ``correct`` (what pass@k counts) and
     ``extracted`` (the answer read from the response, for the samples table and answer modes; None when none)
     and ``reference`` (a reference grader's verdict, for the disagreement audit: plain math-verify's for math
-    tasks; None where a task has no second grader)."""
+    tasks; None where a task has no second grader) and ``status`` (whether the response gave an answer in the form
+    its prompt asks for, and whether the answer was refused as an echo of the prompt)."""
 
     reward: float
     correct: bool
     extracted: str | None = None
     reference: bool | None = None
+    status: str | None = None   # what the task's answer form found (:mod:`core.tasks.answer_forms`: stated, missing,
+                                # restated, not_a_value); None for tasks without one
 
 
 class Task:
@@ -44,6 +47,8 @@ class Task:
     template: str = "{problem}"        # default rendering of ``problem`` (``eval.prompt_template`` overrides)
     config: dict[str, Spec] = {}       # keys of its training data config it reads (relative: ``difficulty``), declared
                                        # next to its code and collected by the schema (none declared: free-form)
+    answer_form: str = ""              # how its checker reads the final answer (core.tasks.answer_forms: boxed, number;
+                                       # a template asking for \boxed{} means boxed); "" for checkers of their own
     tools: tuple = ()                  # tools its responses may call (core.tools: "search"): multi-turn rollouts;
                                        # rows may name a ``corpus`` file the search tool indexes when none is set
 

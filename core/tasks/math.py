@@ -143,14 +143,22 @@ def load_local_benchmark(name: str, data_dir, limit: int | None = None) -> list[
 
 
 class MathScored(Task):
-    """Scoring by math-verify: reward 1.0 when the response's final answer equals the row's ``gold``, else 0.
-    All responses of a batch go to the verifier's worker pool at once."""
+    """Scoring by math-verify: reward 1.0 when the response's final answer, read in the form its prompt asks for
+    (:mod:`core.tasks.answer_forms`: the last ``\\boxed{}`` for a template that asks for one, else the task's
+    ``answer_form``), equals the row's ``gold``, else 0. An answer that restates the prompt, or an expression where a
+    value is asked, earns nothing. ``extracted`` is the answer as written; ``reference`` plain math-verify's verdict
+    on the whole response (the grader audit). All responses of a batch go to the verifier's worker pool at once."""
 
     kind = "math"
+    answer_form = "boxed"
 
     def score_many(self, responses: Sequence[str], rows: Sequence[dict]) -> list[Score]:
-        checks = default_verifier().check_many(list(responses), [r["gold"] for r in rows])
-        return [Score(float(c.correct), bool(c.correct), c.extracted, c.reference) for c in checks]
+        from .answer_forms import form_of
+
+        read = [form_of(r, self.answer_form).read(resp if isinstance(resp, str) else "", str(r.get("prompt", "")),
+                                                   str(r["gold"])) for resp, r in zip(responses, rows)]
+        checks = default_verifier().check_many(list(responses), [r["gold"] for r in rows], [a.verify for a in read])
+        return [Score(float(c.correct), bool(c.correct), a.text, c.reference, a.status) for a, c in zip(read, checks)]
 
     def score(self, response: str, row: dict) -> Score:
         return self.score_many([response], [row])[0]

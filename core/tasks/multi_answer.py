@@ -62,18 +62,21 @@ class Products(Task):
         make_products(int(cfg.get("max_prompts") or 64), int(cfg.get("seed", 0)))
 
     def score(self, response: str, row: dict) -> Score:
+        """Restating the prompt earns nothing: it names one number (N), and "N, 1" fails the "greater than 1" rule.
+        ``status`` is ``stated`` when two numbers were read, else ``missing`` (:mod:`core.tasks.answer_forms`)."""
+        from core.tasks.answer_forms import MISSING, STATED
         from core.verify import last_boxed
 
         if not isinstance(response, str) or not response.strip():
-            return Score(0.0, False, None)
+            return Score(0.0, False, None, status=MISSING)
         tail = response[-2000:]
         box = last_boxed(tail)
         answer = box if box is not None else tail.strip().splitlines()[-1]
         pair = _pair(answer)
         if pair is None:
-            return Score(0.0, False, answer[:100] if answer else None)
+            return Score(0.0, False, answer[:100] if answer else None, status=MISSING)
         ok = pair[0] > 1 and pair[0] * pair[1] == int(row["n"] if "n" in row else row["id"])
-        return Score(float(ok), ok, f"{pair[0]},{pair[1]}")
+        return Score(float(ok), ok, f"{pair[0]},{pair[1]}", status=STATED)
 
     def same_answer(self, a, b) -> bool:
         pa, pb = _pair(a), _pair(b)
