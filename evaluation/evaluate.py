@@ -187,23 +187,20 @@ def _set_aside_stale_samples(eval_cfg, out_dir: Path, sampler=None) -> None:
     meta.write_text(json.dumps(settings))
 
 
-def evaluation_sampler(eval_cfg, sampler: str | None = None, model_path=None) -> str:
-    """The sampler an evaluation uses: ``sampler`` or ``eval.sampler`` resolved (:func:`core.sampling.resolve_sampler`),
-    except that when a benchmark's task calls tools only a sampler that declares ``supports_tools`` serves it
-    (``auto`` then takes the first of them that can run here), and that ``auto`` takes vLLM on the CPU too when this
-    process already runs a vLLM engine that serves ``model_path`` (:func:`core.sampling.running_engine_serves`: a
-    training run's rollouts left it holding the final policy, nothing to start or load).
+def evaluation_sampler(eval_cfg, sampler: str | None = None) -> str:
+    """The sampler an evaluation uses: ``sampler`` or ``eval.sampler`` resolved (:func:`core.sampling.resolve_sampler`:
+    ``auto`` is vLLM where a GPU is visible, transformers elsewhere), except that when a benchmark's task calls tools
+    only a sampler that declares ``supports_tools`` serves it (``auto`` then takes the first of them that can run here).
+    A function of the evaluation settings and the machine only, never of how the checkpoint was trained (part of the
+    evaluation protocol, :mod:`evaluation.protocol`).
 
     Raises:
         ValueError: the sampler cannot run here, or one without tool support asked for tool benchmarks.
     """
-    from core.sampling import SAMPLERS, running_engine_serves, tool_samplers
+    from core.sampling import SAMPLERS, tool_samplers
 
     asked = str(sampler or eval_cfg.get("sampler", "auto"))
     tool_benches = [b for b in eval_cfg.benchmarks if getattr(get_task(b), "tools", ())]
-    if asked == "auto" and model_path is not None and not tool_benches and "vllm" in SAMPLERS \
-            and running_engine_serves(model_path, sampler_options(eval_cfg, "vllm")):
-        return "vllm"
     if tool_benches:
         able = tool_samplers()
         if asked == "auto":
@@ -512,7 +509,8 @@ def evaluate_checkpoint(model_path, eval_cfg, out_dir, heldout_rows=None, chat_t
     teacher-forced entropy pass (:func:`sampler_options`).
 
     Returns:
-        (metrics, files, info): as :func:`evaluate_temperatures`; info = {"sampler": resolved name,
+        (metrics, files, info): as :func:`evaluate_temperatures` (files with ``protocol.json``); info = {"sampler":
+        resolved name, "protocol": the evaluation protocol (:mod:`evaluation.protocol`),
         "entropy_method": how ``mean_token_entropy`` was computed or None, "eval_time_s": wall seconds,
         "phases": wall seconds by phase (``engine_start_s``, ``sampling_s`` with ``entropy_s`` inside it,
         ``verify_s``, ``metrics_s``)}.
@@ -523,8 +521,12 @@ def evaluate_checkpoint(model_path, eval_cfg, out_dir, heldout_rows=None, chat_t
 
     t0 = time.time()
     timings: collections.Counter = collections.Counter()
+    from . import protocol as P
+
     model_path = evaluable(model_path)  # a LoRA adapter folder: its base with the adapter merged
-    name = evaluation_sampler(eval_cfg, sampler, model_path)
+    name = evaluation_sampler(eval_cfg, sampler)
+    proto = {**P.settings(eval_cfg, chat_template), "sampler": name, "dtype": P.sampler_dtype(eval_cfg, name)}
+    P.write(proto, out_dir)
     smp = build_sampler(name, model_path, sampler_options(eval_cfg, name, score_budget))
     timings["engine_start_s"] += time.time() - t0
     try:
@@ -536,6 +538,7 @@ def evaluate_checkpoint(model_path, eval_cfg, out_dir, heldout_rows=None, chat_t
                                       timings, rows=rows)
     finally:
         smp.close()
-    return metrics, files, {"sampler": name, "entropy_method": getattr(smp, "entropy_method", None),
+    files = {**files, "protocol.json": Path(out_dir) / "protocol.json"}
+    return metrics, files, {"sampler": name, "protocol": proto, "entropy_method": getattr(smp, "entropy_method", None),
                             "eval_time_s": time.time() - t0,
                             "phases": dict(timings + getattr(smp, "timings", collections.Counter()))}

@@ -7,7 +7,8 @@ Writes one CSV per table to a new folder, ``recomputed/<samples folder name>`` (
 exists; never beside the samples, which sit in a run or MLflow artifact folder whose logged tables must stay as they
 were), or to ``--out`` (refused when it exists and is not empty, unless ``--overwrite``), and prints them. With
 ``--base-samples``, the flip rates compare on the prompts both files share (their number is printed), and a base
-evaluated with another protocol (samples per prompt, response-length cap, prompt template) is refused unless
+evaluated with another protocol (samples per prompt, response-length cap, prompt template, as the samples show; the
+sampler, dtype and decoding settings, as the ``protocol.json`` beside each file records) is refused unless
 ``--any-protocol``. With --study, the study's comparisons (evaluation.study: every method against the baseline and
 the base model, paired prompt-bootstrap 95% CIs pooled over seeds) from the samples files the report's manifest
 names; CSVs in a new ``<manifest folder>/recomputed`` (or --out), to set beside the report's own. Bad arguments: one
@@ -84,7 +85,12 @@ def main(argv=None) -> int:
     if base is not None:
         from .tables import protocol_differences
 
+        from .protocol import differences as protocol_settings, read_beside
+
         differ, shared, total = protocol_differences(samples, base)
+        mine, theirs = read_beside(args.samples), read_beside(args.base_samples)
+        if mine is not None and theirs is not None:  # each evaluation folder's protocol.json: sampler, dtype, decoding
+            differ += [f"protocol.json {d}" for d in protocol_settings(mine, theirs)]
         if differ and not args.any_protocol:
             print(f"error: --base-samples {args.base_samples}: evaluated with another protocol: {'; '.join(differ)} "
                   "(flip rates would compare the protocols; add --any-protocol to compute them anyway)", file=sys.stderr)

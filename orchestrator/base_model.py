@@ -47,14 +47,16 @@ POLL_S = 3.0
 NOT_IDENTITY = ("base", "flip_k", "checkpoints")
 
 
-def base_identity(cfg, sampler: str) -> dict:
-    """What determines the base model's samples (see the module docstring)."""
+def base_identity(cfg, protocol: dict) -> dict:
+    """What determines the base model's samples (see the module docstring): the model, the evaluation config and its
+    protocol (:mod:`evaluation.protocol`: the sampler and dtype it resolved to), the data of a held-out split."""
     from core.tasks import get_task
+    from evaluation.protocol import protocol_id
 
     ev = OmegaConf.to_container(cfg.eval, resolve=True)
     for k in NOT_IDENTITY:
         ev.pop(k, None)
-    ident = {"model": OmegaConf.to_container(cfg.model, resolve=True), "eval": ev, "sampler": sampler}
+    ident = {"model": OmegaConf.to_container(cfg.model, resolve=True), "eval": ev, "protocol": protocol_id(protocol)}
     if any(get_task(b).heldout_from_data for b in ev.get("benchmarks", [])):
         ident["data"] = OmegaConf.to_container(cfg.data, resolve=True)
     if any(getattr(get_task(b), "tools", ()) for b in ev.get("benchmarks", [])) and cfg.get("tools") is not None:
@@ -74,39 +76,6 @@ def claim_is_live(run, now: float | None = None) -> bool:
     return lease.is_live(run, STALE_S, now)
 
 
-def base_sampler(cfg) -> str | None:
-    """``vllm`` for the base model's evaluation when ``eval.sampler=auto`` on a machine without a GPU and the point's
-    training will roll out with vLLM in the same dtype (the local engine's ``rollout_choice``): the engine starts for
-    the base model instead of for the first training run, and the trained runs' evaluations sample on it too
-    (:func:`core.sampling.running_engine_serves`), so every evaluation of the sweep uses one sampler. None: the
-    usual choice (:func:`evaluation.evaluate.evaluation_sampler`)."""
-    import torch
-
-    from core.tasks import get_task
-
-    if str(cfg.eval.get("sampler", "auto")) != "auto" or torch.cuda.is_available():
-        return None
-    if any(getattr(get_task(b), "tools", ()) for b in cfg.eval.benchmarks):
-        return None
-    try:
-        from core.models import DTYPES, resolve_dtype
-        from core.sampling import SAMPLERS
-        from training.engines import get_engine
-        from training.memory_plan import model_shape
-
-        engine = get_engine(str(cfg.engine.name))
-        choose, dtype_of = getattr(engine, "rollout_choice", None), getattr(engine, "_rollout_dtype", None)
-        if choose is None or dtype_of is None or SAMPLERS["vllm"].missing() is not None:
-            return None
-        rollout, _ = choose(cfg, model_shape(cfg.model).n_params, False)
-        eval_dtype = (cfg.eval.get("vllm") or {}).get("dtype") or \
-            {v: k for k, v in DTYPES.items()}[resolve_dtype(str(cfg.eval.get("dtype", "auto")), "cpu")]
-        same = dtype_of(cfg, torch.device("cpu")) == eval_dtype
-        return "vllm" if rollout == "vllm" and same else None
-    except Exception:  # a model whose shape or engine cannot be read here: the usual choice
-        return None
-
-
 class BaseEvaluation:
     """The base run of one sweep point's identity.
 
@@ -124,11 +93,12 @@ class BaseEvaluation:
 
     def __init__(self, cfg, exp_id: str, sweep_id: str, job_num, root: Path, heldout_rows=None,
                  outage_s: float = tracking.DEFAULT_OUTAGE_S):
-        from evaluation.evaluate import evaluation_sampler
+        from evaluation import protocol as P
 
         self.cfg, self.exp_id, self.sweep_id, self.job_num = cfg, exp_id, str(sweep_id), str(job_num)
-        self.sampler = base_sampler(cfg) or evaluation_sampler(cfg.eval)
-        self.identity = base_identity(cfg, self.sampler)
+        self.protocol = P.resolve(cfg.eval, bool(cfg.model.get("chat_template", True)))
+        self.sampler = self.protocol["sampler"]
+        self.identity = base_identity(cfg, self.protocol)
         self.hash = base_hash(self.identity)
         self.root, self.heldout_rows, self.outage_s = Path(root), heldout_rows, outage_s
         self.client = MlflowClient()
@@ -235,7 +205,12 @@ class BaseEvaluation:
                 "rlvr.slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
                 "mlflow.note.content": "The starting model, evaluated with the sweep's protocol (the papers' "
                                        "'Initialization' row); every trained run's flip rates compare against it."}
-        tags |= mlflow_views.parent_tags(self.exp_id, self.sweep_id, self.outage_s) | provenance.tags(self.cfg.eval)
+        from evaluation.protocol import protocol_id, tags as protocol_tags
+
+        chat = bool(self.cfg.model.get("chat_template", True))
+        tags |= mlflow_views.parent_tags(self.exp_id, self.sweep_id, self.outage_s) \
+            | provenance.tags(self.cfg.eval, chat_template=chat) | protocol_tags(self.protocol) \
+            | {provenance.TAG_PREFIX + "eval_identity": protocol_id(self.protocol)}
         run = tracking.retry(self.client.create_run, self.exp_id, run_name=RUN_NAME, tags=tags, outage_s=self.outage_s)
         # a rival job's claim made at the same moment may still wait on the store (SQLite's lock: its insert retried
         # 0.2 s later, after this job's search); after the settle both claims are visible to both jobs, and the

@@ -137,17 +137,19 @@ def _evaluate(args, cfg, base, heldout):
     import mlflow
     from omegaconf import OmegaConf
 
-    from core.sampling import resolve_sampler
+    from evaluation import protocol as P
     from evaluation.evaluate import benchmark_rows, evaluate_checkpoint
 
     from . import provenance, tracking, mlflow_views
 
     eval_cfg = cfg.eval
-    sampler = resolve_sampler(str(eval_cfg.get("sampler", "auto")))
+    proto = P.resolve(eval_cfg, bool(cfg.model.get("chat_template", True)))
+    sampler = proto["sampler"]
     exp_id = tracking.setup_experiment(args.tracking_uri, args.experiment, "mlartifacts")
     with mlflow.start_run(experiment_id=exp_id, run_name=args.run_name or Path(str(args.checkpoint)).name,
-                          tags={"rlvr.kind": "evaluation", "rlvr.checkpoint": str(args.checkpoint), "rlvr.sampler": sampler,
-                                **provenance.tags(eval_cfg)}) as run:
+                          tags={"rlvr.kind": "evaluation", "rlvr.checkpoint": str(args.checkpoint),
+                                **provenance.tags(eval_cfg), **P.tags(proto),
+                                provenance.TAG_PREFIX + "eval_identity": P.protocol_id(proto)}) as run:
         out = Path(args.out or Path("eval_out") / f"{Path(str(args.checkpoint)).name}-{run.info.run_id[:12]}")
         mlflow.set_tag("rlvr.run_dir", str(out.resolve()))
         mlflow.log_params({f"eval.{k}": str(v)[:6000] for k, v in tracking.flatten(OmegaConf.to_container(eval_cfg, resolve=True)).items()})
@@ -176,6 +178,20 @@ def _read_base(path: str, eval_cfg, any_protocol: bool):
         print(f"error: --base-samples {path}: cannot be read as a samples table ({type(e).__name__}: "
               f"{str(e).splitlines()[0] if str(e) else ''})", file=sys.stderr)
         return None
+    from evaluation import protocol as P
+
+    theirs = P.read_beside(path)  # the base's protocol.json, when its evaluation folder has one
+    if theirs is not None:
+        try:
+            mine = P.resolve(eval_cfg)
+        except ValueError:
+            mine = None
+        differ = [d for d in P.differences(theirs, mine) if d.split(":")[0] in P.RESOLVED] if mine else []
+        if differ and not any_protocol:
+            print(f"error: --base-samples {path}: evaluated with another protocol than this one: {'; '.join(differ)} "
+                  "(its protocol.json; flip rates would compare the samplers, not the models; add --any-protocol)",
+                  file=sys.stderr)
+            return None
     n, cap = int(eval_cfg.n), int(eval_cfg.max_new_tokens)
     mine = pd.DataFrame({"benchmark": base["benchmark"], "prompt_id": base["prompt_id"], "prompt": base.get("prompt"),
                          "n_tokens": cap, "finish_reason": "length"}).drop_duplicates(["benchmark", "prompt_id"])

@@ -30,11 +30,6 @@ PACKAGES = {
 }
 ENV_KEYS = ("python", *PACKAGES, "cuda", "driver", "gpu", "gpu_count", "cpu", "bf16_units", "git_commit", "git_dirty")
 KEYS = (*ENV_KEYS, "eval_identity")
-#: evaluation settings that do not change the protocol a number was measured with: the decoding seed (a seed sweep
-#: repeats one protocol), whether the base model and which checkpoints are evaluated, the flip rates' k
-NOT_PROTOCOL = ("seed", "base", "checkpoints", "flip_k",
-                # and where and how fast it runs: paths, batching, the engine's memory and parallelism knobs
-                "data_dir", "batch_prompts", "score_rows", "device", "vllm")
 NONE = "none"  # a package that is not installed, a machine without a GPU
 CHECKOUT = Path(__file__).resolve().parent.parent
 
@@ -131,33 +126,25 @@ def environment() -> dict[str, str]:
     return {k: env[k] for k in ENV_KEYS}
 
 
-def eval_identity(eval_cfg) -> str:
-    """16-hex-digit SHA-256 of the evaluation protocol: the resolved ``eval`` group (benchmarks, samples, ks,
-    temperatures, lengths, prompt template, the sampler that runs) without :data:`NOT_PROTOCOL`. Two runs whose pass@k come from
-    different protocols are not comparable, whatever their versions."""
-    import hashlib
-    import json
+def eval_identity(eval_cfg, chat_template: bool = True) -> str:
+    """The id of the evaluation protocol ``eval_cfg`` runs under on this machine (:mod:`evaluation.protocol`: the
+    settings that change what is measured, with the sampler and dtype ``auto`` resolves to). Two runs whose pass@k come
+    from different protocols are not comparable, whatever their versions. A run's evaluation pins its sweep's protocol
+    and tags its id again (:mod:`orchestrator.sweep_protocol`)."""
+    from evaluation import protocol as P
 
-    from omegaconf import OmegaConf
-
-    from core.sampling import resolve_sampler
-
-    ev = OmegaConf.to_container(eval_cfg, resolve=True) if not isinstance(eval_cfg, dict) else dict(eval_cfg)
-    for key in NOT_PROTOCOL:
-        ev.pop(key, None)
-    try:  # the sampler that runs (auto: vLLM where it is installed), not the word auto
-        ev["sampler"] = resolve_sampler(str(ev.get("sampler", "auto")))
-    except Exception:
-        pass
-    return hashlib.sha256(json.dumps(ev, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    try:
+        return P.protocol_id(P.resolve(eval_cfg, chat_template))
+    except Exception:  # a sampler that cannot run here (a cluster point decides on its node): the settings alone
+        return P.protocol_id(P.settings(eval_cfg, chat_template))
 
 
-def tags(eval_cfg=None, env: dict[str, str] | None = None) -> dict[str, str]:
-    """The MLflow tags ``rlvr.env.<key>`` of :func:`environment` and, given the run's ``eval`` group, its
-    :func:`eval_identity`."""
+def tags(eval_cfg=None, env: dict[str, str] | None = None, chat_template: bool = True) -> dict[str, str]:
+    """The MLflow tags ``rlvr.env.<key>`` of :func:`environment` and, given the run's ``eval`` group (and whether its
+    prompts go through the chat template), its :func:`eval_identity`."""
     values = dict(env or environment())
     if eval_cfg is not None:
-        values["eval_identity"] = eval_identity(eval_cfg)
+        values["eval_identity"] = eval_identity(eval_cfg, chat_template)
     return {TAG_PREFIX + k: v for k, v in values.items()}
 
 

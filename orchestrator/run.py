@@ -156,7 +156,7 @@ def run(cfg: DictConfig) -> dict:
             "rlvr.git_commit": git_commit(), "rlvr.sweep_id": sweep_id, "rlvr.job_num": str(job_num),
             "rlvr.slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
             "rlvr.requeue_count": os.environ.get("SLURM_RESTART_COUNT", "0"), "rlvr.point": (point or name)[:4900],
-            **provenance.tags(cfg.eval)}
+            **provenance.tags(cfg.eval, chat_template=bool(cfg.model.get("chat_template", True)))}
     if warnings:
         tags["rlvr.warnings"] = " | ".join(warnings)[:5000]
     tags |= mlflow_views.parent_tags(exp_id, sweep_id, outage_s)  # nested under the sweep's run (a resumed run moves to this sweep)
@@ -284,6 +284,24 @@ def _start_run(pt: Point, decision, client) -> _Started:
     return _Started(active.info.run_id, pt.run_dir, -1, 0.0, recover, reuse, active)
 
 
+def evaluation_config(pt: Point):
+    """The point's config with its ``eval`` group pinned to the sweep's evaluation protocol
+    (:func:`orchestrator.sweep_protocol.resolve_for_sweep`: the sweep's first evaluation's sampler and dtype), and the
+    protocol tagged on the active run (:func:`evaluation.protocol.tags`, its id as ``rlvr.env.eval_identity``).
+
+    Raises:
+        orchestrator.sweep_protocol.ProtocolMismatch: this machine cannot evaluate under the sweep's protocol.
+    """
+    from evaluation import protocol as P
+
+    from .sweep_protocol import pinned_config
+
+    cfg, proto = pinned_config(pt.cfg, pt.exp_id, pt.sweep_id, pt.outage_s)
+    tracking.retry(mlflow.set_tags, P.tags(proto) | {provenance.TAG_PREFIX + "eval_identity": P.protocol_id(proto)},
+                   outage_s=pt.outage_s)
+    return cfg
+
+
 def _train_and_evaluate(pt: Point, decision, st: _Started, client, log_step, metrics_out) -> dict:
     """The point's work inside its open run: the config and (with uncommitted code) the diff logged, the datasets,
     the base model's evaluation started, training (or the recovered run's checkpoint and metrics taken), then the
@@ -306,11 +324,12 @@ def _train_and_evaluate(pt: Point, decision, st: _Started, client, log_step, met
     heldout = load_prompts(cfg.data, "eval")
     bench = benchmark_rows(cfg.eval, heldout)  # unreadable benchmark files fail here, before any training
     mlflow_views.log_datasets(st.run_id, cfg.data, load_prompts(cfg.data, "train"), bench, cfg.eval, pt.outage_s)
+    ecfg = evaluation_config(pt)  # the sweep's evaluation protocol, pinned: every evaluation of the sweep alike
     base = None
     if bool(cfg.eval.get("base", True)):
         from .base_model import BaseEvaluation
 
-        base = BaseEvaluation(cfg, pt.exp_id, pt.sweep_id, pt.job_num, Path(pt.sweep_id) if pt.sweep_id else run_dir,
+        base = BaseEvaluation(ecfg, pt.exp_id, pt.sweep_id, pt.job_num, Path(pt.sweep_id) if pt.sweep_id else run_dir,
                               heldout, pt.outage_s)
         base.ensure(wait=False)  # evaluated here now, unless another job already is
     if st.recover is not None:
@@ -337,7 +356,7 @@ def _train_and_evaluate(pt: Point, decision, st: _Started, client, log_step, met
             tracking.retry(mlflow.log_artifact, str(run_dir / TOKEN_PROBS), outage_s=pt.outage_s)
     tracking.retry(mlflow.set_tag, "rlvr.checkpoint", str(ckpt), outage_s=pt.outage_s)
     free_memory()
-    metrics = evaluate_run(cfg, run_dir, ckpt, heldout, base, pt.outage_s)
+    metrics = evaluate_run(ecfg, run_dir, ckpt, heldout, base, pt.outage_s)
     tracking.retry(mlflow.log_artifact, str(record_integrity(run_dir, ckpt)), outage_s=pt.outage_s)
     return metrics
 

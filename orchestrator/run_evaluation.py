@@ -152,17 +152,19 @@ def evaluate_run(cfg, run_dir: Path, final: Path, heldout, base=None,
     from evaluation.evaluate import evaluate_checkpoint
     from evaluation.tables import flip_metrics
 
+    from evaluation import protocol as P
+
     chat = bool(cfg.model.get("chat_template", True))
     final_metrics, evaluated = {}, []
-    final_step = None
+    final_step, protocol = None, None
     if str(cfg.eval.get("select_on", "final")) == "validation":
         final_step, final = select_on_validation(cfg, run_dir, final, outage_s)
     for step, path, out_dir, is_final in checkpoints_to_evaluate(cfg, run_dir, final, final_step):
         metrics, files, info = evaluate_checkpoint(path, cfg.eval, out_dir, heldout, chat, temperatures=is_final,
                                                    tools_cfg=cfg.get("tools"), score_budget=_token_budget(cfg))
         if is_final:
-            final_metrics = dict(metrics)
-            tracking.retry(mlflow.set_tags, {"rlvr.sampler": info["sampler"], "rlvr.entropy_method": str(info["entropy_method"])},
+            final_metrics, protocol = dict(metrics), info["protocol"]
+            tracking.retry(mlflow.set_tags, P.tags(protocol) | {"rlvr.entropy_method": str(info["entropy_method"])},
                            outage_s=outage_s)
         if not (out_dir / ".logged").exists():
             tracking.retry(mlflow.log_metrics, metrics | {"time/eval_s": info["eval_time_s"]}
@@ -173,6 +175,10 @@ def evaluate_run(cfg, run_dir: Path, final: Path, heldout, base=None,
         evaluated.append((step, out_dir, is_final))
     base_samples = base.ensure(wait=True) if base is not None else None
     if base_samples is None:
+        return final_metrics
+    differ = P.differences(base.protocol, protocol) if protocol is not None else []
+    if differ:  # never a pair across protocols (the base model is evaluated under the sweep's, as this run is)
+        log.warning("flip rates not computed: the base model was evaluated under another protocol (%s)", "; ".join(differ))
         return final_metrics
     flip_k = cfg.eval.get("flip_k")
     tracking.retry(mlflow.set_tags, {"rlvr.base_run_id": base.run_id, "rlvr.flip_rule": flip_rule(flip_k)},
@@ -206,9 +212,19 @@ def backfill_flips(cfg, exp_id: str, sweep_id: str, job_num, run_dir: Path, prio
 
     from .base_model import BaseEvaluation
 
+    from .sweep_protocol import pinned_config
+
     try:
+        cfg, _ = pinned_config(cfg, exp_id, sweep_id, outage_s)  # the base model under the sweep's protocol
         base = BaseEvaluation(cfg, exp_id, sweep_id, job_num, Path(sweep_id) if sweep_id else run_dir,
                               load_prompts(cfg.data, "eval"), outage_s)
+        from evaluation import protocol as P
+
+        differ = P.differences(P.of_tags(prior.data.tags) or base.protocol, base.protocol)
+        if differ:  # never a pair across protocols
+            log.warning("run %s: no flip rates: it was evaluated under another protocol than the base model (%s)",
+                        prior.info.run_id, "; ".join(differ))
+            return
         base_samples = base.ensure(wait=True)
         if base_samples is None:
             return

@@ -145,18 +145,28 @@ def short_labels(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def run_table(runs: pd.DataFrame, tracking_uri: str | None = None) -> pd.DataFrame:
-    """Run table: label, algorithm, swept hyperparameters, status, steps, the checkpoint the benchmarks evaluated
-    when a run chose it on a validation split (``eval.select_on=validation``: its step and on what), wall time, the
-    time of each phase (:data:`PHASE_COLUMNS`: the last training step's generate / log-probs / update split and the
-    final evaluation's sampling / entropy / verification / metrics split, seconds), run id."""
+    """Run table: label, algorithm, swept hyperparameters, status (a point that reuses an identical earlier run's
+    numbers: ``reuses <run id>``), steps, the checkpoint the benchmarks evaluated when a run chose it on a validation
+    split (``eval.select_on=validation``: its step and on what), how it was trained and evaluated (rollout sampler
+    and training precision; evaluation sampler and dtype), wall time, the time of each phase (:data:`PHASE_COLUMNS`:
+    the last training step's generate / log-probs / update split and the final evaluation's sampling / entropy /
+    verification / metrics split, seconds), run id."""
     if runs.empty:
         return pd.DataFrame()
     axes = [k for k in swept_params(runs) if not k.startswith("algo.")]
+    reused = runs["reused_from"] if "reused_from" in runs else [None] * len(runs)
     table = pd.DataFrame({
         "run": runs["label"], "algorithm": runs["algo"],
         **{k: [None if kind == "base" else p.get(k) for p, kind in zip(runs["params"], runs["kind"])] for k in axes},
-        "status": [("duplicate of " + str(d)[:8]) if k == "duplicate" else s for k, s, d in zip(runs["kind"], runs["status"], runs["duplicate_of"])],
-        "steps": runs["steps"], "wall time (s)": runs["wall_time_s"].round(1),
+        "status": [f"reuses {str(u)[:8]} ({s.lower()})" if isinstance(u, str) and u else
+                   ("duplicate of " + str(d)[:8]) if k == "duplicate" else s
+                   for k, s, d, u in zip(runs["kind"], runs["status"], runs["duplicate_of"], reused)],
+        "steps": runs["steps"],
+        "rollout": [t.get("rlvr.rollout_sampler") for t in runs["tags"]],
+        "precision": [t.get("rlvr.precision") for t in runs["tags"]],
+        "eval sampler": [t.get("rlvr.sampler") for t in runs["tags"]],
+        "eval dtype": [t.get("rlvr.eval_dtype") for t in runs["tags"]],
+        "wall time (s)": runs["wall_time_s"].round(1),
     })
     chosen = [t.get("rlvr.selected_step") for t in runs["tags"]]
     if any(chosen):  # the benchmarks evaluated this step's checkpoint, not the last (chosen on held-out prompts)

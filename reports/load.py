@@ -29,6 +29,12 @@ def load_runs(tracking_uri: str, experiment: str, sweeps=None, filter_string: st
     """One row per run of ``experiment``: ids, label, algorithm, status, kind, wall time, steps,
     and the ``params``/``metrics``/``tags`` dicts. Empty frame when the experiment does not exist.
 
+    A point recorded as a duplicate shows the numbers of the finished run it reuses (``rlvr.duplicate_of``): its row
+    takes that run's id, status, metrics, tags and wall time (so every table and figure reads that run's samples and
+    histories) under the point's own name and parameters, with ``kind`` ``trained`` and ``reused_from`` naming the
+    run (``record_id``: the duplicate record's own id). A re-run of a sweep, or a sweep extended by a point, is then
+    reported whole. A duplicate whose run is not in the store stays a ``duplicate`` row without numbers.
+
     Args:
         sweeps: only the runs of these sweeps (:func:`in_sweeps`), with the base-model runs their runs compared
             against (``rlvr.base_run_id``, which an earlier sweep may have made); None: every run.
@@ -41,17 +47,26 @@ def load_runs(tracking_uri: str, experiment: str, sweeps=None, filter_string: st
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     client = MlflowClient(tracking_uri=tracking_uri)
     exp = client.get_experiment_by_name(experiment)
-    cols = ["run_id", "label", "algo", "status", "kind", "duplicate_of", "wall_time_s", "steps", "params", "metrics", "tags"]
+    cols = ["run_id", "label", "algo", "status", "kind", "duplicate_of", "reused_from", "record_id", "wall_time_s",
+            "steps", "params", "metrics", "tags"]
     if exp is None:
         return pd.DataFrame(columns=cols)
     rows = []
     found = client.search_runs([exp.experiment_id], filter_string=filter_string or "", max_results=5000,
                                order_by=["attributes.start_time ASC"])
+    by_id = {r.info.run_id: r for r in found}
+    if filter_string:  # a duplicate's run may fall outside the filter: the whole experiment is where it is
+        by_id |= {r.info.run_id: r for r in client.search_runs([exp.experiment_id], max_results=5000)}
     if sweeps:
         own = [r for r in found if in_sweeps(r.data.tags, sweeps)]
-        bases = {r.data.tags.get("rlvr.base_run_id") for r in own} - {None, ""} - {r.info.run_id for r in own}
+        numbers = [reused(r, by_id) or r for r in own]  # the runs whose numbers the sweep's points show
+        bases = {r.data.tags.get("rlvr.base_run_id") for r in numbers} - {None, ""} - {r.info.run_id for r in own}
         found = [r for r in found if r.info.run_id in bases] + own
     for r in found:
+        source = reused(r, by_id)
+        record = r
+        if source is not None:  # the point's own name and parameters, the reused run's numbers
+            r = source
         tags = r.data.tags
         if tags.get("rlvr.kind") in ("report", "sweep"):  # the report runs and the sweeps' parent runs
             continue
@@ -59,16 +74,33 @@ def load_runs(tracking_uri: str, experiment: str, sweeps=None, filter_string: st
             continue
         end = r.info.end_time or r.info.start_time
         is_base = tags.get("rlvr.kind") == "base"
+        params = record.data.params if source is not None else r.data.params
         rows.append({
-            "run_id": r.info.run_id, "label": BASE_LABEL if is_base else (r.info.run_name or r.info.run_id[:8]),
-            "algo": "base model" if is_base else r.data.params.get("algo.name", "?"),
-            "status": r.info.status, "kind": tags.get("rlvr.kind", "trained"), "duplicate_of": tags.get("rlvr.duplicate_of"),
+            "run_id": r.info.run_id,
+            "label": BASE_LABEL if is_base else (record.info.run_name or record.info.run_id[:8]),
+            "algo": "base model" if is_base else params.get("algo.name", "?"),
+            "status": r.info.status, "kind": tags.get("rlvr.kind", "trained"),
+            "duplicate_of": record.data.tags.get("rlvr.duplicate_of"),
+            "reused_from": r.info.run_id if source is not None else None, "record_id": record.info.run_id,
             "wall_time_s": float(tags["rlvr.active_s"]) if tags.get("rlvr.active_s") else
                            (end - r.info.start_time) / 1000.0 if r.info.start_time else np.nan,
-            "steps": int(r.data.params.get("train.steps", 0) or 0) if tags.get("rlvr.kind") == "trained" else 0,
-            "params": dict(r.data.params), "metrics": dict(r.data.metrics), "tags": dict(tags),
+            "steps": int(params.get("train.steps", 0) or 0) if tags.get("rlvr.kind") == "trained" else 0,
+            "params": dict(params), "metrics": dict(r.data.metrics), "tags": dict(tags),
         })
     return pd.DataFrame(rows, columns=cols)
+
+
+
+def reused(run, by_id: dict):
+    """The finished trained run whose numbers a duplicate record ``run`` shows (its ``rlvr.duplicate_of``), or None
+    (not a duplicate, or its run is not in ``by_id`` or did not finish)."""
+    tags = run.data.tags
+    if tags.get("rlvr.kind") != "duplicate":
+        return None
+    source = by_id.get(tags.get("rlvr.duplicate_of") or "")
+    if source is None or source.info.status != "FINISHED" or source.data.tags.get("rlvr.kind") != "trained":
+        return None
+    return source
 
 
 

@@ -27,4 +27,4 @@ from .protocol import (ENTROPY_LOGITS_BUDGET, ENTROPY_METHOD, GENERATION_ENTROPY
 from .rollout import (ROLLOUT_SPEED, HFRollout, RolloutOptions, RolloutPlan, VLLMRollout, build_rollout,  # noqa: F401
                       choose_rollout_sampler, concat_generations)
 from .hf import HFSampler  # noqa: F401  (registers hf)
-from .vllm import VLLMSampler, running_engine_serves, vllm_engine_defaults  # noqa: F401  (registers vllm)
+from .vllm import VLLMSampler, vllm_engine_defaults  # noqa: F401  (registers vllm)
