@@ -32,7 +32,8 @@ def build(experiment: str, tracking_uri: str = "sqlite:///mlflow.db", baseline: 
             resolved against the current directory); baseline: run label or algorithm name for the
             paired-bootstrap differences; out_dir: where files go (default
             :func:`orchestrator.mlflow_views.report_folder`: ``reports_out/<experiment>/<sweep>`` for one sweep, with
-            ``reports_out/<experiment>/latest`` linked to it, else ``reports_out/<experiment>/all``);
+            ``reports_out/<experiment>/latest`` linked to it when it is the newest sweep (:func:`newest_sweep`),
+            else ``reports_out/<experiment>/all``);
             parent_run_id: the sweep's parent run, under which the report run is nested, and whose sweep's runs
             (``rlvr.sweep_id``) the report shows; sections: the paper tables shown first (``report.sections``,
             :mod:`reports.sections`; None: read back from the runs' config); sweeps: the sweeps shown (their
@@ -91,7 +92,7 @@ def build(experiment: str, tracking_uri: str = "sqlite:///mlflow.db", baseline: 
     html, _ = HTMLExporter(exclude_input=True, template_name="offline",  # no CDN script: opens offline
                            extra_template_basedirs=[str(TEMPLATE.parent)]).from_notebook_node(nb)
     html_path.write_text(html, encoding="utf-8")
-    if own:
+    if own and newest_sweep(tracking_uri, experiment, sweeps[0]):
         link_latest(out)
     figures = sorted((out / "figures").glob("*.png"))
     run_id = None
@@ -119,6 +120,24 @@ def _sweep_of(tracking_uri: str, parent_run_id: str) -> str:
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(tracking_uri=tracking_uri).get_run(parent_run_id).data.tags["rlvr.sweep_id"]
+
+
+def newest_sweep(tracking_uri: str, experiment: str, sweep: str) -> bool:
+    """True when ``sweep`` (a folder or its name) is the experiment's most recently started sweep (its parent run,
+    ``rlvr.kind=sweep``, started last), or when the store has no sweep runs to tell: ``latest`` is moved only by a
+    report of the newest sweep, so rebuilding an older sweep's report leaves it where it is."""
+    from mlflow.tracking import MlflowClient
+
+    from .load import in_sweeps
+
+    try:
+        client = MlflowClient(tracking_uri=tracking_uri)
+        exp = client.get_experiment_by_name(experiment)
+        last = client.search_runs([exp.experiment_id], filter_string="tags.`rlvr.kind` = 'sweep'",
+                                  order_by=["attributes.start_time DESC"], max_results=1) if exp else []
+    except Exception:  # noqa: BLE001 -- a store that cannot say: the report's own sweep is taken as the newest
+        return True
+    return not last or in_sweeps(last[0].data.tags, [sweep])
 
 
 def link_latest(folder: Path) -> Path:

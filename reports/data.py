@@ -420,26 +420,82 @@ def largest_k_key(runs: pd.DataFrame, benchmark: str = "mean") -> str | None:
 
 
 
-def baseline_differences(samples: dict, baseline: str, metric: str = "accuracy", n_boot: int = 2000) -> pd.DataFrame:
+def protocol_of(tags: dict) -> str | None:
+    """The id of the evaluation protocol a run was evaluated under (``rlvr.eval_protocol_id``, or for runs logged
+    before it the ``rlvr.env.eval_identity`` tag), None when it records neither."""
+    tags = tags or {}
+    return tags.get("rlvr.eval_protocol_id") or tags.get("rlvr.env.eval_identity")
+
+
+def protocols(runs: pd.DataFrame) -> dict:
+    """{run label: :func:`protocol_of` its tags} for ``runs``."""
+    return {} if runs.empty else {lab: protocol_of(t) for lab, t in zip(runs["label"], runs["tags"])}
+
+
+def base_by_protocol(runs: pd.DataFrame) -> dict:
+    """{protocol id: label of the first finished base-model run evaluated under it}."""
+    out: dict = {}
+    if runs.empty:
+        return out
+    for lab, kind, status, t in zip(runs["label"], runs["kind"], runs["status"], runs["tags"]):
+        if kind == "base" and status == "FINISHED":
+            out.setdefault(protocol_of(t), lab)
+    return out
+
+
+def protocol_difference(runs: pd.DataFrame, a: str, b: str) -> str:
+    """The settings runs ``a`` and ``b`` (labels) were evaluated differently with, one line (from their
+    ``rlvr.eval_protocol`` tags; "another protocol" when a run does not record it)."""
+    from evaluation.protocol import differences, of_tags
+
+    tags = dict(zip(runs["label"], runs["tags"]))
+    pa, pb = of_tags(tags.get(a, {})), of_tags(tags.get(b, {}))
+    return "; ".join(differences(pa, pb)) if pa and pb else "another evaluation protocol"
+
+
+def baseline_differences(samples: dict, baseline: str, metric: str = "accuracy", n_boot: int = 2000,
+                         protocols: dict | None = None, bases: dict | None = None) -> pd.DataFrame:
     """Per run: mean difference of per-prompt ``metric`` against ``baseline`` (a run label or an
-    algorithm's first run) with a paired prompt-bootstrap 95% CI, on the prompts both runs share."""
+    algorithm's first run) with a paired prompt-bootstrap 95% CI, on the prompts both runs share.
+
+    A pair is never formed across evaluation protocols: given ``protocols`` ({label: protocol id}, :func:`protocols`),
+    a run of another protocol than the baseline's is compared with the base model evaluated under its own protocol
+    when the baseline is a base model (``bases``: {protocol id: base label}, :func:`base_by_protocol`), else not at
+    all. The column ``against`` names the run each row was compared with; the runs left out are listed in the
+    result's ``attrs["refused"]`` ({label: the baseline it was not compared with}).
+    """
     from evaluation.metrics.modes import paired_bootstrap_ci
     from evaluation.tables import per_prompt_values
 
     if baseline not in samples:
         raise KeyError(f"baseline {baseline!r} has no samples; runs with samples: {sorted(samples)}")
-    base = per_prompt_values(samples[baseline], metric)
-    rows = {}
+    protocols, bases = protocols or {}, bases or {}
+    mine = protocols.get(baseline)
+    is_base = baseline in bases.values()
+    rows, refused = {}, {}
     for label, df in samples.items():
         if label == baseline:
             continue
+        against = baseline
+        theirs = protocols.get(label)
+        if mine is not None and theirs is not None and theirs != mine:
+            against = bases.get(theirs) if is_base else None
+            if against is None or against == label or against not in samples:
+                refused[label] = baseline
+                continue
+        ref = per_prompt_values(samples[against], metric)
         vals = per_prompt_values(df, metric)
-        common = base.index.intersection(vals.index)
+        common = ref.index.intersection(vals.index)
         if len(common) == 0:
             continue
-        ci = paired_bootstrap_ci(vals.loc[common].to_numpy(), base.loc[common].to_numpy(), n_boot=n_boot)
-        rows[label] = {"difference": ci["diff"], "ci_low": ci["ci_low"], "ci_high": ci["ci_high"], "prompts": ci["n_prompts"]}
-    return pd.DataFrame.from_dict(rows, orient="index")
+        ci = paired_bootstrap_ci(vals.loc[common].to_numpy(), ref.loc[common].to_numpy(), n_boot=n_boot)
+        rows[label] = {"difference": ci["diff"], "ci_low": ci["ci_low"], "ci_high": ci["ci_high"],
+                       "prompts": int(ci["n_prompts"]), "against": against}
+    out = pd.DataFrame.from_dict(rows, orient="index")
+    if len(out) and (out["against"] == baseline).all():
+        out = out.drop(columns="against")
+    out.attrs["refused"] = refused
+    return out
 
 
 

@@ -12,6 +12,32 @@ import pandas as pd
 from .load import BASE_LABEL
 
 
+_COUNT = re.compile(r"^(n|n_.*|.*_count|count|prompts|samples|.*_prompts|tokens|steps)$")
+
+
+def counts_as_integers(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with its count columns (named ``n``, ``n_*``, ``*count``, ``prompts``, ``*_prompts``, ``samples``,
+    ``tokens``, ``steps``) shown as integers where every value is a whole number (MLflow stores every metric as a
+    float: a flip-rate table's prompt counts read "2.000" otherwise)."""
+    out = None
+    for col in df.columns:
+        name = col[-1] if isinstance(col, tuple) else col
+        if not _COUNT.match(str(name)) or not pd.api.types.is_float_dtype(df[col]):
+            continue
+        vals = df[col].dropna()
+        if len(vals) and (vals == vals.round()).all():
+            out = df.copy() if out is None else out
+            out[col] = df[col].round().astype("Int64")
+    return df if out is None else out
+
+
+def scroll_box(html: str, html_id: str | None = None) -> str:
+    """``html`` (a table) in a box as wide as the page that scrolls sideways when the table is wider: a wide table is
+    read by scrolling, never cut at the page's edge."""
+    ident = f' id="{html_id}"' if html_id else ""
+    return f'<div class="rlvr-table"{ident} style="overflow-x:auto;max-width:100%">{html}</div>'
+
+
 def bold_best_html(df: pd.DataFrame, digits: int = 4) -> str:
     """HTML of ``df`` with the best (largest) value of each column in bold, values to ``digits`` places."""
     fmt = df.copy().astype(object)
@@ -158,16 +184,19 @@ class Page:
         """A note in italics (why a part is empty, what to sweep)."""
         self.markdown(f"*{text}*")
 
-    def table(self, df: pd.DataFrame, name: str | None = None, fmt=None) -> None:
-        """Show ``df`` and, given ``name``, export it. ``fmt``: None (values as pandas prints them), ``"best"`` (each
-        column's best value in bold, :func:`bold_best_html`), or a format spec for floats (``".4f"``)."""
+    def table(self, df: pd.DataFrame, name: str | None = None, fmt=None, html_id: str | None = None) -> None:
+        """Show ``df`` (in a box that scrolls sideways when the table is wider than the page; ``html_id``: the box's
+        id) and, given ``name``, export it. ``fmt``: None (values as pandas prints them), ``"best"`` (each column's
+        best value in bold, :func:`bold_best_html`), or a format spec for floats (``".4f"``); count columns print as
+        integers (:func:`counts_as_integers`)."""
+        df = counts_as_integers(df)
         if fmt == "best":
             text = bold_best_html(df)
         elif fmt is None:
             text = df.to_html(na_rep="-")
         else:
             text = df.to_html(na_rep="-", float_format=lambda v: format(v, fmt))
-        self.html(text)
+        self.html(scroll_box(text, html_id))
         if name:
             self.export(df, name)
 

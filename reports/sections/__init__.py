@@ -43,6 +43,7 @@ class Context:
     shown: pd.DataFrame
     done: pd.DataFrame
     tracking_uri: str
+    experiment: str = ""
     work_dir: Path | None = None
     baseline: str | None = None
     paper: list = field(default_factory=list)
@@ -103,6 +104,7 @@ class ReportSection:
     doc: str = ""
     tables: tuple = ()
     figure: Callable | None = None
+    collapsible: bool = True  # with nothing to show (only notes), folded into one line at the end of the report
 
     @property
     def paper(self) -> bool:
@@ -121,8 +123,10 @@ SECTIONS: Registry[ReportSection] = Registry("report section", packages=(__name_
 
 
 def register_section(name: str, title: str, *, build=None, show=None, needs: str = "", order: float | None = None,
-                     heading: str | None = None, doc: str = "", tables=(), figure=None) -> ReportSection:
-    """Register the report section ``name`` (module docstring: what each argument declares) and return it.
+                     heading: str | None = None, doc: str = "", tables=(), figure=None,
+                     collapsible: bool = True) -> ReportSection:
+    """Register the report section ``name`` (module docstring: what each argument declares; ``collapsible=False``: shown
+    in its place even when it has only notes, as the summary is) and return it.
 
     Raises:
         ValueError: the name is taken, or the section has neither ``build`` nor ``show``, ``show`` without an
@@ -137,7 +141,7 @@ def register_section(name: str, title: str, *, build=None, show=None, needs: str
     if figure is not None and build is None:
         raise ValueError(f"report section {name!r} has figure= but no build= (the table it draws)")
     return SECTIONS.register(name, ReportSection(name, title, build, show, needs, order, heading, doc, tuple(tables),
-                                                 figure))
+                                                 figure, collapsible))
 
 
 def paper_table(name: str, title: str, needs: str):
@@ -158,18 +162,68 @@ def claimed_tables() -> set:
     return {t for s in body() for t in s.tables}
 
 
-def show_section(sec: ReportSection, ctx: Context, page) -> None:
+class _Recorder:
+    """Stands in for a :class:`reports.render.Page` while a section writes: its calls are kept (files are exported at
+    once) and :meth:`replay` writes them to the page; ``shown`` says whether the section wrote a table, a figure or
+    HTML, i.e. has something to show beyond its heading, text and notes."""
+
+    def __init__(self, page):
+        self.page, self.calls, self.shown, self.notes = page, [], False, []
+
+    def __getattr__(self, name):
+        attr = getattr(self.page, name)
+        if not callable(attr) or name == "export":
+            return attr
+
+        def call(*args, **kwargs):
+            if name in ("table", "figure", "html"):
+                self.shown = True
+            if name == "note":
+                self.notes.append(str(args[0]) if args else "")
+            self.calls.append((name, args, kwargs))
+        return call
+
+    def replay(self) -> None:
+        for name, args, kwargs in self.calls:
+            getattr(self.page, name)(*args, **kwargs)
+
+
+def show_section(sec: ReportSection, ctx: Context, page) -> tuple[str, list[str]] | None:
     """Write ``sec`` into ``page``: its heading and ``doc``, then its ``show``, or else its ``build`` table and its
-    ``figure`` (a note naming ``needs`` when the sweep lacks the data). A plug-in section (one defined outside this
-    package) that raises leaves a one-line note and the report goes on; a built-in one's error stops the report."""
+    ``figure`` (a note naming ``needs`` when the sweep lacks the data). A section with nothing to show (only notes:
+    no table, figure or HTML) writes nothing and returns (its heading, its notes) for :func:`show_empty`'s line at the
+    end, unless it is not ``collapsible``. A plug-in section (one defined outside this package) that raises leaves a
+    one-line note and the report goes on; a built-in one's error stops the report."""
+    rec = _Recorder(page)
     if not plugin_section(sec):
-        _show_section(sec, ctx, page)
+        _show_section(sec, ctx, rec)
+    else:
+        try:
+            _show_section(sec, ctx, rec)
+        except Exception as e:  # noqa: BLE001 -- a plug-in's bug costs its own section, not the report
+            first = str(e).splitlines()[0] if str(e) else ""
+            rec.shown = True
+            rec.note(f"The plug-in section {sec.name!r} failed, so it is not shown: {type(e).__name__}: {first}")
+    if rec.shown or not sec.collapsible:
+        rec.replay()
+        return None
+    if not rec.notes:  # wrote nothing but its heading (the plug-in tables' section with no plug-in table)
+        return None
+    return sec.body_heading() or sec.title or sec.name, rec.notes
+
+
+def show_empty(page, empty: list) -> None:
+    """The sections that had nothing to show (:func:`show_section`'s returns), as one line at the end of the report,
+    each one's reason folded under it."""
+    import html
+
+    empty = [e for e in empty if e]
+    if not empty:
         return
-    try:
-        _show_section(sec, ctx, page)
-    except Exception as e:  # noqa: BLE001 -- a plug-in's bug costs its own section, not the report
-        first = str(e).splitlines()[0] if str(e) else ""
-        page.note(f"The plug-in section {sec.name!r} failed, so it is not shown: {type(e).__name__}: {first}")
+    reasons = "".join(f"<li><b>{html.escape(h)}</b>: {html.escape(' '.join(n) or 'no data')}</li>" for h, n in empty)
+    page.html(f'<p class="rlvr-empty"><em>Nothing to show in this sweep for: '
+              f'{html.escape("; ".join(h for h, _ in empty))}.</em></p>'
+              f"<details><summary>why, and what to sweep for each</summary><ul>{reasons}</ul></details>")
 
 
 def plugin_section(sec: ReportSection) -> bool:

@@ -16,9 +16,15 @@ def _show(ctx, page) -> None:
         bad = [p for p in ctx.sample_problems if p.startswith(f"{label} (run ")]
         page.note(f"Baseline {label!r}: " + (bad[0] if bad else "no samples.parquet among the finished runs."))
         return
-    diffs = R.baseline_differences(samples, label)
-    page.markdown(f"Per-prompt accuracy minus baseline `{label}`:")
+    diffs = R.baseline_differences(samples, label, protocols=R.protocols(ctx.shown),
+                                   bases=R.base_by_protocol(ctx.runs))
+    page.markdown(f"Per-prompt accuracy minus baseline `{label}`" + (
+        " (each run against the base model evaluated under its own protocol, column `against`)"
+        if "against" in diffs else "") + ":")
     page.table(diffs, "baseline_differences", fmt=".4f")
+    for run, base in diffs.attrs.get("refused", {}).items():
+        page.note(f"{run} is not compared with {base}: evaluated under another protocol "
+                  f"({R.protocol_difference(ctx.runs, run, base)}), and no base model was evaluated under its own.")
 
 
 register_section("baseline", "Differences against the baseline (paired prompt bootstrap, 95% CI)", order=150,

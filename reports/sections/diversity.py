@@ -16,9 +16,7 @@ def _show(ctx, page) -> None:
     if len(similarity):
         page.markdown("Mean pairwise similarity among each prompt's correct responses, per benchmark:")
         page.table(similarity, "similarity", fmt=".4f")
-    samples = ctx.samples
-    for problem in ctx.sample_problems:  # named once here; the sections that need these samples leave the run out
-        page.note(f"Left out of every per-sample section: {problem}")
+    samples = ctx.samples  # runs whose samples could not be read are named once, in the summary
     sim = R.prompt_similarities(samples)
     if sim.empty:
         page.note("No similarity among correct answers: no prompt has two correct responses.")

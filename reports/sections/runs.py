@@ -9,8 +9,7 @@ def _show(ctx, page) -> None:
         page.note("No runs.")
         return
     table = R.run_table(ctx.runs)
-    page.html(table.to_html(na_rep="-"))
-    page.export(table, "runs")
+    page.table(table, "runs")
 
 
 register_section("runs", "Runs", order=10, show=_show)

@@ -28,10 +28,16 @@ def _show(ctx, page) -> None:
     if study_base is None:
         page.note(f"No baseline method among {sorted(methods)} (report.baseline={ctx.baseline!r}): no study comparison.")
         return
+    methods, left_out = _one_protocol(ctx, methods, study_base)
+    if left_out:
+        page.note(f"Runs evaluated under another protocol than {study_base}'s are left out of the study (a pair is "
+                  f"never formed across protocols): {', '.join(left_out)}.")
     out = Path(ctx.work_dir) / "study"
     out.mkdir(parents=True, exist_ok=True)
     ks = [int(c.split("@")[1]) for c in R.passk_table(ctx.shown).columns if c.startswith("pass@") and c.split("@")[1].isdigit()]
-    base_lab = L.base_label(ctx.runs) if L.base_label(ctx.runs) in samples else None
+    proto = R.protocols(ctx.shown).get(methods[study_base][0])
+    base_lab = R.base_by_protocol(ctx.runs).get(proto, L.base_label(ctx.runs)) if proto else L.base_label(ctx.runs)
+    base_lab = base_lab if base_lab in samples else None
     files = {lab: Path(ctx.work_dir) / "samples" / rid / "samples.parquet"
              for lab, rid in zip(ctx.shown["label"], ctx.shown["run_id"])
              if lab in samples and (lab == base_lab or any(lab in v for v in methods.values()))}
@@ -48,6 +54,19 @@ def _show(ctx, page) -> None:
     else:
         _base_curves(ctx, page, S, study, methods)
     _training(ctx, page, methods, out)
+
+
+def _one_protocol(ctx, methods: dict, baseline: str) -> tuple[dict, list]:
+    """(methods with only the runs evaluated under the baseline method's protocol, the labels left out)."""
+    protocols = R.protocols(ctx.shown)
+    mine = protocols.get(methods[baseline][0])
+    kept, left = {}, []
+    for m, labels in methods.items():
+        ok = [lab for lab in labels if mine is None or protocols.get(lab) in (None, mine)]
+        left += [lab for lab in labels if lab not in ok]
+        if ok:
+            kept[m] = ok
+    return kept, left
 
 
 def _base_curves(ctx, page, S, study, methods) -> None:
