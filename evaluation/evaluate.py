@@ -21,10 +21,12 @@ from tqdm.auto import tqdm
 
 from core.config_keys import DEVICE, B, BadValue, F, I, L, S, Spec, check_value
 from core.progress import LineProgress
-from core.sampling import SamplerOptions, SamplingSettings, build_sampler, resolve_sampler
+from core.sampling import SamplerOptions, SamplingSettings, build_sampler
 
 from core.tasks import get_task, score_responses
 
+from . import protocol as P
+from .protocol import evaluation_sampler  # noqa: F401  (re-exported: the sampler is part of the protocol)
 from .tables import TABLES, budget_metrics, compute_tables, metric_key  # noqa: F401  (metric_key re-exported)
 
 log = logging.getLogger("rlvr")
@@ -185,31 +187,6 @@ def _set_aside_stale_samples(eval_cfg, out_dir: Path, sampler=None) -> None:
             samples.rename(stale)
             print(f"evaluation: {samples} was drawn with other sampling settings ({old}); kept as {stale.name}")
     meta.write_text(json.dumps(settings))
-
-
-def evaluation_sampler(eval_cfg, sampler: str | None = None) -> str:
-    """The sampler an evaluation uses: ``sampler`` or ``eval.sampler`` resolved (:func:`core.sampling.resolve_sampler`:
-    ``auto`` is vLLM where a GPU is visible, transformers elsewhere), except that when a benchmark's task calls tools
-    only a sampler that declares ``supports_tools`` serves it (``auto`` then takes the first of them that can run here).
-    A function of the evaluation settings and the machine only, never of how the checkpoint was trained (part of the
-    evaluation protocol, :mod:`evaluation.protocol`).
-
-    Raises:
-        ValueError: the sampler cannot run here, or one without tool support asked for tool benchmarks.
-    """
-    from core.sampling import SAMPLERS, tool_samplers
-
-    asked = str(sampler or eval_cfg.get("sampler", "auto"))
-    tool_benches = [b for b in eval_cfg.benchmarks if getattr(get_task(b), "tools", ())]
-    if tool_benches:
-        able = tool_samplers()
-        if asked == "auto":
-            ready = [n for n in able if SAMPLERS[n].missing() is None]
-            asked = ready[0] if ready else (able[0] if able else "auto")
-        elif asked not in able:
-            raise ValueError(f"eval.sampler={asked!r}: benchmarks {tool_benches} call tools, which only the "
-                             f"samplers {able} run (set eval.sampler={able[0] if able else 'hf'})")
-    return resolve_sampler(asked)
 
 
 def benchmark_rows(eval_cfg, heldout_rows=None) -> dict[str, list[dict]]:
@@ -521,7 +498,6 @@ def evaluate_checkpoint(model_path, eval_cfg, out_dir, heldout_rows=None, chat_t
 
     t0 = time.time()
     timings: collections.Counter = collections.Counter()
-    from . import protocol as P
 
     model_path = evaluable(model_path)  # a LoRA adapter folder: its base with the adapter merged
     name = evaluation_sampler(eval_cfg, sampler)

@@ -4,7 +4,7 @@ machine that evaluates, so that numbers are compared only when they were measure
 A protocol is the ``eval`` settings that change what is measured (benchmarks, samples per prompt, ks, temperatures,
 top-p, response length, prompt template, per-benchmark decoding, extra temperatures, prompts per benchmark, entropy)
 with the two choices ``auto`` leaves to the hardware made explicit: the **sampler** (``eval.sampler``:
-:func:`evaluation.evaluate.evaluation_sampler`, vLLM where a GPU is visible, transformers elsewhere) and its **dtype**
+:func:`evaluation_sampler`, vLLM where a GPU is visible, transformers elsewhere) and its **dtype**
 (``eval.dtype``, or ``eval.vllm.dtype`` for vLLM: bfloat16 where the device computes it natively), plus whether
 prompts go through the model's chat template. Both are a function of the evaluation settings and of the machine the
 evaluation runs on, never of how a point was trained: a point whose rollouts ran on vLLM is evaluated like one whose
@@ -37,6 +37,32 @@ def _container(eval_cfg) -> dict:
     if isinstance(eval_cfg, dict):
         return json.loads(json.dumps(eval_cfg, default=str))
     return OmegaConf.to_container(eval_cfg, resolve=True)
+
+
+def evaluation_sampler(eval_cfg, sampler: str | None = None) -> str:
+    """The sampler an evaluation uses: ``sampler`` or ``eval.sampler`` resolved (:func:`core.sampling.resolve_sampler`:
+    ``auto`` is vLLM where a GPU is visible, transformers elsewhere), except that when a benchmark's task calls tools
+    only a sampler that declares ``supports_tools`` serves it (``auto`` then takes the first of them that can run here).
+    A function of the evaluation settings and the machine only, never of how the checkpoint was trained (part of the
+    evaluation protocol, :mod:`evaluation.protocol`).
+
+    Raises:
+        ValueError: the sampler cannot run here, or one without tool support asked for tool benchmarks.
+    """
+    from core.sampling import SAMPLERS, resolve_sampler, tool_samplers
+    from core.tasks import get_task
+
+    asked = str(sampler or eval_cfg.get("sampler", "auto"))
+    tool_benches = [b for b in eval_cfg.benchmarks if getattr(get_task(b), "tools", ())]
+    if tool_benches:
+        able = tool_samplers()
+        if asked == "auto":
+            ready = [n for n in able if SAMPLERS[n].missing() is None]
+            asked = ready[0] if ready else (able[0] if able else "auto")
+        elif asked not in able:
+            raise ValueError(f"eval.sampler={asked!r}: benchmarks {tool_benches} call tools, which only the "
+                             f"samplers {able} run (set eval.sampler={able[0] if able else 'hf'})")
+    return resolve_sampler(asked)
 
 
 def sampler_dtype(eval_cfg, sampler: str) -> str:
@@ -77,13 +103,11 @@ def settings_key(eval_cfg, chat_template: bool = True) -> str:
 
 def resolve(eval_cfg, chat_template: bool = True) -> dict:
     """The protocol ``eval_cfg`` runs under on this machine: :func:`settings` with ``sampler`` and ``dtype``
-    resolved (:func:`evaluation.evaluate.evaluation_sampler`, :func:`sampler_dtype`).
+    resolved (:func:`evaluation_sampler`, :func:`sampler_dtype`).
 
     Raises:
         ValueError: the configured sampler cannot run here (names it and why).
     """
-    from .evaluate import evaluation_sampler
-
     sampler = evaluation_sampler(eval_cfg)
     return {**settings(eval_cfg, chat_template), "sampler": sampler, "dtype": sampler_dtype(eval_cfg, sampler)}
 

@@ -143,7 +143,7 @@ def _evaluate(args, cfg, base, heldout):
     from . import provenance, tracking, mlflow_views
 
     eval_cfg = cfg.eval
-    proto = P.resolve(eval_cfg, bool(cfg.model.get("chat_template", True)))
+    proto = P.resolve(eval_cfg)  # prompts through the chat template, as evaluate_checkpoint renders them here
     sampler = proto["sampler"]
     exp_id = tracking.setup_experiment(args.tracking_uri, args.experiment, "mlartifacts")
     with mlflow.start_run(experiment_id=exp_id, run_name=args.run_name or Path(str(args.checkpoint)).name,

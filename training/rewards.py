@@ -19,8 +19,9 @@ def row_rewards(responses: list[str], rows: list[dict], answered: bool = False, 
             answer was refused as an echo of the prompt or an expression where a value is asked (``echo``), as two
             (B,) bool tensors (:mod:`core.tasks.answer_forms`; False for tasks without an answer form).
     Returns:
-        (rewards (B,) float32, correct (B,) bool[, answered (B,) bool][, format_miss (B,) bool, echo (B,) bool]). A
-        malformed response scores the task's lowest reward, never raises.
+        (rewards (B,) float32, correct (B,) bool), followed by answered (B,) bool when ``answered`` and by format_miss
+        (B,) bool and echo (B,) bool when ``forms``. A malformed response scores the task's lowest reward, never
+        raises.
     Raises:
         ValueError: lengths differ, or a row whose task is not registered (naming it).
     """

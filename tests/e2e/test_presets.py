@@ -303,5 +303,7 @@ def test_search_agent_twin_trains_with_tool_calls_and_the_report_shows_them(tmp_
     assert m["eval/kind/search_general/pass_at_1"] == m["eval/search_demo/pass_at_1"]
     html = (tmp_path / "trgrpo_search_cpu" / "reports_out" / "trgrpo_search_cpu" / "latest" / "report.html").read_text()
     assert html.index('id="paper-trgrpo_search"') < html.index('id="Tool-use"')
-    section = html[html.index('id="Tool-use"'):html.index('id="Distinct-correct-solutions')]
+    from tests.e2e.test_sweep import _section
+
+    section = _section(html, "Tool-use")
     assert "no_answer_share" in section and f"{m['eval/search_demo/tool_calls']:.4f}" in section

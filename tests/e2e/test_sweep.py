@@ -151,7 +151,8 @@ def test_samples_parquet_is_an_artifact_with_the_documented_columns(sweep_dir, t
     client, runs = _served(sweep_dir)
     run = next(r for r in runs if r.data.tags.get("rlvr.kind") == "trained")
     names = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"samples.parquet", "passk.csv", "config.yaml", "verifier.csv", "verifier_disagreements.csv"} <= names
+    assert {"samples.parquet", "passk.csv", "config.yaml", "verifier.csv", "verifier_disagreements.csv",
+            "protocol.json"} <= names
     mlflow.set_tracking_uri((sweep_dir / "server_uri").read_text())
     path = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="samples.parquet", dst_path=str(tmp_path))
     df = pd.read_parquet(path)
@@ -165,6 +166,9 @@ def test_samples_parquet_is_an_artifact_with_the_documented_columns(sweep_dir, t
     assert df["reference_correct"].notna().all()
     assert run.data.metrics["eval/arithmetic/verifier_disagreement"] == pytest.approx(
         (df["correct"] != df["reference_correct"].astype(bool)).mean())
+    # the answer form's verdict on every sample (issue 55): the format-miss share logged is the share recomputed here
+    assert set(df["answer_status"]) <= {"stated", "missing", "restated", "not_a_value"}
+    assert run.data.metrics["eval/arithmetic/format_miss"] == pytest.approx((df["answer_status"] == "missing").mean())
 
 
 @pytest.fixture(scope="module")
@@ -285,6 +289,14 @@ def test_an_unknown_report_section_stops_the_sweep_before_any_work(tmp_path):
     assert _runs(tmp_path)[1] == []
 
 
+def _section(html: str, heading_id: str) -> str:
+    """The report's section whose heading's id starts with ``heading_id``, up to the next section's heading (sections
+    with nothing to show are folded into one line at the end, so the next heading depends on the sweep)."""
+    start = html.index(f'id="{heading_id}')
+    end = html.find("<h2", start)
+    return html[start:end if end > 0 else None]
+
+
 def _assert_clean_notebook(path):
     import nbformat
 
@@ -305,7 +317,7 @@ def test_sweep_ends_with_an_executed_report_whose_passk_table_matches_mlflow(swe
     client, runs = _served(sweep_dir)
     trained = [r for r in runs if r.data.tags.get("rlvr.kind") == "trained"]
     # the pass@k section: every logged pass@k value of every run appears, to 4 decimals, after that heading
-    section = html[html.index('id="pass@k"'):html.index('id="Distinct-correct-solutions')]
+    section = _section(html, "pass@k")
     for run in trained:
         for key, value in run.data.metrics.items():
             if re.match(r"eval/(arithmetic|mean)/pass_at_\d+$", key):
@@ -320,18 +332,19 @@ def test_sweep_ends_with_an_executed_report_whose_passk_table_matches_mlflow(swe
     # the base model's row opens the pass@k tables, with its logged values; flip rates name their rule
     base = next(r for r in runs if r.data.tags.get("rlvr.kind") == "base")
     assert "Initialization" in section and f"{base.data.metrics['eval/mean/pass_at_1']:.4f}" in section
-    flips = html[html.index('id="Flip-rates-against-the-base-model"'):html.index('id="Evaluation-over-training')]
+    flips = _section(html, "Flip-rates-against-the-base-model")
     assert "literal: unsolved = no correct sample among all n" in flips
     # with no --baseline, the paired differences are against the base model
-    diffs = html[html.index('id="Differences-against-the-baseline'):]
+    diffs = _section(html, "Differences-against-the-baseline")
     assert "minus baseline <code>Initialization</code>" in diffs
     # ExPPO's Shared-set disagreement against the base model, and qualitative examples naming every run
-    modes = html[html.index('id="Answer-modes'):html.index('id="Qualitative-examples')]
+    modes = _section(html, "Answer-modes")
     assert "Delta-D against <code>Initialization</code>" in modes or "The Shared set is empty" in modes
-    examples = html[html.index('id="Qualitative-examples'):html.index('id="Grader-check')]
+    examples = _section(html, "Qualitative-examples") if 'id="Qualitative-examples' in html else html[html.index(
+        'class="rlvr-empty"'):]
     assert "<table" in examples or "No run has a correct sample" in examples
     # the grader audit's table: every run's logged disagreement share, to 4 decimals
-    grader = html[html.index('id="Grader-check'):]
+    grader = _section(html, "Grader-check")
     for run in trained + [base]:
         assert f"{run.data.metrics['eval/arithmetic/verifier_disagreement']:.4f}" in grader
     assert "verifier_disagreement" in grader
@@ -404,10 +417,20 @@ def test_over_http_the_sweep_is_one_parent_with_datasets_system_metrics_and_down
         assert b"RLVR sweep report" in f.read()
 
 
+#: the report's result tables (not the run table, whose status, ids and wall times say which run made the numbers)
+RESULT_TABLES = ("summary", "passk_arithmetic", "baseline_differences", "flip_rates", "verifier", "entropy", "ucc",
+                 "modes", "training_summary")
+
+
+def _report_folder(sweep_dir, sweep_id):
+    return sweep_dir / "reports_out" / "rlvr" / Path(sweep_id).name
+
+
 def test_a_rerun_is_a_new_parent_whose_children_are_the_duplicate_records(sweep_dir):
+    """A plain re-run: every point recorded as a duplicate of the first sweep's runs, and its report shows them whole:
+    the same result tables as the first sweep's report, no note of failures, and ``latest`` moved to it."""
     uri = (sweep_dir / "server_uri").read_text()
-    proc = _sweep(sweep_dir, "-m", "algo=quatro,gspo", "delta=0.01,0.1", *TINY, f"tracking.uri={uri}", *SERVER_ARGS,
-                  "report.enabled=false")
+    proc = _sweep(sweep_dir, "-m", "algo=quatro,gspo", "delta=0.01,0.1", *TINY, f"tracking.uri={uri}", *SERVER_ARGS)
     assert proc.returncode == 0, proc.stderr[-3000:]
     exp = _rest(uri, "/api/2.0/mlflow/experiments/get-by-name?experiment_name=rlvr")["experiment"]
     runs = _search(uri, exp["experiment_id"])
@@ -417,6 +440,15 @@ def test_a_rerun_is_a_new_parent_whose_children_are_the_duplicate_records(sweep_
     assert len(children) == 4 and {_tags(r)["rlvr.kind"] for r in children} == {"duplicate"}
     ids = {p["info"]["run_id"] for p in parents}
     assert all(_tags(r).get("mlflow.parentRunId") in ids for r in runs if r not in parents)  # no run is orphaned
+    first, again = (_report_folder(sweep_dir, _tags(p)["rlvr.sweep_id"]) for p in parents)
+    for name in RESULT_TABLES:
+        a, b = (pd.read_csv(f / "paper" / f"{name}.csv", index_col=0) for f in (first, again))
+        pd.testing.assert_frame_equal(a, b, obj=name)
+    html = (again / "report.html").read_text()
+    assert "No run of this experiment finished" not in html and "for the failures" not in html
+    assert (sweep_dir / "reports_out" / "rlvr" / "latest").resolve() == again.resolve()
+    status = pd.read_csv(again / "paper" / "runs.csv", index_col=0)["status"]
+    assert sum(s.startswith("reuses ") for s in status) == 4  # each point names the run whose numbers it shows
 
 
 PROBE = """<script>
@@ -431,7 +463,13 @@ window.addEventListener('load', function () {
     paper: Array.prototype.map.call(document.querySelectorAll('.paper-table'), function (d) {
       return [d.getAttribute('data-section'), d.querySelectorAll('td').length, d.getBoundingClientRect().height > 0]; }),
     shown: imgs.filter(function (i) { return i.complete && i.naturalWidth > 0 && i.getBoundingClientRect().width > 0; }).length,
-    alt: imgs.filter(function (i) { return (i.getAttribute('alt') || '').trim().length > 0; }).length});
+    alt: imgs.filter(function (i) { return (i.getAttribute('alt') || '').trim().length > 0; }).length,
+    viewport: [window.innerWidth, window.innerHeight],
+    summary: (function (s) { if (!s) return null; var r = s.getBoundingClientRect();
+      return [r.top + window.scrollY, r.bottom + window.scrollY, s.querySelectorAll('tbody tr').length]; })(
+      document.getElementById('rlvr-summary')),
+    wide: Array.prototype.filter.call(document.querySelectorAll('.rlvr-table'), function (d) {
+      return d.scrollWidth > d.clientWidth; }).map(function (d) { return getComputedStyle(d).overflowX; })});
   document.body.appendChild(out);
 });
 </script>"""
@@ -441,7 +479,8 @@ def render_in_browser(report: Path, tmp_path: Path, screenshot: str) -> dict:
     """Open ``report`` (a report.html) offline in headless Chromium (Debian's ``chromium``, installed by .ci/run;
     the test is skipped without it): returns what the page saw once loaded (``errors``: script and resource errors;
     ``images``/``shown``/``alt``: <img> elements, those decoded and laid out, those with alt text; ``paper``: [section, cells, visible] per paper
-    table; ``title``), and keeps a full-width screenshot as ``screenshot`` in test-artifacts/ (or
+    table; ``title``; at a 1280x800 window, ``viewport``, ``summary``: [top, bottom, rows] of the summary table in page
+    pixels; ``wide``: the overflow style of each table box wider than the page), and keeps a full-width screenshot as ``screenshot`` in test-artifacts/ (or
     $RLVR_TEST_ARTIFACTS)."""
     import shutil
 
@@ -453,7 +492,8 @@ def render_in_browser(report: Path, tmp_path: Path, screenshot: str) -> dict:
     probe = tmp_path / "probe.html"
     probe.write_text(html.replace("<head>", "<head>" + PROBE, 1), encoding="utf-8")
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'profile'}"]
-    proc = subprocess.run([browser, *flags, "--dump-dom", "--virtual-time-budget=10000", probe.as_uri()],
+    proc = subprocess.run([browser, *flags, "--window-size=1280,800", "--dump-dom", "--virtual-time-budget=10000",
+                           probe.as_uri()],
                           capture_output=True, text=True, timeout=180)
     m = re.search(r'<pre id="rlvr-browser-check">(.*?)</pre>', proc.stdout, re.S)
     assert m, proc.stderr[-2000:]
@@ -475,6 +515,11 @@ def test_the_report_renders_in_a_real_browser_with_every_figure_shown(sweep_dir,
     assert check["errors"] == [] and check["title"] == "RLVR sweep report: rlvr"
     assert check["images"] == len(figures) >= 3 and check["shown"] == check["images"], check
     assert check["alt"] == check["images"], check  # issue 46: every figure has alt text (what it shows)
+    # issue 55: the first screen (1280x800) holds the summary table, every run a row; a wide table scrolls, never cut
+    assert check["viewport"] == [1280, 800] and check["summary"] is not None, check
+    top, bottom, rows = check["summary"]
+    assert 0 < top < bottom <= 800 and rows == 5, check  # the base model, three trained points and the reused one
+    assert check["wide"] and set(check["wide"]) == {"auto"}, check  # the run table is wider than the page
 
 
 def test_mlflow_ui_opens_the_sweep_on_its_runs_table(sweep_dir, tmp_path):
@@ -646,3 +691,28 @@ def test_a_tracking_uri_that_cannot_be_used_is_one_line_before_any_work(tmp_path
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert exit_.value.code == 2 and len(lines) == 1 and f"tracking.uri={uri!r}: {fragment}" in lines[0], lines
     assert time.time() - t0 < 30 and not (tmp_path / "multirun").exists()
+
+
+def test_a_sweep_extended_by_a_point_reports_the_reused_points_beside_the_new_one(sweep_dir, monkeypatch):
+    """The fixture's sweep extended by GRPO: only GRPO trains; its report's pass@k table has the reused points' rows
+    with the numbers of the first sweep's report beside GRPO's own. Rebuilding the first sweep's report afterwards
+    leaves ``latest`` on the newest sweep's. Last in the module with the reproduce test: it adds runs to the store."""
+    from reports.build import build
+
+    uri = (sweep_dir / "server_uri").read_text()
+    proc = _sweep(sweep_dir, "-m", "algo=quatro,gspo,grpo", "delta=0.01,0.1", *TINY, f"tracking.uri={uri}", *SERVER_ARGS)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    exp = _rest(uri, "/api/2.0/mlflow/experiments/get-by-name?experiment_name=rlvr")["experiment"]
+    runs = _search(uri, exp["experiment_id"])
+    parents = sorted((r for r in runs if _tags(r)["rlvr.kind"] == "sweep"), key=lambda r: int(r["info"]["start_time"]))
+    children = [r for r in runs if _tags(r).get("mlflow.parentRunId") == parents[-1]["info"]["run_id"]]
+    assert sorted(_tags(r)["rlvr.algo"] for r in children if _tags(r)["rlvr.kind"] == "trained") == ["grpo"]
+    first, extended = (_report_folder(sweep_dir, _tags(p)["rlvr.sweep_id"]) for p in (parents[0], parents[-1]))
+    old = pd.read_csv(first / "paper" / "passk_arithmetic.csv", index_col=0)
+    new = pd.read_csv(extended / "paper" / "passk_arithmetic.csv", index_col=0)
+    assert len(new) == len(old) + 2 and {"grpo delta=0.01", "grpo delta=0.1"} <= set(new.index), list(new.index)
+    pd.testing.assert_frame_equal(new.loc[old.index], old)  # the reused points' numbers, as the first report has them
+    monkeypatch.chdir(sweep_dir)
+    build("rlvr", uri, sweeps=[_tags(parents[0])["rlvr.sweep_id"]], log_to_mlflow=False)  # an older sweep's report
+    assert (sweep_dir / "reports_out" / "rlvr" / "latest").resolve() == extended.resolve()
+

@@ -21,7 +21,8 @@ from tests.e2e.test_sweep import _runs
 pytestmark = pytest.mark.skipif(SAMPLERS["vllm"].missing() is not None,
                                 reason="vLLM is not installed (scripts/install.sh installs its CPU build)")
 COLUMNS = ["benchmark", "prompt_id", "sample_idx", "prompt", "gold", "response", "n_tokens", "finish_reason",
-           "extracted_answer", "correct", "reference_correct", "mean_token_entropy", "seed", "subset", "tool_calls"]
+           "extracted_answer", "correct", "reference_correct", "mean_token_entropy", "seed", "subset", "tool_calls",
+           "answer_status"]
 N, PROMPTS = 2, 2  # the sweep's eval.n and eval.max_prompts (EVAL)
 
 

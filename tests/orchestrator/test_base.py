@@ -18,8 +18,12 @@ def _cfg(*overrides):
     return cfg
 
 
-def _hash(*overrides):
-    return B.base_hash(B.base_identity(_cfg(*overrides), "hf"))
+def _hash(*overrides, sampler=None):
+    from evaluation import protocol as P
+
+    cfg = _cfg(*overrides)
+    proto = P.resolve(cfg.eval)
+    return B.base_hash(B.base_identity(cfg, {**proto, **({"sampler": sampler} if sampler else {})}))
 
 
 def test_base_identity_is_what_determines_the_base_samples():
@@ -30,7 +34,8 @@ def test_base_identity_is_what_determines_the_base_samples():
     for other in (["eval.n=8", "eval.ks=[1,2]"], ["eval.temperature=0.7"], ["eval.max_new_tokens=9"], ["model=smollm2-135m"],
                   ["data.n_eval=10"]):
         assert _hash(*other) != h, other  # the held-out arithmetic split comes from the data config
-    assert B.base_hash(B.base_identity(_cfg(), "vllm")) != h
+    assert _hash(sampler="vllm") != h  # the evaluation protocol: another sampler samples otherwise
+    assert _hash("eval.dtype=bfloat16") != h  # another dtype (auto is float32 on the tests' CPU flags)
     math_eval = ["eval.benchmarks=[aime24]"]
     assert _hash(*math_eval, "data.n_eval=10") == _hash(*math_eval)  # no held-out split: the data set is irrelevant
 

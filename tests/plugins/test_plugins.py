@@ -114,7 +114,13 @@ def test_one_plugin_of_every_kind_runs_through_one_sweep_point(tmp_path):
     html = (out / "report.html").read_text()
     assert 'id="paper-toy_reward_range"' in html and "Reward range over training (a plug-in section)" in html
     assert html.index('id="paper-toy_reward_range"') < html.index('id="Cost"')
-    assert html.rindex("Reward range over training (a plug-in section)") > html.index("Qualitative examples")  # order=500
+    from reports import sections as S
+
+    import re
+
+    at = html.rindex("Reward range over training (a plug-in section)")  # order=500: after every built-in section shown
+    heads = [re.search(rf"<h2[^>]*>{re.escape(s.body_heading())}<", html) for s in S.body() if s.order < 500 and s.body_heading()]
+    assert len([h for h in heads if h]) > 3 and all(h.start() < at for h in heads if h)
     table = pd.read_csv(out / "paper" / "toy_reward_range.csv", index_col=0)
     assert list(table.columns) == ["first", "last", "range"] and len(table) == 1
     assert table.iloc[0].tolist() == pytest.approx([rewards[0], rewards[-1], max(rewards) - min(rewards)])

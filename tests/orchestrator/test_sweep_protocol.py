@@ -1,0 +1,103 @@
+"""One evaluation protocol per sweep (issue 55): the protocol is a function of the evaluation settings and the machine
+only; the sweep's first evaluation records what ``auto`` resolved to on its parent run, later ones use the record or
+stop with one line; a report pairs runs only inside one protocol. On a real MLflow store (SQLite)."""
+import json
+
+import pandas as pd
+import pytest
+from mlflow.tracking import MlflowClient
+
+from evaluation import protocol as P
+from orchestrator import mlflow_views, tracking
+from orchestrator.preflight import sweep_points
+from orchestrator.sweep_protocol import TAG_PREFIX, ProtocolMismatch, resolve_for_sweep
+
+
+def _cfg(*overrides):
+    [(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke", *overrides])
+    return cfg
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    exp_id = tracking.setup_experiment(uri, "protocol-test", str(tmp_path / "art"))
+    sweep_id = str(tmp_path / "multirun" / "S")
+    parent = mlflow_views.open_sweep_run(exp_id, sweep_id, "abc", argv=["sweep.py"])
+    return exp_id, sweep_id, parent, MlflowClient(tracking_uri=uri)
+
+
+def test_the_protocol_depends_on_evaluation_settings_and_the_machine_not_on_training():
+    base = P.resolve(_cfg().eval)
+    assert base["sampler"] == "hf" and base["dtype"] == "float32"  # no GPU; the tests' CPU flags have no bf16 units
+    for training in (["train.rollout.sampler=vllm"], ["algo=gspo", "train.lr=1e-3"], ["train.precision=fp32"]):
+        assert P.resolve(_cfg(*training).eval) == base, training
+    for replicate in (["eval.seed=7"], ["eval.base=false"], ["eval.batch_prompts=2"], ["eval.flip_k=2"]):
+        assert P.protocol_id(P.resolve(_cfg(*replicate).eval)) == P.protocol_id(base), replicate
+    for other in (["eval.max_new_tokens=9"], ["eval.temperature=0.7"], ["eval.dtype=bfloat16"], ["eval.n=8", "eval.ks=[1,8]"]):
+        differ = P.differences(base, P.resolve(_cfg(*other).eval))
+        assert differ and all(" vs " in d for d in differ), other
+    assert P.differences(base, {**base, "sampler": "vllm"}) == ["sampler: hf vs vllm"]
+
+
+def test_the_first_evaluation_records_the_choice_and_later_ones_use_it(sweep):
+    exp_id, sweep_id, parent, client = sweep
+    cfg = _cfg()
+    key = TAG_PREFIX + P.settings_key(cfg.eval)
+    pinned, proto = resolve_for_sweep(cfg, exp_id, sweep_id)
+    assert json.loads(client.get_run(parent).data.tags[key]) == {"sampler": "hf", "dtype": "float32"}
+    assert pinned.sampler == "hf" and pinned.dtype == "float32" and proto == P.resolve(cfg.eval)
+    # a later job on a machine that would choose otherwise (here: its record says bfloat16) takes the sweep's choice
+    client.set_tag(parent, key, json.dumps({"sampler": "hf", "dtype": "bfloat16"}))
+    pinned, proto = resolve_for_sweep(cfg, exp_id, sweep_id)
+    assert pinned.dtype == "bfloat16" and proto["dtype"] == "bfloat16" and proto["sampler"] == "hf"
+    # another evaluation setting of the same sweep is its own protocol, with its own record
+    other = _cfg("eval.temperature=0.7")
+    _, proto7 = resolve_for_sweep(other, exp_id, sweep_id)
+    assert proto7["temperature"] == 0.7 and TAG_PREFIX + P.settings_key(other.eval) in client.get_run(parent).data.tags
+
+
+def test_a_machine_that_cannot_run_the_sweeps_protocol_stops_with_one_line(sweep):
+    exp_id, sweep_id, parent, client = sweep
+    cfg = _cfg()
+    client.set_tag(parent, TAG_PREFIX + P.settings_key(cfg.eval), json.dumps({"sampler": "nosuch", "dtype": "float32"}))
+    with pytest.raises(ProtocolMismatch) as e:
+        resolve_for_sweep(cfg, exp_id, sweep_id)
+    msg = str(e.value)
+    assert "\n" not in msg and "sampler=nosuch" in msg and "sampler: nosuch vs hf" in msg
+
+
+def test_outside_a_multirun_the_machine_decides():
+    cfg = _cfg()
+    pinned, proto = resolve_for_sweep(cfg, "0", None)
+    assert proto == P.resolve(cfg.eval) and pinned.sampler == "hf"
+
+
+def _samples(correct):
+    rows = [{"benchmark": "a", "prompt_id": str(p), "sample_idx": i, "correct": bool(c)}
+            for p, cs in enumerate(correct) for i, c in enumerate(cs)]
+    return pd.DataFrame(rows)
+
+
+def test_the_report_pairs_runs_only_inside_one_protocol():
+    """Two sweeps' runs, one evaluated with hf (with its base), one with vllm (with its own base): against the base
+    model each run takes the base of its protocol; against a trained run of the other protocol a run is refused."""
+    from reports import data as R
+
+    base_hf = _samples([[0, 0], [1, 0], [0, 0], [1, 1]])
+    base_vl = _samples([[0, 0], [0, 0], [0, 0], [0, 0]])
+    run_hf = _samples([[1, 0], [1, 1], [0, 0], [1, 1]])
+    run_vl = _samples([[1, 1], [0, 0], [0, 0], [1, 0]])
+    samples = {"Initialization": base_hf, "Initialization #2": base_vl, "grpo": run_hf, "grpo #2": run_vl}
+    protocols = {"Initialization": "H", "grpo": "H", "Initialization #2": "V", "grpo #2": "V"}
+    bases = {"H": "Initialization", "V": "Initialization #2"}
+    d = R.baseline_differences(samples, "Initialization", n_boot=200, protocols=protocols, bases=bases)
+    assert d.loc["grpo", "against"] == "Initialization" and d.loc["grpo #2", "against"] == "Initialization #2"
+    assert d.loc["grpo", "difference"] == pytest.approx((0.5 + 1 + 0 + 1) / 4 - (0 + 0.5 + 0 + 1) / 4)
+    assert d.loc["grpo #2", "difference"] == pytest.approx((1 + 0 + 0 + 0.5) / 4 - 0)  # its own base, by hand
+    assert d.attrs["refused"] == {"Initialization #2": "Initialization"}  # one base against the other: refused
+    d = R.baseline_differences(samples, "grpo", n_boot=200, protocols=protocols, bases=bases)
+    assert "grpo #2" not in d.index and d.attrs["refused"] == {"grpo #2": "grpo", "Initialization #2": "grpo"}
+    assert list(d.index) == ["Initialization"]
+    # without protocols (runs logged before they were recorded) every pair is formed, as before
+    assert len(R.baseline_differences(samples, "grpo", n_boot=200)) == 3
