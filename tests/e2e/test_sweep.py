@@ -437,7 +437,7 @@ def test_a_rerun_is_a_new_parent_whose_children_are_the_duplicate_records(sweep_
     parents = sorted((r for r in runs if _tags(r)["rlvr.kind"] == "sweep"), key=lambda r: int(r["info"]["start_time"]))
     assert len(parents) == 2 and all(p["info"]["status"] == "FINISHED" for p in parents)
     children = [r for r in runs if _tags(r).get("mlflow.parentRunId") == parents[1]["info"]["run_id"]]
-    assert len(children) == 4 and {_tags(r)["rlvr.kind"] for r in children} == {"duplicate"}
+    assert sorted(_tags(r)["rlvr.kind"] for r in children) == ["duplicate"] * 4 + ["report"]
     ids = {p["info"]["run_id"] for p in parents}
     assert all(_tags(r).get("mlflow.parentRunId") in ids for r in runs if r not in parents)  # no run is orphaned
     first, again = (_report_folder(sweep_dir, _tags(p)["rlvr.sweep_id"]) for p in parents)
@@ -468,7 +468,7 @@ window.addEventListener('load', function () {
     summary: (function (s) { if (!s) return null; var r = s.getBoundingClientRect();
       return [r.top + window.scrollY, r.bottom + window.scrollY, s.querySelectorAll('tbody tr').length]; })(
       document.getElementById('rlvr-summary')),
-    wide: Array.prototype.filter.call(document.querySelectorAll('.rlvr-table'), function (d) {
+    wide: Array.prototype.filter.call(document.querySelectorAll('.rlvr-table, .rlvr-table table'), function (d) {
       return d.scrollWidth > d.clientWidth; }).map(function (d) { return getComputedStyle(d).overflowX; })});
   document.body.appendChild(out);
 });
@@ -480,7 +480,7 @@ def render_in_browser(report: Path, tmp_path: Path, screenshot: str) -> dict:
     the test is skipped without it): returns what the page saw once loaded (``errors``: script and resource errors;
     ``images``/``shown``/``alt``: <img> elements, those decoded and laid out, those with alt text; ``paper``: [section, cells, visible] per paper
     table; ``title``; at a 1280x800 window, ``viewport``, ``summary``: [top, bottom, rows] of the summary table in page
-    pixels; ``wide``: the overflow style of each table box wider than the page), and keeps a full-width screenshot as ``screenshot`` in test-artifacts/ (or
+    pixels; ``wide``: the overflow style of each table (or its box) whose content is wider than it), and keeps a full-width screenshot as ``screenshot`` in test-artifacts/ (or
     $RLVR_TEST_ARTIFACTS)."""
     import shutil
 
@@ -515,11 +515,13 @@ def test_the_report_renders_in_a_real_browser_with_every_figure_shown(sweep_dir,
     assert check["errors"] == [] and check["title"] == "RLVR sweep report: rlvr"
     assert check["images"] == len(figures) >= 3 and check["shown"] == check["images"], check
     assert check["alt"] == check["images"], check  # issue 46: every figure has alt text (what it shows)
-    # issue 55: the first screen (1280x800) holds the summary table, every run a row; a wide table scrolls, never cut
-    assert check["viewport"] == [1280, 800] and check["summary"] is not None, check
+    # issue 55: the first screen of a 1280x800 window (its page area: 1280 x 657 in headless Chromium) holds the
+    # summary table, every run a row; a wide table scrolls, never cut
+    width, height = check["viewport"]
+    assert width == 1280 and 600 < height <= 800 and check["summary"] is not None, check
     top, bottom, rows = check["summary"]
-    assert 0 < top < bottom <= 800 and rows == 5, check  # the base model, three trained points and the reused one
-    assert check["wide"] and set(check["wide"]) == {"auto"}, check  # the run table is wider than the page
+    assert 0 < top < bottom <= height and rows == 5, check  # the base model, three trained points and the reused one
+    assert check["wide"] and set(check["wide"]) <= {"auto", "scroll"}, check  # the run table is wider than the page
 
 
 def test_mlflow_ui_opens_the_sweep_on_its_runs_table(sweep_dir, tmp_path):
