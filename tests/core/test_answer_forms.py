@@ -236,3 +236,20 @@ def test_the_boxed_form_by_hand(response, gold, correct):
     row = {"id": "x", "problem": "A problem.", "prompt": "A problem.\nPut your final answer within \\boxed{}.",
            "gold": gold, "task": "math500"}
     assert score_responses([response], [row])[0].correct is correct
+
+
+def test_samples_drawn_before_answer_forms_are_graded_again_not_resampled():
+    """An evaluation resumed from a samples file written before answer forms (no ``answer_status`` column) grades its
+    samples again: the echo plain math-verify paid is now wrong, the stated answer stays right."""
+    import pandas as pd
+
+    from evaluation.evaluate import regrade
+
+    row = _arith_row("0", "+", "8")
+    old = pd.DataFrame({"benchmark": ["arithmetic"] * 3, "prompt_id": [row["id"]] * 3, "sample_idx": [0, 1, 2],
+                        "response": ["To solve 0 + 8,", "0 + 8 = 8", "other prompt"], "correct": [True, True, False],
+                        "extracted_answer": ["0 + 8", "8", None], "reference_correct": [True, True, False]})
+    old.loc[2, "prompt_id"] = "not-in-rows"  # a prompt the evaluation no longer has keeps its verdicts
+    new = regrade(old, {"arithmetic": [row]})
+    assert new["correct"].tolist() == [False, True, False]
+    assert new["answer_status"].tolist() == [RESTATED, STATED, None] and new["reference_correct"].tolist()[:2] == [True, True]
