@@ -344,7 +344,8 @@ def _check_one(item: tuple) -> Check:
     reference = _verify(gold_plain, pred_plain)
     if answer == NO_ANSWER:
         return Check(False, None, bool(reference))
-    if answer != tail:
+    whole = answer == tail  # this project's verdict reads the whole response (else only the answer a form read)
+    if not whole:
         tail, pred_plain = answer, _parse(answer)
 
     text = _FBOX.sub(r"\\boxed", tail)
@@ -364,7 +365,7 @@ def _check_one(item: tuple) -> Check:
             text = (f"${content}$" if percent else f"\\boxed{{{content}}}") + text[end:]
     pred = pred_plain if text == tail else _parse(text)
     extracted = str(pred[-1]) if pred else None
-    ok = reference if (pred is pred_plain and gold_ours is gold_plain) else _verify(gold_ours, pred)
+    ok = reference if (whole and pred is pred_plain and gold_ours is gold_plain) else _verify(gold_ours, pred)
     if ok and extracted is not None:
         # math-verify drops a base subscript (52_8 reads as 52): numerals in bases must name the same bases
         gold_bases, pred_bases = _BASE_NUMBER.findall(gold), _BASE_NUMBER.findall(extracted)

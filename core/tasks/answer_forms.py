@@ -20,21 +20,27 @@ for ``\\boxed{}`` always means ``boxed`` (:func:`form_of`):
     The final answer is a number stated as a value: the last ``\\boxed{}`` when there is one (it must hold a number
     literal, optionally after ``... =``), else the last number literal of the response that is not an operand of an
     arithmetic operator. A literal is an operand when nothing but operators stands between it and the number before or
-    after it: the symbols + - * / ^ x (and their LaTeX and Unicode forms) and the words plus, minus, times, by, over,
-    and, to, from, multiplied, divided, added, subtracted ("3 + 5", "add 5 to 4", "the sum of 2 and 3"); spaces,
-    ``$``, brackets and Markdown's ``**`` are ignored. "5 + 4 = 9" states 9 (after "="); "The answer is -3" states -3
-    (a sign, not an operator, after a word); "To solve 0 + 8," states nothing.
+    after it: the symbols + - * / ^ x (and their LaTeX and Unicode forms: ``\\times``, ``\\cdot``, ``\\oplus``, ×, ∗,
+    ⋅, •, ＋, ...) and the words plus, minus, times, by, over, and, to, from, of, with, than, more, less, add,
+    multiplied, divided, added, subtracted ("3 + 5", "add 5 to 4", "the sum of 2 and 3"); spaces, LaTeX spacing,
+    ``\\text{}``, ``$``, ``&``, commas, periods, brackets and Markdown's ``**`` are ignored, and a line break is never
+    an operator. The value is then judged alone (not the response around it). "5 + 4 = 9" states 9 (after "="); "The
+    answer is -3" states -3 (a sign, not an operator, after a word); "9 (5 + 4)" states 9; "To solve 0 + 8," states
+    nothing.
 
 Both forms then refuse, with no credit, an answer that
 
-- **restates the prompt** (``restated``): an expression (it applies an operator; a leading sign does not count) whose
-  numbers, letters and operators, in any order, are those of a stretch of the prompt's math between two words
-  ("0 + 8", "8 + 0", "$2^3 + 1$", "1 + 2^3" for "What is $2^3 + 1$?"), unless it is the gold as written (a problem
-  whose answer is one of its own expressions); or
+- **restates the prompt** (``restated``): an expression (it applies an operator, ``|x|``, ``\\lfloor``, ``\\gcd``,
+  ``\\binom``, ``\\max``, ``\\mod`` included; a leading sign does not count) whose numbers, letters and operators,
+  in any order and in any of their spellings (``6/3``, ``6 \\div 3`` and ``\\frac{6}{3}`` are one), are those of a
+  stretch of the prompt's math between two words ("0 + 8", "8 + 0", "$2^3 + 1$", "1 + 2^3" for "What is $2^3 + 1$?"),
+  unless it is the gold as written, in any order (a problem whose answer is one of its own expressions); or
 - **is an expression where a value is asked** (``not_a_value``): it applies an arithmetic operation (+, binary -, x,
-  ^, !) directly to two numbers (or a number's factorial) where the gold as written does not ("3 + 5" for 8, "2^{10}"
-  for 1024, "6 \\cdot 2" for 12; "2^{10}" stays right for the gold "2^{10}"). Fractions and radicals are values
-  ("\\frac{1}{2}" for 0.5, "\\sqrt{12}" for "2\\sqrt{3}").
+  ^, !) directly to two bare numbers (or a number's factorial) where the gold as written does not ("3 + 5" for 8,
+  "2^{10}" for 1024, "6 \\cdot 2" for 12; "2^{10}" stays right for the gold "2^{10}"); a number is not bare when it
+  is a root's, a power's or a fraction's argument, a term's coefficient or a unit's power ("\\sqrt{2}+1", "-4+5i",
+  "25\\text{ cm}^2" are values). Fractions and radicals are values ("\\frac{1}{2}" for 0.5, "\\sqrt{12}" for
+  "2\\sqrt{3}").
 
 A statement "expression = value" is read by its right-hand side ("\\boxed{3 + 5 = 8}" states 8). The statuses are kept
 per sample (``answer_status`` in ``samples.parquet``), counted as the ``format_miss`` share and the echoes the grader
@@ -92,25 +98,31 @@ def register_form(form: AnswerForm) -> AnswerForm:
 # ----------------------------------------------------------------------------- reading math text
 
 _NUMBER_RAW = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\d,]*\d)|\d+(?:\.\d+)?")
+#: what makes two number literals one expression when it is all that stands between them (after :data:`_NORMALISE`)
 _OPERATOR_GAP = re.compile(
-    r"(?:[+\-−–*×·/÷^x]|\\times|\\cdot|\\div|\\ast|\\pm|plus|minus|times|by|over|and|to|from|multiplied|divided"
+    r"(?:[+\-*/^x]|\\pm|\\oplus|plus|minus|times|by|over|and|to|from|of|with|than|more|less|add|multiplied|divided"
     r"|added|subtracted)+")
-_IGNORED_IN_GAP = re.compile(r"\*\*|\\left|\\right|\\[()\[\]]|[\s$(){}\[\]]")
+_IGNORED_IN_GAP = re.compile(r"\\left|\\right|[\s$(){}\[\]&,.]")
 _NORMALISE = [
-    (re.compile(r"\\(?:text|mbox|mathrm|textbf|textit|operatorname)\s*\{([^{}]*)\}"), r" \1 "),
+    (re.compile(r"\\(?:text|mbox|mathrm|textbf|textit|operatorname|mathbin|mathrm)\s*\{([^{}]*)\}"), r" \1 "),
     (re.compile(r"\\(?:left|right|displaystyle|bigl?|bigr?|Bigl?|Bigr?)\b"), " "),
-    (re.compile(r"\\[!,;: ]|~|\$|\\\(|\\\)|\\\[|\\\]"), " "),
+    (re.compile(r"\\(?:q?quad)\b|\\[!,;: ]|~|\$|\\\(|\\\)|\\\[|\\\]"), " "),
     (re.compile(r"\\[dt]frac\b"), r"\\frac"),
-    (re.compile(r"\\times\b|\\cdot\b|\\ast\b|×|·|∙"), "*"),
+    (re.compile(r"\\[dt]binom\b"), r"\\binom"),
+    (re.compile(r"\\(?:lvert|rvert|vert|mid)\b|\\\||∣"), "|"),
+    (re.compile(r"\*\*(?=\s*\d)"), "^"),            # 2**3 (Python's power); Markdown's **bold** is dropped below
+    (re.compile(r"\*\*"), " "),
+    (re.compile(r"\\times\b|\\cdot\b|\\ast\b|[×·∙∗⋅•✕✖]"), "*"),
     (re.compile(r"\\div\b|÷"), "/"),
+    (re.compile(r"\\oplus\b|[＋➕]"), "+"),
     (re.compile(r"[−–]"), "-"),
-    (re.compile(r"\*\*"), "^"),
 ]
-_TOKEN = re.compile(r"\d+(?:\.\d+)?|\\[A-Za-z]+|[A-Za-z]+|[+\-*/^!=<>,]|[.?;:]")
+_TOKEN = re.compile(r"\d+(?:\.\d+)?|\\[A-Za-z]+|[A-Za-z]+|[+\-*/^!=<>,|]|[.?;:]")
 #: tokens that make a text an expression (an operation), not an atom
-OPERATORS = frozenset({"+", "-", "*", "/", "^", "!", "\\frac", "\\sqrt", "\\binom", "\\pm", "\\sum", "\\prod",
-                       "\\log", "\\ln", "\\sin", "\\cos", "\\tan", "\\cdot", "\\times", "\\div"})
-_SEPARATOR = "|"
+OPERATORS = frozenset({"+", "-", "*", "/", "^", "!", "|", "\\sqrt", "\\binom", "\\pm", "\\sum", "\\prod", "\\log",
+                       "\\ln", "\\sin", "\\cos", "\\tan", "\\lfloor", "\\lceil", "\\gcd", "\\max", "\\min", "\\mod",
+                       "\\bmod", "\\pmod", "\\lcm", "\\exp"})
+_SEPARATOR = "§"
 
 
 def _is_number(tok: str) -> bool:
@@ -119,9 +131,10 @@ def _is_number(tok: str) -> bool:
 
 def math_tokens(text: str) -> list[str]:
     """The tokens of math in ``text``: numbers, letters (variables), LaTeX commands and operators, in order, with
-    brackets and braces dropped (grouping) and ``\\times``/``\\cdot``/``×`` read as ``*``, ``\\div``/``÷`` as ``/``,
-    ``\\dfrac`` as ``\\frac``; each word of two or more letters and each sentence mark (. ? ; :) becomes a separator
-    ``|`` (the stretches of math between words: "Compute 0 + 8. Answer ..." -> ``0 + 8 |`` ...)."""
+    brackets and braces dropped (grouping) and one spelling per operation (``\\times``, ``\\cdot``, ``×``, ``∗``: ``*``;
+    ``\\div``, ``÷`` and ``\\frac``: ``/``, so ``6/3`` and ``\\frac{6}{3}`` are one restatement; ``\\dbinom``:
+    ``\\binom``; ``\\lvert``: ``|``); each word of two or more letters and each sentence mark (. ? ; :) becomes a
+    separator ``§`` (the stretches of math between words: "Compute 0 + 8. Answer ..." -> ``0 + 8 §`` ...)."""
     t = str(text or "")
     for pattern, repl in _NORMALISE:
         t = pattern.sub(repl, t)
@@ -129,6 +142,8 @@ def math_tokens(text: str) -> list[str]:
     for tok in _TOKEN.findall(t):
         if tok in ".?;:" or (tok[0].isalpha() and len(tok) > 1):
             tok = _SEPARATOR
+        elif tok == "\\frac":
+            tok = "/"
         if tok == _SEPARATOR and out and out[-1] == _SEPARATOR:
             continue
         out.append(tok)
@@ -159,9 +174,9 @@ def restates(answer: str, prompt: str, gold: str = "") -> bool:
     if not is_expression(ans):
         return False
     a = _atoms(math_tokens(ans))
-    if gold and a == _atoms(math_tokens(gold)):
-        return False
     want, n = Counter(a), len(a)
+    if gold and want == Counter(_atoms(math_tokens(gold))):
+        return False  # the gold as written, in any order
     seg: list[str] = []
     for tok in math_tokens(prompt) + [_SEPARATOR]:
         if tok != _SEPARATOR:
@@ -174,15 +189,25 @@ def restates(answer: str, prompt: str, gold: str = "") -> bool:
     return False
 
 
+_OPEN = frozenset({None, "+", "-", "*", "=", ",", "<", ">", _SEPARATOR})  # what may stand beside a bare number
+
+
 def numeric_operations(text: str) -> set[str]:
-    """The arithmetic operations ``text`` applies directly to two numbers (``+``, ``-``, ``*``, ``^``) or to one
-    (``!``, a factorial): "2^3+1" -> {"^", "+"}; "\\frac{1}{2}", "2\\sqrt{3}", "-5" -> {}."""
-    toks = _atoms(math_tokens(text))
+    """The arithmetic operations ``text`` applies directly to two bare numbers (``+``, ``-``, ``*``, ``^``) or to one
+    (``!``, a factorial): "2^3+1" -> {"^"} (the + adds to a power), "3 + 5" -> {"+"}; "\\frac{1}{2}", "2\\sqrt{3}",
+    "-5", "\\sqrt{2}+1" (the 2 is the root's), "4+5i" (5i is a term), "25\\text{ cm}^2" (a unit's power) -> {}. A number is bare when what stands on its other
+    side is nothing, an operator of the same or a looser binding, or a word."""
+    toks = math_tokens(text)
+
+    def at(j):
+        return toks[j] if 0 <= j < len(toks) else None
+
     ops = set()
     for i, t in enumerate(toks):
-        if t in ("+", "-", "*", "^") and 0 < i < len(toks) - 1 and _is_number(toks[i - 1]) and _is_number(toks[i + 1]):
+        left = _is_number(at(i - 1)) and at(i - 2) in _OPEN
+        if t in ("+", "-", "*", "^") and left and _is_number(at(i + 1)) and at(i + 2) in _OPEN:
             ops.add(t)
-        elif t == "!" and i > 0 and _is_number(toks[i - 1]):
+        elif t == "!" and left:
             ops.add("!")
     return ops
 
@@ -214,14 +239,23 @@ def _literals(text: str) -> list[tuple[int, int, str]]:
 
 
 def _operator_gap(gap: str) -> bool:
-    g = _IGNORED_IN_GAP.sub("", gap.lower())
+    """True when nothing but operators stand in ``gap`` (the text between two number literals). A line break is never
+    an operator (a list, a Markdown rule): "9\\n\\n---\\n*5 + 4*" states 9."""
+    if "\n" in gap:
+        return False
+    if gap.strip() == "**":
+        return True  # 2**3: Python's power (** around a number elsewhere is Markdown's bold)
+    g = gap
+    for pattern, repl in _NORMALISE:
+        g = pattern.sub(repl, g)
+    g = _IGNORED_IN_GAP.sub("", g.lower())
     return bool(g) and _OPERATOR_GAP.fullmatch(g) is not None
 
 
 def stated_number(response: str) -> tuple[str | None, bool]:
     """(the last number literal of ``response`` that is not an operand of an arithmetic operator, or None; whether the
     response holds an operand, i.e. an expression of numbers). See the module docstring for the rule."""
-    text = str(response or "")
+    text = re.sub(r"(?<=\d)\\,(?=\d{3}(?!\d))", "", str(response or ""))  # 1\,024: LaTeX's thousands separator
     lits = _literals(text)
     found, expression = None, False
     for i, (start, end, value) in enumerate(lits):

@@ -219,7 +219,7 @@ def test_restatement_and_value_rules_by_hand():
     assert not restates("-3", "Compute 0 - 3.")  # a sign is not an operation
     assert not restates("2^{10}", "Which is larger, $2^{10}$ or $10^3$?", gold="2^{10}")  # the gold as written
     assert not restates("0 + 9", "Compute 0 + 8.")
-    assert numeric_operations("2^3+1") == {"^", "+"} and numeric_operations("5!") == {"!"}
+    assert numeric_operations("2^3+1") == {"^"} and numeric_operations("5!") == {"!"}  # the + adds to a power
     assert numeric_operations("\\frac{1}{2}") == set() and numeric_operations("2\\sqrt{3}") == set()
     assert numeric_operations("-5") == set() and numeric_operations("3 \\cdot 4") == {"*"}
 
@@ -253,3 +253,39 @@ def test_samples_drawn_before_answer_forms_are_graded_again_not_resampled():
     new = regrade(old, {"arithmetic": [row]})
     assert new["correct"].tolist() == [False, True, False]
     assert new["answer_status"].tolist() == [RESTATED, STATED, None] and new["reference_correct"].tolist()[:2] == [True, True]
+
+
+# Found by trying to break the grader (2026-12-06): each case scored the other way before its fix.
+@pytest.mark.parametrize("a,op,b,response,correct", [
+    ("5", "+", "4", "9 (5 + 4)", True), ("5", "+", "4", "9\n\nWant to try 3 + 3 next?", True),  # the answer judged alone
+    ("3", "-", "7", "−4", True), ("3", "-", "7", "The answer is −4", True), ("2", "-", "9", "(-7)", True),
+    ("3", "-", "7", "3 - 7 = - 4", True), ("5", "+", "4", "9\n\n---\n*5 + 4*", True),  # a line break is no operator
+    ("0", "+", "8", "$0 \\, + \\, 8$", False), ("0", "+", "8", "0 ＋ 8", False), ("0", "+", "8", "0 & + 8", False),
+    ("0", "+", "8", "0, plus 8", False), ("0", "+", "8", "0 \\text{ plus } 8", False), ("0", "+", "8", "0 \\mathbin{+} 8", False),
+    ("0", "+", "8", "0 \\oplus 8", False), ("0", "+", "8", "0 ➕ 8", False), ("1", "*", "8", "1 ∗ 8", False),
+    ("1", "*", "8", "1 ⋅ 8", False), ("1", "*", "8", "1 • 8", False), ("1", "*", "8", "1 \\times\\! 8", False),
+    ("0", "*", "7", "7 ⋅ 0", False), ("0", "+", "8", "0 add 8", False), ("2", "*", "3", "2**3", False),
+    ("5", "+", "4", "The answer is **9**.", True),
+])
+def test_arithmetic_cases_found_by_breaking_the_grader(a, op, b, response, correct):
+    row = _arith_row(a, op, b)
+    got, _ = _graded([response], [row])
+    assert got == [correct], (response, row["gold"])
+
+
+@pytest.mark.parametrize("problem,gold,response,correct", [
+    ("Find x.", "1+\\sqrt{2}", "\\boxed{\\sqrt{2}+1}", True), ("Find x.", "3\\sqrt{2}", "\\boxed{\\sqrt{2}\\cdot 3}", True),
+    ("Find z.", "5i-4", "\\boxed{-4+5i}", True), ("Expand $(x+1)^2-2x$.", "x^2+1", "\\boxed{1 + x^2}", True),
+    ("Find the area in square centimetres.", "25", "\\boxed{25 \\text{ cm}^2}", True), ("Find x.", "-5", "The answer is −5.", True),
+    ("Compute $\\dbinom{5}{2}$.", "10", "\\boxed{\\dbinom{5}{2}}", False), ("What is $|-5|$?", "5", "\\boxed{\\left|-5\\right|}", False),
+    ("Compute $\\lfloor 3.7 \\rfloor$.", "3", "\\boxed{\\lfloor 3.7 \\rfloor}", False),
+    ("Find $\\gcd(12, 18)$.", "6", "\\boxed{\\gcd(18,12)}", False), ("What is $\\max(3, 7)$?", "7", "\\boxed{\\max(3, 7)}", False),
+    ("Compute $\\frac{6}{3}$.", "2", "\\boxed{6 \\div 3}", False), ("Compute $6/3$.", "2", "\\boxed{\\frac{6}{3}}", False),
+    ("Write $\\frac{2}{4}$ in lowest terms.", "\\frac{1}{2}", "\\boxed{2/4}", False),
+    ("Compute $17 \\mod 5$.", "2", "The answer is $17 \\mod 5$.", False),
+])
+def test_boxed_cases_found_by_breaking_the_grader(problem, gold, response, correct):
+    row = {"id": "x", "problem": problem, "gold": gold, "task": "math500",
+           "prompt": problem + "\nPlease reason step by step, and put your final answer within \\boxed{}."}
+    got, _ = _graded([response], [row])
+    assert got == [correct], response
