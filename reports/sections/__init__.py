@@ -43,12 +43,12 @@ class Context:
     shown: pd.DataFrame
     done: pd.DataFrame
     tracking_uri: str
-    experiment: str = ""
     work_dir: Path | None = None
     baseline: str | None = None
     paper: list = field(default_factory=list)
     colors: dict = field(default_factory=dict)
     sample_problems: list = field(default_factory=list)
+    experiment: str = ""  # the MLflow experiment's name (the summary names it)
     _hist: dict | None = None
     _histories: dict = field(default_factory=dict)
     _samples: dict | None = None
