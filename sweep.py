@@ -6,15 +6,25 @@ fails is recorded as FAILED in MLflow and the other points go on; the sweep prin
 point did not finish, for any reason. SIGTERM or Ctrl-C (outside SLURM) saves the training state (at the end of
 the running step, or at once during its generation and scoring: the last completed step's), marks the run KILLED
 and exits 128 + the signal's number; the same command resumes.
+
+The screen shows the suite's own lines; the libraries' output goes to each point's ``sweep.log`` (``--verbose``:
+to the screen too; core/console.py).
 """
 import logging
 import os
 import sys
 
-import hydra
-from omegaconf import DictConfig
+if "--verbose" in sys.argv:  # the libraries' output on the screen too (core/console.py); not a Hydra flag
+    sys.argv.remove("--verbose")
+    os.environ["RLVR_VERBOSE"] = "1"
+from core.console import quiet_libraries  # noqa: E402  (before vLLM or MLflow configure their own handlers)
 
-from orchestrator import run
+quiet_libraries()
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from orchestrator import run  # noqa: E402
 from orchestrator.preflight import check_command_line
 
 log = logging.getLogger("rlvr")

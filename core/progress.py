@@ -48,3 +48,20 @@ class LineProgress:
         line = ", ".join(parts)
         log.info(line)
         return line
+
+
+def track(items, desc: str, total: int | None = None, unit: str = "item"):
+    """Iterate ``items`` showing progress: a tqdm bar on a terminal (stderr), else one log line per item
+    (:class:`LineProgress`: ``desc: unit i/total, elapsed, ETA``). For the suite's long commands
+    (``orchestrator.memory``, ``evaluation.recompute``, ``python -m reports``)."""
+    items = list(items) if total is None else items
+    total = len(items) if total is None else int(total)
+    if interactive():
+        from tqdm.auto import tqdm
+
+        yield from tqdm(items, desc=desc, total=total, unit=unit)
+        return
+    lines = LineProgress(desc, total, unit=unit)
+    for i, x in enumerate(items, 1):
+        yield x
+        lines.update(i)

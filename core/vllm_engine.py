@@ -34,6 +34,7 @@ from typing import Iterable
 import torch
 
 # config.json keys that do not change what the engine computes (a saved checkpoint rewrites them)
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _VOLATILE = {"_name_or_path", "transformers_version", "torch_dtype", "dtype", "architectures", "use_cache"}
 
 
@@ -250,23 +251,34 @@ class VLLMEngine:
         self.key = engine_key(model_path, dtype, self.kwargs)
         self._state = (torch.set_num_threads, torch.get_num_threads(),
                        os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None)
+        # the engine starts on placeholder weights and the folder's are loaded in the engine's dtype by
+        # load_weights: vLLM's own loader casts a float32 checkpoint with a warning per tensor (122 for the 135M model)
+        dummy = "load_format" not in self.kwargs and bool(list(Path(model_path).glob("*.safetensors")))
         args = {"logprobs_mode": "processed_logprobs", "logits_processors": [_entropy_recorder_class()],
-                **({"enable_sleep_mode": True} if on_gpu() else {}), **self.kwargs}
+                **({"enable_sleep_mode": True} if on_gpu() else {}), **({"load_format": "dummy"} if dummy else {}),
+                **self.kwargs}
+        from .console import libraries_speaking
+
         t0 = time.perf_counter()
-        self.llm = LLM(model=self.model_path, dtype=self.dtype, **args)
-        self.start_s = time.perf_counter() - t0
+        with libraries_speaking():  # its C++ warnings and own progress bars to the log file, not the screen
+            self.llm = LLM(model=self.model_path, dtype=self.dtype, **args)
         self.restore_process_state()
         self.tokenizer = self.llm.get_tokenizer()
-        self.weights = folder_tag(model_path)
+        self.weights = None if dummy else folder_tag(model_path)
         self.asleep = False
         self.sync_s = 0.0
+        if dummy:
+            self.load_folder(model_path)
+        self.start_s = time.perf_counter() - t0
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], tag: str) -> float:
         """Load ``(name, tensor)`` pairs (Hugging Face names, e.g. a transformers model's ``state_dict().items()``)
         into the running engine, reset its prefix cache, and record ``tag`` as what it holds. Returns seconds."""
         t0 = time.perf_counter()
         self.wake_up()
-        self.llm.collective_rpc(_load_in_worker, args=(list(weights),))
+        want = _TORCH_DTYPES[self.dtype]  # in the engine's dtype: vLLM casts a float32 tensor too, with a warning each
+        weights = [(n, t.to(want) if t.is_floating_point() and t.dtype != want else t) for n, t in weights]
+        self.llm.collective_rpc(_load_in_worker, args=(weights,))
         self.llm.reset_prefix_cache()
         self.weights = tag
         self.sync_s = time.perf_counter() - t0
@@ -277,8 +289,7 @@ class VLLMEngine:
         LoRA adapters as its merged weights (:func:`core.lora.policy_weights`: the base's names, ``W + B A``)."""
         from .lora import policy_weights
 
-        want = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[self.dtype]
-        return self.load_weights(policy_weights(module, want), tag)
+        return self.load_weights(policy_weights(module, _TORCH_DTYPES[self.dtype]), tag)
 
     def load_folder(self, model_path) -> float:
         """Load a checkpoint folder's weights (same architecture: :func:`architecture_key`), unless already loaded."""

@@ -104,6 +104,14 @@ def main(argv=None) -> int:
     from core.tasks import get_task, task_names
 
     same = {b: get_task(b).same_answer for b in samples["benchmark"].unique() if b in task_names()}
+    import logging
+
+    from core.console import setup
+
+    setup(stream=sys.stderr)  # a line per table as it is computed (stdout is the tables)
+    logging.getLogger("rlvr.tables").setLevel(logging.DEBUG)
+    logging.getLogger("rlvr").info("computing the tables of %d samples (%d prompts), pass@k for k in %s",
+                                   len(samples), samples.groupby(["benchmark", "prompt_id"]).ngroups, ks)
     tables, _ = compute_tables(samples, ks, similarity_metric=args.similarity_metric, ucc_threshold=args.ucc_threshold,
                                base_samples=base, same_answer=same)
     out = Path(args.out) if args.out else new_folder(Path("recomputed") / Path(args.samples).resolve().parent.name)

@@ -183,6 +183,7 @@ class SweepCallback(Callback):
         print("\nSweep summary (" + sweep_id + ")\n" + "\n".join(lines), flush=True)
         if store_error is None:
             print(mlflow_views.ui_hint(str(config.tracking.uri), exp_id), flush=True)
+        print(disk_line(Path(sweep_id)), flush=True)
         if bad:
             print(f"{len(bad)} point(s) did not finish; tracebacks of failed runs are in MLflow (traceback.txt). "
                   "Re-running the same command trains only the points that did not finish.", flush=True)
@@ -190,6 +191,17 @@ class SweepCallback(Callback):
             print("The base model's evaluation failed (traceback.txt in its MLflow run); the trained points have no "
                   "flip rates. Re-running the same command evaluates it again.", flush=True)
         return bad, failed_base, summary, runs
+
+
+def disk_line(sweep_dir: Path) -> str:
+    """What the sweep wrote to its folder (its points' checkpoints, evaluations, logs), in one line, with the command
+    that lists what may be reclaimed."""
+    from .disk import human, size_bytes
+
+    total = size_bytes(sweep_dir)
+    ckpt = sum(size_bytes(p) for p in Path(sweep_dir).glob("*/checkpoint*"))
+    return (f"Disk: the sweep wrote {human(total)} to {sweep_dir} ({human(ckpt)} of it checkpoints); "
+            "python -m orchestrator.clean lists what no run needs any more")
 
 
 def write_sweep(sweep_dir: Path, record: dict) -> None:

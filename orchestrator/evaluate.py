@@ -50,6 +50,9 @@ def main(argv=None) -> int:
         if e.args and e.args[0]:
             print(f"error: {e.args[0]}", file=sys.stderr)
         return 2
+    from core.console import setup
+
+    setup(stream=sys.stderr)  # the sampling's progress lines (stdout: the metrics); the libraries' output off the screen
     metrics, out = _evaluate(args, cfg, base, heldout)
     for k in sorted(metrics):
         if k.startswith("eval/mean/"):
@@ -77,8 +80,12 @@ def _preflight(args):
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from .preflight import CONFIG_DIR
+    from .preflight import CONFIG_DIR, nearest
 
+    presets = sorted(p.stem for p in (CONFIG_DIR / "eval").glob("*.yaml"))
+    if args.eval not in presets:
+        raise _Refused(f"--eval {args.eval}: no such preset{nearest(args.eval, presets)}; the presets in sweeps/eval/: "
+                       + ", ".join(presets))
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
             cfg = compose("config", overrides=[f"eval={args.eval}"] + [f"eval.{o}" for o in args.overrides]

@@ -86,7 +86,9 @@ def presets_table(device_gb: float = 80.0) -> str:
     """The markdown table of :func:`preset_plan` for every paper preset."""
     lines = [f"| preset | model | parameters | weights, gradients, AdamW, reference (GiB) | planned peak on one "
              f"{device_gb:g} GiB GPU (GiB) | verdict |", "| --- | --- | --- | --- | --- | --- |"]
-    for name in paper_presets():
+    from core.progress import track
+
+    for name in track(paper_presets(), "memory plans", unit="preset"):
         r = preset_plan(name, device_gb)
         if r["total_gb"] is None:
             lines.append(f"| `{name}` | | | | | {r['verdict']} |")
@@ -108,6 +110,9 @@ def main(argv=None) -> int:
     if not args.device_gb > 0:
         print(f"error: --device-gb={args.device_gb}: expected a number > 0", file=sys.stderr)
         return 2
+    from core.console import setup
+
+    setup(stream=sys.stderr)  # the progress on stderr: stdout is the table
     print(presets_table(args.device_gb))
     return 0
 

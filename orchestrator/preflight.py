@@ -51,10 +51,14 @@ def _with_sweeper_params(user: list[str], compose, *errors, config_name: str = "
     command line's overrides; a key given on the command line replaces the preset's value for it."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    fixed: list[str] = []
     try:
         fixed = [o.input_line for o in OverridesParser.create().parse_overrides(user) if not o.is_sweep_override()]
         cfg = compose(config_name, overrides=fixed + list(search), return_hydra_config=True)
     except errors as e:
+        unknown = _unknown_key(str(e), fixed, lambda o: compose(config_name, overrides=o + list(search)))
+        if unknown:
+            raise ConfigError(unknown) from None
         text = str(e).split("Config search path")[0]
         raise ConfigError(" ".join(ln.strip() for ln in text.splitlines() if ln.strip())) from None
     params = dict(cfg.hydra.sweeper.get("params") or {})
@@ -63,6 +67,43 @@ def _with_sweeper_params(user: list[str], compose, *errors, config_name: str = "
             params = {**params, **{str(k): str(v) for k, v in o.value().items()}}
     given = {_key(o) for o in user}
     return [f"{k}={v}" for k, v in params.items() if k not in given] + list(user)
+
+
+def nearest(name: str, choices) -> str:
+    """`` (did you mean X?)`` for the choice closest to ``name`` (difflib's ratio >= 0.6), else ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _unknown_key(message: str, point: list[str], compose) -> str | None:
+    """The one line for an override of a key the config does not have (Hydra's ``Could not override 'KEY'``), with
+    the nearest key the point's config has; None for any other composition error."""
+    import re
+
+    m = re.search(r"Could not override '([^']+)'", message)
+    if not m:
+        return None
+    key = m.group(1)
+    rest = [o for o in point if _key(o) != key]
+    try:
+        cfg = compose(rest)
+    except Exception:
+        return f"{key}: no such setting"
+    keys = [k for k in _flat_keys(OmegaConf.to_container(cfg, resolve=False)) if not k.startswith("hydra")]
+    return (f"{key}: no such setting{nearest(key, keys)}; the settings and their meaning: docs/config.md "
+            f"(a new key on purpose: +{key}=...)")
+
+
+def _flat_keys(tree, prefix: str = "") -> list[str]:
+    out = []
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            name = f"{prefix}{k}"
+            out.append(name)
+            out += _flat_keys(v, name + ".")
+    return out
 
 
 def sweep_points(overrides: list[str], config_name: str = "config", multirun: bool = True) -> list:
@@ -97,6 +138,9 @@ def sweep_points(overrides: list[str], config_name: str = "config", multirun: bo
                 try:
                     out.append((point, compose(config_name, overrides=point + search)))
                 except (HydraException, OmegaConfBaseException) as e:
+                    unknown = _unknown_key(str(e), point, lambda o: compose(config_name, overrides=o + search))
+                    if unknown:
+                        raise ConfigError(unknown) from None
                     text = str(e).split("Config search path")[0]
                     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
                     raise ConfigError(" ".join(lines)) from None
@@ -126,13 +170,16 @@ def check_command_line(argv: list[str], checks=(), sweep_checks=()) -> int | Non
     remote = any(_key(a) == "hydra/launcher" and a.split("=", 1)[1] not in ("basic", "local") for a in overrides)
     launcher = next((a.split("=", 1)[1] for a in overrides if _key(a) == "hydra/launcher"), None)
     shown: dict = {}  # the points' memory plans, each distinct one printed once when every check has passed
+    said: dict = {}  # the points' warnings, likewise (an error is one line, with no warning before it)
     try:
         check_launcher(launcher)
+        if not flags:
+            check_single_run(overrides)
         points = sweep_points(overrides, multirun=bool(flags))
         for point, cfg in points:
             try:
                 for w in validate_config(cfg):
-                    print(f"WARNING ({' '.join(point) or 'defaults'}): {w}", file=sys.stderr)
+                    said.setdefault(w, []).append(' '.join(point) or 'defaults')
                 for check in checks:
                     try:
                         check(cfg)
@@ -146,7 +193,7 @@ def check_command_line(argv: list[str], checks=(), sweep_checks=()) -> int | Non
         for check in sweep_checks:
             try:
                 for w in check([cfg for _, cfg in points]) or []:
-                    print(f"WARNING: {w}", file=sys.stderr)
+                    said.setdefault(w, [])
             except ValueError as e:
                 raise ConfigError(str(e)) from None
         check_inputs(points)
@@ -155,9 +202,36 @@ def check_command_line(argv: list[str], checks=(), sweep_checks=()) -> int | Non
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)  # one line, nothing else: the plans are printed only when all passed
         sys.exit(2)
+    from core.console import once
+
+    for w, where in said.items():
+        if once(w):  # the points' runs in this process do not say it again
+            at = ("" if not where else " (every point)" if len(where) == len(points) > 1 else
+                  f" ({', '.join(where[:3])}{f' and {len(where) - 3} more' if len(where) > 3 else ''})")
+            print(f"WARNING{at}: {w}", file=sys.stderr)
     for line in shown:
         print(line, file=sys.stderr)
     return len(points)
+
+
+def check_single_run(overrides: list[str]) -> None:
+    """A command line without ``-m`` whose override gives several values (``algo=grpo,gspo``) is refused in one
+    line: it is a sweep (Hydra would stop after pre-flight with "Ambiguous value").
+
+    Raises:
+        ConfigError: names the override.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException:
+        return  # sweep_points reports it
+    for o in parsed:
+        if o.is_sweep_override():
+            raise ConfigError(f"{o.input_line} gives several values, which makes a sweep: add -m "
+                              f"(python sweep.py -m {' '.join(overrides)})")
 
 
 #: the settings that ask for a precision, and which device each computes on (its config key: ``auto`` or a name)

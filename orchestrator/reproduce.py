@@ -17,7 +17,6 @@ import argparse
 import math
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 from . import provenance
@@ -56,8 +55,17 @@ def compare(client, original: str, again: str) -> tuple[list[dict], list[str]]:
     return rows, apart
 
 
+def default_workdir(run_id: str) -> Path:
+    """``outputs/reproduce/<RUN_ID[:8]>-<date>_<time>``: where a re-run writes (its config, its run folder ``run/``
+    with the checkpoint, ``reproduce.log`` with everything said, the libraries' output included)."""
+    import time
+
+    return Path("outputs") / "reproduce" / f"{run_id[:8]}-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
+
+
 def reproduce(run_id: str, tracking_uri: str, workdir: Path | None = None) -> str:
-    """Re-run run ``run_id`` of the store at ``tracking_uri`` from its logged config; returns the new run's id.
+    """Re-run run ``run_id`` of the store at ``tracking_uri`` from its logged config, in ``workdir`` (default
+    :func:`default_workdir`; the new run's folder is ``workdir/run``); returns the new run's id.
 
     Raises:
         SystemExit(2): no such run, not a trained run, or no ``config.yaml`` artifact.
@@ -75,8 +83,12 @@ def reproduce(run_id: str, tracking_uri: str, workdir: Path | None = None) -> st
         _fail(f"RUN_ID={run_id}: no such run in {tracking_uri}")
     if original.data.tags.get("rlvr.kind", "trained") != "trained":
         _fail(f"RUN_ID={run_id}: a {original.data.tags.get('rlvr.kind')} run; only trained runs are re-run")
-    workdir = Path(workdir or tempfile.mkdtemp(prefix=f"rlvr-reproduce-{run_id[:8]}-"))
+    workdir = Path(workdir or default_workdir(run_id))
     workdir.mkdir(parents=True, exist_ok=True)
+    from core.console import setup
+
+    setup(workdir / "reproduce.log")
+    print(f"re-running run {run_id} in {workdir.resolve()} (its run folder run/, its log reproduce.log)", flush=True)
     try:
         path = client.download_artifacts(run_id, "config.yaml", str(workdir))
     except Exception:
@@ -85,7 +97,7 @@ def reproduce(run_id: str, tracking_uri: str, workdir: Path | None = None) -> st
     with open_dict(cfg):
         cfg.force = True
         cfg.tracking.uri = tracking_uri
-    summary = run_point(cfg)
+    summary = run_point(cfg, run_dir=workdir / "run")
     new_id = summary["run_id"]
     client.set_tag(new_id, "rlvr.reproduces", run_id)
     return new_id
@@ -103,7 +115,7 @@ def main(argv=None) -> int:
     client = MlflowClient(tracking_uri=args.tracking_uri)
     rows, apart = compare(client, args.run_id, new_id)
     same = [r for r in rows if r["identical"]]
-    print(f"re-run of {args.run_id}: run {new_id}")
+    print(f"re-run of {args.run_id}: run {new_id}, its folder {Path(client.get_run(new_id).data.tags.get('rlvr.run_dir', '?')).resolve()}")
     env = provenance.differences({args.run_id: client.get_run(args.run_id).data.tags,
                                   new_id: client.get_run(new_id).data.tags})
     for key, values in env.items():

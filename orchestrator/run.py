@@ -45,6 +45,30 @@ def _hydra_job() -> tuple[Path | None, str, str, int | None]:
         return None, "", "", None
 
 
+def estimate_check(key: str, what: str, estimate, measured, unit: str, source: str) -> tuple[dict, str | None] | None:
+    """An ``auto`` choice's estimate beside what happened: the tags ``rlvr.estimate.<key>`` (``estimate``,
+    ``measured``, their ratio) and, when they are more than 3x apart, a warning naming both figures (logged once per
+    process). None when either figure is missing.
+
+    Returns:
+        (tags, warning or None).
+    """
+    from core.console import once
+
+    if not isinstance(estimate, (int, float)) or not isinstance(measured, (int, float)) or estimate <= 0 or measured <= 0:
+        return None
+    ratio = float(measured) / float(estimate)
+    name = key.split("=", 1)[0]
+    tags = {f"rlvr.estimate.{name}": f"estimate {estimate:.3g} {unit}, measured {measured:.3g} ({ratio:.2f}x)"}
+    warning = None
+    if not 1 / 3 <= ratio <= 3:
+        warning = (f"{key} {what} {estimate:.3g} {unit}; it took {measured:.3g} ({ratio:.1f}x the estimate; "
+                   f"{source})")
+        if once(f"estimate-check {name}"):  # once per process: each point of a sweep would say the same
+            log.warning(warning)
+    return tags, warning
+
+
 def _tag_rollout(run_dir: Path, outage_s: float) -> None:
     """Tag the run with what its engine chose and why: the rollout sampler (``rollout.json``:
     ``rlvr.rollout_sampler``, ``rlvr.rollout_sampler_reason``), the precision (``precision.json``: ``rlvr.precision``,
@@ -59,6 +83,11 @@ def _tag_rollout(run_dir: Path, outage_s: float) -> None:
         tracking.retry(mlflow.set_tags, {"rlvr.rollout_sampler": str(info.get("sampler")),
                                          "rlvr.rollout_sampler_reason": str(info.get("reason"))[:5000]},
                        outage_s=outage_s)
+        checked = estimate_check("train.rollout.sampler=auto", f"chose {info.get('sampler')}, estimating",
+                                 info.get("estimate_s"), info.get("measured_s"), "s of sampling",
+                                 "its speeds are core/sampling/rollout.py's ROLLOUT_SPEED")
+        if checked:
+            tracking.retry(mlflow.set_tags, checked[0], outage_s=outage_s)
     except (OSError, ValueError):
         pass
     try:
@@ -124,8 +153,9 @@ def _copy_train_metrics(client, src_run_id: str, dst_run_id: str, outage_s: floa
 
 
 
-def run(cfg: DictConfig) -> dict:
-    """Run one sweep point end to end and return a summary dict (status, run id, metrics).
+def run(cfg: DictConfig, run_dir: Path | None = None) -> dict:
+    """Run one sweep point end to end and return a summary dict (status, run id, metrics). ``run_dir``: the run's
+    folder outside Hydra (``orchestrator.reproduce``'s); under Hydra the job's folder, else a new temporary folder.
 
     Raises:
         orchestrator.errors.ConfigError: the config is invalid (nothing has been started).
@@ -134,12 +164,16 @@ def run(cfg: DictConfig) -> dict:
         Exception: whatever training or evaluation raised; the MLflow run is then marked FAILED
             with the traceback saved as ``traceback.txt``.
     """
+    from core.console import once, quiet_libraries
+
+    quiet_libraries()  # the libraries' output to the point's log file, not the screen (a no-op under --verbose)
     warnings = validate_config(cfg)
     for w in warnings:
-        log.warning(w)
+        if once(w):  # once per process: pre-flight said it already, or an earlier point of this sweep
+            log.warning(w)
     chash, thash = config_hash(cfg), training_hash(cfg)
     hydra_dir, point, sweep_id, job_num = _hydra_job()
-    run_dir = hydra_dir or Path(tempfile.mkdtemp(prefix="rlvr-run-"))
+    run_dir = hydra_dir or (Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="rlvr-run-")))
     outage_s = tracking.outage_of(cfg)
     exp_id = tracking.retry(tracking.setup_experiment, cfg.tracking.uri, cfg.experiment_name, cfg.tracking.artifact_root,
                             outage_s, outage_s=outage_s)
@@ -236,9 +270,27 @@ def _run_point(pt: Point) -> dict | None:
     tracking.retry(mlflow.set_tags, {"rlvr.active_s": active_s(), mlflow_views.NOTE_TAG: mlflow_views.describe(
         pt.cfg, pt.tags.get("rlvr.point", pt.name), metrics, sweep_id=pt.tags.get("rlvr.sweep_id"))},
                    outage_s=pt.outage_s)
+    from .disk import drop_state, human
+
+    freed = drop_state(pt.cfg, st.run_dir)  # only a resume reads it (train.keep_state=true keeps it)
+    log.info("point %s finished: MLflow run %s%s", pt.name, st.run_id,
+             f" (its training state, {human(freed)}, removed)" if freed else "")
+    _log_console(pt)
     mlflow.end_run()
-    log.info("point %s finished: MLflow run %s", pt.name, st.run_id)
     return {"status": "finished", "run_id": st.run_id, "config_hash": pt.chash, "metrics": metrics}
+
+
+def _log_console(pt: Point) -> None:
+    """Keep the point's log file (everything said in its process so far, the libraries' output included:
+    core/console.py) with its active MLflow run as ``sweep.log``; never raises."""
+    from core.console import log_file
+
+    path = log_file()
+    if path and Path(path).is_file():
+        try:
+            tracking.retry(mlflow.log_artifact, path, outage_s=pt.outage_s)
+        except Exception as e:
+            log.warning("point %s: its log %s was not kept with its run: %s: %s", pt.name, path, type(e).__name__, e)
 
 
 def _start_run(pt: Point, decision, client) -> _Started:
@@ -388,6 +440,7 @@ def _end_interrupted_run(pt: Point, st: _Started, e: BaseException, metrics_out,
     try:
         (st.run_dir / "traceback.txt").write_text(traceback.format_exc())
         tracking.retry(mlflow.log_artifact, str(st.run_dir / "traceback.txt"), outage_s=pt.outage_s)
+        _log_console(pt)
     except Exception as e2:  # a full disk or a lost store: the original error is what matters
         log.error("could not save the traceback of run %s: %s", st.run_id, e2)
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import errno
 import os
 import queue
 import re
@@ -73,21 +74,29 @@ def _existing_ancestor(path: Path) -> Path:
 
 
 def check_writable(path: Path, what: str, min_free_mb: float) -> None:
-    """Raise :class:`StoreError` unless a file can be created in ``path`` (or its nearest existing folder)
-    and its filesystem has ``min_free_mb`` MB free. ``what`` names the setting in the message."""
+    """Raise :class:`StoreError` unless a file can be created in ``path`` (or its nearest existing folder; ``path``
+    itself may be an existing file) and its filesystem has ``min_free_mb`` MB free. ``what`` names the setting in the
+    message; the cause is named as it is: a file where a folder must be, a folder that cannot be written (read-only,
+    no permission, a pseudo-filesystem such as /proc), a full disk (only a writable folder can be full)."""
+    path = Path(os.path.abspath(path))
     folder = _existing_ancestor(path)
     if folder.is_file():
+        if folder != path:
+            raise StoreError(f"{what}: {folder} is a file, so {path} cannot be made under it; choose a folder")
         folder = folder.parent
-    free_mb = shutil.disk_usage(folder).free / 2**20
-    if free_mb < min_free_mb:
-        raise StoreError(f"{what}: disk full: {free_mb:.1f} MB free on the filesystem of {folder} "
-                         f"(need tracking.min_free_mb={min_free_mb:g}); free space and run again")
     try:
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".rlvr-write-test-") as f:
             f.write(b"x")
             f.flush()
     except OSError as e:
+        if e.errno == errno.ENOSPC:
+            raise StoreError(f"{what}: disk full: no space left on the filesystem of {folder}; free space and run "
+                             "again") from None
         raise StoreError(f"{what}: {folder} is not writable ({e.strerror or e})") from None
+    free_mb = shutil.disk_usage(folder).free / 2**20
+    if free_mb < min_free_mb:
+        raise StoreError(f"{what}: disk full: {free_mb:.1f} MB free on the filesystem of {folder} "
+                         f"(need tracking.min_free_mb={min_free_mb:g}); free space and run again")
 
 
 def check_store(uri: str, artifact_root: str, min_free_mb: float = 100.0, timeout_s: float = 5.0) -> None:
@@ -100,7 +109,10 @@ def check_store(uri: str, artifact_root: str, min_free_mb: float = 100.0, timeou
     """
     db = sqlite_path(uri)
     if db is not None:
-        check_writable(db.parent if not db.exists() else db, f"tracking.uri={uri!r}", min_free_mb)
+        check_writable(db, f"tracking.uri={uri!r}", min_free_mb)
+        if not db.parent.is_dir():  # a typo'd folder would start a new, empty store (de-duplication sees no runs)
+            raise StoreError(f"tracking.uri={uri!r}: the folder {db.parent} does not exist; a store is created only in "
+                             f"an existing folder (to start one there on purpose: mkdir -p {db.parent})")
         if db.exists():
             if db.is_dir():
                 raise StoreError(f"tracking.uri={uri!r}: {db} is a folder, not an SQLite file")

@@ -24,7 +24,7 @@ def _parameters_source(**params) -> str:
 
 def build(experiment: str, tracking_uri: str = "sqlite:///mlflow.db", baseline: str | None = None, out_dir=None,
           log_to_mlflow: bool = True, timeout_s: int = 600, parent_run_id: str | None = None,
-          sections: list | None = None, sweeps: list | None = None, run_filter: str = "") -> dict:
+          sections: list | None = None, sweeps: list | None = None, run_filter: str = "", progress: bool = False) -> dict:
     """Write and execute the report notebook for ``experiment``; export HTML; log both to MLflow.
 
     Args:
@@ -37,7 +37,8 @@ def build(experiment: str, tracking_uri: str = "sqlite:///mlflow.db", baseline: 
             parent_run_id: the sweep's parent run, under which the report run is nested, and whose sweep's runs
             (``rlvr.sweep_id``) the report shows; sections: the paper tables shown first (``report.sections``,
             :mod:`reports.sections`; None: read back from the runs' config); sweeps: the sweeps shown (their
-            folders or folder names; default: the parent run's sweep, or every run of the experiment);
+            folders or folder names; default: the parent run's sweep, or every run of the experiment); progress: a
+            line per executed cell (``python -m reports``; the sweep's own report stays quiet);
             run_filter: an MLflow search filter (``params.`algo.name` = 'grpo'``) applied first.
     Returns:
         {"notebook": path, "html": path, "figures": [paths], "paper": [paths of the PDF/SVG figures and CSV/LaTeX
@@ -75,8 +76,14 @@ def build(experiment: str, tracking_uri: str = "sqlite:///mlflow.db", baseline: 
 
     sockets = tempfile.mkdtemp(prefix="rlvr-kernel-")  # IPC sockets: the kernel listens on no TCP port at all
     km = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(sockets) / "kernel"))
+    hook = {}
+    if progress:
+        from core.progress import LineProgress
+
+        lines = LineProgress("report", len(nb.cells), unit="cell")
+        hook["on_cell_executed"] = lambda cell_index, **_: lines.update(cell_index + 1)
     client = NotebookClient(nb, km=km, timeout=timeout_s, kernel_name="python3",
-                            resources={"metadata": {"path": str(REPO)}})
+                            resources={"metadata": {"path": str(REPO)}}, **hook)
     try:
         client.execute()
     finally:  # a kernel manager passed in is not the client's to stop: its channels and kernel are stopped here, so
@@ -158,7 +165,8 @@ def link_latest(folder: Path) -> Path:
 def check_args(args) -> None:
     """The command's arguments checked before anything is loaded or created: the store exists (a SQLite file is
     never created by reading), the experiment is in it, each ``--sweep`` has runs in it, ``--out`` is not a
-    file. Raises SystemExit(2) after one line naming the bad value and what there is."""
+    file, ``--baseline`` names the base model's row, an algorithm or a run label of the runs the report shows.
+    Raises SystemExit(2) after one line naming the bad value and what there is."""
     from mlflow.tracking import MlflowClient
 
     def fail(msg):
@@ -187,6 +195,19 @@ def check_args(args) -> None:
                      f"{', '.join(sorted(Path(k).name for k in known)) or 'none'})")
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
         fail(f"--out={args.out}: a file, not a folder")
+    if args.baseline:
+        from orchestrator.preflight import nearest
+
+        from .data import short_labels
+        from .load import BASE_LABEL, load_runs
+
+        runs = short_labels(load_runs(uri, args.experiment, args.sweep or None, args.filter))
+        trained = runs[runs["kind"] != "base"] if len(runs) else runs
+        names = list(dict.fromkeys([BASE_LABEL, *(str(a) for a in trained.get("algo", [])),
+                                    *(str(x) for x in trained.get("label", []))])) if len(runs) else [BASE_LABEL]
+        if args.baseline not in names:
+            fail(f"--baseline={args.baseline}: not among these runs{nearest(args.baseline, names)} (the base model's "
+                 f"row, an algorithm or a run label: {', '.join(names)})")
 
 
 def main(argv=None) -> int:
@@ -203,9 +224,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--no-mlflow", action="store_true", help="do not log the report to MLflow")
     args = ap.parse_args(argv)
+    from core.console import setup
+
+    setup()  # the progress lines (one per executed cell) on the screen; the libraries' output off it
     check_args(args)
     res = build(args.experiment, args.tracking_uri, args.baseline, args.out, log_to_mlflow=not args.no_mlflow,
-                sweeps=args.sweep or None, run_filter=args.filter)
+                sweeps=args.sweep or None, run_filter=args.filter, progress=True)
     print(f"report: {res['html']}")
     return 0
 

@@ -107,6 +107,12 @@ def has_state(run_dir) -> bool:
     return (Path(run_dir) / STATE_FILE).is_file()
 
 
+def state_paths(run_dir) -> list[Path]:
+    """The files and folders of ``run_dir`` that hold the training state (what a resume reads, nothing a finished
+    run's evaluation, re-evaluation or reproduction needs): ``run_dir/state``."""
+    return [Path(run_dir) / STATE_FILE.parent]
+
+
 def load_state(run_dir, device="cpu") -> dict:
     """The saved training state of ``run_dir``, loaded with ``torch.load(weights_only=True)``.
 

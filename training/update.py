@@ -131,7 +131,7 @@ def nonfinite_term(advantages: torch.Tensor, mask: torch.Tensor, pg: torch.Tenso
     adv = advantages if advantages.dim() == 1 else advantages[mask.bool()]
     if adv.numel() and not bool(torch.isfinite(adv).all()):
         return "advantage"
-    if not math.isfinite(float(pg)):
+    if not math.isfinite(float(pg.detach())):
         return "policy_loss"
     if not math.isfinite(m.get("kl_ref", 0.0)):
         return "kl"

@@ -91,6 +91,14 @@ def choose_rollout_sampler(name: str, plan: RolloutPlan) -> tuple[str, str]:
                   f"{'GPU' if plan.gpu else 'CPU'}): {shown}")
 
 
+def rollout_estimate_s(name: str, plan: RolloutPlan) -> float | None:
+    """Sampler ``name``'s estimated sampling time for ``plan`` in seconds (its ``rollout_cost``: what ``auto`` chose
+    by), None when it has no estimate. The run records it beside the time its generation took (``rollout.json``)."""
+    spec = SAMPLERS.get(name)
+    cost = None if spec is None or spec.rollout_cost is None else spec.rollout_cost(plan)
+    return None if cost is None else float(cost)
+
+
 def build_rollout(name: str, model, tokenizer, model_path, options: RolloutOptions | None = None):
     """The training rollout sampler ``name`` (resolved, not ``auto``) for the policy ``model``."""
     return SAMPLERS[name].rollout(model, tokenizer, model_path, options or RolloutOptions())

@@ -16,12 +16,17 @@ share) and ``comparability.py`` (:func:`protocol_differences`) register none.
 """
 from __future__ import annotations
 
+import logging
+import time
+
 import numpy as np
 import pandas as pd
 
 from ..metrics.table_registry import (TABLES, MetricName, MetricTable, TableSettings, find_table,  # noqa: F401
                                       knob_values, metric_key, register_table)
 from .frames import with_mean
+
+log = logging.getLogger("rlvr.tables")
 # the built-in tables, imported (so registered) in the order of TABLES: a new one goes where it is to appear
 from .passk import per_prompt_values  # noqa: F401  (registers passk)
 from .diversity import similarity_table, ucc_table  # noqa: F401  (registers ucc, similarity)
@@ -106,7 +111,9 @@ def _group_tables(samples, ks, common: dict) -> dict[str, dict[str, pd.DataFrame
     done: dict = {}
     for e in TABLES.values():
         if e.per_group:
+            t0 = time.perf_counter()
             got = e.as_dict(e.compute(samples, TableSettings(ks=tuple(ks), n=n, tables=dict(done), **common)))
+            log.debug("table %s: %.1f s", e.name, time.perf_counter() - t0)  # python -m evaluation.recompute shows it
             if got:
                 out[e.name] = got
                 done.update(got)

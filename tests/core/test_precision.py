@@ -49,7 +49,7 @@ def test_the_probe_measures_both_products_and_the_refusal_names_key_slowdown_and
     assert ratio > 0
     monkeypatch.setenv("RLVR_CPU_FLAGS", AVX2)
     line = precision.refusal("train.precision", "bf16", "cpu")
-    assert line.startswith("train.precision=bf16: ") and "no bf16 units" in line and "x slower than float32" in line
+    assert line.startswith("train.precision=bf16: ") and "no bf16 units" in line and "the time of float32's" in line
     assert line.endswith("set train.precision=auto (float32 on this machine)") and "\n" not in line
     assert precision.refusal("eval.dtype", "bfloat16", "cpu").startswith("eval.dtype=bfloat16: ")
     for ok in ("auto", "fp32", "float32", "float16"):
@@ -67,7 +67,7 @@ def test_preflight_refuses_an_explicit_bf16_on_a_cpu_without_bf16_units_in_secon
                        text=True, timeout=120)
     assert p.returncode == 2, p.stderr[-2000:]
     [line] = [ln for ln in p.stderr.splitlines() if ln.strip()]
-    assert line.startswith("error: train.precision=bf16: ") and "x slower than float32" in line
+    assert line.startswith("error: train.precision=bf16: ") and "the time of float32's" in line
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "outputs").exists()
 
 
@@ -114,4 +114,33 @@ def test_the_evaluate_command_refuses_an_explicit_bf16_on_a_cpu_without_bf16_uni
     monkeypatch.setenv("RLVR_CPU_FLAGS", AVX2)
     assert main(["--checkpoint", str(tmp_path), "--eval", "smoke", "dtype=bfloat16"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: eval.dtype=bfloat16: ") and "\n" not in err and "x slower than float32" in err
+    assert err.startswith("error: eval.dtype=bfloat16: ") and "\n" not in err and "the time of float32's" in err
+
+
+def test_the_probe_figure_is_phrased_without_ambiguity():
+    """Issue 56: "0.01x float32's" could not be read as faster or slower; the phrase says both ways."""
+    assert precision.phrase(0.45) == "bf16 matrix products took 0.45x the time of float32's (2.2x faster)"
+    assert precision.phrase(87.4) == "bf16 matrix products took 87x the time of float32's (87x slower)"
+    assert precision.phrase(2.5) == "bf16 matrix products took 2.5x the time of float32's (2.5x slower)"
+    assert precision.phrase(1.02).endswith("(about as fast)")
+
+
+def test_the_probe_takes_the_median_of_interleaved_rounds(monkeypatch):
+    """A round disturbed by other work (one bf16 batch 100x slower) does not move the figure: the rounds alternate
+    float32 and bf16 after a warm-up of each, and the figure is the median of their ratios."""
+    order, bf16_rounds = [], iter([0.5, 0.5, 50.0, 0.5, 0.5, 0.5, 0.5])
+
+    def fake(a, b, reps, cuda):
+        order.append(a.dtype)
+        if len(order) <= 4:  # warm-up and sizing: two calls per dtype
+            return 0.001 * reps
+        return 1.0 * reps if a.dtype == torch.float32 else next(bf16_rounds) * reps
+
+    monkeypatch.setattr(precision, "_time_products", fake)
+    precision.probe_slowdown.cache_clear()
+    try:
+        ratio = precision.probe_slowdown("cpu", n=8, rounds=7, budget_s=1e9)
+    finally:
+        precision.probe_slowdown.cache_clear()
+    assert ratio == pytest.approx(0.5)
+    assert order[4:] == [torch.float32, torch.bfloat16] * 7

@@ -614,6 +614,12 @@ def test_reproduce_reruns_a_finished_run_bitwise_on_the_cpu(sweep_dir):
                           env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     new_id = re.search(r"re-run of \w+: run (\w+)", proc.stdout).group(1)
+    # issue 56: it speaks while it works (the training's and evaluation's progress lines), and its run is where it
+    # says: outputs/reproduce/<id>-<time>/run, the final checkpoint in it, the libraries' output in reproduce.log
+    assert "train quatro: step 1/" in proc.stdout and "eval sampling" in proc.stdout, proc.stdout[-2000:]
+    [folder] = (sweep_dir / "outputs" / "reproduce").glob(f"{run_id[:8]}-*")
+    assert str(folder.resolve()) in proc.stdout and (folder / "run" / "checkpoint" / "config.json").is_file()
+    assert (folder / "reproduce.log").is_file() and "Attempted to load weight" not in proc.stdout + proc.stderr
     again = client.get_run(new_id)
     assert again.data.tags["rlvr.reproduces"] == run_id and again.info.status == "FINISHED" and new_id != run_id
     keys = [k for k in original.data.metrics if k.startswith("train/") or "pass_at" in k]

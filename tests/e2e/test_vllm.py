@@ -221,3 +221,25 @@ def test_vllm_greedy_then_rollout_weights_follow_the_policy_after_each_optimiser
     assert lora["steps"][1]["hf"] != lora["steps"][0]["hf"] and lora["steps"][2]["hf"] != lora["steps"][1]["hf"]
     assert lora["frozen"] is True
     assert lora["ref_diff"] < 1e-6 and lora["adapted_diff"] > 1e-2
+
+
+LIBRARY_SIGNS = ("(MainProcess pid=", "Attempted to load weight", "[vllm", "Triton", "Loading weights",
+                 "Writing model shards", "FutureWarning", "UserWarning", "[transformers", "[py.warnings]", "[mlflow",
+                 "INFO  [alembic")
+
+
+def test_the_console_is_the_suites_and_the_libraries_output_is_in_the_point_logs(vllm_sweep, all_algos_dir):
+    """Issue 56: the README's main job printed 848 lines, 732 of them vLLM's per-tensor dtype warnings. On this
+    sweep (one vLLM engine for rollouts and evaluations, 14 points): no library line on the screen; the libraries'
+    lines in the points' ``sweep.log`` files, which their MLflow runs keep; no per-tensor dtype warning anywhere
+    (weights reach the engine in its dtype)."""
+    cwd, client, base, trained = vllm_sweep
+    _, proc = all_algos_dir
+    screen = proc.stdout + proc.stderr
+    assert not [s for s in LIBRARY_SIGNS if s in screen], [ln for ln in screen.splitlines()
+                                                           if any(s in ln for s in LIBRARY_SIGNS)][:5]
+    logs = "".join(p.read_text() for p in cwd.glob("multirun/*/*/*/sweep.log"))
+    assert "[vllm" in logs  # the engine's own lines, off the screen but kept
+    assert "Attempted to load weight" not in logs
+    for run in trained.values():
+        assert "sweep.log" in {a.path for a in client.list_artifacts(run.info.run_id)}

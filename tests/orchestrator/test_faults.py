@@ -110,6 +110,54 @@ def _stop_on(cwd, marker, env) -> tuple[int, str, float]:
     return p.returncode, text, time.time() - sent
 
 
+def _clean_lists_then_frees_only_what_no_run_needs(cwd: Path) -> None:
+    """Issue 56: ``python -m orchestrator.clean`` over the runs above. The kill -9 run without a state (KILLED) that a
+    later run finished is a superseded run's folder; a kept-on-purpose state of a finished run (made here by hand, as
+    ``train.keep_state=true`` keeps it) is listed; a checkpoint folder no run names is listed; the Ctrl-C run (KILLED,
+    never finished: the same command resumes it) and every finished run's checkpoint are not. ``--dry-run`` removes
+    nothing; ``--remove`` frees exactly the listed places, and the reports still build."""
+    import contextlib
+    import io
+
+    from orchestrator.clean import main as clean
+
+    client, killed_runs = _trained(cwd, "kill")
+    superseded = cwd / killed_runs[0].data.tags["rlvr.run_dir"]
+    _, [finished] = _trained(cwd, "killck")
+    kept_state = cwd / finished.data.tags["rlvr.run_dir"] / "state"
+    kept_state.mkdir()
+    (kept_state / "train_state.pt").write_bytes(b"x" * 4096)
+    stray = cwd / "multirun" / "stray" / "0" / "checkpoint"
+    stray.mkdir(parents=True)
+    (stray / "model.safetensors").write_bytes(b"y" * 2048)
+    _, [resumable] = _trained(cwd, "int")
+    keep = [cwd / resumable.data.tags["rlvr.run_dir"]] + [cwd / r.data.tags["rlvr.run_dir"] / "checkpoint" for r in
+                                                          (finished, killed_runs[1])]
+    before = {p: p.exists() for p in keep}
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert clean(["--dry-run"]) == 0
+        listed = out.getvalue()
+        assert str(superseded.resolve()) in listed and "folder of a superseded run" in listed, listed
+        assert str(kept_state.resolve()) in listed and "training state of a finished run" in listed
+        assert str(stray.resolve()) in listed and "checkpoint no run names" in listed
+        assert "nothing was removed" in listed and superseded.exists() and kept_state.exists() and stray.exists()
+        assert not any(str(p.resolve()) in listed for p in keep)
+        with contextlib.redirect_stdout(io.StringIO()):
+            assert clean(["--remove"]) == 0
+        assert not superseded.exists() and not kept_state.exists() and not stray.exists()
+        assert {p: p.exists() for p in keep} == before and all(before.values())
+        from reports.build import build
+
+        for exp in ("kill", "killck", "term"):
+            assert build(exp, "sqlite:///mlflow.db", log_to_mlflow=False)["html"].is_file()
+    finally:
+        os.chdir(old)
+
+
 @pytest.mark.slow
 def test_a_stop_inside_a_long_generation_or_a_long_update_is_honoured_within_seconds(tmp_path):
     """Issue 48's stop inside a step, through the sweep command and SIGTERM, on the tiny model.
@@ -173,6 +221,9 @@ def test_sigterm_sigint_and_kill9_mid_training_never_log_a_step_twice(tmp_path, 
     assert proc.returncode == 0, proc.stderr[-3000:]
     client, [run] = _trained(tmp_path, "term")
     assert run.info.status == "FINISHED" and _steps(client, run) == list(range(STEPS))
+    # issue 56: the stopped-and-resumed run's training state (1.6 GB for the 135M model) is gone once it finished
+    assert not (tmp_path / run.data.tags["rlvr.run_dir"] / "state").exists()
+    assert (tmp_path / run.data.tags["rlvr.run_dir"] / "checkpoint" / "config.json").is_file()
     _, parents = _trained(tmp_path, "term", "sweep")  # the re-run is a new sweep; the run it finished moved under it
     assert [p.info.status for p in parents] == ["KILLED", "FINISHED"]
     assert run.data.tags["mlflow.parentRunId"] == parents[1].info.run_id
@@ -208,6 +259,8 @@ def test_sigterm_sigint_and_kill9_mid_training_never_log_a_step_twice(tmp_path, 
     client, [run] = _trained(tmp_path, "killck")
     assert run.info.status == "FINISHED" and _steps(client, run) == list(range(STEPS))
     _assert_equal_to_straight(client, run, straight)
+    assert not (tmp_path / run.data.tags["rlvr.run_dir"] / "state").exists()
+    _clean_lists_then_frees_only_what_no_run_needs(tmp_path)
     # the killed processes left no verifier worker behind
     time.sleep(1)
     ps = subprocess.run(["ps", "-eo", "stat,args"], capture_output=True, text=True).stdout

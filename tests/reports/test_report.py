@@ -366,6 +366,9 @@ def test_each_sweeps_report_shows_its_own_runs_and_both_stay(tmp_path, monkeypat
     (["--experiment", "tow"], "--experiment='tow': not in sqlite:///"),
     (["--experiment", "two", "--sweep", "2026-12-05_12-00"], "--sweep='2026-12-05_12-00': no run of experiment 'two'"),
     (["--experiment", "two", "--tracking-uri", "sqlite:///nowhere/mlflow.db"], "no such store"),
+    # issue 56: a baseline that is none of the runs' names exited 0 with a report that compared against nothing
+    (["--experiment", "two", "--baseline", "alpha_algx"],
+     "--baseline=alpha_algx: not among these runs (did you mean alpha_algo?) (the base model's row, an algorithm or"),
 ])
 def test_the_reports_command_refuses_bad_arguments_in_one_line(tmp_path, monkeypatch, capsys, args, fragment):
     """Issue 46: ``--experiment`` with a typo built an empty report and created an empty store. One line, exit 2,

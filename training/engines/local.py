@@ -47,7 +47,7 @@ from training.rewards import informative_rows, overlong_buffer_length, overlong_
 
 log = logging.getLogger("rlvr")
 from training.rollout import collect_rollouts
-from training.run_state import (STATE_FILE, PromptOrder, RandomStates, has_state, load_state, save_state,  # noqa: F401
+from training.run_state import (STATE_FILE, PromptOrder, RandomStates, has_state, load_state, save_state, state_paths,  # noqa: F401
                                 seed_everything)
 from training.step_metrics import StepTimes, peak_memory_gb, step_metrics  # noqa: F401
 from training.token_probs import ARTIFACT as TOKEN_PROBS, TokenProbs
@@ -121,14 +121,14 @@ def validate(cfg) -> list[str]:
     check = cfg.train.get("memory_check", "auto")
     if check not in ("auto", True, False):
         raise ValueError(f"train.memory_check={check!r}: expected auto, true or false")
-    from core.precision import choose, native_bf16, probe_slowdown
+    from core.precision import choose, native_bf16, phrase, probe_slowdown
     from training.memory_plan import resolve_device
 
     device = resolve_device(cfg)  # (emulated bf16 is refused by the orchestrator's pre-flight, not warned about)
     if device == "cpu" and choose(str(cfg.train.get("precision", "auto")), device).bf16 and native_bf16(device)[0]:
         ratio = probe_slowdown("cpu")  # what bf16 costs or saves on this machine, measured now (not a fixed claim)
-        warnings.append(f"train.precision={cfg.train.precision}: bf16 on this CPU, whose bfloat16 matrix products "
-                        f"a probe just now timed at {ratio:.2f}x float32's; bf16's log-probabilities are coarse "
+        warnings.append(f"train.precision={cfg.train.precision}: bf16 on this CPU (a probe just now: {phrase(ratio)}); "
+                        "bf16's log-probabilities are coarse "
                         "(ratios are exact on the first minibatch, not after updates)")
     return warnings
 
@@ -545,13 +545,28 @@ def _open_rollout(cfg, model, tokenizer, device, steps_left: int, run_dir: Path,
     from core.sampling import RolloutOptions, build_rollout
 
     ro = cfg.train.get("rollout") or {}
-    name, reason = rollout_choice(cfg, sum(p.numel() for p in model.parameters()), device.type == "cuda", steps_left)
+    name, reason, estimate = rollout_choice(cfg, sum(p.numel() for p in model.parameters()), device.type == "cuda",
+                                            steps_left)
     Path(run_dir).mkdir(parents=True, exist_ok=True)
-    (Path(run_dir) / "rollout.json").write_text(json.dumps({"sampler": name, "reason": reason}))
+    (Path(run_dir) / "rollout.json").write_text(json.dumps({"sampler": name, "reason": reason, "estimate_s": estimate}))
     options = RolloutOptions(dtype=_rollout_dtype(cfg, device), token_budget=token_budget,
                              engine={"gpu_memory_utilization": ro.get("gpu_memory_utilization")}
                              if device.type == "cuda" else {})
     return build_rollout(name, model, tokenizer, model_path(cfg.model), options), ro
+
+
+def _record_sampling_time(run_dir: Path, seconds: float) -> None:
+    """Add the measured sampling time (the sampler's start and every step's generation, seconds) to
+    ``run_dir/rollout.json`` beside ``auto``'s estimate (the orchestrator tags both and warns when they are more
+    than 3x apart)."""
+    import json
+
+    path = Path(run_dir) / "rollout.json"
+    try:
+        info = json.loads(path.read_text())
+        path.write_text(json.dumps(info | {"measured_s": round(float(seconds), 2)}))
+    except (OSError, ValueError):
+        pass
 
 
 def _rollout_dtype(cfg, device) -> str:
@@ -565,15 +580,17 @@ def _rollout_dtype(cfg, device) -> str:
     return choose(str(cfg.train.get("precision", "auto")), torch.device(device).type).dtype
 
 
-def rollout_choice(cfg, n_params: int, gpu: bool, steps: int | None = None) -> tuple[str, str]:
-    """The rollout sampler a run uses and why (``train.rollout.sampler``; ``auto``: the lowest estimated sampling time
-    for the run's size, :func:`core.sampling.choose_rollout_sampler`).
+def rollout_choice(cfg, n_params: int, gpu: bool, steps: int | None = None) -> tuple[str, str, float | None]:
+    """The rollout sampler a run uses, why (``train.rollout.sampler``; ``auto``: the lowest estimated sampling time
+    for the run's size, :func:`core.sampling.choose_rollout_sampler`) and, for ``auto``, the chosen sampler's
+    estimated sampling time in seconds (None when asked for by name).
 
     Raises:
         ValueError: naming ``train.rollout.sampler`` (unknown, or not installed here).
     """
     from core.models import model_path
     from core.sampling import RolloutPlan, choose_rollout_sampler, vllm_engine_defaults
+    from core.sampling.rollout import rollout_estimate_s
 
     t = cfg.train
     ro = t.get("rollout") or {}
@@ -595,9 +612,10 @@ def rollout_choice(cfg, n_params: int, gpu: bool, steps: int | None = None) -> t
                        sequences=int(t.prompts_per_step) * int(t.group_size) * rounds,
                        max_new_tokens=int(t.max_new_tokens), n_params=int(n_params), gpu=bool(gpu), engine_ready=ready)
     try:
-        return choose_rollout_sampler(str(ro.get("sampler", "auto")), plan)
+        name, reason = choose_rollout_sampler(str(ro.get("sampler", "auto")), plan)
     except ValueError as e:
         raise ValueError(str(e).replace("eval.sampler=", "train.rollout.sampler=")) from None
+    return name, reason, (rollout_estimate_s(name, plan) if str(ro.get("sampler", "auto")) == "auto" else None)
 
 
 def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
@@ -608,8 +626,10 @@ def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
     start_step = resume(run, log_metrics, logged_through)
     n_steps, every = int(t_cfg.steps), int(t_cfg.get("checkpoint_every", 0) or 0)
     save_every = int(t_cfg.get("save_every", 0) or 0)
+    t_open = time.perf_counter()
     run.rollout, _ = _open_rollout(cfg, run.model, run.tokenizer, run.device, n_steps - start_step, run.run_dir,
                                    token_budget=run.scorer.rollout_budget)  # transformers rollouts' KV cache
+    sampled_s = time.perf_counter() - t_open  # the sampler's start (vLLM's engine), then each step's generation
 
     def save_hf(path: Path) -> None:
         if has_adapters(run.model):  # peft's adapter format, naming the base folder it loads on
@@ -639,6 +659,7 @@ def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
         ro = inflight.ro if inflight is not None else _rollout_step(run, step, flush)
         update_metrics, times = _update_step(run, ro, step, inflight, flush, t_step)
         metrics = _step_metrics(run, ro, step, update_metrics, times, guard)
+        sampled_s += float(metrics.get("generate_time_s") or 0.0)
         lines.update(step + 1, reward=metrics["reward_mean"], accuracy=metrics["accuracy"],
                      step_s=round(times.step, 1))
         # every metric, a non-finite one too (logged as NaN or infinity, never dropped)
@@ -666,6 +687,7 @@ def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
                                "the run stops with its weights and last saved state finite")
 
     run.rollout.close()  # the shared vLLM engine stays up, holding the final policy, for the run's evaluation
+    _record_sampling_time(run.run_dir, sampled_s)
     run.token_probs.write(run.run_dir / TOKEN_PROBS, run.tokenizer)
     return save_atomically(final_checkpoint_dir(run.run_dir), save_hf)
 

@@ -815,6 +815,12 @@ def has_state(run_dir) -> bool:
     return (Path(run_dir) / "verl_checkpoints" / "latest_checkpointed_iteration.txt").is_file()
 
 
+def state_paths(run_dir) -> list[Path]:
+    """The training state verl keeps in ``run_dir`` (``verl_checkpoints``: what ``resume_mode=auto`` reads; the
+    final Hugging Face checkpoint is elsewhere)."""
+    return [Path(run_dir) / "verl_checkpoints"]
+
+
 def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: None, logged_through: int = -1) -> Path:
     """Train ``cfg.algo`` with verl and return the Hugging Face checkpoint directory.
 

@@ -1,0 +1,169 @@
+"""What the suite's runs left on disk that nothing needs any more, listed and (with ``--remove``) freed.
+
+    python -m orchestrator.clean [--tracking-uri sqlite:///mlflow.db] [--root .] [--dry-run | --remove]
+
+Three kinds, found from the store's run records (every experiment of ``--tracking-uri``) and the run folders under
+``--root`` (``multirun/`` and ``outputs/``, Hydra's folders):
+
+- **training state of a finished run**: the engine's state (:func:`orchestrator.disk.state_paths`: the local
+  engine's ``state/``, verl's ``verl_checkpoints/``) in the folder of a FINISHED run (``rlvr.run_dir``): only a resume
+  reads it (runs since issue 56 remove it themselves unless ``train.keep_state=true``; kept-on-purpose states are
+  listed too, since a finished run is never resumed);
+- **folder of a superseded run**: the folder of a FAILED or KILLED run whose point (``rlvr.config_hash``) a later run
+  finished, and which no other run names (a run that took its checkpoint: ``rlvr.recovered_from``,
+  ``rlvr.trained_in``): a failed run that nothing superseded is kept, since the same command resumes it;
+- **checkpoint no run names**: a ``checkpoint/`` or ``checkpoints/`` folder under ``--root`` whose run folder is
+  no run record's ``rlvr.run_dir`` (a run whose record was deleted: a point that gave way to an identical one).
+
+Never listed: a final or kept checkpoint that a record names (reproduction, re-evaluation and checkpoint reuse read
+them), the state of a run that is not finished (a resume reads it), anything outside ``--root`` or the folders the
+records name, the store and its artifacts (reports read them). ``--dry-run`` (the default) lists and removes
+nothing. Exit 2 with one line: a store that does not exist or cannot be read, a ``--root`` that is not a folder.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import tracking
+from .disk import human, size_bytes, state_paths
+
+
+@dataclass(frozen=True)
+class Item:
+    """One thing that may be removed: ``path``, its ``kind`` (the three above), ``why`` (the run it belongs to) and
+    ``bytes``."""
+    path: Path
+    kind: str
+    why: str
+    bytes: int
+
+
+def _runs(uri: str) -> list:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exps = [e.experiment_id for e in client.search_experiments()]
+    return client.search_runs(exps, max_results=50000) if exps else []
+
+
+def _real(p) -> Path | None:
+    try:
+        return Path(p).resolve()
+    except (OSError, RuntimeError):
+        return None
+
+
+def find(uri: str, root: Path) -> list[Item]:
+    """Everything :mod:`orchestrator.clean` may remove (see the module docstring), largest first.
+
+    Raises:
+        Exception: the store cannot be read (the caller reports it in one line).
+    """
+    runs = _runs(uri)
+    by_id = {r.info.run_id: r for r in runs}
+    named_dirs = {}  # resolved run folder -> the runs naming it
+    for r in runs:
+        d = r.data.tags.get("rlvr.run_dir")
+        if d and (rd := _real(d)) is not None:
+            named_dirs.setdefault(rd, []).append(r)
+    referenced = set()  # run ids whose folder another run still reads from
+    for r in runs:
+        for tag in (tracking.TAG_TRAINED_IN, "rlvr.recovered_from"):
+            if (other := r.data.tags.get(tag)) in by_id:
+                referenced.add(other)
+    finished_hashes = {(r.info.experiment_id, r.data.tags.get(tracking.TAG_HASH)) for r in runs
+                       if r.info.status == "FINISHED" and r.data.tags.get(tracking.TAG_KIND) == "trained"}
+    items: list[Item] = []
+    seen: set[Path] = set()
+    for rd, owners in named_dirs.items():
+        if not rd.is_dir():
+            continue
+        statuses = {o.info.status for o in owners}
+        if "FINISHED" in statuses:
+            for o in owners:
+                engine = o.data.params.get("engine.name", "local")
+                try:
+                    paths = state_paths(engine, rd)
+                except KeyError:  # an engine this install does not have
+                    continue
+                for p in paths:
+                    if p not in seen:
+                        seen.add(p)
+                        items.append(Item(p, "training state of a finished run", o.info.run_id, size_bytes(p)))
+                break
+        elif statuses <= {"FAILED", "KILLED"} and all(
+                (o.info.experiment_id, o.data.tags.get(tracking.TAG_HASH)) in finished_hashes
+                and o.info.run_id not in referenced for o in owners):
+            items.append(Item(rd, "folder of a superseded run", owners[0].info.run_id, size_bytes(rd)))
+            seen.add(rd)
+    for top in ("multirun", "outputs"):
+        base = root / top
+        if not base.is_dir():
+            continue
+        for name in ("checkpoint", "checkpoints"):
+            for ck in base.rglob(name):
+                if not ck.is_dir() or ck.parent.name == "checkpoints":
+                    continue
+                run_dir = _real(ck.parent)
+                if run_dir in named_dirs or any(run_dir is not None and s in run_dir.parents for s in seen):
+                    continue
+                if any(p in ck.parents or p == ck for p in seen):
+                    continue
+                items.append(Item(ck, "checkpoint no run names", str(ck.parent), size_bytes(ck)))
+    return sorted(items, key=lambda i: -i.bytes)
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m orchestrator.clean", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tracking-uri", default="sqlite:///mlflow.db", help="the store (default: ./mlflow.db)")
+    ap.add_argument("--root", default=".", help="the folder the sweeps ran in (multirun/, outputs/; default: .)")
+    how = ap.add_mutually_exclusive_group()
+    how.add_argument("--dry-run", action="store_true", help="list only (the default)")
+    how.add_argument("--remove", action="store_true", help="remove what is listed")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    root = Path(args.root)
+    if not root.is_dir():
+        print(f"error: --root={args.root}: not a folder", file=sys.stderr)
+        return 2
+    db = tracking.sqlite_path(args.tracking_uri) if args.tracking_uri.startswith("sqlite:") else None
+    if db is not None and not db.is_file():
+        print(f"error: --tracking-uri={args.tracking_uri}: no such store (run from the folder the sweeps ran in, "
+              "or give its URI)", file=sys.stderr)
+        return 2
+    try:
+        items = find(args.tracking_uri, root)
+    except Exception as e:  # noqa: BLE001 -- a store that cannot be read, in one line
+        print(f"error: --tracking-uri={args.tracking_uri}: cannot be read ({type(e).__name__}: "
+              f"{str(e).splitlines()[0] if str(e) else ''})", file=sys.stderr)
+        return 2
+    total = sum(i.bytes for i in items)
+    for i in items:
+        print(f"{human(i.bytes):>9}  {i.kind}  {i.path}  ({i.why})")
+    if not items:
+        print("nothing to remove")
+        return 0
+    if not args.remove:
+        print(f"{human(total)} in {len(items)} place(s) may be removed; nothing was removed (add --remove)")
+        return 0
+    freed = 0
+    for i in items:
+        try:
+            shutil.rmtree(i.path) if i.path.is_dir() else i.path.unlink()
+            freed += i.bytes
+        except OSError as e:
+            print(f"could not remove {i.path}: {e.strerror or e}", file=sys.stderr)
+    print(f"removed {len(items)} place(s): {human(freed)} freed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
