@@ -149,8 +149,41 @@ def memory_plan(cfg, remote: bool = False):
         device = "cpu" if str(cfg.train.get("device", "auto")) == "cpu" else "cuda"
         plan = plan_for(cfg, device=device, detect=False)
         return plan, refusal(plan)
-    plan = plan_for(cfg)
+    plan = plan_for(cfg, longest_prompt=_preflight_longest_prompt(cfg))
     return plan, refusal(plan)
+
+
+def _preflight_longest_prompt(cfg) -> int | None:
+    """The longest training prompt in tokens, as the run will measure it (:func:`_longest_prompt`), when the
+    tokenizer is on this machine and the prompts load here; else None (the plan then bounds it by
+    ``train.max_prompt_tokens``). Cached per model, data and template: a sweep's points share it."""
+    import json as _json
+
+    from omegaconf import OmegaConf
+
+    try:
+        key = (_json.dumps(OmegaConf.to_container(cfg.model, resolve=True), sort_keys=True, default=str),
+               _json.dumps(OmegaConf.to_container(cfg.data, resolve=True), sort_keys=True, default=str))
+    except Exception:
+        return None
+    return _longest_cached(key, cfg)
+
+
+_LONGEST: dict = {}
+
+
+def _longest_cached(key, cfg) -> int | None:
+    if key not in _LONGEST:
+        try:
+            from core.models import load_tokenizer
+            from core.tasks import load_prompts
+
+            tokenizer = load_tokenizer(cfg.model)
+            _LONGEST[key] = _longest_prompt(tokenizer, load_prompts(cfg.data, "train"),
+                                            bool(cfg.model.get("chat_template", True))) or None
+        except Exception:  # a hub model not cached here, data elsewhere: the plan keeps its upper bound
+            _LONGEST[key] = None
+    return _LONGEST[key]
 
 
 def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: None, logged_through: int = -1) -> Path:
