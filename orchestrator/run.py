@@ -83,11 +83,19 @@ def _tag_rollout(run_dir: Path, outage_s: float) -> None:
         tracking.retry(mlflow.set_tags, {"rlvr.rollout_sampler": str(info.get("sampler")),
                                          "rlvr.rollout_sampler_reason": str(info.get("reason"))[:5000]},
                        outage_s=outage_s)
+        factor = float(info.get("calibration") or 1.0)
+        estimate = info.get("estimate_s")
         checked = estimate_check("train.rollout.sampler=auto", f"chose {info.get('sampler')}, estimating",
-                                 info.get("estimate_s"), info.get("measured_s"), "s of sampling",
-                                 "its speeds are core/sampling/rollout.py's ROLLOUT_SPEED")
+                                 None if estimate is None else estimate * factor, info.get("measured_s"),
+                                 "s of sampling", "its speeds: core/sampling/rollout.py's ROLLOUT_SPEED"
+                                 + (f" calibrated x{factor:.2g} by this machine's earlier runs" if factor != 1.0
+                                    else "; the next auto choice here is calibrated by this run"))
         if checked:
             tracking.retry(mlflow.set_tags, checked[0], outage_s=outage_s)
+            from core.sampling.rollout import record_sampling_time
+
+            record_sampling_time(str(info.get("sampler")), bool(info.get("gpu")), float(estimate),
+                                 float(info["measured_s"]))
     except (OSError, ValueError):
         pass
     try:

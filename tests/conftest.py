@@ -17,6 +17,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # precision=auto is float32 in every test, as on most laptops; tests of the other branch fake AMX's flags
 # (core/precision.py reads RLVR_CPU_FLAGS in place of /proc/cpuinfo's)
 os.environ.setdefault("RLVR_CPU_FLAGS", "fpu sse2 avx avx2 fma")
+# the rollout sampler's auto choice from its constants alone: the machine's calibration file, which every run with
+# auto adds to (core/sampling/rollout.py), would make a test's choice depend on the tests run before it
+os.environ.setdefault("RLVR_ROLLOUT_CALIBRATION", "off")
 if Path("/tmp/rlvr-slurm/etc/slurm.conf").exists():  # the cluster of scripts/slurm/start.sh
     os.environ.setdefault("SLURM_CONF", "/tmp/rlvr-slurm/etc/slurm.conf")
 

@@ -64,6 +64,67 @@ ROLLOUT_SPEED = {"cpu": {"hf": 208.0, "vllm": 300.0, "vllm_start_s": 11.0},
                  "gpu": {"hf": 1500.0, "vllm": 15000.0, "vllm_start_s": 60.0}}
 
 
+#: where each machine's measured-to-estimated sampling times are kept (``RLVR_ROLLOUT_CALIBRATION``: another file, or
+#: ``off``: the constants alone, as the tests run)
+CALIBRATION_ENV = "RLVR_ROLLOUT_CALIBRATION"
+CALIBRATION_KEEP = 5  # the last runs' ratios a machine's factor is the median of
+
+
+def _calibration_file():
+    from pathlib import Path
+
+    where = os.environ.get(CALIBRATION_ENV, "")
+    if where.strip().lower() == "off":
+        return None
+    return Path(where) if where else Path.home() / ".cache" / "rlvr-suite" / "rollout_speed.json"
+
+
+def _machine(gpu: bool) -> str:
+    from ..precision import cpu_name
+
+    if gpu and torch.cuda.is_available():
+        return f"gpu:{torch.cuda.get_device_name()}"
+    return f"{'gpu' if gpu else 'cpu'}:{cpu_name()}:{os.cpu_count()} cores"
+
+
+def calibration_factor(sampler: str, gpu: bool) -> float:
+    """How many times its estimate a sampler's sampling took on this machine: the median of the last
+    :data:`CALIBRATION_KEEP` runs' measured / estimated (:func:`record_sampling_time`), 1.0 when none was recorded
+    (or ``RLVR_ROLLOUT_CALIBRATION=off``)."""
+    import json
+
+    path = _calibration_file()
+    try:
+        ratios = json.loads(path.read_text()).get(f"{_machine(gpu)}|{sampler}", []) if path else []
+    except (OSError, ValueError, AttributeError):
+        ratios = []
+    ratios = sorted(float(r) for r in ratios if isinstance(r, (int, float)) and r > 0)
+    if not ratios:
+        return 1.0
+    mid = len(ratios) // 2
+    return ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+
+
+def record_sampling_time(sampler: str, gpu: bool, estimate_s: float, measured_s: float) -> None:
+    """Keep a run's measured / estimated sampling time (``estimate_s`` before calibration) for this machine, so the
+    next ``auto`` choice here weighs the samplers by what they took (:func:`calibration_factor`); never raises."""
+    import json
+
+    path = _calibration_file()
+    if path is None or not estimate_s or estimate_s <= 0 or not measured_s or measured_s <= 0:
+        return
+    try:
+        data = json.loads(path.read_text()) if path.is_file() else {}
+        key = f"{_machine(gpu)}|{sampler}"
+        data[key] = (list(data.get(key, [])) + [round(float(measured_s) / float(estimate_s), 4)])[-CALIBRATION_KEEP:]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, path)
+    except (OSError, ValueError, TypeError):
+        pass
+
+
 def _speed(what: str, plan: RolloutPlan) -> float:
     value = ROLLOUT_SPEED["gpu" if plan.gpu else "cpu"][what]
     return value if what.endswith("_s") else value * 1e8 / max(plan.n_params, 1)
@@ -82,18 +143,23 @@ def choose_rollout_sampler(name: str, plan: RolloutPlan) -> tuple[str, str]:
         if SAMPLERS[resolved].rollout is None:
             raise ValueError(f"train.rollout.sampler={name!r}: this sampler cannot sample a policy in training")
         return resolved, "asked for"
-    costs = {spec.name: float(spec.rollout_cost(plan)) for spec in SAMPLERS.values()
+    costs = {spec.name: float(spec.rollout_cost(plan)) * calibration_factor(spec.name, plan.gpu)
+             for spec in SAMPLERS.values()
              if spec.rollout is not None and spec.rollout_cost is not None and spec.missing() is None}
     best = min(costs, key=costs.get)
     shown = ", ".join(f"{k} {v:.0f} s" for k, v in sorted(costs.items(), key=lambda kv: kv[1]))
+    factors = {k: calibration_factor(k, plan.gpu) for k in costs}
+    calibrated = ", ".join(f"{k} x{f:.2g}" for k, f in factors.items() if f != 1.0)
     return best, (f"auto: estimated sampling time for {plan.steps} steps x {plan.sequences} sequences x "
                   f"{plan.max_new_tokens} tokens ({plan.n_params / 1e6:.0f}M parameters, "
-                  f"{'GPU' if plan.gpu else 'CPU'}): {shown}")
+                  f"{'GPU' if plan.gpu else 'CPU'}): {shown}"
+                  + (f" (calibrated by this machine's earlier runs: {calibrated})" if calibrated else ""))
 
 
 def rollout_estimate_s(name: str, plan: RolloutPlan) -> float | None:
-    """Sampler ``name``'s estimated sampling time for ``plan`` in seconds (its ``rollout_cost``: what ``auto`` chose
-    by), None when it has no estimate. The run records it beside the time its generation took (``rollout.json``)."""
+    """Sampler ``name``'s estimated sampling time for ``plan`` in seconds before this machine's calibration (its
+    ``rollout_cost``; ``auto`` weighs it by :func:`calibration_factor`), None when it has no estimate. The run records
+    it beside the time its generation took (``rollout.json``; :func:`record_sampling_time`)."""
     spec = SAMPLERS.get(name)
     cost = None if spec is None or spec.rollout_cost is None else spec.rollout_cost(plan)
     return None if cost is None else float(cost)

@@ -88,6 +88,42 @@ def test_one_update_moves_logprobs_in_the_direction_of_the_advantage(tiny_policy
     assert change[0] > 0 > change[1]
 
 
+def test_the_auto_choice_is_checked_against_what_happened_and_calibrated_by_it(tmp_path, monkeypatch):
+    """Issue 56: ``auto`` estimated 20 s of sampling for a point that took 255 s, and nothing compared the two. The
+    run records both (a tag), warns once when they are more than 3x apart naming both figures, and keeps the ratio
+    for this machine: the next choice weighs each sampler's estimate by the median of its last 5 ratios."""
+    from core import console
+    from core.sampling import SAMPLERS, RolloutPlan, choose_rollout_sampler
+    from core.sampling.rollout import calibration_factor, record_sampling_time
+    from orchestrator.run import estimate_check
+
+    monkeypatch.setattr(console, "_said", set())
+    tags, warning = estimate_check("train.rollout.sampler=auto", "chose vllm, estimating", 20.0, 255.0,
+                                   "s of sampling", "its speeds: ROLLOUT_SPEED")
+    assert tags == {"rlvr.estimate.train.rollout.sampler": "estimate 20 s of sampling, measured 255 (12.75x)"}
+    assert warning == ("train.rollout.sampler=auto chose vllm, estimating 20 s of sampling; it took 255 (12.8x the "
+                       "estimate; its speeds: ROLLOUT_SPEED)")
+    assert estimate_check("k=auto", "chose hf, estimating", 20.0, 50.0, "s", "")[1] is None  # 2.5x: within 3x
+    assert estimate_check("k=auto", "chose hf, estimating", None, 50.0, "s", "") is None
+    monkeypatch.setenv("RLVR_ROLLOUT_CALIBRATION", str(tmp_path / "speeds.json"))
+    assert calibration_factor("hf", False) == 1.0
+    for ratio in (2.0, 10.0, 3.0):
+        record_sampling_time("hf", False, 10.0, 10.0 * ratio)
+    assert calibration_factor("hf", False) == 3.0 and calibration_factor("vllm", False) == 1.0
+    for ratio in (4.0, 4.0, 5.0, 6.0):  # the last 5 count: 10, 3, 4, 4, 5, 6 -> 3, 4, 4, 5, 6
+        record_sampling_time("hf", False, 10.0, 10.0 * ratio)
+    assert calibration_factor("hf", False) == 4.0
+    plan = RolloutPlan(steps=1, sequences=8, max_new_tokens=8, n_params=135_000_000)
+    name, reason = choose_rollout_sampler("auto", plan)
+    assert "calibrated by this machine's earlier runs: hf x4" in reason
+    if SAMPLERS["vllm"].missing() is None:
+        for _ in range(5):
+            record_sampling_time("hf", False, 1.0, 1000.0)  # transformers took 1000x its estimate here
+        assert choose_rollout_sampler("auto", plan)[0] == "vllm"
+    monkeypatch.setenv("RLVR_ROLLOUT_CALIBRATION", "off")
+    assert calibration_factor("hf", False) == 1.0
+
+
 def test_auto_rollout_sampler_weighs_engine_start_against_faster_sampling():
     """train.rollout.sampler=auto: the lower estimated sampling time, from the measured speeds in ROLLOUT_SPEED
     (per 100M parameters) and vLLM's start (none when this process's engine already serves the run), recomputed

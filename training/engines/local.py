@@ -581,7 +581,12 @@ def _open_rollout(cfg, model, tokenizer, device, steps_left: int, run_dir: Path,
     name, reason, estimate = rollout_choice(cfg, sum(p.numel() for p in model.parameters()), device.type == "cuda",
                                             steps_left)
     Path(run_dir).mkdir(parents=True, exist_ok=True)
-    (Path(run_dir) / "rollout.json").write_text(json.dumps({"sampler": name, "reason": reason, "estimate_s": estimate}))
+    from core.sampling.rollout import calibration_factor
+
+    gpu = device.type == "cuda"
+    (Path(run_dir) / "rollout.json").write_text(json.dumps({
+        "sampler": name, "reason": reason, "estimate_s": estimate, "gpu": gpu,
+        "calibration": calibration_factor(name, gpu) if estimate is not None else None}))
     options = RolloutOptions(dtype=_rollout_dtype(cfg, device), token_budget=token_budget,
                              engine={"gpu_memory_utilization": ro.get("gpu_memory_utilization")}
                              if device.type == "cuda" else {})
