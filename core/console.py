@@ -89,7 +89,7 @@ def once(message: str) -> bool:
 def log_file() -> str | None:
     """The file the root logger writes to in this process (a sweep point's ``sweep.log``), None when there is none."""
     for h in logging.getLogger().handlers:
-        if isinstance(h, logging.FileHandler):
+        if isinstance(h, logging.FileHandler) and h.baseFilename != os.path.realpath(os.devnull):
             h.flush()
             return h.baseFilename
     return None

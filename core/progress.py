@@ -37,14 +37,16 @@ class LineProgress:
         self.t0 = time.perf_counter()
 
     def update(self, done: int, **fields) -> str | None:
-        """Log ``desc: done/total unit, k=v ..., elapsed, ETA``; returns the line (None when disabled)."""
+        """Log ``desc: unit done/total, k v ..., rate (s/unit, or units/s when faster than one a second), elapsed,
+        ETA``; returns the line (None when disabled)."""
         if not self.enabled:
             return None
         elapsed = time.perf_counter() - self.t0
         rate = elapsed / max(done - self.start, 1)
         parts = [f"{self.desc}: {self.unit} {done}/{self.total}"]
         parts += [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in fields.items()]
-        parts += [f"elapsed {_clock(elapsed)}", f"ETA {_clock(rate * (self.total - done))}"]
+        speed = f"{rate:.1f} s/{self.unit}" if rate >= 1 else f"{1 / max(rate, 1e-9):.1f} {self.unit}s/s"
+        parts += [speed, f"elapsed {_clock(elapsed)}", f"ETA {_clock(rate * (self.total - done))}"]
         line = ", ".join(parts)
         log.info(line)
         return line
