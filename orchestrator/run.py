@@ -45,7 +45,8 @@ def _hydra_job() -> tuple[Path | None, str, str, int | None]:
         return None, "", "", None
 
 
-def estimate_check(key: str, what: str, estimate, measured, unit: str, source: str) -> tuple[dict, str | None] | None:
+def estimate_check(key: str, what: str, estimate, measured, unit: str, source: str,
+                   outcome: str = "it took") -> tuple[dict, str | None] | None:
     """An ``auto`` choice's estimate beside what happened: the tags ``rlvr.estimate.<key>`` (``estimate``,
     ``measured``, their ratio) and, when they are more than 3x apart, a warning naming both figures (logged once per
     process). None when either figure is missing.
@@ -62,7 +63,7 @@ def estimate_check(key: str, what: str, estimate, measured, unit: str, source: s
     tags = {f"rlvr.estimate.{name}": f"estimate {estimate:.3g} {unit}, measured {measured:.3g} ({ratio:.2f}x)"}
     warning = None
     if not 1 / 3 <= ratio <= 3:
-        warning = (f"{key} {what} {estimate:.3g} {unit}; it took {measured:.3g} ({ratio:.1f}x the estimate; "
+        warning = (f"{key} {what} {estimate:.3g} {unit}; {outcome} {measured:.3g} ({ratio:.1f}x the estimate; "
                    f"{source})")
         if once(f"estimate-check {name}"):  # once per process: each point of a sweep would say the same
             log.warning(warning)
@@ -113,6 +114,11 @@ def _tag_rollout(run_dir: Path, outage_s: float) -> None:
     tracking.retry(mlflow.set_tags, {"rlvr.packing": str(info.get("layout")),
                                      "rlvr.packing_reason": str(info.get("layout_reason"))[:5000],
                                      "rlvr.micro_batch_tokens": str(info.get("micro_batch_tokens"))}, outage_s=outage_s)
+    planned = (info.get("plan") or {}).get("total_gb")
+    checked = estimate_check("memory_plan", "of this run:", planned, info.get("run_peak_gb"), "GiB at the peak",
+                             "the plan's terms: training/memory_plan.py", outcome="the process's peak was")
+    if checked:
+        tracking.retry(mlflow.set_tags, checked[0], outage_s=outage_s)
     plan = info.get("plan") or {}
     values = {f"memory/plan_{k}": float(v) for k, v in plan.items()
               if k.endswith("_gb") and isinstance(v, (int, float)) and v is not None}
@@ -127,6 +133,8 @@ def _tag_rollout(run_dir: Path, outage_s: float) -> None:
     if params.get("adapter_mb") is not None:
         values["model/adapter_mb"] = float(params["adapter_mb"])
         tracking.retry(mlflow.set_tag, "rlvr.lora_rank", str(params.get("lora_rank")), outage_s=outage_s)
+    if isinstance(info.get("run_peak_gb"), (int, float)):  # beside the plan's total (memory/plan_total_gb)
+        values["memory/run_peak_gb"] = float(info["run_peak_gb"])
     if values:
         tracking.retry(mlflow.log_metrics, values, step=0, outage_s=outage_s)
     tracking.retry(mlflow.log_artifact, str(memory), outage_s=outage_s)

@@ -607,6 +607,17 @@ def _record_sampling_time(run_dir: Path, seconds: float) -> None:
         pass
 
 
+def _record_peak(run_dir: Path, peak_gb: float) -> None:
+    """Add the measured peak (GiB: a GPU's allocated memory, or the process's peak resident memory on the CPU, which
+    includes what an earlier point of the same process held) to ``run_dir/memory.json`` beside the plan."""
+    path = Path(run_dir) / MEMORY_FILE
+    try:
+        info = json.loads(path.read_text())
+        path.write_text(json.dumps(info | {"run_peak_gb": round(float(peak_gb), 3)}, indent=1))
+    except (OSError, ValueError):
+        pass
+
+
 def _rollout_dtype(cfg, device) -> str:
     """``train.rollout.dtype``: ``auto`` is the precision the trainer computes in (``train.precision`` on ``device``:
     float32, or bfloat16 with bf16): the least training-inference mismatch."""
@@ -726,6 +737,7 @@ def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
 
     run.rollout.close()  # the shared vLLM engine stays up, holding the final policy, for the run's evaluation
     _record_sampling_time(run.run_dir, sampled_s)
+    _record_peak(run.run_dir, peak_memory_gb(run.device))
     run.token_probs.write(run.run_dir / TOKEN_PROBS, run.tokenizer)
     return save_atomically(final_checkpoint_dir(run.run_dir), save_hf)
 
