@@ -14,11 +14,15 @@ Three kinds, found from the store's run records (every experiment of ``--trackin
   ``rlvr.trained_in``): a failed run that nothing superseded is kept, since the same command resumes it;
 - **checkpoint no run names**: a ``checkpoint/`` or ``checkpoints/`` folder under ``--root`` whose run folder is
   no run record's ``rlvr.run_dir`` (a run whose record was deleted: a point that gave way to an identical one).
+  Records are matched from their ``multirun/``/``outputs/`` part on, so a moved or copied project folder matches its
+  store; when the store names no run folder under ``--root`` at all (another folder's store, an empty one), no
+  checkpoint is listed.
 
 Never listed: a final or kept checkpoint that a record names (reproduction, re-evaluation and checkpoint reuse read
 them), the state of a run that is not finished (a resume reads it), anything outside ``--root`` or the folders the
 records name, the store and its artifacts (reports read them). ``--dry-run`` (the default) lists and removes
-nothing. Exit 2 with one line: a store that does not exist or cannot be read, a ``--root`` that is not a folder.
+nothing. Exit 2 with one line: a store that does not exist or cannot be read (a server that does not answer within
+seconds), a ``--root`` that is not a folder; exit 1 when something listed could not be removed.
 """
 from __future__ import annotations
 
@@ -50,25 +54,48 @@ def _runs(uri: str) -> list:
     return client.search_runs(exps, max_results=50000) if exps else []
 
 
-def _real(p) -> Path | None:
+TOPS = ("multirun", "outputs")  # the folders Hydra writes runs to, under the folder a sweep ran in
+
+
+def _tail(p) -> Path | None:
+    """A run folder's path from its ``multirun/`` or ``outputs/`` part on (``multirun/rlvr/<date>/0``), or None."""
+    parts = Path(p).parts
+    for i, part in enumerate(parts):
+        if part in TOPS:
+            return Path(*parts[i:])
+    return None
+
+
+def _under_root(tagged: str, root: Path) -> Path | None:
+    """Where a run record's folder (``rlvr.run_dir``: absolute, or relative to the folder the sweep ran in) is under
+    ``root``: the same path from its ``multirun/``/``outputs/`` part on, so a project folder that was moved or copied
+    still matches its records; None for a folder that is not under ``root`` (a temporary ``rlvr-run-*`` folder)."""
+    tail = _tail(tagged)
+    if tail is not None:
+        return (root / tail).resolve()
+    p = Path(tagged)
     try:
-        return Path(p).resolve()
+        p = p.resolve() if p.is_absolute() else (root / p).resolve()
     except (OSError, RuntimeError):
         return None
+    return p if root in p.parents else None
 
 
-def find(uri: str, root: Path) -> list[Item]:
-    """Everything :mod:`orchestrator.clean` may remove (see the module docstring), largest first.
+def find(uri: str, root: Path) -> tuple[list[Item], str | None]:
+    """Everything :mod:`orchestrator.clean` may remove under ``root`` (see the module docstring), largest first, and a
+    note when the stray-checkpoint search was skipped (the store's records name no run folder under ``root``: then it
+    is not this folder's store, and every checkpoint would look unnamed).
 
     Raises:
         Exception: the store cannot be read (the caller reports it in one line).
     """
+    root = root.resolve()
     runs = _runs(uri)
     by_id = {r.info.run_id: r for r in runs}
-    named_dirs = {}  # resolved run folder -> the runs naming it
+    named_dirs: dict[Path, list] = {}  # run folder under root -> the runs naming it
     for r in runs:
         d = r.data.tags.get("rlvr.run_dir")
-        if d and (rd := _real(d)) is not None:
+        if d and (rd := _under_root(d, root)) is not None:
             named_dirs.setdefault(rd, []).append(r)
     referenced = set()  # run ids whose folder another run still reads from
     for r in runs:
@@ -100,21 +127,27 @@ def find(uri: str, root: Path) -> list[Item]:
                 and o.info.run_id not in referenced for o in owners):
             items.append(Item(rd, "folder of a superseded run", owners[0].info.run_id, size_bytes(rd)))
             seen.add(rd)
-    for top in ("multirun", "outputs"):
-        base = root / top
-        if not base.is_dir():
-            continue
-        for name in ("checkpoint", "checkpoints"):
-            for ck in base.rglob(name):
-                if not ck.is_dir() or ck.parent.name == "checkpoints":
-                    continue
-                run_dir = _real(ck.parent)
-                if run_dir in named_dirs or any(run_dir is not None and s in run_dir.parents for s in seen):
-                    continue
-                if any(p in ck.parents or p == ck for p in seen):
-                    continue
-                items.append(Item(ck, "checkpoint no run names", str(ck.parent), size_bytes(ck)))
-    return sorted(items, key=lambda i: -i.bytes)
+    note = None
+    if not named_dirs:
+        note = (f"the store's runs name no run folder under {root} (another folder's store, or none): checkpoints "
+                "were not searched")
+    else:
+        for top in TOPS:
+            base = root / top
+            if not base.is_dir():
+                continue
+            for name in ("checkpoint", "checkpoints"):
+                for ck in base.rglob(name):
+                    if ck.is_symlink() or not ck.is_dir():
+                        continue
+                    run_dir = ck.parent.resolve()
+                    if run_dir in named_dirs or any(s == run_dir or s in run_dir.parents or s in ck.parents
+                                                    for s in seen):
+                        continue
+                    items.append(Item(ck, "checkpoint no run names", str(ck.parent), size_bytes(ck)))
+    if not any((root / t).is_dir() for t in TOPS):
+        note = f"{root} has no multirun/ or outputs/ folder: --root is the folder the sweeps ran in"
+    return sorted(items, key=lambda i: -i.bytes), note
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -129,18 +162,27 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    from core.console import quiet_libraries
+
+    quiet_libraries()  # MLflow's own lines (a schema check) stay off the screen
     args = _parser().parse_args(argv)
     root = Path(args.root)
     if not root.is_dir():
         print(f"error: --root={args.root}: not a folder", file=sys.stderr)
         return 2
-    db = tracking.sqlite_path(args.tracking_uri) if args.tracking_uri.startswith("sqlite:") else None
-    if db is not None and not db.is_file():
+    try:
+        db = tracking.sqlite_path(args.tracking_uri) if args.tracking_uri.startswith("sqlite:") else None
+        if db is None:
+            tracking.check_store(args.tracking_uri, "mlartifacts", min_free_mb=0)  # a server answers in seconds
+    except tracking.StoreError as e:
+        print(f"error: {str(e).replace('tracking.uri=', '--tracking-uri=')}", file=sys.stderr)
+        return 2
+    if db is not None and (not db.is_file() or db.stat().st_size == 0):
         print(f"error: --tracking-uri={args.tracking_uri}: no such store (run from the folder the sweeps ran in, "
               "or give its URI)", file=sys.stderr)
         return 2
     try:
-        items = find(args.tracking_uri, root)
+        items, note = find(args.tracking_uri, root)
     except Exception as e:  # noqa: BLE001 -- a store that cannot be read, in one line
         print(f"error: --tracking-uri={args.tracking_uri}: cannot be read ({type(e).__name__}: "
               f"{str(e).splitlines()[0] if str(e) else ''})", file=sys.stderr)
@@ -148,21 +190,28 @@ def main(argv=None) -> int:
     total = sum(i.bytes for i in items)
     for i in items:
         print(f"{human(i.bytes):>9}  {i.kind}  {i.path}  ({i.why})")
+    if note:
+        print(f"note: {note}")
     if not items:
         print("nothing to remove")
         return 0
     if not args.remove:
         print(f"{human(total)} in {len(items)} place(s) may be removed; nothing was removed (add --remove)")
         return 0
-    freed = 0
+    freed, removed, failed = 0, 0, 0
     for i in items:
         try:
-            shutil.rmtree(i.path) if i.path.is_dir() else i.path.unlink()
+            if i.path.is_symlink() or not i.path.is_dir():
+                i.path.unlink()
+            else:
+                shutil.rmtree(i.path)
             freed += i.bytes
+            removed += 1
         except OSError as e:
+            failed += 1
             print(f"could not remove {i.path}: {e.strerror or e}", file=sys.stderr)
-    print(f"removed {len(items)} place(s): {human(freed)} freed")
-    return 0
+    print(f"removed {removed} place(s): {human(freed)} freed" + (f"; {failed} could not be removed" if failed else ""))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

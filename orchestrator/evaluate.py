@@ -86,12 +86,24 @@ def _preflight(args):
     if args.eval not in presets:
         raise _Refused(f"--eval {args.eval}: no such preset{nearest(args.eval, presets)}; the presets in sweeps/eval/: "
                        + ", ".join(presets))
+    overrides = [f"eval.{o[len('eval.'):] if o.startswith('eval.') else o}" for o in args.overrides]
+    try:
+        from .preflight import check_single_run
+
+        check_single_run(overrides)
+    except Exception as e:  # noqa: BLE001 -- ConfigError: several values
+        raise _Refused(str(e).split(": add -m")[0] + ": an evaluation takes one value per setting") from None
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-            cfg = compose("config", overrides=[f"eval={args.eval}"] + [f"eval.{o}" for o in args.overrides]
+            cfg = compose("config", overrides=[f"eval={args.eval}"] + overrides
                           + ([f"eval.sampler={args.sampler}"] if args.sampler else []))
     except (HydraException, OmegaConfBaseException) as e:
-        raise _Refused(str(e).splitlines()[0]) from None
+        from .preflight import _unknown_key
+
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            unknown = _unknown_key(str(e), [f"eval={args.eval}"] + overrides,
+                                   lambda o: compose("config", overrides=o))
+        raise _Refused(unknown.replace("+eval.", "+") if unknown else str(e).splitlines()[0]) from None
     eval_cfg = cfg.eval
     from .errors import ConfigError
     from .preflight import check_precision
@@ -111,6 +123,22 @@ def _preflight(args):
         check_source({"source": "pretrained", "path": str(args.checkpoint)})
     except ValueError as e:
         raise _Refused(f"--checkpoint: {str(e).replace('model.path=', '', 1)}") from None
+    from . import tracking
+
+    try:  # the store and the output folder, as the sweep's pre-flight checks them (nothing is created yet)
+        tracking.check_store(args.tracking_uri, str(cfg.tracking.artifact_root), min_free_mb=0)
+        db = tracking.sqlite_path(args.tracking_uri)
+        if db is not None and not db.parent.is_dir():
+            raise tracking.StoreError(f"--tracking-uri={args.tracking_uri}: the folder {db.parent} does not exist; a "
+                                      f"store is created only in an existing folder (mkdir -p {db.parent})")
+        tracking.check_writable(Path(args.out or "eval_out"), f"--out={args.out or 'eval_out'}", 0)
+    except tracking.StoreError as e:
+        raise _Refused(str(e).replace("tracking.uri=", "--tracking-uri=")) from None
+    ckpt = Path(str(args.checkpoint))
+    if ckpt.is_dir() and (ckpt / "config.json").is_file() and not any(
+            any(ckpt.glob(pat)) for pat in ("*.safetensors", "*.bin", "*.gguf", "adapter_model.*")) \
+            and not (ckpt / "adapter_config.json").is_file():
+        raise _Refused(f"--checkpoint={ckpt}: has config.json but no weights (*.safetensors, *.bin)")
     if args.out and Path(args.out).exists() and any(Path(args.out).iterdir()) and not args.overwrite:
         raise _Refused(f"--out={args.out}: exists and is not empty (its results would be written over); choose another "
                        "folder, leave --out out (a new folder each time), or add --overwrite")

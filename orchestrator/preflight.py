@@ -51,10 +51,19 @@ def _with_sweeper_params(user: list[str], compose, *errors, config_name: str = "
     command line's overrides; a key given on the command line replaces the preset's value for it."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    import re
+
     fixed: list[str] = []
     try:
         fixed = [o.input_line for o in OverridesParser.create().parse_overrides(user) if not o.is_sweep_override()]
-        cfg = compose(config_name, overrides=fixed + list(search), return_hydra_config=True)
+        try:
+            cfg = compose(config_name, overrides=fixed + list(search), return_hydra_config=True)
+        except errors as e:  # a key that only some points have (an algorithm's own): each point says it, named
+            m = re.search(r"Could not override '([^']+)'", str(e))
+            if not m or len(fixed) == len(user):
+                raise
+            cfg = compose(config_name, overrides=[o for o in fixed if _key(o) != m.group(1)] + list(search),
+                          return_hydra_config=True)
     except errors as e:
         unknown = _unknown_key(str(e), fixed, lambda o: compose(config_name, overrides=o + list(search)))
         if unknown:
@@ -92,7 +101,19 @@ def _unknown_key(message: str, point: list[str], compose) -> str | None:
     except Exception:
         return f"{key}: no such setting"
     keys = [k for k in _flat_keys(OmegaConf.to_container(cfg, resolve=False)) if not k.startswith("hydra")]
-    return (f"{key}: no such setting{nearest(key, keys)}; the settings and their meaning: docs/config.md "
+    parent, _, leaf = key.rpartition(".")
+    siblings = [k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == parent]
+    if siblings:  # a typo in the last part: the nearest sibling (a shared word such as "ratio" is not enough)
+        import difflib
+
+        close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.6)
+        hint = f" (did you mean {parent + '.' if parent else ''}{close[0]}?)" if close else ""
+    else:  # a typo in a group's name: the nearest whole key
+        import difflib
+
+        close = difflib.get_close_matches(key, keys, n=1, cutoff=0.85)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+    return (f"{key}: no such setting{hint}; the settings and their meaning: docs/config.md "
             f"(a new key on purpose: +{key}=...)")
 
 
@@ -140,7 +161,8 @@ def sweep_points(overrides: list[str], config_name: str = "config", multirun: bo
                 except (HydraException, OmegaConfBaseException) as e:
                     unknown = _unknown_key(str(e), point, lambda o: compose(config_name, overrides=o + search))
                     if unknown:
-                        raise ConfigError(unknown) from None
+                        where = f" (sweep point {' '.join(point)})" if len(points) > 1 else ""
+                        raise ConfigError(unknown + where) from None
                     text = str(e).split("Config search path")[0]
                     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
                     raise ConfigError(" ".join(lines)) from None
@@ -190,6 +212,10 @@ def check_command_line(argv: list[str], checks=(), sweep_checks=()) -> int | Non
             except ConfigError as e:
                 where = f" (sweep point {' '.join(point)})" if len(points) > 1 else ""
                 raise ConfigError(f"{e}{where}") from None
+            except Exception as e:  # a config no check expected (a whole group removed with ~): one line, not a trace
+                first = str(e).splitlines()[0] if str(e) else ""
+                raise ConfigError(f"the point {' '.join(point) or '(defaults)'} cannot be checked: "
+                                  f"{type(e).__name__}: {first} (a setting missing or of the wrong kind?)") from None
         for check in sweep_checks:
             try:
                 for w in check([cfg for _, cfg in points]) or []:
@@ -199,6 +225,7 @@ def check_command_line(argv: list[str], checks=(), sweep_checks=()) -> int | Non
         check_inputs(points)
         check_locations(points, [a for a in argv if not a.startswith("-")], multirun=bool(flags))
         check_tool_services(points)
+        create_stores(points)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)  # one line, nothing else: the plans are printed only when all passed
         sys.exit(2)
@@ -230,8 +257,10 @@ def check_single_run(overrides: list[str]) -> None:
         return  # sweep_points reports it
     for o in parsed:
         if o.is_sweep_override():
+            import shlex
+
             raise ConfigError(f"{o.input_line} gives several values, which makes a sweep: add -m "
-                              f"(python sweep.py -m {' '.join(overrides)})")
+                              f"(python sweep.py -m {shlex.join(overrides)})")
 
 
 #: the settings that ask for a precision, and which device each computes on (its config key: ``auto`` or a name)
@@ -300,6 +329,21 @@ def check_memory(cfg, remote: bool = False, shown: dict | None = None) -> None:
         shown.setdefault(plan.summary(), None)
 
 
+def _launchers() -> list[str]:
+    """The ``hydra/launcher`` options Hydra finds (the suite's and its installed plug-ins')."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            return sorted(GlobalHydra.instance().config_loader().get_group_options("hydra/launcher"))
+    except Exception:  # noqa: BLE001 -- the suite's own, at least
+        return sorted({"basic"} | {p.stem for p in (CONFIG_DIR / "hydra" / "launcher").glob("*.yaml")})
+    finally:
+        GlobalHydra.instance().clear()
+
+
 def check_launcher(launcher: str | None) -> None:
     """A cluster launcher's cluster is there: ``hydra/launcher=slurm`` needs ``sbatch`` on the PATH and ``sinfo``
     answering (within 20 s), so a machine without SLURM stops here instead of in submitit's traceback.
@@ -310,6 +354,11 @@ def check_launcher(launcher: str | None) -> None:
     import shutil
     import subprocess
 
+    if launcher is not None:
+        known = _launchers()
+        if launcher not in known:
+            raise ConfigError(f"hydra/launcher={launcher}: no such launcher{nearest(launcher, known)}; the launchers: "
+                              + ", ".join(known))
     if launcher != "slurm":
         return
     missing = [c for c in ("sbatch", "sinfo") if shutil.which(c) is None]
@@ -415,10 +464,26 @@ def check_tool_services(points) -> None:
             raise ConfigError(f"tools.search.url={url!r}: /health did not say ok: not a retrieval server?")
 
 
+def create_stores(points) -> None:
+    """Create each point's SQLite store (once, under a file lock), the last step of pre-flight: a refusal before it
+    leaves no store behind.
+
+    Raises:
+        ConfigError: the store could not be created (the cause, a full disk named as such).
+    """
+    from . import tracking
+
+    try:
+        for uri in dict.fromkeys(str(cfg.tracking.uri) for _, cfg in points):
+            tracking.ensure_store(uri)
+    except tracking.StoreError as e:
+        raise ConfigError(str(e)) from None
+
+
 def check_locations(points, overrides: list[str], multirun: bool = True) -> None:
     """Every place the sweep writes, checked in seconds before any point starts: the tracking store (scheme,
-    reachability, writability, ``tracking.min_free_mb`` free; an SQLite store is created here, once, under a
-    file lock), the artifact root, and the folder Hydra writes the sweep's outputs to.
+    reachability, writability, ``tracking.min_free_mb`` free; created only once every check passed:
+    :func:`create_stores`), the artifact root, and the folder Hydra writes the sweep's outputs to.
 
     Raises:
         ConfigError: one line naming the setting and the cause (disk full, read-only, unknown scheme, no answer).
@@ -433,7 +498,6 @@ def check_locations(points, overrides: list[str], multirun: bool = True) -> None
                 continue
             seen.add(key)
             tracking.check_store(*key)
-            tracking.ensure_store(key[0])
         min_free = max((k[2] for k in seen), default=100.0)
         dir_key = "hydra.sweep.dir=" if multirun else "hydra.run.dir="
         given = next((o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith(dir_key)), None)

@@ -92,6 +92,9 @@ def check_writable(path: Path, what: str, min_free_mb: float) -> None:
         if e.errno == errno.ENOSPC:
             raise StoreError(f"{what}: disk full: no space left on the filesystem of {folder}; free space and run "
                              "again") from None
+        if e.errno == errno.ENOENT:  # the folder exists, yet a file cannot be made in it: /proc, /sys
+            raise StoreError(f"{what}: {folder} cannot hold files (a virtual filesystem such as /proc or /sys); "
+                             "choose a folder on a disk") from None
         raise StoreError(f"{what}: {folder} is not writable ({e.strerror or e})") from None
     free_mb = shutil.disk_usage(folder).free / 2**20
     if free_mb < min_free_mb:
@@ -116,6 +119,14 @@ def check_store(uri: str, artifact_root: str, min_free_mb: float = 100.0, timeou
         if db.exists():
             if db.is_dir():
                 raise StoreError(f"tracking.uri={uri!r}: {db} is a folder, not an SQLite file")
+            try:
+                with open(db, "rb") as f:
+                    head = f.read(16)
+            except OSError:
+                head = b""
+            if head and head != b"SQLite format 3\x00":
+                raise StoreError(f"tracking.uri={uri!r}: {db} is not an SQLite database (a store is an MLflow "
+                                 "SQLite file; name a new file to start one)")
             try:
                 with open(db, "r+b"):
                     pass
@@ -159,7 +170,12 @@ def check_store(uri: str, artifact_root: str, min_free_mb: float = 100.0, timeou
                 quiet.disabled = was
     art = local_path(artifact_root)
     if art is not None:
+        if art.exists() and not art.is_dir():
+            raise StoreError(f"tracking.artifact_root={artifact_root!r}: {art} is a file; the artifact root is a folder")
         check_writable(art, f"tracking.artifact_root={artifact_root!r}", min_free_mb)
+    elif str(artifact_root).startswith("mlflow-artifacts:") and urlparse(uri).scheme not in ("http", "https"):
+        raise StoreError(f"tracking.artifact_root={artifact_root!r}: artifacts served by an MLflow server need the "
+                         f"store to be that server (tracking.uri=http://HOST:PORT), not {uri!r}")
 
 
 def _check_database(uri: str, timeout_s: float) -> None:

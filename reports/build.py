@@ -176,6 +176,13 @@ def check_args(args) -> None:
     uri = args.tracking_uri
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
         fail(f"--tracking-uri={uri}: no such store (run from the folder the sweep ran in, or give its URI)")
+    if not uri.startswith("sqlite:"):  # a server that does not answer: seconds, not MLflow's minutes of retries
+        from orchestrator import tracking
+
+        try:
+            tracking.check_store(uri, "mlartifacts", min_free_mb=0)
+        except tracking.StoreError as e:
+            fail(str(e).replace("tracking.uri=", "--tracking-uri="))
     try:
         client = MlflowClient(tracking_uri=uri)
         names = [e.name for e in client.search_experiments()]
@@ -195,6 +202,12 @@ def check_args(args) -> None:
                      f"{', '.join(sorted(Path(k).name for k in known)) or 'none'})")
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
         fail(f"--out={args.out}: a file, not a folder")
+    if args.filter:
+        try:
+            client.search_runs([client.get_experiment_by_name(args.experiment).experiment_id],
+                               filter_string=args.filter, max_results=1)
+        except Exception as e:  # noqa: BLE001 -- MLflow's parse error, its first line
+            fail(f"--filter={args.filter!r}: not an MLflow search filter ({str(e).splitlines()[0] if str(e) else type(e).__name__})")
     if args.baseline:
         from orchestrator.preflight import nearest
 

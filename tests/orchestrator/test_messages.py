@@ -42,9 +42,9 @@ def test_a_store_path_under_a_file_names_the_file(tmp_path, monkeypatch, capsys)
 def test_an_unwritable_location_is_not_called_a_full_disk(tmp_path, monkeypatch, capsys):
     """``/proc`` has 0 bytes free and cannot be written: it was reported as "disk full: 0.0 MB free"."""
     line = _refused(["tracking.artifact_root=/proc/nope/art"], tmp_path, monkeypatch, capsys)
-    assert "/proc is not writable" in line and "disk full" not in line
+    assert "/proc cannot hold files (a virtual filesystem" in line and "disk full" not in line
     line = _refused(["tracking.uri=sqlite:////proc/nope/x.db"], tmp_path, monkeypatch, capsys)
-    assert "/proc is not writable" in line and "disk full" not in line
+    assert "/proc cannot hold files" in line and "disk full" not in line
 
 
 def test_several_values_without_multirun_say_to_add_it(tmp_path, monkeypatch, capsys):
@@ -52,6 +52,8 @@ def test_several_values_without_multirun_say_to_add_it(tmp_path, monkeypatch, ca
     line = _refused(["algo=grpo,gspo", "train.steps=2"], tmp_path, monkeypatch, capsys)
     assert line == ("error: algo=grpo,gspo gives several values, which makes a sweep: add -m "
                     "(python sweep.py -m algo=grpo,gspo train.steps=2)")
+    line = _refused(["train.lr=range(1,3)"], tmp_path, monkeypatch, capsys)  # the hint pastes into a shell as it is
+    assert line.endswith("(python sweep.py -m 'train.lr=range(1,3)')")
 
 
 @pytest.mark.parametrize("argv,key,near", [
@@ -101,3 +103,94 @@ def test_said_once_per_process():
     from core.console import once
 
     assert once("issue 56: a warning") and not once("issue 56: a warning") and once("issue 56: another")
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["-m", "hydra/launcher=slurmm"], "hydra/launcher=slurmm: no such launcher (did you mean slurm?); the launchers: "),
+    (["~train"], "the point ~train cannot be checked: ConfigAttributeError: Key 'train' is not in struct"),
+    (["tracking.artifact_root=mlflow-artifacts:/"], "artifacts served by an MLflow server need the store to be that"),
+    (["-m", "algo=quatro,gspo", "algo.policy_loss.clip_ratio_high=0.3"],  # a key of other algorithms: the point named
+     "algo.policy_loss.clip_ratio_high: no such setting; the settings"),
+])
+def test_more_refusals_found_by_trying_to_break_them(tmp_path, monkeypatch, capsys, argv, fragment):
+    """Found by a second pair of eyes on issue 56's messages: a launcher typo, a removed group, an artifact root
+    only a server can hold, a key only some points of the sweep have (named with its point, no wrong suggestion)."""
+    line = _refused(argv, tmp_path, monkeypatch, capsys)
+    assert fragment in line, line
+    if "clip_ratio_high" in fragment:
+        assert "(sweep point algo=quatro " in line and "did you mean" not in line
+
+
+def test_files_that_are_not_what_a_setting_needs_are_named(tmp_path, monkeypatch, capsys):
+    (tmp_path / "notes.txt").write_text("my notes\n")
+    line = _refused([f"tracking.uri=sqlite:///{tmp_path}/notes.txt"], tmp_path, monkeypatch, capsys)
+    assert "notes.txt is not an SQLite database" in line
+    line = _refused([f"tracking.artifact_root={tmp_path}/notes.txt"], tmp_path, monkeypatch, capsys)
+    assert "notes.txt is a file; the artifact root is a folder" in line
+    assert (tmp_path / "notes.txt").read_text() == "my notes\n"
+
+
+def test_a_refusal_after_the_store_check_leaves_no_store(tmp_path, monkeypatch, capsys):
+    """The store was created before the output folder was checked: a refusal there left mlflow.db behind."""
+    line = _refused(["-m", "hydra.sweep.dir=/proc/sweep", "seed=1,2"], tmp_path, monkeypatch, capsys)
+    assert "hydra.sweep.dir=/proc/sweep" in line and "cannot hold files" in line
+
+
+def test_the_evaluate_command_reads_its_overrides_as_the_sweep_does(tmp_path, monkeypatch, capsys):
+    """``eval.n=4`` named a key the user never typed (``eval.eval.n``); ``nn=4`` had no suggestion; a checkpoint
+    folder without weights passed pre-flight and ended in a traceback after making a store."""
+    from orchestrator.evaluate import main
+
+    monkeypatch.chdir(tmp_path)
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "config.json").write_text("{}")
+    for argv, fragment in (
+            (["nn=4"], "eval.nn: no such setting (did you mean eval.n?)"),
+            (["n=4,8"], "eval.n=4,8 gives several values, which makes a sweep: an evaluation takes one value"),
+            (["eval.n=4"], f"--checkpoint={ck}: has config.json but no weights"),  # eval.n read as n: no error there
+            (["--tracking-uri", "sqlite:///nodir/x.db"], "the folder nodir does not exist")):
+        capsys.readouterr()
+        assert main(["--checkpoint", str(ck), "--eval", "smoke", *argv]) == 2, argv
+        [line] = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert fragment in line, (argv, line)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+
+
+def test_clean_matches_a_moved_project_to_its_store_and_lists_nothing_from_a_store_of_no_runs(tmp_path, monkeypatch):
+    """A copied or moved project folder: its records name the old absolute paths; a store with no runs (another
+    folder's, an empty one): every checkpoint would look unnamed. Neither may list a finished run's checkpoint."""
+    import contextlib
+    import io
+
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator import tracking
+    from orchestrator.clean import main as clean
+
+    root = tmp_path / "moved"
+    named = root / "multirun" / "rlvr" / "2026-12-06_10-00-00" / "0"
+    (named / "checkpoint").mkdir(parents=True)
+    (named / "checkpoint" / "model.safetensors").write_bytes(b"w" * 64)
+    stray = root / "multirun" / "rlvr" / "2026-12-06_10-00-00" / "7" / "checkpoint"
+    stray.mkdir(parents=True)
+    (stray / "model.safetensors").write_bytes(b"s" * 32)
+    uri = f"sqlite:///{root}/mlflow.db"
+    tracking.ensure_store(uri)
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("rlvr")
+    run = client.create_run(exp, tags={"rlvr.kind": "trained", "rlvr.config_hash": "h",
+                                       "rlvr.run_dir": "/the/old/place/multirun/rlvr/2026-12-06_10-00-00/0"})
+    client.set_terminated(run.info.run_id, "FINISHED")
+    monkeypatch.chdir(root)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert clean(["--dry-run"]) == 0
+    assert str(stray) in out.getvalue() and str(named / "checkpoint") not in out.getvalue(), out.getvalue()
+    empty = f"sqlite:///{tmp_path}/empty.db"
+    tracking.ensure_store(empty)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert clean(["--tracking-uri", empty, "--root", str(root), "--remove"]) == 0
+    assert "checkpoints were not searched" in out.getvalue() and "nothing to remove" in out.getvalue()
+    assert (named / "checkpoint" / "model.safetensors").is_file() and stray.is_dir()
