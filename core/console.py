@@ -77,6 +77,11 @@ def screen_filter_on_root() -> None:
                 h.addFilter(SuiteOnly())
 
 
+def forget() -> None:
+    """Start a new sweep's memory of what :func:`once` said (pre-flight calls it: each command line is a new sweep)."""
+    _said.clear()
+
+
 def once(message: str) -> bool:
     """True the first time this process is asked about ``message`` (then False): a warning the suite gives once per
     process, however many points of a sweep check the same setting."""

@@ -193,6 +193,9 @@ def check_command_line(argv: list[str], checks=(), sweep_checks=()) -> int | Non
     launcher = next((a.split("=", 1)[1] for a in overrides if _key(a) == "hydra/launcher"), None)
     shown: dict = {}  # the points' memory plans, each distinct one printed once when every check has passed
     said: dict = {}  # the points' warnings, likewise (an error is one line, with no warning before it)
+    from core.console import forget
+
+    forget()  # a new sweep: its warnings are said once, again
     try:
         check_launcher(launcher)
         if not flags:
