@@ -43,7 +43,7 @@ def compose(overrides: list[str]):
         if isinstance(item, str):
             continue
         (group, option), = dict(item).items()
-        if option is not None:
+        if option is not None and not group.startswith("override "):  # Hydra's own groups (hydra/job_logging)
             groups[group] = option
     root.pop("hydra", None)
     chosen = dict(groups)

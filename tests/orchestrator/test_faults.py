@@ -115,7 +115,7 @@ def _clean_lists_then_frees_only_what_no_run_needs(cwd: Path) -> None:
     later run finished is a superseded run's folder; a kept-on-purpose state of a finished run (made here by hand, as
     ``train.keep_state=true`` keeps it) is listed; a checkpoint folder no run names is listed; the Ctrl-C run (KILLED,
     never finished: the same command resumes it) and every finished run's checkpoint are not. ``--dry-run`` removes
-    nothing; ``--remove`` frees exactly the listed places, and the reports still build."""
+    nothing; ``--remove`` frees exactly the listed places, and the report still builds."""
     import contextlib
     import io
 
@@ -152,8 +152,8 @@ def _clean_lists_then_frees_only_what_no_run_needs(cwd: Path) -> None:
         assert {p: p.exists() for p in keep} == before and all(before.values())
         from reports.build import build
 
-        for exp in ("kill", "killck", "term"):
-            assert build(exp, "sqlite:///mlflow.db", log_to_mlflow=False)["html"].is_file()
+        # the report over the experiment whose superseded run's folder went (its artifacts are in the store)
+        assert build("kill", "sqlite:///mlflow.db", log_to_mlflow=False)["html"].is_file()
     finally:
         os.chdir(old)
 
