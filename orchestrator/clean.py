@@ -181,8 +181,9 @@ def main(argv=None) -> int:
         print(f"error: --tracking-uri={args.tracking_uri}: no such store (run from the folder the sweeps ran in, "
               "or give its URI)", file=sys.stderr)
         return 2
+    uri = args.tracking_uri if db is None else f"sqlite:///{db.resolve()}"  # MLflow caches a store by its URI
     try:
-        items, note = find(args.tracking_uri, root)
+        items, note = find(uri, root)
     except Exception as e:  # noqa: BLE001 -- a store that cannot be read, in one line
         print(f"error: --tracking-uri={args.tracking_uri}: cannot be read ({type(e).__name__}: "
               f"{str(e).splitlines()[0] if str(e) else ''})", file=sys.stderr)

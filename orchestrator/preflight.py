@@ -201,33 +201,43 @@ def check_command_line(argv: list[str], checks=(), sweep_checks=()) -> int | Non
         if not flags:
             check_single_run(overrides)
         points = sweep_points(overrides, multirun=bool(flags))
-        for point, cfg in points:
-            try:
-                for w in validate_config(cfg):
-                    said.setdefault(w, []).append(' '.join(point) or 'defaults')
-                for check in checks:
-                    try:
-                        check(cfg)
-                    except ValueError as e:
-                        raise ConfigError(str(e)) from None
-                check_precision(cfg, remote)
-                check_memory(cfg, remote, shown)
-            except ConfigError as e:
-                where = f" (sweep point {' '.join(point)})" if len(points) > 1 else ""
-                raise ConfigError(f"{e}{where}") from None
-            except Exception as e:  # a config no check expected (a whole group removed with ~): one line, not a trace
-                first = str(e).splitlines()[0] if str(e) else ""
-                raise ConfigError(f"the point {' '.join(point) or '(defaults)'} cannot be checked: "
-                                  f"{type(e).__name__}: {first} (a setting missing or of the wrong kind?)") from None
+
+        def each_point(check_one):
+            for point, cfg in points:
+                try:
+                    check_one(cfg, point)
+                except ConfigError as e:
+                    where = f" (sweep point {' '.join(point)})" if len(points) > 1 else ""
+                    raise ConfigError(f"{e}{where}") from None
+                except Exception as e:  # a config no check expected (a group removed with ~): one line, no trace
+                    first = str(e).splitlines()[0] if str(e) else ""
+                    raise ConfigError(f"the point {' '.join(point) or '(defaults)'} cannot be checked: "
+                                      f"{type(e).__name__}: {first} (a setting missing or of the wrong kind?)") from None
+
+        def settings(cfg, point):
+            for w in validate_config(cfg):
+                said.setdefault(w, []).append(' '.join(point) or 'defaults')
+            for check in checks:
+                try:
+                    check(cfg)
+                except ValueError as e:
+                    raise ConfigError(str(e)) from None
+
+        def machine(cfg, point):  # a probe's and a tokenizer's seconds: after the checks that take none
+            check_precision(cfg, remote)
+            check_memory(cfg, remote, shown)
+
+        each_point(settings)
         for check in sweep_checks:
             try:
                 for w in check([cfg for _, cfg in points]) or []:
                     said.setdefault(w, [])
             except ValueError as e:
                 raise ConfigError(str(e)) from None
-        check_inputs(points)
         check_locations(points, [a for a in argv if not a.startswith("-")], multirun=bool(flags))
         check_tool_services(points)
+        each_point(machine)
+        check_inputs(points)
         create_stores(points)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)  # one line, nothing else: the plans are printed only when all passed
