@@ -53,9 +53,9 @@ def _measure(conn, model_name: str, n: int, budget, prompt_tokens: int, response
 
     from core.scoring import Scorer
     from orchestrator.preflight import sweep_points
-    from training.algorithms import get_advantage_fn, get_policy_loss_fn
+    from training.algorithms import BoundLoss, get_advantage_fn
     from training.engines.local import load_policy
-    from training.update import UpdateSettings, update_policy
+    from training.update import UpdateControl, UpdateSettings, update_policy
 
     [(_, cfg)] = sweep_points([f"model={model_name}", "eval=smoke"], multirun=False)
     model, _tok = load_policy(cfg.model)
@@ -67,8 +67,8 @@ def _measure(conn, model_name: str, n: int, budget, prompt_tokens: int, response
     adv, _ = get_advantage_fn("grpo")(batch)
     settings = UpdateSettings(minibatch_size=batch.batch_size, deferred_old=True, norm_constant=response_tokens)
     t0 = time.perf_counter()
-    metrics = update_policy(model, opt, batch, adv, get_policy_loss_fn("grpo"), {}, settings, Scorer(budget, layout).for_model(model),
-                            generator=torch.Generator().manual_seed(0))
+    metrics = update_policy(model, opt, batch, adv, BoundLoss.named("grpo"), settings,
+                            Scorer(budget, layout).for_model(model), UpdateControl(torch.Generator().manual_seed(0)))
     seconds = time.perf_counter() - t0
     conn.send({"peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "seconds": seconds,
                "micro_batches": metrics[0]["micro_batches"], "tokens": metrics[0]["update_tokens"],

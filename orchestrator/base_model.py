@@ -31,9 +31,10 @@ import traceback
 from pathlib import Path
 
 import pandas as pd
-from mlflow.entities import Metric, Param
-from mlflow.tracking import MlflowClient
+from mlflow.entities import Param
 from omegaconf import OmegaConf
+
+from core import tags as T
 
 from . import integrity, lease, provenance, tracking, mlflow_views
 
@@ -87,12 +88,12 @@ class BaseEvaluation:
         root: a folder for the base run's files (a claim taken over keeps the folder of the run it takes
             over when reachable).
         heldout_rows: the held-out training split (for ``arithmetic``/``kk`` benchmarks).
-        outage_s: how long each store call waits out an unreachable store (``tracking.outage_s``,
-            :func:`orchestrator.tracking.retry`).
+        store: the store every call goes through (:class:`orchestrator.tracking.Store`; default: one with the
+            default outage limit).
     """
 
     def __init__(self, cfg, exp_id: str, sweep_id: str, job_num, root: Path, heldout_rows=None,
-                 outage_s: float = tracking.DEFAULT_OUTAGE_S):
+                 store: tracking.Store | None = None):
         from evaluation import protocol as P
 
         self.cfg, self.exp_id, self.sweep_id, self.job_num = cfg, exp_id, str(sweep_id), str(job_num)
@@ -100,24 +101,22 @@ class BaseEvaluation:
         self.sampler = self.protocol["sampler"]
         self.identity = base_identity(cfg, self.protocol)
         self.hash = base_hash(self.identity)
-        self.root, self.heldout_rows, self.outage_s = Path(root), heldout_rows, outage_s
-        self.client = MlflowClient()
+        self.root, self.heldout_rows, self.store = Path(root), heldout_rows, store or tracking.Store()
+        self.client = self.store.client
         self.run_id: str | None = None
         self._last_wait_log = 0.0
 
     # ------------------------------------------------------------------ lookups
     def _runs(self):
-        return tracking.retry(self.client.search_runs, [self.exp_id],
-                              filter_string=f"tags.`{tracking.TAG_HASH}` = '{self.hash}' and tags.`{tracking.TAG_KIND}` = '{KIND}'",
-                              order_by=["attributes.start_time ASC"], max_results=1000, outage_s=self.outage_s)
+        return self.store.runs_with_hash(self.exp_id, self.hash, kind=KIND)
 
     def _own(self, run) -> bool:
-        return run.data.tags.get("rlvr.sweep_id") == self.sweep_id and run.data.tags.get("rlvr.job_num") == self.job_num
+        return run.data.tags.get(T.SWEEP_ID) == self.sweep_id and run.data.tags.get(T.JOB_NUM) == self.job_num
 
     def samples(self, run) -> pd.DataFrame:
         """The base run's samples table: from its folder when reachable, else downloaded from MLflow."""
-        local = Path(run.data.tags.get("rlvr.run_dir", "")) / "samples.parquet"
-        if run.data.tags.get("rlvr.run_dir") and local.is_file():
+        local = Path(run.data.tags.get(T.RUN_DIR, "")) / "samples.parquet"
+        if run.data.tags.get(T.RUN_DIR) and local.is_file():
             return pd.read_parquet(local)
         import tempfile
 
@@ -147,38 +146,36 @@ class BaseEvaluation:
                     return self.samples(done[0])
                 for p in problems:
                     log.warning("base model: finished run %s is not trusted: %s; evaluating again", done[0].info.run_id, p)
-                tracking.retry(self.client.set_tag, done[0].info.run_id, "rlvr.invalid", "; ".join(problems)[:4900],
-                               outage_s=self.outage_s)
-                tracking.retry(self.client.set_terminated, done[0].info.run_id, "KILLED", outage_s=self.outage_s)
+                self.store.terminate(done[0].info.run_id, "KILLED", "; ".join(problems))
                 continue
             running = [r for r in runs if r.info.status == "RUNNING"]
             own = [r for r in running if self._own(r)]
             if own:
                 log.info("base model: resuming this job's evaluation, MLflow run %s", own[0].info.run_id)
-                return self._evaluate(own[0].info.run_id, Path(own[0].data.tags.get("rlvr.run_dir") or self._folder()))
+                return self._evaluate(own[0].info.run_id, Path(own[0].data.tags.get(T.RUN_DIR) or self._folder()))
             now = time.time()
             live = [r for r in running if claim_is_live(r, now)]
             if live:
                 if not wait:
                     log.info("base model: being evaluated by job %s (run %s); training meanwhile",
-                             live[0].data.tags.get("rlvr.job_num"), live[0].info.run_id)
+                             live[0].data.tags.get(T.JOB_NUM), live[0].info.run_id)
                     return None
                 if now - self._last_wait_log > 60:
                     self._last_wait_log = now
                     log.info("base model: waiting for run %s (job %s, host %s) to finish", live[0].info.run_id,
-                             live[0].data.tags.get("rlvr.job_num"), live[0].data.tags.get("rlvr.host"))
+                             live[0].data.tags.get(T.JOB_NUM), live[0].data.tags.get(T.HOST))
                 time.sleep(POLL_S)
                 continue
-            failed = [r for r in runs if r.info.status == "FAILED" and r.data.tags.get("rlvr.sweep_id") == self.sweep_id]
+            failed = [r for r in runs if r.info.status == "FAILED" and r.data.tags.get(T.SWEEP_ID) == self.sweep_id]
             if failed:
                 log.warning("base model: its evaluation failed in this sweep (run %s); no flip rates for this point",
                             failed[-1].info.run_id)
                 return None
             folder = self._folder()
             for r in running:  # silent claims: taken over, their partial samples resumed when reachable
-                tracking.retry(self.client.set_terminated, r.info.run_id, "KILLED", outage_s=self.outage_s)
-                old = Path(r.data.tags.get("rlvr.run_dir", ""))
-                if r.data.tags.get("rlvr.run_dir") and (old / "samples.parquet").is_file():
+                self.store.terminate(r.info.run_id, "KILLED")
+                old = Path(r.data.tags.get(T.RUN_DIR, ""))
+                if r.data.tags.get(T.RUN_DIR) and (old / "samples.parquet").is_file():
                     folder = old
                 log.warning("base model: run %s went silent; taking over its evaluation", r.info.run_id)
             run_id = self._claim(folder)
@@ -193,25 +190,25 @@ class BaseEvaluation:
             rows = benchmark_rows(self.cfg.eval, self.heldout_rows)
         except Exception:
             return
-        mlflow_views.log_datasets(run_id, self.cfg.data, None, rows, self.cfg.eval, self.outage_s)
+        mlflow_views.log_datasets(run_id, self.cfg.data, None, rows, self.cfg.eval, self.store)
 
     def _folder(self) -> Path:
         return self.root / f"base-{self.hash[:8]}"
 
     def _claim(self, folder: Path) -> str | None:
-        tags = {tracking.TAG_HASH: self.hash, tracking.TAG_KIND: KIND, "rlvr.sweep_id": self.sweep_id,
-                "rlvr.job_num": self.job_num, "rlvr.host": socket.gethostname(), "rlvr.pid": str(os.getpid()),
-                "rlvr.heartbeat": f"{time.time():.3f}", "rlvr.run_dir": str(folder), "rlvr.sampler": self.sampler,
-                "rlvr.slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
+        tags = {T.CONFIG_HASH: self.hash, T.KIND: KIND, T.SWEEP_ID: self.sweep_id,
+                T.JOB_NUM: self.job_num, T.HOST: socket.gethostname(), T.PID: str(os.getpid()),
+                T.HEARTBEAT: f"{time.time():.3f}", T.RUN_DIR: str(folder), T.SAMPLER: self.sampler,
+                T.SLURM_JOB_ID: os.environ.get("SLURM_JOB_ID", ""),
                 "mlflow.note.content": "The starting model, evaluated with the sweep's protocol (the papers' "
                                        "'Initialization' row); every trained run's flip rates compare against it."}
         from evaluation.protocol import protocol_id, tags as protocol_tags
 
         chat = bool(self.cfg.model.get("chat_template", True))
-        tags |= mlflow_views.parent_tags(self.exp_id, self.sweep_id, self.outage_s) \
+        tags |= mlflow_views.parent_tags(self.exp_id, self.sweep_id, self.store) \
             | provenance.tags(self.cfg.eval, chat_template=chat) | protocol_tags(self.protocol) \
             | {provenance.TAG_PREFIX + "eval_identity": protocol_id(self.protocol)}
-        run = tracking.retry(self.client.create_run, self.exp_id, run_name=RUN_NAME, tags=tags, outage_s=self.outage_s)
+        run = self.store.create_run(self.exp_id, RUN_NAME, tags)
         # a rival job's claim made at the same moment may still wait on the store (SQLite's lock: its insert retried
         # 0.2 s later, after this job's search); after the settle both claims are visible to both jobs, and the
         # later one yields (seen in CI: two jobs' claims 15 ms apart both evaluated the base model)
@@ -220,18 +217,15 @@ class BaseEvaluation:
         rivals = [r for r in self._runs() if r.info.run_id != run.info.run_id and claim_is_live(r)
                   and (r.info.start_time, r.info.run_id) < mine]
         if rivals:
-            tracking.retry(self.client.delete_run, run.info.run_id, outage_s=self.outage_s)
-            log.info("base model: job %s claimed it first (run %s)", rivals[0].data.tags.get("rlvr.job_num"),
+            self.store.delete_run(run.info.run_id)
+            log.info("base model: job %s claimed it first (run %s)", rivals[0].data.tags.get(T.JOB_NUM),
                      rivals[0].info.run_id)
             return None
         params = {f"model.{k}": str(v)[:6000] for k, v in tracking.flatten(self.identity["model"]).items()}
         params |= {f"eval.{k}": str(v)[:6000] for k, v in tracking.flatten(self.identity["eval"]).items()}
         params |= {f"data.{k}": str(v)[:6000] for k, v in tracking.flatten(self.identity.get("data", {})).items()}
         params["algo.name"] = "base"
-        items = list(params.items())
-        for a in range(0, len(items), 90):
-            tracking.retry(self.client.log_batch, run.info.run_id,
-                           params=[Param(k, v) for k, v in items[a:a + 90]], outage_s=self.outage_s)
+        self.store.log_batch(run.info.run_id, params=[Param(k, v) for k, v in params.items()])
         return run.info.run_id
 
     def _evaluate(self, run_id: str, folder: Path) -> pd.DataFrame | None:
@@ -239,45 +233,41 @@ class BaseEvaluation:
         from evaluation.evaluate import evaluate_checkpoint
 
         self.run_id = run_id
-        beat = lease.Heartbeat(self.client, run_id, HEARTBEAT_S, self.outage_s)
+        store = self.store
+        beat = lease.Heartbeat(store, run_id, HEARTBEAT_S)
         beat.start()
         monitor = mlflow_views.system_metrics(self.cfg, run_id).__enter__()
         try:
             folder.mkdir(parents=True, exist_ok=True)
             self._log_datasets(run_id)
-            tracking.retry(self.client.set_tag, run_id, "rlvr.run_dir", str(folder), outage_s=self.outage_s)
+            store.set_tag(T.RUN_DIR, str(folder), run_id)
             log.info("base model: evaluating (MLflow run %s, %s sampler) in %s", run_id, self.sampler, folder)
             metrics, files, info = evaluate_checkpoint(
                 model_path(self.cfg.model), self.cfg.eval, folder, self.heldout_rows,
                 chat_template=bool(self.cfg.model.get("chat_template", True)), sampler=self.sampler,
                 tools_cfg=self.cfg.get("tools"))
-            log_metrics(self.client, run_id, metrics | {"time/eval_s": info["eval_time_s"]}
-                        | {f"time/eval_{k}": v for k, v in info.get("phases", {}).items()}, step=0,
-                        outage_s=self.outage_s)
+            store.log_metrics(metrics | {"time/eval_s": info["eval_time_s"]}
+                              | {f"time/eval_{k}": v for k, v in info.get("phases", {}).items()}, 0, run_id)
             for rel, path in files.items():
                 sub = str(Path(rel).parent)
-                tracking.retry(self.client.log_artifact, run_id, str(path), None if sub == "." else sub,
-                               outage_s=self.outage_s)
+                store.log_artifact(path, None if sub == "." else sub, run_id)
             record = integrity.write_record(folder, {rel: Path(p) for rel, p in files.items()},
                                             {"samples.parquet": integrity.sha256(folder / "samples.parquet")})
-            tracking.retry(self.client.log_artifact, run_id, str(record), outage_s=self.outage_s)
-            tracking.retry(self.client.set_tag, run_id, "rlvr.entropy_method", str(info["entropy_method"]),
-                           outage_s=self.outage_s)
-            tracking.retry(self.client.set_tag, run_id, mlflow_views.NOTE_TAG,
-                           mlflow_views.describe(self.cfg, "", metrics, kind="base", sweep_id=self.sweep_id) + "\n\nEvery trained run's flip rates "
-                           "compare against this run (the papers' 'Initialization' row).", outage_s=self.outage_s)
+            store.log_artifact(record, None, run_id)
+            store.set_tags({T.ENTROPY_METHOD: str(info["entropy_method"]), mlflow_views.NOTE_TAG: mlflow_views.describe(
+                self.cfg, "", metrics, kind="base", sweep_id=self.sweep_id) + "\n\nEvery trained run's flip rates "
+                "compare against this run (the papers' 'Initialization' row)."}, run_id)
             monitor.__exit__(None, None, None)
             beat.stop.set()
-            tracking.retry(self.client.set_terminated, run_id, "FINISHED", outage_s=self.outage_s)
+            store.terminate(run_id, "FINISHED")
             return pd.read_parquet(folder / "samples.parquet")
         except BaseException as e:
             beat.stop.set()
             (folder / "traceback.txt").write_text(traceback.format_exc())
             try:
-                tracking.retry(self.client.log_artifact, run_id, str(folder / "traceback.txt"), outage_s=self.outage_s)
+                store.log_artifact(folder / "traceback.txt", None, run_id)
             finally:
-                tracking.retry(self.client.set_terminated, run_id, "FAILED" if isinstance(e, Exception) else "KILLED",
-                               outage_s=self.outage_s)
+                store.terminate(run_id, "FAILED" if isinstance(e, Exception) else "KILLED")
             if not isinstance(e, Exception):
                 raise
             log.error("base model: evaluation failed (%s: %s); this point goes on without flip rates",
@@ -286,13 +276,3 @@ class BaseEvaluation:
         finally:
             beat.stop.set()
             monitor.__exit__(None, None, None)
-
-
-def log_metrics(client: MlflowClient, run_id: str, metrics: dict, step: int,
-                outage_s: float = tracking.DEFAULT_OUTAGE_S) -> None:
-    """Log ``metrics`` to ``run_id`` at ``step`` in batches (MLflow takes at most 1,000 per call), each waiting out
-    an unreachable store for up to ``outage_s`` seconds."""
-    ts = int(time.time() * 1000)
-    items = [Metric(k, float(v), ts, int(step)) for k, v in metrics.items()]
-    for a in range(0, len(items), 500):
-        tracking.retry(client.log_batch, run_id, metrics=items[a:a + 500], outage_s=outage_s)

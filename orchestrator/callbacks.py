@@ -85,20 +85,19 @@ class SweepCallback(Callback):
         sweep_id = str(config.hydra.sweep.dir)  # as the jobs see it (rlvr.sweep_id): they find the parent run by it
         sweep_dir = Path(sweep_id)
         os.environ[SWEEP_DIR_ENV] = str(sweep_dir.resolve())  # Hydra keeps no sweep-level config once the sweep returns
-        outage_s = tracking.outage_of(config)
-        exp_id = tracking.retry(tracking.setup_experiment, str(config.tracking.uri), str(config.experiment_name),
-                                str(config.tracking.artifact_root), outage_s, outage_s=outage_s)
+        store = tracking.Store.of(config)
+        exp_id = store.open(config.tracking.uri, config.experiment_name, config.tracking.artifact_root)
         try:
             self.expected_points = count_points(list(config.hydra.overrides.task),
                                                 dict(config.hydra.sweeper.get("params") or {}))
         except Exception as e:  # pre-flight parsed them already; without the count, missing jobs go unnoticed
             log.warning("could not count the sweep's points: %s: %s", type(e).__name__, e)
         try:
-            self.parent_run_id = mlflow_views.open_sweep_run(exp_id, sweep_id, git_commit(), outage_s=outage_s)
+            self.parent_run_id = mlflow_views.open_sweep_run(exp_id, sweep_id, git_commit(), store=store)
         except Exception as e:  # the points still run; they are then top-level runs
             log.warning("could not create the sweep's parent run: %s: %s", type(e).__name__, e)
         write_sweep(sweep_dir, {"status": "running", "parent_run_id": self.parent_run_id,
-                                "expected_points": self.expected_points, "outage_s": outage_s})
+                                "expected_points": self.expected_points, "outage_s": store.wait_s})
 
     def on_multirun_end(self, config, **kwargs) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
@@ -112,7 +111,7 @@ class SweepCallback(Callback):
             except Exception as e:  # the report function reports its own failures; this is a wrong name
                 log.error("the report could not be built: %s: %s", type(e).__name__, e)
         status = close_parent(self.parent_run_id, summary, out_dir=sweep_dir, children=runs, report_html=report_html,
-                              outage_s=tracking.outage_of(config))
+                              store=tracking.Store.of(config))
         failed = [f"{rec.get('point') or job}: {rec.get('error') or rec.get('status')}" for job, rec in bad.items()]
         write_sweep(sweep_dir, {"status": status or "ended", "parent_run_id": self.parent_run_id,
                                 "expected_points": self.expected_points, "failed_points": failed,
@@ -129,7 +128,7 @@ class SweepCallback(Callback):
         runs, store_error = [], None
         try:
             exp_id = tracking.setup_experiment(str(config.tracking.uri), str(config.experiment_name),
-                                               str(config.tracking.artifact_root), tracking.outage_of(config))
+                                               str(config.tracking.artifact_root), tracking.Store.of(config))
             runs = MlflowClient().search_runs([exp_id], filter_string=f"tags.`rlvr.sweep_id` = '{sweep_id}'",
                                               order_by=["attributes.start_time ASC"], max_results=5000)
         except Exception as e:
@@ -216,7 +215,7 @@ def write_sweep(sweep_dir: Path, record: dict) -> None:
 def read_sweep(sweep_dir: Path) -> dict:
     """The sweep's outcome as its callback wrote it (``status``: running or the parent run's end status;
     ``parent_run_id``; ``failed_points``, ``failed_base``: lists of one-line descriptions; ``report``; while running,
-    ``outage_s``: the sweep's ``tracking.outage_s``); ``{}`` when the sweep wrote none."""
+    the sweep's store outage limit); ``{}`` when the sweep wrote none."""
     try:
         return json.loads((Path(sweep_dir) / SWEEP_FILE).read_text())
     except (OSError, ValueError):
@@ -224,19 +223,18 @@ def read_sweep(sweep_dir: Path) -> dict:
 
 
 def close_parent(parent_run_id: str | None, summary: list[dict], status: str | None = None, out_dir: Path | None = None,
-                 children=(), report_html: Path | None = None,
-                 outage_s: float = tracking.DEFAULT_OUTAGE_S) -> str | None:
+                 children=(), report_html: Path | None = None, store: tracking.Store | None = None) -> str | None:
     """End the sweep's parent run (:func:`orchestrator.mlflow_views.close_sweep_run`) with the report when one was built and
-    the union of its ``children``'s datasets (store calls waiting out an outage of up to ``outage_s`` seconds). Returns
-    the status it ended with (None when there is no parent or it could not be closed); never raises."""
+    the union of its ``children``'s datasets (store calls through ``store``, :class:`orchestrator.tracking.Store`).
+    Returns the status it ended with (None when there is no parent or it could not be closed); never raises."""
     if parent_run_id is None:
         return None
     try:
-        mlflow_views.log_union_of_datasets(parent_run_id, children, outage_s)
+        mlflow_views.log_union_of_datasets(parent_run_id, children, store)
     except Exception as e:
         log.warning("the sweep's parent run %s: datasets not logged: %s: %s", parent_run_id, type(e).__name__, e)
     try:
-        final = mlflow_views.close_sweep_run(parent_run_id, summary, status, report_html, out_dir, outage_s)
+        final = mlflow_views.close_sweep_run(parent_run_id, summary, status, report_html, out_dir, store)
         log.info("sweep run %s: %s", parent_run_id, final)
         return final
     except Exception as e:
@@ -246,12 +244,13 @@ def close_parent(parent_run_id: str | None, summary: list[dict], status: str | N
 
 def end_unfinished(sweep_dir: Path, status: str) -> None:
     """Close the parent run of a sweep that stopped before its end (``status``: KILLED or FAILED), when its callback
-    opened one and did not close it (waiting out a store outage as long as the sweep's ``tracking.outage_s``, which
-    the callback wrote to ``rlvr_sweep.json``); never raises."""
+    opened one and did not close it (waiting out a store outage as long as the sweep's store did: the callback wrote
+    its limit to ``rlvr_sweep.json``); never raises."""
     rec = read_sweep(sweep_dir)
     if rec.get("status") != "running" or not rec.get("parent_run_id"):
         return
-    final = close_parent(rec["parent_run_id"], [], status, outage_s=rec.get("outage_s", tracking.DEFAULT_OUTAGE_S))
+    final = close_parent(rec["parent_run_id"], [], status,
+                         store=tracking.Store(float(rec.get("outage_s", tracking.DEFAULT_OUTAGE_S))))
     write_sweep(Path(sweep_dir), rec | {"status": final or status})
 
 

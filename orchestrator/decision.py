@@ -18,12 +18,13 @@ import logging
 import os
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlflow
-from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
+
+from core import tags as T
 
 from . import integrity, lease, mlflow_views, tracking
 from .run_evaluation import backfill_flips
@@ -49,7 +50,7 @@ class Point:
     force: bool  # +force=true: train regardless of identical runs
     run_dir: Path
     signals: StopSignals
-    outage_s: float = tracking.DEFAULT_OUTAGE_S  # a store call waits out an outage this long (tracking.outage_s)
+    store: tracking.Store = field(default_factory=tracking.Store)  # every store call of the point goes through it
 
 
 @dataclass(frozen=True)
@@ -70,26 +71,28 @@ class Decision:
     summary: dict | None = None
 
 
-def _record_duplicate(exp_id, name, tags, params, of_run_id, chash, why, cfg=None, *, outage_s: float) -> dict:
-    with mlflow.start_run(experiment_id=exp_id, run_name=name, tags={
-        **tags, tracking.TAG_KIND: "duplicate", tracking.TAG_DUP_OF: of_run_id, "mlflow.note.content": why,
+def _record_duplicate(pt: Point, of_run_id: str, why: str) -> dict:
+    """Record point ``pt`` as a duplicate of run ``of_run_id`` (a new run of kind ``duplicate``, with ``why`` as its
+    note, the point's parameters and datasets); the point's summary."""
+    with mlflow.start_run(experiment_id=pt.exp_id, run_name=pt.name, tags={
+        **pt.tags, T.KIND: "duplicate", T.DUPLICATE_OF: of_run_id, "mlflow.note.content": why,
     }) as r:
-        tracking.retry(mlflow.log_params, params, outage_s=outage_s)
-        if cfg is not None:
-            _log_datasets(cfg, r.info.run_id, outage_s)
-    log.info("point %s: %s (recorded as duplicate %s)", name, why, r.info.run_id)
-    return {"status": "duplicate", "run_id": r.info.run_id, "duplicate_of": of_run_id, "config_hash": chash}
+        pt.store.log_params(pt.params)
+        _log_datasets(pt, r.info.run_id)
+    log.info("point %s: %s (recorded as duplicate %s)", pt.name, why, r.info.run_id)
+    return {"status": "duplicate", "run_id": r.info.run_id, "duplicate_of": of_run_id, "config_hash": pt.chash}
 
 
-def _log_datasets(cfg, run_id: str, outage_s: float) -> None:
+def _log_datasets(pt: Point, run_id: str) -> None:
     """The run's training prompts and evaluation benchmarks as MLflow datasets (:func:`orchestrator.mlflow_views.log_datasets`)."""
+    cfg = pt.cfg
     try:
         from core.tasks import load_prompts
         from evaluation.evaluate import benchmark_rows
 
         heldout = load_prompts(cfg.data, "eval")
         mlflow_views.log_datasets(run_id, cfg.data, load_prompts(cfg.data, "train"), benchmark_rows(cfg.eval, heldout),
-                                  cfg.eval, outage_s)
+                                  cfg.eval, pt.store)
     except Exception as e:  # bad data fails the point later, with its own message
         log.warning("run %s: datasets not logged: %s: %s", run_id, type(e).__name__, e)
 
@@ -119,104 +122,152 @@ def safe_run_dir(tagged: str | None, sweep_id: str) -> Path | None:
     return path if root is not None and root in path.parents else None
 
 
-def _invalidate(client, run, why: str, outage_s: float) -> None:
-    tracking.retry(client.set_tag, run.info.run_id, "rlvr.invalid", why[:4900], outage_s=outage_s)
-    tracking.retry(client.set_terminated, run.info.run_id, "KILLED", outage_s=outage_s)
+# ---------------------------------------------------------------------------------------------------- the rules
+_AGAIN = "again"  # a rule saw the store change under it (or waits): the point is decided again from the first rule
+
+
+@dataclass
+class _Deciding:
+    """What one decision carries from rule to rule: this process's lease token, a finished run whose good checkpoint
+    a new run re-evaluates, the run waited for (logged once), and what the look at the point's unfinished runs found
+    in this pass."""
+
+    owner: str
+    recover: object = None
+    waited: str | None = None
+    candidates: list = field(default_factory=list)  # RUNNING, KILLED or SCHEDULED runs of this point, oldest first
+    live: list = field(default_factory=list)  # those held by a live lease elsewhere
 
 
 def decide(pt: Point) -> Decision:
-    """Decide what to do with point ``pt`` (see the module docstring): waits while an identical point's run is live
-    elsewhere, and returns a :class:`Decision`.
+    """Decide what to do with point ``pt`` (see the module docstring) by its rules, in order, each pass from the
+    first: trust a finished run (:func:`_trust_finished_run`), reuse a checkpoint trained for another evaluation
+    (:func:`_reuse_trained_checkpoint`), record an identical point of this sweep as a duplicate
+    (:func:`_duplicate_within_sweep`), wait for a live run (:func:`_wait_for_live_run`), take over an unfinished
+    run (:func:`_take_over_unfinished`); when none applies, a new run. A rule returns a :class:`Decision`, ``_AGAIN``
+    (the store changed under it, or it waited: decide again) or None (it does not apply).
 
     Raises:
         core.lifecycle.Interrupted: a stop was requested while waiting.
     """
-    cfg, exp_id, chash, sweep_id, job_num, name, tags, params, stale_s, force, run_dir = (
-        pt.cfg, pt.exp_id, pt.chash, pt.sweep_id, pt.job_num, pt.name, pt.tags, pt.params, pt.stale_s, pt.force, pt.run_dir)
-    outage_s = pt.outage_s
-    client = MlflowClient()
-    owner, recover, waited = lease.new_owner(), None, None
-    from core.lifecycle import STOP_REQUESTED
+    from core.lifecycle import STOP_REQUESTED, Interrupted
 
-    while not force:
+    st = _Deciding(lease.new_owner())
+    while not pt.force:
         if STOP_REQUESTED.is_set():
-            from core.lifecycle import Interrupted
-
             raise Interrupted(pt.signals.signum)
-        prior = tracking.retry(tracking.find_finished_run, exp_id, chash, outage_s=outage_s)
-        if prior is not None:
-            problems, ckpt_ok = integrity.verify_run(client, prior)
-            if not problems:
-                out = _record_duplicate(exp_id, name, tags, params, prior.info.run_id, chash,
-                                        f"identical effective config to finished run {prior.info.run_id}; not trained again",
-                                        cfg, outage_s=outage_s)
-                if bool(cfg.eval.get("base", True)) and not prior.data.tags.get("rlvr.base_run_id"):
-                    backfill_flips(cfg, exp_id, sweep_id, job_num, run_dir, prior, outage_s)
-                return Decision("duplicate", summary=out)
-            for p in problems:
-                log.warning("point %s: finished run %s is not trusted: %s", name, prior.info.run_id, p)
-            log.warning("point %s: %s", name, "re-evaluating its checkpoint in a new run" if ckpt_ok else
-                        "its checkpoint is bad: training again in a new run")
-            _invalidate(client, prior, "; ".join(problems), outage_s)
-            recover = prior if ckpt_ok else None
-            continue
-        thash = tags.get(tracking.TAG_TRAIN_HASH)
-        if recover is None and thash:
-            source = _trained_checkpoint(client, exp_id, thash, sweep_id, name, outage_s)
-            if source is not None and source.data.tags.get(tracking.TAG_HASH) == chash:
-                continue  # this very point finished since the look above: recorded as its duplicate next time round
-            if source is not None:
-                return Decision("new", owner, source, "evaluation")
-        same = tracking.retry(tracking.runs_with_hash, exp_id, chash, outage_s=outage_s)
-        if any(r.info.status == "FINISHED" and not r.data.tags.get("rlvr.invalid") for r in same):
-            continue  # a run of this point finished between the two queries (it was live a moment ago): look again
-        candidates = [r for r in same
-                      if r.info.status in ("RUNNING", "KILLED", "SCHEDULED") and not r.data.tags.get("rlvr.invalid")]
-        # this job's own earlier incarnation (a requeued SLURM job: same sweep, same job number) is never waited for
-        live = [r for r in candidates if lease.is_live(r, stale_s) and not (
-            r.data.tags.get("rlvr.sweep_id") == sweep_id and r.data.tags.get("rlvr.job_num") == str(job_num))]
-        for r in live:
-            same_sweep = r.data.tags.get("rlvr.sweep_id") == sweep_id
-            if same_sweep and r.data.tags.get("rlvr.job_num") != str(job_num):
-                return Decision("duplicate", summary=_record_duplicate(
-                    exp_id, name, tags, params, r.info.run_id, chash,
-                    f"identical to point {r.data.tags.get('rlvr.job_num')} of this sweep, run {r.info.run_id}", cfg,
-                    outage_s=outage_s))
-        if not live and thash:  # the same checkpoint is being trained for another evaluation: wait, then evaluate it
-            live = [r for r in tracking.retry(tracking.runs_with_hash, exp_id, thash, tag=tracking.TAG_TRAIN_HASH,
-                                              outage_s=outage_s)
-                    if r.info.status == "RUNNING" and _trains(r) and r.data.tags.get(tracking.TAG_HASH) != chash
-                    and lease.is_live(r, stale_s)]
-        if live:
-            r = live[0]
-            if waited != r.info.run_id:
-                log.info("point %s: run %s is being trained by %s (pid %s); waiting for it (its lease goes stale "
-                         "after %.0f s without a heartbeat)", name, r.info.run_id, r.data.tags.get("rlvr.host"),
-                         r.data.tags.get("rlvr.pid"), stale_s)
-                waited = r.info.run_id
-            time.sleep(POLL_S)
-            continue
-        if candidates:
-            r = candidates[-1]  # the newest unfinished run of this point: taken over
-            token = lease.claim(client, r.info.run_id, owner, outage_s)
-            if token is None:
-                continue  # another process claimed it at the same moment: it is live now
-            for other in candidates[:-1]:
-                if other.info.status == "RUNNING":
-                    tracking.retry(client.set_terminated, other.info.run_id, "KILLED", outage_s=outage_s)
-            old_dir = safe_run_dir(r.data.tags.get("rlvr.run_dir"), sweep_id)
-            hist = tracking.retry(client.get_metric_history, r.info.run_id, "train/reward_mean", outage_s=outage_s)
-            if old_dir is not None and (has_saved_state(cfg, old_dir) or not hist):
-                return Decision("resume", owner, r)
-            why = ("its run folder lies outside this sweep's folders" if old_dir is None and r.data.tags.get("rlvr.run_dir")
-                   else "it logged training steps but left no saved state (set train.checkpoint_every=N to keep one)")
-            log.warning("point %s: not resuming run %s: %s; it is marked KILLED and the point starts again in a new run",
-                        name, r.info.run_id, why)
-            tracking.retry(client.set_tag, r.info.run_id, "rlvr.invalid", f"not resumed: {why}", outage_s=outage_s)
-            tracking.retry(client.set_terminated, r.info.run_id, "KILLED", outage_s=outage_s)
-            continue
-        break
-    return Decision("new", owner, recover, "recovered" if recover is not None else None)
+        for rule in _RULES:
+            out = rule(pt, st)
+            if out is not None:
+                break
+        if isinstance(out, Decision):
+            return out
+        if out is None:
+            break
+    return Decision("new", st.owner, st.recover, "recovered" if st.recover is not None else None)
+
+
+def _trust_finished_run(pt: Point, st: _Deciding):
+    """A FINISHED trained run of this point whose files are intact: the point is its duplicate (the flip rates
+    against the base model filled in when it has none). One that is not intact is marked invalid; its checkpoint,
+    when good, is re-evaluated by the new run (``st.recover``)."""
+    prior = pt.store.finished_run(pt.exp_id, pt.chash)
+    if prior is None:
+        return None
+    problems, ckpt_ok = integrity.verify_run(pt.store.client, prior)
+    if not problems:
+        out = _record_duplicate(pt, prior.info.run_id,
+                                f"identical effective config to finished run {prior.info.run_id}; not trained again")
+        if bool(pt.cfg.eval.get("base", True)) and not prior.data.tags.get(T.BASE_RUN_ID):
+            backfill_flips(pt.cfg, pt.exp_id, pt.sweep_id, pt.job_num, pt.run_dir, prior, pt.store)
+        return Decision("duplicate", summary=out)
+    for p in problems:
+        log.warning("point %s: finished run %s is not trusted: %s", pt.name, prior.info.run_id, p)
+    log.warning("point %s: %s", pt.name, "re-evaluating its checkpoint in a new run" if ckpt_ok else
+                "its checkpoint is bad: training again in a new run")
+    pt.store.terminate(prior.info.run_id, "KILLED", "; ".join(problems))
+    st.recover = prior if ckpt_ok else None
+    return _AGAIN
+
+
+def _reuse_trained_checkpoint(pt: Point, st: _Deciding):
+    """A FINISHED run with the same training (only ``eval`` settings differ) and an intact checkpoint: a new run
+    evaluates that checkpoint (:func:`_trained_checkpoint`)."""
+    thash = pt.tags.get(T.TRAIN_HASH)
+    if st.recover is not None or not thash:
+        return None
+    source = _trained_checkpoint(pt, thash)
+    if source is None:
+        return None
+    if source.data.tags.get(T.CONFIG_HASH) == pt.chash:
+        return _AGAIN  # this very point finished since the first rule looked: recorded as its duplicate next pass
+    return Decision("new", st.owner, source, "evaluation")
+
+
+def _duplicate_within_sweep(pt: Point, st: _Deciding):
+    """Looks at this point's unfinished runs (kept in ``st`` for the rules after it). A run of it held live by
+    another job of this sweep (SLURM: an identical point): this point is recorded as that run's duplicate."""
+    same = pt.store.runs_with_hash(pt.exp_id, pt.chash)
+    if any(r.info.status == "FINISHED" and not r.data.tags.get(T.INVALID) for r in same):
+        return _AGAIN  # a run of this point finished between the two queries (it was live a moment ago): look again
+    st.candidates = [r for r in same
+                     if r.info.status in ("RUNNING", "KILLED", "SCHEDULED") and not r.data.tags.get(T.INVALID)]
+    # this job's own earlier incarnation (a requeued SLURM job: same sweep, same job number) is never waited for
+    st.live = [r for r in st.candidates if lease.is_live(r, pt.stale_s) and not (
+        r.data.tags.get(T.SWEEP_ID) == pt.sweep_id and r.data.tags.get(T.JOB_NUM) == str(pt.job_num))]
+    for r in st.live:
+        if r.data.tags.get(T.SWEEP_ID) == pt.sweep_id and r.data.tags.get(T.JOB_NUM) != str(pt.job_num):
+            return Decision("duplicate", summary=_record_duplicate(
+                pt, r.info.run_id, f"identical to point {r.data.tags.get(T.JOB_NUM)} of this sweep, run {r.info.run_id}"))
+    return None
+
+
+def _wait_for_live_run(pt: Point, st: _Deciding):
+    """A run of this point held live elsewhere, or (none) a live run training the same checkpoint for another
+    evaluation: wait :data:`POLL_S` and decide again (its lease goes stale when its owner stops beating)."""
+    thash = pt.tags.get(T.TRAIN_HASH)
+    live = st.live
+    if not live and thash:
+        live = [r for r in pt.store.runs_with_hash(pt.exp_id, thash, tag=T.TRAIN_HASH)
+                if r.info.status == "RUNNING" and _trains(r) and r.data.tags.get(T.CONFIG_HASH) != pt.chash
+                and lease.is_live(r, pt.stale_s)]
+    if not live:
+        return None
+    r = live[0]
+    if st.waited != r.info.run_id:
+        log.info("point %s: run %s is being trained by %s (pid %s); waiting for it (its lease goes stale "
+                 "after %.0f s without a heartbeat)", pt.name, r.info.run_id, r.data.tags.get(T.HOST),
+                 r.data.tags.get(T.PID), pt.stale_s)
+        st.waited = r.info.run_id
+    time.sleep(POLL_S)
+    return _AGAIN
+
+
+def _take_over_unfinished(pt: Point, st: _Deciding):
+    """The newest unfinished run of this point, its lease stale: claimed (older RUNNING ones are ended) and resumed
+    from its saved state; without one it is marked invalid and the point starts again in a new run."""
+    if not st.candidates:
+        return None
+    store, r = pt.store, st.candidates[-1]
+    if lease.claim(store, r.info.run_id, st.owner) is None:
+        return _AGAIN  # another process claimed it at the same moment: it is live now
+    for other in st.candidates[:-1]:
+        if other.info.status == "RUNNING":
+            store.terminate(other.info.run_id, "KILLED")
+    old_dir = safe_run_dir(r.data.tags.get(T.RUN_DIR), pt.sweep_id)
+    hist = store.metric_history(r.info.run_id, "train/reward_mean")
+    if old_dir is not None and (has_saved_state(pt.cfg, old_dir) or not hist):
+        return Decision("resume", st.owner, r)
+    why = ("its run folder lies outside this sweep's folders" if old_dir is None and r.data.tags.get(T.RUN_DIR)
+           else "it logged training steps but left no saved state (set train.checkpoint_every=N to keep one)")
+    log.warning("point %s: not resuming run %s: %s; it is marked KILLED and the point starts again in a new run",
+                pt.name, r.info.run_id, why)
+    store.terminate(r.info.run_id, "KILLED", f"not resumed: {why}")
+    return _AGAIN
+
+
+_RULES = (_trust_finished_run, _reuse_trained_checkpoint, _duplicate_within_sweep, _wait_for_live_run,
+          _take_over_unfinished)
 
 
 class Yield(Exception):
@@ -227,18 +278,17 @@ class Yield(Exception):
         self.run = run
 
 
-def earlier_runs(exp_id: str, chash: str, tags: dict, active, stale_s: float, with_training: bool,
-                 outage_s: float) -> list:
-    """Live RUNNING runs of this point (same config hash) started before ``active``, and with ``with_training`` those
-    training the same checkpoint for another evaluation (same training hash), earliest first."""
+def earlier_runs(pt: Point, active, with_training: bool) -> list:
+    """Live RUNNING runs of point ``pt`` (same config hash) started before ``active`` (MLflow's active run), and with
+    ``with_training`` those training the same checkpoint for another evaluation (same training hash), earliest
+    first."""
     mine = (active.info.start_time, active.info.run_id)
-    same = list(tracking.retry(tracking.runs_with_hash, exp_id, chash, outage_s=outage_s))
-    if with_training and tags.get(tracking.TAG_TRAIN_HASH):
-        same += [r for r in tracking.retry(tracking.runs_with_hash, exp_id, tags[tracking.TAG_TRAIN_HASH],
-                                           tag=tracking.TAG_TRAIN_HASH, outage_s=outage_s)
-                 if r.data.tags.get(tracking.TAG_HASH) != chash and _trains(r)]
+    same = list(pt.store.runs_with_hash(pt.exp_id, pt.chash))
+    if with_training and pt.tags.get(T.TRAIN_HASH):
+        same += [r for r in pt.store.runs_with_hash(pt.exp_id, pt.tags[T.TRAIN_HASH], tag=T.TRAIN_HASH)
+                 if r.data.tags.get(T.CONFIG_HASH) != pt.chash and _trains(r)]
     return sorted((r for r in same if r.info.run_id != active.info.run_id and r.info.status == "RUNNING"
-                   and lease.is_live(r, stale_s) and (r.info.start_time, r.info.run_id) < mine),
+                   and lease.is_live(r, pt.stale_s) and (r.info.start_time, r.info.run_id) < mine),
                   key=lambda r: (r.info.start_time, r.info.run_id))
 
 
@@ -246,42 +296,38 @@ def yield_to(earlier, pt: Point, run_id: str) -> dict | None:
     """This point's run ``run_id`` gives way to ``earlier``: recorded as its duplicate when it is the same point of
     the same sweep (returns the point's summary), else deleted (returns None: the point is decided again, and then
     waits for ``earlier``)."""
-    client = MlflowClient()
-    name, chash = pt.name, pt.chash
-    if earlier.data.tags.get("rlvr.sweep_id") == pt.sweep_id and earlier.data.tags.get(tracking.TAG_HASH) == chash:
-        tracking.retry(client.set_tag, run_id, tracking.TAG_KIND, "duplicate", outage_s=pt.outage_s)
-        tracking.retry(client.set_tag, run_id, tracking.TAG_DUP_OF, earlier.info.run_id, outage_s=pt.outage_s)
+    if earlier.data.tags.get(T.SWEEP_ID) == pt.sweep_id and earlier.data.tags.get(T.CONFIG_HASH) == pt.chash:
+        pt.store.set_tags({T.KIND: "duplicate", T.DUPLICATE_OF: earlier.info.run_id}, run_id)
         mlflow.end_run()
-        log.info("point %s: identical to run %s started just before: recorded as duplicate", name, earlier.info.run_id)
-        return {"status": "duplicate", "run_id": run_id, "duplicate_of": earlier.info.run_id, "config_hash": chash}
+        log.info("point %s: identical to run %s started just before: recorded as duplicate", pt.name,
+                 earlier.info.run_id)
+        return {"status": "duplicate", "run_id": run_id, "duplicate_of": earlier.info.run_id, "config_hash": pt.chash}
     mlflow.end_run()
-    tracking.retry(client.delete_run, run_id,
-                   outage_s=pt.outage_s)  # another sweep (or another evaluation) owns the training: wait for it
+    pt.store.delete_run(run_id)  # another sweep (or another evaluation) owns the training: wait for it
     return None
 
 
 def _trains(run) -> bool:
     """Whether a trained-kind run trains its checkpoint (not one that evaluates another run's, or recovers one)."""
-    return not (run.data.tags.get(tracking.TAG_TRAINED_IN) or run.data.tags.get("rlvr.recovered_from"))
+    return not (run.data.tags.get(T.TRAINED_IN) or run.data.tags.get(T.RECOVERED_FROM))
 
 
-def _trained_checkpoint(client, exp_id: str, thash: str, sweep_id: str, name: str, outage_s: float):
+def _trained_checkpoint(pt: Point, thash: str):
     """The earliest FINISHED run with training hash ``thash`` (:func:`orchestrator.identity.training_hash`) whose
     checkpoint is intact (:func:`integrity.verify_run`) and lies in a folder this sweep may read
     (:func:`safe_run_dir`), or None: a point that differs from it only in its ``eval`` settings evaluates that
     checkpoint instead of training again."""
-    for r in tracking.retry(tracking.runs_with_hash, exp_id, thash, tag=tracking.TAG_TRAIN_HASH, outage_s=outage_s):
-        if r.info.status != "FINISHED" or r.data.tags.get("rlvr.invalid"):
+    for r in pt.store.runs_with_hash(pt.exp_id, thash, tag=T.TRAIN_HASH):
+        if r.info.status != "FINISHED" or r.data.tags.get(T.INVALID):
             continue
-        folder = safe_run_dir(r.data.tags.get("rlvr.run_dir"), sweep_id)
+        folder = safe_run_dir(r.data.tags.get(T.RUN_DIR), pt.sweep_id)
         if folder is None or not (folder / "checkpoint").is_dir():
-            log.info("point %s: run %s trained the same checkpoint but its folder is not readable here (%s)", name,
-                     r.info.run_id, r.data.tags.get("rlvr.run_dir"))
+            log.info("point %s: run %s trained the same checkpoint but its folder is not readable here (%s)", pt.name,
+                     r.info.run_id, r.data.tags.get(T.RUN_DIR))
             continue
-        problems, ckpt_ok = integrity.verify_run(client, r)
+        problems, ckpt_ok = integrity.verify_run(pt.store.client, r)
         if ckpt_ok:
             log.info("point %s: same training as run %s (only the evaluation differs): evaluating its checkpoint in "
-                     "a new run", name, r.info.run_id)
+                     "a new run", pt.name, r.info.run_id)
             return r
     return None
-

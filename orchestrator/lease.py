@@ -21,6 +21,8 @@ import threading
 import time
 import uuid
 
+from core import tags as T
+
 from . import tracking
 
 log = logging.getLogger("rlvr")
@@ -51,8 +53,7 @@ def new_owner() -> str:
 
 def owner_tags(owner: str) -> dict:
     """The tags that make ``owner`` the lease holder, with a heartbeat of now."""
-    return {"rlvr.owner": owner, "rlvr.host": socket.gethostname(), "rlvr.pid": str(os.getpid()),
-            "rlvr.heartbeat": f"{time.time():.3f}"}
+    return {T.OWNER: owner, T.HOST: socket.gethostname(), T.PID: str(os.getpid()), T.HEARTBEAT: f"{time.time():.3f}"}
 
 
 def is_live(run, stale_s: float, now: float | None = None) -> bool:
@@ -61,11 +62,11 @@ def is_live(run, stale_s: float, now: float | None = None) -> bool:
     if run.info.status != "RUNNING":
         return False
     tags = run.data.tags
-    if tags.get("rlvr.host") == socket.gethostname() and tags.get("rlvr.pid", "").isdigit():
-        if int(tags["rlvr.pid"]) != os.getpid() and not pid_alive(int(tags["rlvr.pid"])):
+    if tags.get(T.HOST) == socket.gethostname() and tags.get(T.PID, "").isdigit():
+        if int(tags[T.PID]) != os.getpid() and not pid_alive(int(tags[T.PID])):
             return False
     try:
-        beat = float(tags.get("rlvr.heartbeat") or 0)
+        beat = float(tags.get(T.HEARTBEAT) or 0)
     except ValueError:
         beat = 0.0
     if not beat:  # a run from before leases existed: its start time is its last sign of life
@@ -73,26 +74,24 @@ def is_live(run, stale_s: float, now: float | None = None) -> bool:
     return (now or time.time()) - beat < stale_s
 
 
-def claim(client, run_id: str, owner: str | None = None, outage_s: float = tracking.DEFAULT_OUTAGE_S) -> str | None:
-    """Take over the lease of ``run_id``; return the owner token when this process won, else None (store calls wait
-    out an outage of up to ``outage_s`` seconds, :func:`orchestrator.tracking.retry`)."""
+def claim(store: tracking.Store, run_id: str, owner: str | None = None) -> str | None:
+    """Take over the lease of ``run_id`` through ``store`` (an :class:`orchestrator.tracking.Store`); return the owner
+    token when this process won, else None."""
     owner = owner or new_owner()
-    for k, v in owner_tags(owner).items():
-        tracking.retry(client.set_tag, run_id, k, v, outage_s=outage_s)
+    store.set_tags(owner_tags(owner), run_id)
     time.sleep(SETTLE_S)
-    return owner if client.get_run(run_id).data.tags.get("rlvr.owner") == owner else None
+    return owner if store.run(run_id).data.tags.get(T.OWNER) == owner else None
 
 
 class Heartbeat(threading.Thread):
     """Refresh ``rlvr.heartbeat`` of ``run_id`` every ``every_s`` seconds until :attr:`stop` is set.
     :meth:`beat` refreshes it at once (the training loop calls it every step). A missed beat is logged, not
     raised: a long run of them lets another process take the run over, which is what a lost store means. A beat
-    waits out an outage of up to ``outage_s`` seconds (:func:`orchestrator.tracking.retry`)."""
+    waits out an outage as its ``store`` (:class:`orchestrator.tracking.Store`) does."""
 
-    def __init__(self, client, run_id: str, every_s: float = HEARTBEAT_S, outage_s: float = tracking.DEFAULT_OUTAGE_S):
+    def __init__(self, store: tracking.Store, run_id: str, every_s: float = HEARTBEAT_S):
         super().__init__(daemon=True, name=f"rlvr-heartbeat-{run_id[:8]}")
-        self.client, self.run_id, self.every_s, self.stop = client, run_id, every_s, threading.Event()
-        self.outage_s = outage_s
+        self.store, self.run_id, self.every_s, self.stop = store, run_id, every_s, threading.Event()
         self._last = 0.0
         self._now = threading.Event()
 
@@ -105,8 +104,7 @@ class Heartbeat(threading.Thread):
             return
         self._last = time.time()
         try:
-            tracking.retry(self.client.set_tag, self.run_id, "rlvr.heartbeat", f"{self._last:.3f}",
-                           outage_s=self.outage_s)
+            self.store.set_tag(T.HEARTBEAT, f"{self._last:.3f}", self.run_id)
         except Exception as e:
             log.warning("heartbeat of run %s failed: %s", self.run_id, e)
 

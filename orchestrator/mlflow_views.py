@@ -22,10 +22,9 @@ import json
 import logging
 import shlex
 import sys
-import time
 from pathlib import Path
 
-from mlflow.tracking import MlflowClient
+from core import tags as T
 
 from . import tracking
 
@@ -41,40 +40,40 @@ _STATUS_RANK = {"FINISHED": 0, "DUPLICATE": 0, "KILLED": 1, "FAILED": 2}
 _PARENTS: dict[tuple[str, str], str | None] = {}
 
 
-def sweep_parent(exp_id: str, sweep_id: str, outage_s: float = tracking.DEFAULT_OUTAGE_S) -> str | None:
+def sweep_parent(exp_id: str, sweep_id: str, store: tracking.Store | None = None) -> str | None:
     """The id of sweep ``sweep_id``'s parent run in experiment ``exp_id`` (None outside a multirun, or when the
-    sweep made none); looked up once per process."""
+    sweep made none); looked up once per process, through ``store`` (:class:`orchestrator.tracking.Store`)."""
     key = (str(exp_id), str(sweep_id))
     if key not in _PARENTS and sweep_id:
-        runs = tracking.retry(MlflowClient().search_runs, [exp_id], filter_string=(
-            f"tags.`{tracking.TAG_KIND}` = '{SWEEP_KIND}' and tags.`rlvr.sweep_id` = '{sweep_id}'"),
-            order_by=["attributes.start_time ASC"], max_results=1, outage_s=outage_s)
+        runs = (store or tracking.Store()).search(
+            exp_id, f"tags.`{T.KIND}` = '{SWEEP_KIND}' and tags.`{T.SWEEP_ID}` = '{sweep_id}'", max_results=1)
         if not runs:
             return None  # not cached: a job that starts before the parent is visible asks again
         _PARENTS[key] = runs[0].info.run_id
     return _PARENTS.get(key)
 
 
-def parent_tags(exp_id: str, sweep_id: str, outage_s: float = tracking.DEFAULT_OUTAGE_S) -> dict:
+def parent_tags(exp_id: str, sweep_id: str, store: tracking.Store | None = None) -> dict:
     """``{mlflow.parentRunId: ...}`` for a run of this sweep, or {} when the sweep has no parent run."""
-    pid = sweep_parent(exp_id, sweep_id, outage_s)
+    pid = sweep_parent(exp_id, sweep_id, store)
     return {PARENT_TAG: pid} if pid else {}
 
 
 def open_sweep_run(exp_id: str, sweep_id: str, git_commit: str, argv: list[str] | None = None,
-                   outage_s: float = tracking.DEFAULT_OUTAGE_S) -> str:
+                   store: tracking.Store | None = None) -> str:
     """Create the sweep's parent run (RUNNING), or return the one this sweep folder already has (a re-launched
     callback). Tags: ``rlvr.kind = sweep``, ``rlvr.sweep_id``, ``rlvr.command`` (the command line),
     ``rlvr.git_commit``; named ``sweep <folder name>``."""
-    existing = sweep_parent(exp_id, sweep_id, outage_s)
+    store = store or tracking.Store()
+    existing = sweep_parent(exp_id, sweep_id, store)
     if existing:
         return existing
     argv = list(sys.argv if argv is None else argv)
     command = "python " + " ".join(shlex.quote(a) for a in argv)
-    run = tracking.retry(MlflowClient().create_run, exp_id, run_name=f"sweep {Path(sweep_id).name}", tags={
-        tracking.TAG_KIND: SWEEP_KIND, "rlvr.sweep_id": sweep_id, "rlvr.command": command[:5000],
-        "rlvr.git_commit": git_commit, "mlflow.source.git.commit": git_commit,
-        NOTE_TAG: f"Sweep `{command}`, running: its points are the runs beneath."}, outage_s=outage_s)
+    run = store.create_run(exp_id, f"sweep {Path(sweep_id).name}", {
+        T.KIND: SWEEP_KIND, T.SWEEP_ID: sweep_id, T.COMMAND: command[:5000],
+        T.GIT_COMMIT: git_commit, "mlflow.source.git.commit": git_commit,
+        NOTE_TAG: f"Sweep `{command}`, running: its points are the runs beneath."})
     _PARENTS[(str(exp_id), sweep_id)] = run.info.run_id
     return run.info.run_id
 
@@ -104,7 +103,7 @@ def worst_status(statuses) -> str:
 
 
 def close_sweep_run(run_id: str, rows: list[dict], status: str | None = None, report_html: Path | None = None,
-                    out_dir: Path | None = None, outage_s: float = tracking.DEFAULT_OUTAGE_S) -> str:
+                    out_dir: Path | None = None, store: tracking.Store | None = None) -> str:
     """End the parent run with the sweep's summary.
 
     Args:
@@ -112,12 +111,13 @@ def close_sweep_run(run_id: str, rows: list[dict], status: str | None = None, re
             ``run_id``, ``error`` and the headline metrics (``eval/mean/pass_at_1``, ...).
         status: the parent's end status (default: :func:`worst_status` of the rows).
         report_html: the sweep report, logged to the parent as ``report.html``.
+        store: the store the calls go through (:class:`orchestrator.tracking.Store`).
     Returns:
         The status the parent ended with.
     """
     import pandas as pd
 
-    client = MlflowClient()
+    store = store or tracking.Store()
     status = status or worst_status(r.get("status", "FAILED") for r in rows)
     table = pd.DataFrame(rows)
     folder = Path(out_dir or Path.cwd())
@@ -125,18 +125,14 @@ def close_sweep_run(run_id: str, rows: list[dict], status: str | None = None, re
     try:
         if len(table):
             table.to_csv(folder / "summary.csv", index=False)
-            tracking.retry(client.log_artifact, run_id, str(folder / "summary.csv"), outage_s=outage_s)
+            store.log_artifact(folder / "summary.csv", None, run_id)
         if report_html is not None and Path(report_html).is_file():
-            tracking.retry(client.log_artifact, run_id, str(report_html), outage_s=outage_s)
+            store.log_artifact(report_html, None, run_id)
         counts = {f"sweep/points_{s.lower()}": float(sum(str(r.get("status")).upper() == s for r in rows))
                   for s in ("FINISHED", "DUPLICATE", "FAILED", "KILLED")}
-        ts = int(time.time() * 1000)
-        from mlflow.entities import Metric
-
-        tracking.retry(client.log_batch, run_id, metrics=[Metric(k, v, ts, 0) for k, v in counts.items()],
-                       outage_s=outage_s)
-        run = client.get_run(run_id)
-        lines = [f"Sweep `{run.data.tags.get('rlvr.command', '')}`: **{status}**", ""]
+        store.log_metrics(counts, 0, run_id)
+        run = store.run(run_id)
+        lines = [f"Sweep `{run.data.tags.get(T.COMMAND, '')}`: **{status}**", ""]
         if len(table):
             cols = [c for c in ("point", "status", *sorted(c for c in table.columns if c.startswith("eval/")),
                                 "run_id", "error") if c in table.columns]
@@ -145,9 +141,9 @@ def close_sweep_run(run_id: str, rows: list[dict], status: str | None = None, re
                 lines.append("| " + " | ".join(_cell(r.get(c)) for c in cols) + " |")
         if report_html is not None:
             lines += ["", f"Report: `{report_html}` (also this run's artifact `report.html`)."]
-        tracking.retry(client.set_tag, run_id, NOTE_TAG, "\n".join(lines)[:20000], outage_s=outage_s)
+        store.set_tag(NOTE_TAG, "\n".join(lines)[:20000], run_id)
     finally:
-        tracking.retry(client.set_terminated, run_id, status, outage_s=outage_s)
+        store.terminate(run_id, status)
     return status
 
 
@@ -224,18 +220,18 @@ def _plain(cfg) -> dict:
 
 
 def log_datasets(run_id: str, train_cfg, train_rows, bench_rows, eval_cfg,
-                 outage_s: float = tracking.DEFAULT_OUTAGE_S) -> None:
+                 store: tracking.Store | None = None) -> None:
     """Log :func:`datasets` to ``run_id``. Never raises (a warning instead): datasets describe a run, the run's
     results do not depend on them."""
     try:
         inputs = datasets(train_cfg, train_rows, bench_rows, eval_cfg)
         if inputs:
-            tracking.retry(MlflowClient().log_inputs, run_id, datasets=inputs, outage_s=outage_s)
+            (store or tracking.Store()).log_inputs(run_id, inputs)
     except Exception as e:
         log.warning("run %s: could not log its datasets: %s: %s", run_id, type(e).__name__, e)
 
 
-def log_union_of_datasets(run_id: str, runs, outage_s: float = tracking.DEFAULT_OUTAGE_S) -> None:
+def log_union_of_datasets(run_id: str, runs, store: tracking.Store | None = None) -> None:
     """Log to ``run_id`` (a sweep's parent) every distinct (dataset, context) the ``runs`` (MLflow Run objects of its
     children) logged, so the parent row's Dataset column shows what the sweep trained and evaluated on."""
     seen, out = set(), []
@@ -247,7 +243,7 @@ def log_union_of_datasets(run_id: str, runs, outage_s: float = tracking.DEFAULT_
                 seen.add(key)
                 out.append(d)
     if out:
-        tracking.retry(MlflowClient().log_inputs, run_id, datasets=out, outage_s=outage_s)
+        (store or tracking.Store()).log_inputs(run_id, out)
 
 
 class SystemMetrics:

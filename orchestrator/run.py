@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import mlflow
-from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
+
+from core import tags as T
 
 from . import lease, mlflow_views, provenance, tracking
 from .decision import Point, Yield, decide, earlier_runs, yield_to
@@ -60,7 +61,7 @@ def estimate_check(key: str, what: str, estimate, measured, unit: str, source: s
         return None
     ratio = float(measured) / float(estimate)
     name = key.split("=", 1)[0]
-    tags = {f"rlvr.estimate.{name}": f"estimate {estimate:.3g} {unit}, measured {measured:.3g} ({ratio:.2f}x)"}
+    tags = {f"{T.ESTIMATE_PREFIX}{name}": f"estimate {estimate:.3g} {unit}, measured {measured:.3g} ({ratio:.2f}x)"}
     warning = None
     if not 1 / 3 <= ratio <= 3:
         warning = (f"{key} {what} {estimate:.3g} {unit}; {outcome} {measured:.3g} ({ratio:.1f}x the estimate; "
@@ -70,7 +71,7 @@ def estimate_check(key: str, what: str, estimate, measured, unit: str, source: s
     return tags, warning
 
 
-def _tag_rollout(run_dir: Path, outage_s: float) -> None:
+def _tag_rollout(run_dir: Path, store: tracking.Store) -> None:
     """Tag the run with what its engine chose and why: the rollout sampler (``rollout.json``:
     ``rlvr.rollout_sampler``, ``rlvr.rollout_sampler_reason``), the precision (``precision.json``: ``rlvr.precision``,
     ``rlvr.precision_reason``, ``rlvr.rollout_dtype``) and the scoring layout and micro-batch budget
@@ -81,9 +82,8 @@ def _tag_rollout(run_dir: Path, outage_s: float) -> None:
 
     try:
         info = json.loads((Path(run_dir) / "rollout.json").read_text())
-        tracking.retry(mlflow.set_tags, {"rlvr.rollout_sampler": str(info.get("sampler")),
-                                         "rlvr.rollout_sampler_reason": str(info.get("reason"))[:5000]},
-                       outage_s=outage_s)
+        store.set_tags({T.ROLLOUT_SAMPLER: str(info.get("sampler")),
+                        T.ROLLOUT_SAMPLER_REASON: str(info.get("reason"))[:5000]})
         factor = float(info.get("calibration") or 1.0)
         estimate = info.get("estimate_s")
         checked = estimate_check("train.rollout.sampler=auto", f"chose {info.get('sampler')}, estimating",
@@ -92,7 +92,7 @@ def _tag_rollout(run_dir: Path, outage_s: float) -> None:
                                  + (f" calibrated x{factor:.2g} by this machine's earlier runs" if factor != 1.0
                                     else "; the next auto choice here is calibrated by this run"))
         if checked:
-            tracking.retry(mlflow.set_tags, checked[0], outage_s=outage_s)
+            store.set_tags(checked[0])
             from core.sampling.rollout import record_sampling_time
 
             record_sampling_time(str(info.get("sampler")), bool(info.get("gpu")), float(estimate),
@@ -101,9 +101,8 @@ def _tag_rollout(run_dir: Path, outage_s: float) -> None:
         pass
     try:
         info = json.loads((Path(run_dir) / "precision.json").read_text())
-        tracking.retry(mlflow.set_tags, {"rlvr.precision": str(info.get("precision")),
-                                         "rlvr.precision_reason": str(info.get("reason"))[:5000],
-                                         "rlvr.rollout_dtype": str(info.get("rollout_dtype"))}, outage_s=outage_s)
+        store.set_tags({T.PRECISION: str(info.get("precision")), T.PRECISION_REASON: str(info.get("reason"))[:5000],
+                        T.ROLLOUT_DTYPE: str(info.get("rollout_dtype"))})
     except (OSError, ValueError):
         pass
     memory = Path(run_dir) / "memory.json"
@@ -111,14 +110,13 @@ def _tag_rollout(run_dir: Path, outage_s: float) -> None:
         info = json.loads(memory.read_text())
     except (OSError, ValueError):
         return
-    tracking.retry(mlflow.set_tags, {"rlvr.packing": str(info.get("layout")),
-                                     "rlvr.packing_reason": str(info.get("layout_reason"))[:5000],
-                                     "rlvr.micro_batch_tokens": str(info.get("micro_batch_tokens"))}, outage_s=outage_s)
+    store.set_tags({T.PACKING: str(info.get("layout")), T.PACKING_REASON: str(info.get("layout_reason"))[:5000],
+                    T.MICRO_BATCH_TOKENS: str(info.get("micro_batch_tokens"))})
     planned = (info.get("plan") or {}).get("total_gb")
     checked = estimate_check("memory_plan", "of this run:", planned, info.get("run_peak_gb"), "GiB at the peak",
                              "the plan's terms: training/memory_plan.py", outcome="the process's peak was")
     if checked:
-        tracking.retry(mlflow.set_tags, checked[0], outage_s=outage_s)
+        store.set_tags(checked[0])
     plan = info.get("plan") or {}
     values = {f"memory/plan_{k}": float(v) for k, v in plan.items()
               if k.endswith("_gb") and isinstance(v, (int, float)) and v is not None}
@@ -132,17 +130,17 @@ def _tag_rollout(run_dir: Path, outage_s: float) -> None:
         values["model/trainable_share"] = float(params["trainable"]) / float(params["total"])
     if params.get("adapter_mb") is not None:
         values["model/adapter_mb"] = float(params["adapter_mb"])
-        tracking.retry(mlflow.set_tag, "rlvr.lora_rank", str(params.get("lora_rank")), outage_s=outage_s)
+        store.set_tag(T.LORA_RANK, str(params.get("lora_rank")))
     if isinstance(info.get("run_peak_gb"), (int, float)):  # beside the plan's total (memory/plan_total_gb)
         values["memory/run_peak_gb"] = float(info["run_peak_gb"])
     if values:
-        tracking.retry(mlflow.log_metrics, values, step=0, outage_s=outage_s)
-    tracking.retry(mlflow.log_artifact, str(memory), outage_s=outage_s)
+        store.log_metrics(values, 0)
+    store.log_artifact(memory)
 
 
 def _recover_from(prior, run_dir: Path) -> None:
     """Copy (hard-link where possible) a corrupt run's good checkpoints into ``run_dir`` for re-evaluation."""
-    old = Path(prior.data.tags.get("rlvr.run_dir", ""))
+    old = Path(prior.data.tags.get(T.RUN_DIR, ""))
     for sub in ("checkpoint", "checkpoints"):
         if (old / sub).is_dir() and not (run_dir / sub).exists():
             def link(src, dst):
@@ -153,18 +151,17 @@ def _recover_from(prior, run_dir: Path) -> None:
             shutil.copytree(old / sub, run_dir / sub, copy_function=link)
 
 
-def _copy_train_metrics(client, src_run_id: str, dst_run_id: str, outage_s: float) -> int:
+def _copy_train_metrics(store: tracking.Store, src_run_id: str, dst_run_id: str) -> int:
     """Copy every ``train/`` metric history of ``src`` into ``dst`` (each step once); returns the last step."""
     from mlflow.entities import Metric
 
     last, items = -1, []
-    for key in client.get_run(src_run_id).data.metrics:
+    for key in store.client.get_run(src_run_id).data.metrics:
         if key.startswith("train/"):
-            for m in tracking.retry(client.get_metric_history, src_run_id, key, outage_s=outage_s):
+            for m in store.metric_history(src_run_id, key):
                 items.append(Metric(key, m.value, m.timestamp, m.step))
                 last = max(last, m.step)
-    for a in range(0, len(items), 500):
-        tracking.retry(client.log_batch, dst_run_id, metrics=items[a:a + 500], outage_s=outage_s)
+    store.log_batch(dst_run_id, items)
     return last
 
 
@@ -190,9 +187,8 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict:
     chash, thash = config_hash(cfg), training_hash(cfg)
     hydra_dir, point, sweep_id, job_num = _hydra_job()
     run_dir = hydra_dir or (Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="rlvr-run-")))
-    outage_s = tracking.outage_of(cfg)
-    exp_id = tracking.retry(tracking.setup_experiment, cfg.tracking.uri, cfg.experiment_name, cfg.tracking.artifact_root,
-                            outage_s, outage_s=outage_s)
+    store = tracking.Store.of(cfg)
+    exp_id = store.open(cfg.tracking.uri, cfg.experiment_name, cfg.tracking.artifact_root)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved.pop("hydra", None)
     params = {k: str(v)[:6000] for k, v in tracking.flatten(resolved).items()}
@@ -202,18 +198,18 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict:
 
         full, name = name, f"{name[:MAX_RUN_NAME - 20]}...{hashlib.sha256(name.encode()).hexdigest()[:12]}"
         log.warning("point name shortened to %r (%d characters; the full name is in the tag rlvr.point)", name, len(full))
-    tags = {tracking.TAG_HASH: chash, tracking.TAG_TRAIN_HASH: thash, "rlvr.algo": str(cfg.algo.name), "rlvr.host": socket.gethostname(),
-            "rlvr.git_commit": git_commit(), "rlvr.sweep_id": sweep_id, "rlvr.job_num": str(job_num),
-            "rlvr.slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
-            "rlvr.requeue_count": os.environ.get("SLURM_RESTART_COUNT", "0"), "rlvr.point": (point or name)[:4900],
+    tags = {T.CONFIG_HASH: chash, T.TRAIN_HASH: thash, T.ALGO: str(cfg.algo.name), T.HOST: socket.gethostname(),
+            T.GIT_COMMIT: git_commit(), T.SWEEP_ID: sweep_id, T.JOB_NUM: str(job_num),
+            T.SLURM_JOB_ID: os.environ.get("SLURM_JOB_ID", ""),
+            T.REQUEUE_COUNT: os.environ.get("SLURM_RESTART_COUNT", "0"), T.POINT: (point or name)[:4900],
             **provenance.tags(cfg.eval, chat_template=bool(cfg.model.get("chat_template", True)))}
     if warnings:
-        tags["rlvr.warnings"] = " | ".join(warnings)[:5000]
-    tags |= mlflow_views.parent_tags(exp_id, sweep_id, outage_s)  # nested under the sweep's run (a resumed run moves to this sweep)
+        tags[T.WARNINGS] = " | ".join(warnings)[:5000]
+    tags |= mlflow_views.parent_tags(exp_id, sweep_id, store)  # nested under the sweep's run (a resumed run moves to this sweep)
     signals = StopSignals()
     pt = Point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params,
                stale_s=float(cfg.tracking.get("lease_stale_s", 300)), force=bool(cfg.get("force", False)),
-               run_dir=run_dir, signals=signals, outage_s=outage_s)
+               run_dir=run_dir, signals=signals, store=store)
     signals.install()
     try:
         while True:  # a point whose run gave way to an identical one started first is decided again
@@ -244,18 +240,17 @@ def _run_point(pt: Point) -> dict | None:
     decision = decide(pt)
     if decision.action == "duplicate":
         return decision.summary
-    client = MlflowClient()
     try:
-        st = _start_run(pt, decision, client)
+        st = _start_run(pt, decision)
     except Yield as y:  # an identical point started at the same moment, and first (this run is still active)
         return yield_to(y.run, pt, mlflow.active_run().info.run_id)
     st.run_dir.mkdir(parents=True, exist_ok=True)
     (st.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(
         {k: v for k, v in OmegaConf.to_container(pt.cfg, resolve=True).items() if k != "hydra"}))
     pt.signals.install_preemption()
-    beat = lease.Heartbeat(client, st.run_id, outage_s=pt.outage_s)
+    beat = lease.Heartbeat(pt.store, st.run_id)
     beat.start()
-    metrics_out = tracking.MetricBuffer(client, st.run_id, st.run_dir / UNSENT, pt.outage_s)
+    metrics_out = pt.store.metric_buffer(st.run_id, st.run_dir / UNSENT)
     monitor = mlflow_views.system_metrics(pt.cfg, st.run_id).__enter__()
     t0 = time.time()
 
@@ -269,7 +264,7 @@ def _run_point(pt: Point) -> dict | None:
         return f"{st.active_before + time.time() - t0:.1f}"
     first = None
     try:
-        metrics = _train_and_evaluate(pt, decision, st, client, log_step, metrics_out)
+        metrics = _train_and_evaluate(pt, decision, st, log_step, metrics_out)
     except Yield as y:
         beat.stop.set()
         first = y.run
@@ -283,9 +278,8 @@ def _run_point(pt: Point) -> dict | None:
     if first is not None:
         log.info("point %s: run %s of the same point started first: yielding to it", pt.name, first.info.run_id)
         return yield_to(first, pt, st.run_id)
-    tracking.retry(mlflow.set_tags, {"rlvr.active_s": active_s(), mlflow_views.NOTE_TAG: mlflow_views.describe(
-        pt.cfg, pt.tags.get("rlvr.point", pt.name), metrics, sweep_id=pt.tags.get("rlvr.sweep_id"))},
-                   outage_s=pt.outage_s)
+    pt.store.set_tags({T.ACTIVE_S: active_s(), mlflow_views.NOTE_TAG: mlflow_views.describe(
+        pt.cfg, pt.tags.get(T.POINT, pt.name), metrics, sweep_id=pt.tags.get(T.SWEEP_ID))})
     from .disk import drop_state, human
 
     freed = drop_state(pt.cfg, st.run_dir)  # only a resume reads it (train.keep_state=true keeps it)
@@ -304,12 +298,12 @@ def _log_console(pt: Point) -> None:
     path = log_file()
     if path and Path(path).is_file():
         try:
-            tracking.retry(mlflow.log_artifact, path, outage_s=pt.outage_s)
+            pt.store.log_artifact(path)
         except Exception as e:
             log.warning("point %s: its log %s was not kept with its run: %s: %s", pt.name, path, type(e).__name__, e)
 
 
-def _start_run(pt: Point, decision, client) -> _Started:
+def _start_run(pt: Point, decision) -> _Started:
     """The point's MLflow run, started (the active run): the run ``decision`` resumes, with the metrics the store
     missed sent and its tags brought up to date (requeue count, owner, what changed in its provenance); or a new run
     with the point's tags and parameters, marked as taking a recovered run's checkpoint when ``decision`` says so.
@@ -320,35 +314,32 @@ def _start_run(pt: Point, decision, client) -> _Started:
     owner = decision.owner
     if decision.action == "resume":
         resume = decision.run
-        run_dir = Path(resume.data.tags.get("rlvr.run_dir") or pt.run_dir)
-        if n := tracking.send_unsent(client, resume.info.run_id, run_dir / UNSENT, pt.outage_s):
+        run_dir = Path(resume.data.tags.get(T.RUN_DIR) or pt.run_dir)
+        if n := pt.store.send_unsent(resume.info.run_id, run_dir / UNSENT):
             log.info("point %s: sent %d metrics the store missed before the run stopped", pt.name, n)
-        hist = tracking.retry(client.get_metric_history, resume.info.run_id, "train/reward_mean", outage_s=pt.outage_s)
+        hist = pt.store.metric_history(resume.info.run_id, "train/reward_mean")
         logged_through = max((m.step for m in hist), default=-1)
         active = mlflow.start_run(run_id=resume.info.run_id)
-        requeues = int(resume.data.tags.get("rlvr.requeue_count", "0") or 0) + 1
+        requeues = int(resume.data.tags.get(T.REQUEUE_COUNT, "0") or 0) + 1
         tags = pt.tags
-        tracking.retry(mlflow.set_tags, {k: v for k, v in tags.items() if k != "rlvr.requeue_count"}
-                       | {"rlvr.requeue_count": str(max(requeues, int(tags["rlvr.requeue_count"])))}
-                       | lease.owner_tags(owner) | provenance.changes(resume.data.tags, tags), outage_s=pt.outage_s)
+        pt.store.set_tags({k: v for k, v in tags.items() if k != T.REQUEUE_COUNT}
+                          | {T.REQUEUE_COUNT: str(max(requeues, int(tags[T.REQUEUE_COUNT])))}
+                          | lease.owner_tags(owner) | provenance.changes(resume.data.tags, tags))
         log.info("point %s: resuming MLflow run %s from %s (metrics logged through step %d)",
                  pt.name, resume.info.run_id, run_dir, logged_through)
         return _Started(active.info.run_id, run_dir, logged_through,
-                        float(resume.data.tags.get("rlvr.active_s", "0") or 0), active=active)
+                        float(resume.data.tags.get(T.ACTIVE_S, "0") or 0), active=active)
     recover, reuse = decision.run, decision.reuse
     active = mlflow.start_run(experiment_id=pt.exp_id, run_name=pt.name,
-                              tags={**pt.tags, tracking.TAG_KIND: "trained", "rlvr.run_dir": str(pt.run_dir),
-                                    **lease.owner_tags(owner)})
-    tracking.retry(mlflow.log_params, pt.params, outage_s=pt.outage_s)
+                              tags={**pt.tags, T.KIND: "trained", T.RUN_DIR: str(pt.run_dir), **lease.owner_tags(owner)})
+    pt.store.log_params(pt.params)
     # an identical point may have started at the same moment, here or in another sweep: the earliest run trains
     # (or one with the same training and another evaluation: it trains, this point then evaluates its checkpoint)
-    earlier = [] if pt.force else earlier_runs(pt.exp_id, pt.chash, pt.tags, active, pt.stale_s, recover is None,
-                                               pt.outage_s)
+    earlier = [] if pt.force else earlier_runs(pt, active, recover is None)
     if earlier:
         raise Yield(earlier[0])
     if recover is not None:
-        tracking.retry(mlflow.set_tag, tracking.TAG_TRAINED_IN if reuse == "evaluation" else "rlvr.recovered_from",
-                       recover.info.run_id, outage_s=pt.outage_s)
+        pt.store.set_tag(T.TRAINED_IN if reuse == "evaluation" else T.RECOVERED_FROM, recover.info.run_id)
     return _Started(active.info.run_id, pt.run_dir, -1, 0.0, recover, reuse, active)
 
 
@@ -364,13 +355,12 @@ def evaluation_config(pt: Point):
 
     from .sweep_protocol import pinned_config
 
-    cfg, proto = pinned_config(pt.cfg, pt.exp_id, pt.sweep_id, pt.outage_s)
-    tracking.retry(mlflow.set_tags, P.tags(proto) | {provenance.TAG_PREFIX + "eval_identity": P.protocol_id(proto)},
-                   outage_s=pt.outage_s)
+    cfg, proto = pinned_config(pt.cfg, pt.exp_id, pt.sweep_id, pt.store)
+    pt.store.set_tags(P.tags(proto) | {provenance.TAG_PREFIX + "eval_identity": P.protocol_id(proto)})
     return cfg
 
 
-def _train_and_evaluate(pt: Point, decision, st: _Started, client, log_step, metrics_out) -> dict:
+def _train_and_evaluate(pt: Point, decision, st: _Started, log_step, metrics_out) -> dict:
     """The point's work inside its open run: the config and (with uncommitted code) the diff logged, the datasets,
     the base model's evaluation started, training (or the recovered run's checkpoint and metrics taken), then the
     checkpoint's evaluation and the integrity record. Returns the evaluation's metrics.
@@ -384,33 +374,32 @@ def _train_and_evaluate(pt: Point, decision, st: _Started, client, log_step, met
     from evaluation.evaluate import benchmark_rows
     from training.token_probs import ARTIFACT as TOKEN_PROBS
 
-    cfg, run_dir = pt.cfg, st.run_dir
-    tracking.retry(mlflow.log_artifact, str(run_dir / "config.yaml"), outage_s=pt.outage_s)
+    cfg, run_dir, store = pt.cfg, st.run_dir, pt.store
+    store.log_artifact(run_dir / "config.yaml")
     if pt.tags.get(provenance.TAG_PREFIX + "git_dirty") == "true":  # the code the run ran, not only its commit
         (run_dir / "git_diff.patch").write_text(provenance.git_diff() or "")
-        tracking.retry(mlflow.log_artifact, str(run_dir / "git_diff.patch"), outage_s=pt.outage_s)
+        store.log_artifact(run_dir / "git_diff.patch")
     heldout = load_prompts(cfg.data, "eval")
     bench = benchmark_rows(cfg.eval, heldout)  # unreadable benchmark files fail here, before any training
-    mlflow_views.log_datasets(st.run_id, cfg.data, load_prompts(cfg.data, "train"), bench, cfg.eval, pt.outage_s)
+    mlflow_views.log_datasets(st.run_id, cfg.data, load_prompts(cfg.data, "train"), bench, cfg.eval, store)
     ecfg = evaluation_config(pt)  # the sweep's evaluation protocol, pinned: every evaluation of the sweep alike
     base = None
     if bool(cfg.eval.get("base", True)):
         from .base_model import BaseEvaluation
 
         base = BaseEvaluation(ecfg, pt.exp_id, pt.sweep_id, pt.job_num, Path(pt.sweep_id) if pt.sweep_id else run_dir,
-                              heldout, pt.outage_s)
+                              heldout, store)
         base.ensure(wait=False)  # evaluated here now, unless another job already is
     if st.recover is not None:
         _recover_from(st.recover, run_dir)
-        last = _copy_train_metrics(client, st.recover.info.run_id, st.run_id, pt.outage_s)
+        last = _copy_train_metrics(store, st.recover.info.run_id, st.run_id)
         log.info("point %s: training metrics (steps 0-%d) and checkpoint taken from run %s%s", pt.name, last,
                  st.recover.info.run_id, " (trained there; this run evaluates it)" if st.reuse == "evaluation" else "")
         ckpt = final_checkpoint_dir(run_dir)
     else:
         # an identical point created at the same moment may only now be visible (its row committed after this
         # one's, though started first): the earliest still trains, the other yields before training
-        earlier = [] if pt.force or decision.action != "new" else earlier_runs(
-            pt.exp_id, pt.chash, pt.tags, st.active, pt.stale_s, True, pt.outage_s)
+        earlier = [] if pt.force or decision.action != "new" else earlier_runs(pt, st.active, True)
         if earlier:
             raise Yield(earlier[0])
         TRAINING.set()
@@ -418,14 +407,14 @@ def _train_and_evaluate(pt: Point, decision, st: _Started, client, log_step, met
             ckpt = training.train(cfg, run_dir, log_metrics=log_step, logged_through=st.logged_through)
         finally:
             TRAINING.clear()
-            _tag_rollout(run_dir, pt.outage_s)
+            _tag_rollout(run_dir, store)
         metrics_out.flush()  # every training step's metrics are in the store before evaluation starts
         if (run_dir / TOKEN_PROBS).is_file():  # the sampled tokens' mean probabilities (TR-GRPO's Fig. 1)
-            tracking.retry(mlflow.log_artifact, str(run_dir / TOKEN_PROBS), outage_s=pt.outage_s)
-    tracking.retry(mlflow.set_tag, "rlvr.checkpoint", str(ckpt), outage_s=pt.outage_s)
+            store.log_artifact(run_dir / TOKEN_PROBS)
+    store.set_tag(T.CHECKPOINT, str(ckpt))
     free_memory()
-    metrics = evaluate_run(ecfg, run_dir, ckpt, heldout, base, pt.outage_s)
-    tracking.retry(mlflow.log_artifact, str(record_integrity(run_dir, ckpt)), outage_s=pt.outage_s)
+    metrics = evaluate_run(ecfg, run_dir, ckpt, heldout, base, store)
+    store.log_artifact(record_integrity(run_dir, ckpt))
     return metrics
 
 
@@ -440,7 +429,7 @@ def _end_interrupted_run(pt: Point, st: _Started, e: BaseException, metrics_out,
     if isinstance(e, Preempted):
         log.warning("point %s: %s", pt.name, e)
         metrics_out.close()  # the completed steps' metrics reach the store (or UNSENT) before the run is marked
-        tracking.retry(mlflow.set_tag, "rlvr.active_s", active_s(), outage_s=pt.outage_s)
+        pt.store.set_tag(T.ACTIVE_S, active_s())
         if "SLURM_JOB_ID" in os.environ:
             # state saved: leave the run RUNNING for the requeued job, and let submitit requeue us
             log.warning("point %s preempted; state saved in %s", pt.name, st.run_dir)
@@ -455,13 +444,13 @@ def _end_interrupted_run(pt: Point, st: _Started, e: BaseException, metrics_out,
     killed = isinstance(e, KeyboardInterrupt)
     try:
         (st.run_dir / "traceback.txt").write_text(traceback.format_exc())
-        tracking.retry(mlflow.log_artifact, str(st.run_dir / "traceback.txt"), outage_s=pt.outage_s)
+        pt.store.log_artifact(st.run_dir / "traceback.txt")
         _log_console(pt)
     except Exception as e2:  # a full disk or a lost store: the original error is what matters
         log.error("could not save the traceback of run %s: %s", st.run_id, e2)
     finally:
         try:
-            mlflow.set_tag("rlvr.active_s", active_s())
+            mlflow.set_tag(T.ACTIVE_S, active_s())
         except Exception:
             pass
         try:

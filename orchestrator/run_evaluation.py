@@ -8,12 +8,11 @@ import logging
 import shutil
 from pathlib import Path
 
-import mlflow
-from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
+from core import tags as T
+
 from . import integrity, tracking
-from .base_model import log_metrics
 
 log = logging.getLogger("rlvr")
 
@@ -77,8 +76,7 @@ def checkpoints_to_evaluate(cfg, run_dir: Path, final: Path, final_step: int | N
     return out + [(step, Path(final), run_dir / "eval", True)]
 
 
-def select_on_validation(cfg, run_dir: Path, final: Path,
-                         outage_s: float = tracking.DEFAULT_OUTAGE_S) -> tuple[int, Path]:
+def select_on_validation(cfg, run_dir: Path, final: Path, store: tracking.Store | None = None) -> tuple[int, Path]:
     """The checkpoint the benchmarks evaluate under ``eval.select_on=validation``: every kept checkpoint
     (``train.save_every``) and the final one are sampled ``eval.validation.n`` times on each prompt of the
     validation split (``data.validation_prompts`` training prompts held out of training, :func:`core.tasks.load_prompts`);
@@ -87,11 +85,12 @@ def select_on_validation(cfg, run_dir: Path, final: Path,
     ``run_dir/validation/step_<N>``), and the choice as the tags ``rlvr.selected_step`` and ``rlvr.selected_on``.
     With ``train.keep_top_k = K`` only the K best kept checkpoints stay on disk afterwards (the final one, which
     the run's record points to, always stays). The benchmarks never take part in the choice (understand-r1-zero#21).
-    Store calls wait out an unreachable store for up to ``outage_s`` seconds (``tracking.outage_s``).
+    Store calls go through ``store`` (:class:`orchestrator.tracking.Store`; default: one with the default limit).
 
     Returns:
         (step, checkpoint folder) of the chosen checkpoint.
     """
+    store = store or tracking.Store()
     from core.lifecycle import saved_checkpoints
     from core.tasks import load_prompts
     from evaluation.evaluate import evaluate_checkpoint
@@ -110,14 +109,13 @@ def select_on_validation(cfg, run_dir: Path, final: Path,
                                             tools_cfg=cfg.get("tools"), rows=rows)
         scores[step] = float(metrics[f"eval/{task}/pass_at_{k}"])
         if not (out_dir / ".logged").exists():
-            tracking.retry(mlflow.log_metrics, {f"val/pass_at_{k}": scores[step]}, step=step, outage_s=outage_s)
+            store.log_metrics({f"val/pass_at_{k}": scores[step]}, step)
             (out_dir / ".logged").write_text(str(step))
         log.info("validation: step %d pass@%d %.4f (%d prompts x %d samples)", step, k, scores[step], len(rows[task]), n)
     ranked = sorted(cands, key=lambda c: (-scores[c[0]], c[0]))
     best_step, best = ranked[0]
-    tracking.retry(mlflow.set_tags, {"rlvr.selected_step": str(best_step), "rlvr.selected_on":
-                                     f"validation pass@{k}: {len(rows[task])} held-out {task} prompts x {n} samples"},
-                   outage_s=outage_s)
+    store.set_tags({T.SELECTED_STEP: str(best_step),
+                    T.SELECTED_ON: f"validation pass@{k}: {len(rows[task])} held-out {task} prompts x {n} samples"})
     keep = cfg.train.get("keep_top_k")
     if keep:
         for step, path in ranked[int(keep):]:
@@ -127,22 +125,20 @@ def select_on_validation(cfg, run_dir: Path, final: Path,
     return best_step, Path(best)
 
 
-def _log_files(files: dict, prefix: str | None, outage_s: float) -> None:
+def _log_files(store: tracking.Store, files: dict, prefix: str | None) -> None:
     for rel, f in files.items():
         sub = str(Path(rel).parent)
-        dest = "/".join(x for x in (prefix, None if sub == "." else sub) if x)
-        tracking.retry(mlflow.log_artifact, str(f), dest or None, outage_s=outage_s)
+        store.log_artifact(f, "/".join(x for x in (prefix, None if sub == "." else sub) if x))
 
 
-def evaluate_run(cfg, run_dir: Path, final: Path, heldout, base=None,
-                 outage_s: float = tracking.DEFAULT_OUTAGE_S) -> dict:
+def evaluate_run(cfg, run_dir: Path, final: Path, heldout, base=None, store: tracking.Store | None = None) -> dict:
     """Evaluate a trained run's checkpoints (:func:`checkpoints_to_evaluate`) and log each to the active MLflow
     run at its training step, so MLflow draws every evaluation metric against steps; then, with ``base`` (an
     :class:`orchestrator.base_model.BaseEvaluation`), wait for the base model's samples and log every evaluation's
     flip rates (``eval/<bench>/flip/<bucket>/<measure>``, ``flip_rates.csv``). Files of a non-final checkpoint
     go under ``eval/step_<N>/`` in the run's artifacts. An evaluation already logged (a marker file in its
-    folder, e.g. before a requeue) is not logged twice. Store calls wait out an unreachable store for up to
-    ``outage_s`` seconds (``tracking.outage_s``).
+    folder, e.g. before a requeue) is not logged twice. Store calls go through ``store``
+    (:class:`orchestrator.tracking.Store`).
 
     Returns:
         The final checkpoint's metrics (flip rates included).
@@ -154,23 +150,22 @@ def evaluate_run(cfg, run_dir: Path, final: Path, heldout, base=None,
 
     from evaluation import protocol as P
 
-    chat = bool(cfg.model.get("chat_template", True))
+    store = store or tracking.Store()
     final_metrics, evaluated = {}, []
     final_step, protocol = None, None
     if str(cfg.eval.get("select_on", "final")) == "validation":
-        final_step, final = select_on_validation(cfg, run_dir, final, outage_s)
+        final_step, final = select_on_validation(cfg, run_dir, final, store)
     for step, path, out_dir, is_final in checkpoints_to_evaluate(cfg, run_dir, final, final_step):
-        metrics, files, info = evaluate_checkpoint(path, cfg.eval, out_dir, heldout, chat, temperatures=is_final,
+        metrics, files, info = evaluate_checkpoint(path, cfg.eval, out_dir, heldout,
+                                                   bool(cfg.model.get("chat_template", True)), temperatures=is_final,
                                                    tools_cfg=cfg.get("tools"), score_budget=_token_budget(cfg))
         if is_final:
             final_metrics, protocol = dict(metrics), info["protocol"]
-            tracking.retry(mlflow.set_tags, P.tags(protocol) | {"rlvr.entropy_method": str(info["entropy_method"])},
-                           outage_s=outage_s)
+            store.set_tags(P.tags(protocol) | {T.ENTROPY_METHOD: str(info["entropy_method"])})
         if not (out_dir / ".logged").exists():
-            tracking.retry(mlflow.log_metrics, metrics | {"time/eval_s": info["eval_time_s"]}
-                           | {f"time/eval_{k}": v for k, v in info.get("phases", {}).items()}, step=step,
-                           outage_s=outage_s)
-            _log_files(files, None if is_final else f"eval/step_{step}", outage_s)
+            store.log_metrics(metrics | {"time/eval_s": info["eval_time_s"]}
+                              | {f"time/eval_{k}": v for k, v in info.get("phases", {}).items()}, step)
+            _log_files(store, files, None if is_final else f"eval/step_{step}")
             (out_dir / ".logged").write_text(str(step))
         evaluated.append((step, out_dir, is_final))
     base_samples = base.ensure(wait=True) if base is not None else None
@@ -181,8 +176,7 @@ def evaluate_run(cfg, run_dir: Path, final: Path, heldout, base=None,
         log.warning("flip rates not computed: the base model was evaluated under another protocol (%s)", "; ".join(differ))
         return final_metrics
     flip_k = cfg.eval.get("flip_k")
-    tracking.retry(mlflow.set_tags, {"rlvr.base_run_id": base.run_id, "rlvr.flip_rule": flip_rule(flip_k)},
-                   outage_s=outage_s)
+    store.set_tags({T.BASE_RUN_ID: base.run_id, T.FLIP_RULE: flip_rule(flip_k)})
     for step, out_dir, is_final in evaluated:
         table, flips = flip_metrics(base_samples, pd.read_parquet(out_dir / "samples.parquet"),
                                     None if flip_k is None else int(flip_k))
@@ -191,18 +185,18 @@ def evaluate_run(cfg, run_dir: Path, final: Path, heldout, base=None,
         if (out_dir / ".flips_logged").exists():
             continue
         table.to_csv(out_dir / "flip_rates.csv")
-        tracking.retry(mlflow.log_metrics, flips, step=step, outage_s=outage_s)
-        _log_files({"flip_rates.csv": out_dir / "flip_rates.csv"}, None if is_final else f"eval/step_{step}", outage_s)
+        store.log_metrics(flips, step)
+        _log_files(store, {"flip_rates.csv": out_dir / "flip_rates.csv"}, None if is_final else f"eval/step_{step}")
         (out_dir / ".flips_logged").write_text(str(step))
     return final_metrics
 
 
 def backfill_flips(cfg, exp_id: str, sweep_id: str, job_num, run_dir: Path, prior,
-                   outage_s: float = tracking.DEFAULT_OUTAGE_S) -> None:
+                   store: tracking.Store | None = None) -> None:
     """A finished run without flip rates (its sweep's base evaluation failed or was interrupted): evaluate the
     base model now (or wait for the job that does) and log the flip rates of each of the run's evaluations to it,
-    at their steps, read back from its ``samples.parquet`` artifacts (store calls waiting out an outage of up to
-    ``outage_s`` seconds). Never raises: the run stays as it was."""
+    at their steps, read back from its ``samples.parquet`` artifacts (store calls through ``store``). Never raises:
+    the run stays as it was."""
     import tempfile
 
     import pandas as pd
@@ -214,10 +208,11 @@ def backfill_flips(cfg, exp_id: str, sweep_id: str, job_num, run_dir: Path, prio
 
     from .sweep_protocol import pinned_config
 
+    store = store or tracking.Store()
     try:
-        cfg, _ = pinned_config(cfg, exp_id, sweep_id, outage_s)  # the base model under the sweep's protocol
+        cfg, _ = pinned_config(cfg, exp_id, sweep_id, store)  # the base model under the sweep's protocol
         base = BaseEvaluation(cfg, exp_id, sweep_id, job_num, Path(sweep_id) if sweep_id else run_dir,
-                              load_prompts(cfg.data, "eval"), outage_s)
+                              load_prompts(cfg.data, "eval"), store)
         from evaluation import protocol as P
 
         differ = P.differences(P.of_tags(prior.data.tags) or base.protocol, base.protocol)
@@ -228,24 +223,20 @@ def backfill_flips(cfg, exp_id: str, sweep_id: str, job_num, run_dir: Path, prio
         base_samples = base.ensure(wait=True)
         if base_samples is None:
             return
-        client = MlflowClient()
         rid = prior.info.run_id
         evaluations = [("", int(cfg.train.steps))] + [
-            (a.path + "/", int(a.path.rsplit("_", 1)[1])) for a in tracking.retry(client.list_artifacts, rid, "eval",
-                                                                                  outage_s=outage_s)
+            (a.path + "/", int(a.path.rsplit("_", 1)[1])) for a in store.list_artifacts(rid, "eval")
             if a.is_dir and a.path.rsplit("/", 1)[-1].startswith("step_")]
         flip_k = cfg.eval.get("flip_k")
         tmp = Path(tempfile.mkdtemp(prefix="rlvr-flips-"))
         for prefix, step in evaluations:
             local = tmp / f"step_{step}"
-            samples = pd.read_parquet(client.download_artifacts(rid, prefix + "samples.parquet", str(local)))
+            samples = pd.read_parquet(store.client.download_artifacts(rid, prefix + "samples.parquet", str(local)))
             table, flips = flip_metrics(base_samples, samples, None if flip_k is None else int(flip_k))
-            log_metrics(client, rid, flips, step, outage_s)
+            store.log_metrics(flips, step, rid)
             table.to_csv(local / "flip_rates.csv")
-            tracking.retry(client.log_artifact, rid, str(local / "flip_rates.csv"), prefix.rstrip("/") or None,
-                           outage_s=outage_s)
-        tracking.retry(client.set_tag, rid, "rlvr.base_run_id", base.run_id, outage_s=outage_s)
-        tracking.retry(client.set_tag, rid, "rlvr.flip_rule", flip_rule(flip_k), outage_s=outage_s)
+            store.log_artifact(local / "flip_rates.csv", prefix.rstrip("/") or None, rid)
+        store.set_tags({T.BASE_RUN_ID: base.run_id, T.FLIP_RULE: flip_rule(flip_k)}, rid)
         log.info("run %s: flip rates against base run %s added", rid, base.run_id)
     except Exception as e:
         log.warning("run %s: could not add flip rates against the base model: %s: %s", prior.info.run_id,

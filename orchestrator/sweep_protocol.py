@@ -16,8 +16,6 @@ import json
 import logging
 import time
 
-from mlflow.tracking import MlflowClient
-
 from . import lease, mlflow_views, tracking
 from .errors import ConfigError
 
@@ -30,9 +28,10 @@ class ProtocolMismatch(ConfigError):
     """This machine cannot evaluate under the protocol its sweep recorded (the message names the setting)."""
 
 
-def resolve_for_sweep(cfg, exp_id: str, sweep_id: str | None, outage_s: float = tracking.DEFAULT_OUTAGE_S):
+def resolve_for_sweep(cfg, exp_id: str, sweep_id: str | None, store: tracking.Store | None = None):
     """(``cfg.eval`` pinned to the sweep's protocol, the protocol): the sweep's recorded choices for these evaluation
-    settings when it has them, else this machine's, recorded for the jobs after this one.
+    settings when it has them, else this machine's, recorded for the jobs after this one (store calls through
+    ``store``, :class:`orchestrator.tracking.Store`).
 
     Raises:
         ProtocolMismatch: the recorded sampler cannot run on this machine, or this machine's resolution differs and the
@@ -43,17 +42,17 @@ def resolve_for_sweep(cfg, exp_id: str, sweep_id: str | None, outage_s: float = 
 
     chat = bool(cfg.model.get("chat_template", True))
     local = P.resolve(cfg.eval, chat)
-    parent = mlflow_views.sweep_parent(exp_id, sweep_id, outage_s) if sweep_id else None
+    store = store or tracking.Store()
+    parent = mlflow_views.sweep_parent(exp_id, sweep_id, store) if sweep_id else None
     if parent is None:
         return P.pin(cfg.eval, local), local
     key = TAG_PREFIX + P.settings_key(cfg.eval, chat)
     mine = {k: local[k] for k in P.RESOLVED}
-    client = MlflowClient()
-    recorded = _read(client, parent, key, outage_s)
+    recorded = _read(store, parent, key)
     if recorded is None:
-        tracking.retry(client.set_tag, parent, key, json.dumps(mine, sort_keys=True), outage_s=outage_s)
+        store.set_tag(key, json.dumps(mine, sort_keys=True), parent)
         time.sleep(lease.SETTLE_S)  # another job's first evaluation may have written at the same moment
-        recorded = _read(client, parent, key, outage_s) or mine
+        recorded = _read(store, parent, key) or mine
     if recorded == mine:
         return P.pin(cfg.eval, local), local
     differ = "; ".join(P.differences(recorded, mine))
@@ -72,14 +71,14 @@ def resolve_for_sweep(cfg, exp_id: str, sweep_id: str | None, outage_s: float = 
     return pinned, protocol
 
 
-def pinned_config(cfg, exp_id: str, sweep_id: str | None, outage_s: float = tracking.DEFAULT_OUTAGE_S):
+def pinned_config(cfg, exp_id: str, sweep_id: str | None, store: tracking.Store | None = None):
     """(a copy of ``cfg`` whose ``eval`` group is pinned to the sweep's protocol, the protocol): see
     :func:`resolve_for_sweep`, which raises what this raises."""
     import copy
 
     from omegaconf import open_dict
 
-    eval_cfg, protocol = resolve_for_sweep(cfg, exp_id, sweep_id, outage_s)
+    eval_cfg, protocol = resolve_for_sweep(cfg, exp_id, sweep_id, store)
     out = copy.deepcopy(cfg)
     with open_dict(out):
         out.eval = eval_cfg
@@ -90,8 +89,8 @@ def _say(choice: dict) -> str:
     return f"sampler={choice.get('sampler')} dtype={choice.get('dtype')}"
 
 
-def _read(client, run_id: str, key: str, outage_s: float) -> dict | None:
-    text = tracking.retry(client.get_run, run_id, outage_s=outage_s).data.tags.get(key)
+def _read(store: tracking.Store, run_id: str, key: str) -> dict | None:
+    text = store.run(run_id).data.tags.get(key)
     try:
         return json.loads(text) if text else None
     except ValueError:

@@ -19,17 +19,16 @@ import mlflow
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
+from core import tags as T
+
 log = logging.getLogger("rlvr")
 
-TAG_HASH = "rlvr.config_hash"
-TAG_KIND = "rlvr.kind"  # trained | duplicate
-TAG_TRAIN_HASH = "rlvr.train_hash"  # identity.training_hash: runs sharing it share one trained checkpoint
-TAG_TRAINED_IN = "rlvr.trained_in"  # on a run that evaluated a checkpoint another run trained: that run
-TAG_DUP_OF = "rlvr.duplicate_of"
+# the tag names the identity rules use, under their older names (orchestrator.tags holds every tag name)
+TAG_HASH, TAG_KIND, TAG_TRAIN_HASH, TAG_TRAINED_IN, TAG_DUP_OF = (T.CONFIG_HASH, T.KIND, T.TRAIN_HASH, T.TRAINED_IN,
+                                                                  T.DUPLICATE_OF)
 
-#: seconds a store call keeps retrying while the tracking server is unreachable, unless the config's
-#: ``tracking.outage_s`` says otherwise (:func:`outage_of`; :func:`retry` and :class:`MetricBuffer` take it as
-#: ``outage_s=``). Beyond it the call raises and the run fails, resumable.
+#: seconds a store call keeps retrying while the tracking server is unreachable, unless the config says otherwise
+#: (:meth:`Store.of`). Beyond it the call raises and the run fails, resumable.
 DEFAULT_OUTAGE_S = 900.0
 
 
@@ -299,17 +298,17 @@ KIND_TAG = "mlflow.experimentKind"
 TRAINING_KIND = "custom_model_development"
 
 
-def set_experiment_kind(client: MlflowClient, experiment, outage_s: float = DEFAULT_OUTAGE_S) -> None:
+def set_experiment_kind(client: MlflowClient, experiment, store: Store | None = None) -> None:
     """Tag ``experiment`` (an MLflow Experiment) as model training unless it already has a kind."""
     if KIND_TAG not in (experiment.tags or {}):
-        retry(client.set_experiment_tag, experiment.experiment_id, KIND_TAG, TRAINING_KIND, outage_s=outage_s)
+        (store or Store()).call(client.set_experiment_tag, experiment.experiment_id, KIND_TAG, TRAINING_KIND)
 
 
-def setup_experiment(tracking_uri: str, experiment_name: str, artifact_root: str,
-                     outage_s: float = DEFAULT_OUTAGE_S) -> str:
+def setup_experiment(tracking_uri: str, experiment_name: str, artifact_root: str, store: Store | None = None) -> str:
     """Point MLflow at ``tracking_uri`` (creating an SQLite store with :func:`ensure_store`) and return the id of
     ``experiment_name`` (created if new, with its artifacts under ``artifact_root``/<experiment>), tagged
-    ``mlflow.experimentKind=custom_model_development`` unless it has a kind (:func:`set_experiment_kind`)."""
+    ``mlflow.experimentKind=custom_model_development`` unless it has a kind (:func:`set_experiment_kind`; its call
+    waits out an outage as ``store`` does). :meth:`Store.open` is this call, itself retried."""
     ensure_store(tracking_uri)
     mlflow.set_tracking_uri(tracking_uri)
 
@@ -325,7 +324,7 @@ def setup_experiment(tracking_uri: str, experiment_name: str, artifact_root: str
         exp = client.get_experiment_by_name(experiment_name)
         if exp is None:
             raise StoreError(f"experiment_name={experiment_name!r}: could not be created in {tracking_uri}")
-    set_experiment_kind(client, exp, outage_s)  # an experiment made before, or by hand: the UI opens on its runs table
+    set_experiment_kind(client, exp, store)  # an experiment made before, or by hand: the UI opens on its runs table
     return exp.experiment_id
 
 
@@ -347,12 +346,6 @@ _TRANSIENT = re.compile(
     r"|error code 50[234]\b", re.IGNORECASE)
 
 
-def outage_of(cfg) -> float:
-    """How long store calls made for ``cfg`` (a run's or a sweep's config) wait out an unreachable store:
-    ``tracking.outage_s``, else :data:`DEFAULT_OUTAGE_S`."""
-    return float(cfg.tracking.get("outage_s", DEFAULT_OUTAGE_S))
-
-
 def transient(e: BaseException) -> bool:
     """True for a store error that passes: SQLite's "database is locked" (parallel jobs, one file), a tracking
     server that cannot be reached or resets the connection (MLflow's own HTTP retries exhausted), or one that
@@ -361,26 +354,9 @@ def transient(e: BaseException) -> bool:
 
 
 def retry(fn, *args, outage_s: float = DEFAULT_OUTAGE_S, **kwargs):
-    """Call ``fn(*args, **kwargs)``; while it fails with a :func:`transient` store error, call it again with
-    exponential backoff (0.2 s doubling, at most 15 s apart) for up to ``outage_s`` seconds (the config's
-    ``tracking.outage_s``: :func:`outage_of`), then raise the last error. Any other error raises at once. Safe for
-    the calls this suite makes: MLflow's SQL store drops a metric it already holds (same key, step, timestamp and
-    value), and tags and parameters are set, not added."""
-    deadline = time.monotonic() + outage_s
-    delay, warned = 0.2, False
-    while True:
-        try:
-            return fn(*args, **kwargs)
-        except Exception as e:  # sqlalchemy OperationalError or an HTTP failure, wrapped by MLflow
-            remaining = deadline - time.monotonic()
-            if not transient(e) or remaining <= 0:
-                raise
-            if not warned and "locked" not in str(e).lower():
-                log.warning("the MLflow store is unreachable (%s); retrying for up to %.0f s",
-                            str(e).splitlines()[0][:200], outage_s)
-                warned = True
-            time.sleep(min(delay, remaining))  # the last try at the deadline
-            delay = min(2 * delay, 15.0)
+    """``fn(*args, **kwargs)`` waiting out an unreachable store for up to ``outage_s`` seconds: :meth:`Store.call`
+    for a store built for one call (a run builds its :class:`Store` once and calls through it)."""
+    return Store(outage_s).call(fn, *args, **kwargs)
 
 
 class MetricBuffer:
@@ -389,12 +365,12 @@ class MetricBuffer:
     :meth:`put` stamps the metrics (their timestamp is fixed then, so a resend after a lost reply is dropped by
     the store as a duplicate) and returns at once; the thread sends each put in one or more ``log_batch`` calls,
     through :func:`retry`, never reordering. :meth:`flush` waits until everything is sent. When the store stays
-    unreachable past ``outage_s`` seconds (``tracking.outage_s``), what is unsent is written to ``unsent`` (JSON
-    lines: key, value, timestamp, step) for :func:`send_unsent` to deliver when the run resumes, and :meth:`flush`
-    raises :class:`StoreError`."""
+    unreachable past the ``store``'s outage limit (:class:`Store`), what is unsent is written to ``unsent`` (JSON
+    lines: key, value, timestamp, step) for :meth:`Store.send_unsent` to deliver when the run resumes, and
+    :meth:`flush` raises :class:`StoreError`."""
 
-    def __init__(self, client: MlflowClient, run_id: str, unsent: Path, outage_s: float = DEFAULT_OUTAGE_S):
-        self.client, self.run_id, self.unsent, self.outage_s = client, run_id, Path(unsent), float(outage_s)
+    def __init__(self, store: Store, run_id: str, unsent: Path):
+        self.store, self.run_id, self.unsent = store, run_id, Path(unsent)
         self._q: queue.Queue = queue.Queue()
         self._error: Exception | None = None
         self._closed = False
@@ -416,8 +392,7 @@ class MetricBuffer:
                 if self._error is None:
                     try:
                         while sent < len(items):  # MLflow takes at most 1,000 metrics per call
-                            retry(self.client.log_batch, self.run_id, metrics=items[sent:sent + 500],
-                                  outage_s=self.outage_s)
+                            self.store.call(self.store.client.log_batch, self.run_id, metrics=items[sent:sent + 500])
                             sent += 500
                     except Exception as e:
                         self._error = e
@@ -432,8 +407,8 @@ class MetricBuffer:
         """Wait until every metric put so far is sent; :class:`StoreError` if the store was lost for good."""
         self._q.join()
         if self._error is not None:
-            raise StoreError(f"the MLflow store was unreachable for over {self.outage_s:.0f} s "
-                             f"(tracking.outage_s): {str(self._error).splitlines()[0][:300]}; unsent metrics kept in "
+            raise StoreError(f"the MLflow store was unreachable for over {self.store.wait_s:.0f} s (tracking.outage_s)"
+                             f": {str(self._error).splitlines()[0][:300]}; unsent metrics kept in "
                              f"{self.unsent}, sent when the run resumes")
 
     def close(self) -> None:
@@ -444,35 +419,161 @@ class MetricBuffer:
             self._thread.join()
 
 
-def send_unsent(client: MlflowClient, run_id: str, unsent: Path, outage_s: float = DEFAULT_OUTAGE_S) -> int:
-    """Send the metrics a lost store left in ``unsent`` (by :class:`MetricBuffer`) to ``run_id``, in their
-    order, then delete the file; the number sent (0 when there is no file)."""
-    unsent = Path(unsent)
-    if not unsent.exists():
-        return 0
-    items = [Metric(k, v, ts, step) for k, v, ts, step in
-             (json.loads(line) for line in unsent.read_text().splitlines() if line.strip())]
-    for a in range(0, len(items), 500):
-        retry(client.log_batch, run_id, metrics=items[a:a + 500], outage_s=outage_s)
-    unsent.unlink()
-    return len(items)
+class Store:
+    """The MLflow tracking store as the suite uses it: one client, one outage limit, and the operations the
+    orchestrator performs by name (runs with a hash, tag, terminate with a reason, log an artifact, ...).
 
+    Every operation goes through :meth:`call`: while the store is unreachable it is tried again, for up to
+    ``wait_s`` seconds (the config's outage limit, :meth:`of`), then it raises and the run fails, resumable. An operation given no ``run_id`` acts on this thread's active run (MLflow's fluent API); the client
+    is made on first use, so a store built before :meth:`open` talks to the store :meth:`open` pointed MLflow at.
 
-def runs_with_hash(experiment_id: str, config_hash: str, kind: str = "trained", tag: str = TAG_HASH):
-    """All runs of the experiment with this hash in ``tag`` (the config hash, or :data:`TAG_TRAIN_HASH`) and
-    this kind, oldest first."""
-    return MlflowClient().search_runs(
-        [experiment_id], filter_string=f"tags.`{tag}` = '{config_hash}' and tags.`{TAG_KIND}` = '{kind}'",
-        order_by=["attributes.start_time ASC"], max_results=1000,
-    )
+    Args:
+        wait_s: seconds an operation waits out an unreachable store.
+        client: the MLflow client to use (default: one for the current tracking URI, made on first use).
+    """
 
+    def __init__(self, wait_s: float = DEFAULT_OUTAGE_S, client: MlflowClient | None = None):
+        self.wait_s = float(wait_s)
+        self._client = client
 
-def find_finished_run(experiment_id: str, config_hash: str):
-    """The earliest FINISHED trained run of the experiment with this config hash, or None."""
-    runs = MlflowClient().search_runs(
-        [experiment_id],
-        filter_string=f"tags.`{TAG_HASH}` = '{config_hash}' and tags.`{TAG_KIND}` = 'trained' and attributes.status = 'FINISHED'",
-        order_by=["attributes.start_time ASC"],
-        max_results=1,
-    )
-    return runs[0] if runs else None
+    @classmethod
+    def of(cls, cfg) -> Store:
+        """The store of ``cfg`` (a run's or a sweep's config): its outage limit, else :data:`DEFAULT_OUTAGE_S`."""
+        limit = cfg.tracking.get("outage_s")
+        return cls(DEFAULT_OUTAGE_S if limit is None else float(limit))
+
+    @property
+    def client(self) -> MlflowClient:
+        if self._client is None:
+            self._client = MlflowClient()
+        return self._client
+
+    def call(self, fn, *args, **kwargs):
+        """Call ``fn(*args, **kwargs)``; while it fails with a :func:`transient` store error, call it again with
+        exponential backoff (0.2 s doubling, at most 15 s apart) for up to :attr:`wait_s` seconds, then raise the
+        last error. Any other error raises at once. Safe for the calls this suite makes: MLflow's SQL store drops a
+        metric it already holds (same key, step, timestamp and value), and tags and parameters are set, not added."""
+        deadline = time.monotonic() + self.wait_s
+        delay, warned = 0.2, False
+        while True:
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:  # sqlalchemy OperationalError or an HTTP failure, wrapped by MLflow
+                remaining = deadline - time.monotonic()
+                if not transient(e) or remaining <= 0:
+                    raise
+                if not warned and "locked" not in str(e).lower():
+                    log.warning("the MLflow store is unreachable (%s); retrying for up to %.0f s",
+                                str(e).splitlines()[0][:200], self.wait_s)
+                    warned = True
+                time.sleep(min(delay, remaining))  # the last try at the deadline
+                delay = min(2 * delay, 15.0)
+
+    def open(self, tracking_uri: str, experiment_name: str, artifact_root: str) -> str:
+        """Point MLflow at the store and return the experiment's id (:func:`setup_experiment`, retried)."""
+        return self.call(setup_experiment, str(tracking_uri), str(experiment_name), str(artifact_root), self)
+
+    # ---------------------------------------------------------------- writing
+    def set_tags(self, tags: dict, run_id: str | None = None) -> None:
+        """Set ``tags`` ({name: value}) on ``run_id``, or on the active run."""
+        if run_id is None:
+            self.call(mlflow.set_tags, tags)
+        else:
+            for k, v in tags.items():
+                self.call(self.client.set_tag, run_id, k, v)
+
+    def set_tag(self, key: str, value, run_id: str | None = None) -> None:
+        """Set one tag on ``run_id``, or on the active run."""
+        self.set_tags({key: value}, run_id)
+
+    def log_params(self, params: dict) -> None:
+        """Log ``params`` ({name: value}) on the active run."""
+        self.call(mlflow.log_params, params)
+
+    def log_metrics(self, values: dict, step: int = 0, run_id: str | None = None) -> None:
+        """Log ``values`` ({key: number}) at ``step`` on ``run_id`` (in batches of 500: MLflow takes at most 1,000
+        per call), or on the active run."""
+        if run_id is None:
+            self.call(mlflow.log_metrics, values, step=step)
+            return
+        ts = int(time.time() * 1000)
+        self.log_batch(run_id, [Metric(k, float(v), ts, int(step)) for k, v in values.items()])
+
+    def log_batch(self, run_id: str, metrics=(), params=()) -> None:
+        """Log MLflow ``Metric`` and ``Param`` records on ``run_id``, in batches MLflow takes (500 metrics, 90
+        parameters per call), in order."""
+        metrics, params = list(metrics), list(params)
+        for a in range(0, len(metrics), 500):
+            self.call(self.client.log_batch, run_id, metrics=metrics[a:a + 500])
+        for a in range(0, len(params), 90):
+            self.call(self.client.log_batch, run_id, params=params[a:a + 90])
+
+    def log_artifact(self, path, dest: str | None = None, run_id: str | None = None) -> None:
+        """Log the file ``path`` under the artifact folder ``dest`` (None: the top) of ``run_id``, or of the active
+        run."""
+        if run_id is None:
+            self.call(mlflow.log_artifact, str(path), dest or None)
+        else:
+            self.call(self.client.log_artifact, run_id, str(path), dest or None)
+
+    def log_inputs(self, run_id: str, datasets: list) -> None:
+        """Log MLflow ``DatasetInput`` records on ``run_id``."""
+        self.call(self.client.log_inputs, run_id, datasets=datasets)
+
+    def create_run(self, exp_id: str, name: str, tags: dict):
+        """A new RUNNING run (not the active run) of experiment ``exp_id`` with ``tags``."""
+        return self.call(self.client.create_run, exp_id, run_name=name, tags=tags)
+
+    def terminate(self, run_id: str, status: str = "KILLED", reason: str | None = None) -> None:
+        """End ``run_id`` with ``status``; with a ``reason``, first mark it not to be trusted (tag
+        ``rlvr.invalid``: :data:`orchestrator.tags.INVALID`), so no later decision takes it as a result."""
+        if reason is not None:
+            self.set_tag(T.INVALID, reason[:4900], run_id)
+        self.call(self.client.set_terminated, run_id, status)
+
+    def delete_run(self, run_id: str) -> None:
+        self.call(self.client.delete_run, run_id)
+
+    def metric_buffer(self, run_id: str, unsent: Path) -> MetricBuffer:
+        """A :class:`MetricBuffer` for ``run_id`` through this store, keeping what it cannot send in ``unsent``."""
+        return MetricBuffer(self, run_id, unsent)
+
+    def send_unsent(self, run_id: str, unsent: Path) -> int:
+        """Send the metrics a lost store left in ``unsent`` (by :class:`MetricBuffer`) to ``run_id``, in their
+        order, then delete the file; the number sent (0 when there is no file)."""
+        unsent = Path(unsent)
+        if not unsent.exists():
+            return 0
+        items = [Metric(k, v, ts, step) for k, v, ts, step in
+                 (json.loads(line) for line in unsent.read_text().splitlines() if line.strip())]
+        self.log_batch(run_id, items)
+        unsent.unlink()
+        return len(items)
+
+    # ---------------------------------------------------------------- reading
+    def run(self, run_id: str):
+        """The run ``run_id`` (MLflow's ``Run``)."""
+        return self.call(self.client.get_run, run_id)
+
+    def search(self, exp_id: str, filter_string: str, max_results: int = 1000) -> list:
+        """The runs of ``exp_id`` that match ``filter_string``, oldest first."""
+        return self.call(self.client.search_runs, [exp_id], filter_string=filter_string,
+                         order_by=["attributes.start_time ASC"], max_results=max_results)
+
+    def runs_with_hash(self, exp_id: str, value: str, kind: str = "trained", tag: str = TAG_HASH) -> list:
+        """The runs of ``exp_id`` whose ``tag`` (the config hash, or :data:`TAG_TRAIN_HASH`) is ``value`` and whose
+        kind is ``kind``, oldest first."""
+        return self.search(exp_id, f"tags.`{tag}` = '{value}' and tags.`{TAG_KIND}` = '{kind}'")
+
+    def finished_run(self, exp_id: str, config_hash: str):
+        """The earliest FINISHED trained run of ``exp_id`` with this config hash, or None."""
+        runs = self.search(exp_id, f"tags.`{TAG_HASH}` = '{config_hash}' and tags.`{TAG_KIND}` = 'trained' "
+                                   "and attributes.status = 'FINISHED'", max_results=1)
+        return runs[0] if runs else None
+
+    def metric_history(self, run_id: str, key: str) -> list:
+        """Every value of metric ``key`` of ``run_id`` (MLflow ``Metric`` records)."""
+        return self.call(self.client.get_metric_history, run_id, key)
+
+    def list_artifacts(self, run_id: str, path: str | None = None) -> list:
+        return self.call(self.client.list_artifacts, run_id, path)

@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from core import tags as T
+
 TEMPLATE = Path(__file__).resolve().parent / "templates" / "report.py"
 REPO = Path(__file__).resolve().parent.parent
 
@@ -110,7 +112,7 @@ def build(experiment: str, tracking_uri: str = "sqlite:///mlflow.db", baseline: 
 
         exp_id = tracking.setup_experiment(tracking_uri, experiment, "mlartifacts")
         with mlflow.start_run(experiment_id=exp_id, run_name=f"report {time.strftime('%Y-%m-%d %H:%M')}",
-                              tags={"rlvr.kind": "report", **({"mlflow.parentRunId": parent_run_id} if parent_run_id else {})}) as r:
+                              tags={T.KIND: "report", **({"mlflow.parentRunId": parent_run_id} if parent_run_id else {})}) as r:
             mlflow.log_artifact(str(nb_path))
             mlflow.log_artifact(str(html_path))
             for f in figures:
@@ -126,7 +128,7 @@ def _sweep_of(tracking_uri: str, parent_run_id: str) -> str:
     """The sweep folder (``rlvr.sweep_id``) of a sweep's parent run."""
     from mlflow.tracking import MlflowClient
 
-    return MlflowClient(tracking_uri=tracking_uri).get_run(parent_run_id).data.tags["rlvr.sweep_id"]
+    return MlflowClient(tracking_uri=tracking_uri).get_run(parent_run_id).data.tags[T.SWEEP_ID]
 
 
 def newest_sweep(tracking_uri: str, experiment: str, sweep: str) -> bool:
@@ -140,7 +142,7 @@ def newest_sweep(tracking_uri: str, experiment: str, sweep: str) -> bool:
     try:
         client = MlflowClient(tracking_uri=tracking_uri)
         exp = client.get_experiment_by_name(experiment)
-        last = client.search_runs([exp.experiment_id], filter_string="tags.`rlvr.kind` = 'sweep'",
+        last = client.search_runs([exp.experiment_id], filter_string=f"tags.`{T.KIND}` = 'sweep'",
                                   order_by=["attributes.start_time DESC"], max_results=1) if exp else []
     except Exception:  # noqa: BLE001 -- a store that cannot say: the report's own sweep is taken as the newest
         return True
@@ -194,10 +196,10 @@ def check_args(args) -> None:
         from .load import in_sweeps
 
         exp = client.get_experiment_by_name(args.experiment)
-        known = {r.data.tags.get("rlvr.sweep_id") for r in client.search_runs([exp.experiment_id], max_results=5000)}
+        known = {r.data.tags.get(T.SWEEP_ID) for r in client.search_runs([exp.experiment_id], max_results=5000)}
         known.discard(None)
         for sw in args.sweep:
-            if not any(in_sweeps({"rlvr.sweep_id": k}, [sw]) for k in known):
+            if not any(in_sweeps({T.SWEEP_ID: k}, [sw]) for k in known):
                 fail(f"--sweep={sw!r}: no run of experiment {args.experiment!r} has it (sweeps: "
                      f"{', '.join(sorted(Path(k).name for k in known)) or 'none'})")
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir():

@@ -11,6 +11,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from core import tags as T
 from evaluation.tables import TABLES, MetricTable, find_table, metric_key
 
 from .load import BASE_LABEL
@@ -52,8 +53,8 @@ def provenance_warnings(runs: pd.DataFrame, shown: int = 4) -> list[str]:
     # the runs whose numbers the report shows: finished trained, base and evaluation runs (a duplicate record
     # carries the environment of the process that recorded it, not of the run that made its numbers)
     shown_runs = runs[runs["kind"].isin(["trained", "base", "evaluation"]) & (runs["status"] == "FINISHED")]
-    lines = [f"Run {label} changed environment while it ran: {t['rlvr.env_changed']}."
-             for label, t in zip(shown_runs["label"], shown_runs["tags"]) if t.get("rlvr.env_changed")]
+    lines = [f"Run {label} changed environment while it ran: {t[T.ENV_CHANGED]}."
+             for label, t in zip(shown_runs["label"], shown_runs["tags"]) if t.get(T.ENV_CHANGED)]
     for key, values in differences(dict(zip(shown_runs["label"], shown_runs["tags"]))).items():
         parts = []
         for value, labels in values.items():
@@ -162,16 +163,16 @@ def run_table(runs: pd.DataFrame, tracking_uri: str | None = None) -> pd.DataFra
                    ("duplicate of " + str(d)[:8]) if k == "duplicate" else s
                    for k, s, d, u in zip(runs["kind"], runs["status"], runs["duplicate_of"], reused)],
         "steps": runs["steps"],
-        "rollout": [t.get("rlvr.rollout_sampler") for t in runs["tags"]],
-        "precision": [t.get("rlvr.precision") for t in runs["tags"]],
-        "eval sampler": [t.get("rlvr.sampler") for t in runs["tags"]],
-        "eval dtype": [t.get("rlvr.eval_dtype") for t in runs["tags"]],
+        "rollout": [t.get(T.ROLLOUT_SAMPLER) for t in runs["tags"]],
+        "precision": [t.get(T.PRECISION) for t in runs["tags"]],
+        "eval sampler": [t.get(T.SAMPLER) for t in runs["tags"]],
+        "eval dtype": [t.get(T.EVAL_DTYPE) for t in runs["tags"]],
         "wall time (s)": runs["wall_time_s"].round(1),
     })
-    chosen = [t.get("rlvr.selected_step") for t in runs["tags"]]
+    chosen = [t.get(T.SELECTED_STEP) for t in runs["tags"]]
     if any(chosen):  # the benchmarks evaluated this step's checkpoint, not the last (chosen on held-out prompts)
         table.insert(table.columns.get_loc("steps") + 1, "evaluated checkpoint", [
-            f"step {s} (best {t.get('rlvr.selected_on', 'validation')})" if s else None
+            f"step {s} (best {t.get(T.SELECTED_ON, 'validation')})" if s else None
             for s, t in zip(chosen, runs["tags"])])
     for col, key in PHASE_COLUMNS:  # where the time went (last step's training phases; the final evaluation's)
         values = [m.get(key) for m in runs["metrics"]]
@@ -197,7 +198,7 @@ def cost_table(runs: pd.DataFrame, hist: dict) -> pd.DataFrame:
     for _, r in runs.iterrows():
         if r["kind"] != "trained":
             continue
-        label, params, evaluation_only = r["label"], r["params"], bool(r["tags"].get("rlvr.trained_in"))
+        label, params, evaluation_only = r["label"], r["params"], bool(r["tags"].get(T.TRAINED_IN))
 
         def series(key):
             got = hist.get(key, {}).get(label)
@@ -224,7 +225,7 @@ def cost_table(runs: pd.DataFrame, hist: dict) -> pd.DataFrame:
             "samples/s": round(samples / total_t, 2) if total_t == total_t and total_t > 0 else np.nan,
             "peak allocated (GiB)": round(float(np.max(alloc)), 2) if alloc is not None and len(alloc) else np.nan,
             "peak reserved (GiB)": round(float(np.max(reserved)), 2) if reserved is not None and len(reserved) else np.nan,
-            "trained in": str(r["tags"].get("rlvr.trained_in", ""))[:8] or None,
+            "trained in": str(r["tags"].get(T.TRAINED_IN, ""))[:8] or None,
         }
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "run"
@@ -407,7 +408,7 @@ def flip_table(runs: pd.DataFrame, benchmark: str | None = "all") -> pd.DataFram
 
 def flip_rules(runs: pd.DataFrame) -> list[str]:
     """The flip-rate rules the runs were evaluated with (tag ``rlvr.flip_rule``)."""
-    return sorted({r["tags"].get("rlvr.flip_rule") for _, r in runs.iterrows() if r["tags"].get("rlvr.flip_rule")})
+    return sorted({r["tags"].get(T.FLIP_RULE) for _, r in runs.iterrows() if r["tags"].get(T.FLIP_RULE)})
 
 
 
@@ -424,7 +425,7 @@ def protocol_of(tags: dict) -> str | None:
     """The id of the evaluation protocol a run was evaluated under (``rlvr.eval_protocol_id``, or for runs logged
     before it the ``rlvr.env.eval_identity`` tag), None when it records neither."""
     tags = tags or {}
-    return tags.get("rlvr.eval_protocol_id") or tags.get("rlvr.env.eval_identity")
+    return tags.get(T.EVAL_PROTOCOL_ID) or tags.get(T.ENV_PREFIX + "eval_identity")
 
 
 def protocols(runs: pd.DataFrame) -> dict:

@@ -48,10 +48,10 @@ def main(argv=None) -> int:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from core.scoring import Scorer, choose_layout
-    from training.algorithms import get_advantage_fn, get_policy_loss_fn
+    from training.algorithms import BoundLoss, get_advantage_fn
     from training.batch import RolloutBatch
     from training.memory_plan import ModelShape, RunShape, auto_budget, device_memory_gb, plan_memory
-    from training.update import UpdateSettings, update_policy
+    from training.update import UpdateControl, UpdateSettings, update_policy
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_check_scale: no CUDA device (use --device cpu for a dry run)", file=sys.stderr)
@@ -109,8 +109,8 @@ def main(argv=None) -> int:
         torch.cuda.reset_peak_memory_stats(device)
     t1 = time.time()
     try:
-        [m] = update_policy(model, opt, batch, adv.to(device), get_policy_loss_fn("quatro"), {}, settings, scorer,
-                            generator=torch.Generator().manual_seed(0))
+        [m] = update_policy(model, opt, batch, adv.to(device), BoundLoss.named("quatro"), settings, scorer,
+                            UpdateControl(torch.Generator().manual_seed(0)))
     except torch.OutOfMemoryError as e:
         print(f"gpu_check_scale: FAILED: out of memory at budget {budget} ({e})", file=sys.stderr)
         return 1

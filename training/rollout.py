@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -12,24 +13,46 @@ from .batch import RolloutBatch
 from .rewards import row_rewards
 
 
-@torch.no_grad()
-def collect_rollouts(model, tokenizer, rows: list[dict], group_size: int, temperature: float, top_p: float,
-                     max_new_tokens: int, seed: int, chat_template: bool = True, ref_model=None, bf16: bool = False,
-                     timings: dict | None = None, old_logprobs: bool = True, tools: dict | None = None,
-                     tools_cfg=None, rollout=None, scorer=None):
-    """Sample a group of ``group_size`` responses for each prompt row and score them.
+@dataclass(frozen=True)
+class RolloutRequest:
+    """What one round of rollouts asks for: ``group_size`` responses per prompt, sampled at ``temperature`` and
+    ``top_p`` for at most ``max_new_tokens`` tokens with ``seed``.
 
-    Args:
-        rows: prompt rows ``{"id", "prompt", "gold", "task"}`` (scored by their registered task, see
-            :func:`training.rewards.row_rewards`).
-        timings: when given, wall seconds are added to its ``generate_s``, ``reward_s`` and ``logprob_s``
-            (old and reference log-probs) keys.
+    Attributes:
+        chat_template: prompts go through the tokenizer's chat template.
+        bf16: score (old and reference log-probs) under bfloat16 autocast.
         old_logprobs: score the samples under the rollout policy here (old log-probs and entropies); False
             leaves both NaN for :func:`training.update.update_policy` to fill minibatch by minibatch
             (``deferred_old``), the first minibatch from its own forward pass.
         tools: ``{name: core.tools.Tool}``: multi-turn episodes with tool calls (:func:`core.agent.run_episodes`;
             ``tools_cfg.max_turns``, ``tools_cfg.max_obs_tokens``); the response mask then marks the policy's tokens
             only, so every loss, KL and entropy skips the tool's.
+    """
+
+    group_size: int
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    seed: int
+    chat_template: bool = True
+    bf16: bool = False
+    old_logprobs: bool = True
+    tools: dict | None = None
+    tools_cfg: object = None
+
+
+@torch.no_grad()
+def collect_rollouts(model, tokenizer, rows: list[dict], request: RolloutRequest, ref_model=None,
+                     timings: dict | None = None, rollout=None, scorer=None):
+    """Sample a group of ``request.group_size`` responses for each prompt row and score them.
+
+    Args:
+        rows: prompt rows ``{"id", "prompt", "gold", "task"}`` (scored by their registered task, see
+            :func:`training.rewards.row_rewards`).
+        request: what to sample and how to score it (:class:`RolloutRequest`).
+        ref_model: the reference policy whose log-probs the KL term uses (None: no reference pass).
+        timings: when given, wall seconds are added to its ``generate_s``, ``reward_s`` and ``logprob_s``
+            (old and reference log-probs) keys.
         rollout: the rollout sampler (:func:`core.sampling.build_rollout`: ``hf`` on ``model`` itself, or ``vllm``
             holding the policy's weights); None: transformers on ``model``.
         scorer: the run's :class:`core.scoring.Scorer` for the old and reference passes (token budget, layout);
@@ -40,20 +63,21 @@ def collect_rollouts(model, tokenizer, rows: list[dict], group_size: int, temper
         with tools ``tool_calls`` (B,), and when the sampler returns its own log-probs (vLLM) ``rollout_logprobs``
         (B, L), for the mismatch metrics and correction (:mod:`training.mismatch`).
     """
-    t = {} if timings is None else timings
+    q, t = request, {} if timings is None else timings
+    group_size, temperature, bf16 = q.group_size, q.temperature, q.bf16
     t0 = time.perf_counter()
-    texts = prompt_texts(tokenizer, [r["prompt"] for r in rows], chat_template)
+    texts = prompt_texts(tokenizer, [r["prompt"] for r in rows], q.chat_template)
     texts = [t + r.get("response_prefix", "") for t, r in zip(texts, rows)]  # a task's prefill (prompt side)
     if rollout is None:
         from core.sampling import HFRollout
 
         rollout = HFRollout(model, tokenizer)
-    if tools:
-        tc = tools_cfg if tools_cfg is not None else {}
-        gen = rollout.generate_with_tools(texts, group_size, temperature, top_p, max_new_tokens, seed, tools,
+    if q.tools:
+        tc = q.tools_cfg if q.tools_cfg is not None else {}
+        gen = rollout.generate_with_tools(texts, group_size, temperature, q.top_p, q.max_new_tokens, q.seed, q.tools,
                                           int(tc.get("max_turns", 4)), int(tc.get("max_obs_tokens", 256)))
     else:
-        gen = rollout.generate(texts, group_size, temperature, top_p, max_new_tokens, seed)
+        gen = rollout.generate(texts, group_size, temperature, q.top_p, q.max_new_tokens, q.seed)
     device = next(model.parameters()).device
     if gen.response_ids.device != device:
         gen = _to(gen, device)
@@ -62,7 +86,7 @@ def collect_rollouts(model, tokenizer, rows: list[dict], group_size: int, temper
                                                                 answered=True, forms=True)
     t2 = time.perf_counter()
     scorer = scorer or Scorer()
-    if old_logprobs:
+    if q.old_logprobs:
         old, entropy = scorer.score(model, gen.prompt_ids, gen.prompt_mask, gen.response_ids, gen.response_mask,
                                     temperature, with_entropy=True, bf16=bf16)
     else:

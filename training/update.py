@@ -3,7 +3,8 @@ per minibatch, each minibatch run through the policy in micro-batches under a to
 accumulation.
 
 Read top to bottom: :class:`UpdateSettings` (what the config decides), :func:`policy_objective` (the loss of one
-batch of rows), :func:`update_policy` (epochs and minibatches), :func:`minibatch_step` (one optimiser step: the
+batch of rows, with the policy loss bound once to its parameters: :class:`training.algorithms.BoundLoss`),
+:func:`update_policy` (epochs and minibatches), :class:`Updater` and :func:`minibatch_step` (one optimiser step: the
 micro-batches, their accumulated gradient, the step, the minibatch's metrics).
 
 Exactness: every normaliser a loss divides by (token count, response count, Dr. GRPO's constant) is counted over the
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from core.scoring import Scorer
-from training.algorithms import agg_loss, kl_k3
+from training.algorithms import BoundLoss, agg_loss, kl_k3
 from training.algorithms.aggregation import Normalisers, over_minibatch, token_weights
 from training.mismatch import tis_metrics, tis_weights
 
@@ -85,7 +86,7 @@ class UpdateSettings:
         return bool(self.bf16 if self.align_old is None else self.align_old) or self.deferred_old
 
 
-def policy_objective(logprobs, entropy, batch, advantages, loss_fn, loss_params: dict, beta: float = 0.0,
+def policy_objective(logprobs, entropy, batch, advantages, loss: BoundLoss, beta: float = 0.0,
                      entropy_coef: float = 0.0, weights=None):
     """The loss one optimiser step minimises (the verl engine's adapter is tested against this).
 
@@ -97,6 +98,7 @@ def policy_objective(logprobs, entropy, batch, advantages, loss_fn, loss_params:
         logprobs: (B, L) log pi_theta of the sampled tokens (with gradient); entropy: (B, L) or None
             (needed when entropy_coef > 0); batch: the minibatch (``ref_logprobs`` when beta > 0);
         advantages: (B,) or (B, L).
+        loss: the policy loss and its parameters (:class:`training.algorithms.BoundLoss`).
         weights: (B, L) per-token weights of the policy loss's terms (the truncated importance-sampling correction,
             :func:`training.mismatch.tis_weights`), applied inside its aggregation
             (:func:`training.algorithms.aggregation.token_weights`); None: none.
@@ -104,10 +106,9 @@ def policy_objective(logprobs, entropy, batch, advantages, loss_fn, loss_params:
         (loss, policy loss term, metrics dict). Inside
         :func:`~training.algorithms.aggregation.over_minibatch` every term is its share of the minibatch's.
     """
-    agg_mode = loss_params.get("loss_agg_mode", "token-mean")
-    norm = loss_params.get("norm_constant")
+    agg_mode, norm = loss.agg_mode, loss.norm_constant
     with token_weights(weights):
-        pg_loss, m = loss_fn(logprobs, batch, advantages, **loss_params)
+        pg_loss, m = loss(logprobs, batch, advantages)
     loss = pg_loss
     if entropy_coef > 0:
         ent = agg_loss(entropy, batch.response_mask, agg_mode, norm)
@@ -142,6 +143,37 @@ def nonfinite_term(advantages: torch.Tensor, mask: torch.Tensor, pg: torch.Tenso
     return None
 
 
+@dataclass
+class UpdateControl:
+    """How :func:`update_policy` is driven, apart from what it updates.
+
+    Attributes:
+        generator: the minibatch shuffles' random numbers (None: PyTorch's global generator).
+        should_stop: ``() -> bool``, asked after every optimiser step but the last: True stops the update there
+            (:class:`UpdateStopped`), a stop request honoured within one minibatch.
+        start, done_metrics: continue a stopped update (the same batch, whose old log-probs it filled, and the
+            same ``generator`` seed): the first ``start`` optimiser steps are done, ``done_metrics`` their metrics.
+    """
+
+    generator: torch.Generator | None = None
+    should_stop: object = None
+    start: int = 0
+    done_metrics: list | None = None
+
+
+@dataclass(frozen=True)
+class Updater:
+    """The trainer's side of an update, fixed for its minibatches: the ``model``, its ``optimizer``, the bound policy
+    ``loss`` (:class:`training.algorithms.BoundLoss`), the update's ``settings`` and the ``scorer`` whose passes it
+    runs (:class:`core.scoring.Scorer`)."""
+
+    model: torch.nn.Module
+    optimizer: object
+    loss: BoundLoss
+    settings: UpdateSettings
+    scorer: Scorer
+
+
 class UpdateStopped(Exception):
     """A stop request honoured between two optimiser steps of :func:`update_policy`: ``done`` of its minibatch steps
     were taken (the weights and optimiser state are theirs) and ``metrics`` are those steps' metrics; the update
@@ -152,10 +184,8 @@ class UpdateStopped(Exception):
         self.done, self.total, self.metrics = done, total, metrics
 
 
-def update_policy(model, optimizer, batch, advantages, loss_fn, loss_params: dict,
-                  settings: UpdateSettings = UpdateSettings(), scorer: Scorer | None = None,
-                  generator: torch.Generator | None = None, should_stop=None, start: int = 0,
-                  done_metrics: list[dict] | None = None) -> list[dict]:
+def update_policy(model, optimizer, batch, advantages, loss: BoundLoss, settings: UpdateSettings = UpdateSettings(),
+                  scorer: Scorer | None = None, control: UpdateControl | None = None) -> list[dict]:
     """``settings.ppo_epochs`` passes over ``batch`` in shuffled minibatches, one AdamW step per minibatch
     (:func:`minibatch_step`).
 
@@ -169,25 +199,24 @@ def update_policy(model, optimizer, batch, advantages, loss_fn, loss_params: dic
     Args:
         batch: RolloutBatch of B responses (with ``ref_logprobs`` when beta > 0);
         advantages: (B,) or (B, L) on the model's device.
+        loss: the policy loss bound to its parameters (:class:`training.algorithms.BoundLoss`).
         scorer: the run's passes (token budget and layout, :class:`core.scoring.Scorer`); None: one padded pass per
             minibatch.
-        generator: the minibatch shuffles' random numbers.
-        should_stop: ``() -> bool``, asked after every optimiser step but the last: True stops the update there
-            (:class:`UpdateStopped`), a stop request honoured within one minibatch.
-        start, done_metrics: continue a stopped update (the same ``batch``, whose old log-probs it filled, and the
-            same ``generator`` seed): the first ``start`` optimiser steps are done, ``done_metrics`` their metrics.
+        control: the shuffles' generator, the stop check and where a stopped update continues
+            (:class:`UpdateControl`; None: a fresh update that never stops early).
     Returns:
         One metrics dict per optimiser step (:func:`minibatch_step`); the first also has
         ``update_old_logprob_time_s``, the seconds of the old-log-prob pass.
     Raises:
         UpdateStopped: ``should_stop`` said so.
     """
-    s, scorer = settings, scorer or Scorer()
+    s, scorer, c = settings, scorer or Scorer(), control or UpdateControl()
+    up = Updater(model, optimizer, loss, s, scorer)
     B = batch.batch_size
     mb_size = int(s.minibatch_size or B)
-    perms = [torch.randperm(B, generator=generator).to(advantages.device) for _ in range(s.ppo_epochs)]
+    perms = [torch.randperm(B, generator=c.generator).to(advantages.device) for _ in range(s.ppo_epochs)]
     t_old = time.perf_counter()
-    if s.aligned and start == 0:  # a continued update's batch has them already
+    if s.aligned and c.start == 0:  # a continued update's batch has them already
         with torch.no_grad():
             for i in range(mb_size, B, mb_size):  # every minibatch but the first, before any update
                 idx = perms[0][i:i + mb_size]
@@ -198,24 +227,22 @@ def update_policy(model, optimizer, batch, advantages, loss_fn, loss_params: dic
                 if s.deferred_old:
                     batch.extras["entropy"][idx] = ent
     t_old = time.perf_counter() - t_old
-    out = list(done_metrics or [])
+    out = list(c.done_metrics or [])
     steps = [perm[i:i + mb_size] for perm in perms for i in range(0, B, mb_size)]
-    for k in range(start, len(steps)):
+    for k in range(c.start, len(steps)):
         idx = steps[k]
-        out.append(minibatch_step(model, optimizer, batch, idx, advantages[idx], loss_fn, loss_params, s, scorer,
-                                  k == 0))
+        out.append(minibatch_step(up, batch, idx, advantages[idx], k == 0))
         if k == 0:
             out[0]["update_old_logprob_time_s"] = t_old
-        if should_stop is not None and k + 1 < len(steps) and should_stop():
+        if c.should_stop is not None and k + 1 < len(steps) and c.should_stop():
             raise UpdateStopped(k + 1, len(steps), out)
     return out
 
 
-def minibatch_step(model, optimizer, batch, idx, advantages, loss_fn, loss_params: dict, s: UpdateSettings,
-                   scorer: Scorer, first: bool) -> dict:
-    """One optimiser step on the rows ``idx`` of ``batch``: their micro-batches (``scorer.plan``), each forward and
-    backward with the minibatch's normalisers, so the accumulated gradient is the minibatch's; gradient clipping to
-    ``max_grad_norm``; the step.
+def minibatch_step(up: Updater, batch, idx, advantages, first: bool) -> dict:
+    """One optimiser step of ``up`` (:class:`Updater`) on the rows ``idx`` of ``batch`` (``advantages``: theirs, (b,)
+    or (b, L)): their micro-batches (``scorer.plan``), each forward and backward with the minibatch's normalisers, so
+    the accumulated gradient is the minibatch's; gradient clipping to ``max_grad_norm``; the step.
 
     With ``first`` and ``s.aligned`` the forward passes (before any update) give the rows' old log-probs (and with
     ``deferred_old`` their entropies), written back to ``batch``.
@@ -228,6 +255,7 @@ def minibatch_step(model, optimizer, batch, idx, advantages, loss_fn, loss_param
         token, over the forward passes), ``update_forward_time_s``, ``update_backward_time_s``; with ``first``,
         ``first_minibatch_ratio_dev`` = max |pi_theta / pi_old - 1| over its tokens before any update.
     """
+    model, optimizer, s, scorer = up.model, up.optimizer, up.settings, up.scorer
     mb = batch.select(idx)
     B, L = mb.response_ids.shape
     plan = scorer.plan(mb.prompt_ids, mb.prompt_mask, mb.response_mask)
@@ -259,8 +287,8 @@ def minibatch_step(model, optimizer, batch, idx, advantages, loss_fn, loss_param
         if s.correction != "none" and "rollout_logprobs" in rows_batch.extras:
             weights = tis_weights(rows_batch.old_logprobs, rows_batch.extras["rollout_logprobs"],
                                   rows_batch.response_mask, s.correction, s.correction_cap)
-        loss, pg, m = policy_objective(lp, ent, rows_batch, adv, loss_fn, loss_params, beta=s.beta,
-                                       entropy_coef=s.entropy_coef, weights=weights)
+        loss, pg, m = policy_objective(lp, ent, rows_batch, adv, up.loss, beta=s.beta, entropy_coef=s.entropy_coef,
+                                       weights=weights)
         if weights is not None:
             m.update(tis_metrics(weights, rows_batch.response_mask, s.correction_cap))
         return loss, pg, m

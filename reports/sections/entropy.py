@@ -1,4 +1,6 @@
 """Mean next-token entropy of the evaluated policies (the registered ``entropy`` table), with how it was computed."""
+from core import tags as T
+
 from .. import data as R
 from . import register_section
 
@@ -8,7 +10,7 @@ def _show(ctx, page) -> None:
     if ent.empty:
         page.note("No entropy metrics were logged.")
         return
-    methods = sorted({r["tags"].get("rlvr.entropy_method") for _, r in ctx.shown.iterrows()} - {None, "None"})
+    methods = sorted({r["tags"].get(T.ENTROPY_METHOD) for _, r in ctx.shown.iterrows()} - {None, "None"})
     page.table(ent, "entropy", fmt=".4f")
     if methods:
         page.markdown("Mean next-token entropy in nats; method: " + "; ".join(methods) + ".")

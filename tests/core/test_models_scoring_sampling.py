@@ -8,7 +8,7 @@ from core.models import load_checkpoint, load_policy, model_path, resolve_dtype
 from core.sampling import SAMPLERS, HFSampler, SamplingSettings, resolve_sampler
 from core.scoring import compute_logprobs, mean_token_entropies, token_entropies
 from tests.conftest import REPO
-from training.rollout import collect_rollouts
+from training.rollout import RolloutRequest, collect_rollouts
 
 ROWS = [{"id": "a", "prompt": "Compute 3 + 4.", "gold": "7", "task": "arithmetic"},
         {"id": "b", "prompt": "Compute 12 + 30. Answer with just the number.", "gold": "42", "task": "arithmetic"}]
@@ -19,7 +19,7 @@ def test_chunked_entropy_equals_the_full_logits_entropy(tiny_policy, chunk):
     """Second method: compute_logprobs materialises the whole (B, L, V) logits; token_entropies runs the decoder
     once and the output head in chunks of positions. Same numbers, at T = 1 and T = 0.7."""
     model, tok = tiny_policy
-    batch, _ = collect_rollouts(model, tok, ROWS, 3, 1.0, 1.0, 7, seed=3)
+    batch, _ = collect_rollouts(model, tok, ROWS, RolloutRequest(3, 1.0, 1.0, 7, seed=3))
     for temperature in (1.0, 0.7):
         _, full = compute_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask,
                                    temperature, with_entropy=True)
@@ -98,7 +98,7 @@ def test_shared_prompt_pass_equals_whole_rows_in_values_and_gradients(tiny_polic
     the same call with share_prompts=False (log-probs, entropies, every parameter's gradient), and one unpadded
     forward per sequence for the log-probs. The hook shows the shared call really ran fewer tokens."""
     model, tok = tiny_policy
-    batch, _ = collect_rollouts(model, tok, ROWS, 4, 1.0, 1.0, 7, seed=5)
+    batch, _ = collect_rollouts(model, tok, ROWS, RolloutRequest(4, 1.0, 1.0, 7, seed=5))
     idx = torch.tensor([5, 0, 6, 1, 2, 7])  # a shuffled minibatch: both prompts, repeated, rows out of order
     mb = batch.select(idx)
     args = (mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask, 0.8)

@@ -45,12 +45,12 @@ def _point(exp_id, tmp_path):
                       signals=StopSignals())
 
 
-@pytest.mark.parametrize("finishes_after", ["find_finished_run", "_trained_checkpoint"])
+@pytest.mark.parametrize("finishes_after", ["finished_run", "_trained_checkpoint"])
 def test_a_run_finishing_between_the_decisions_queries_is_taken_as_the_points_result(store, tmp_path, monkeypatch,
                                                                                       finishes_after):
     other = _other_sweeps_live_run(store)
     calls = {"n": 0}
-    owner = tracking if finishes_after == "find_finished_run" else decision
+    owner = tracking.Store if finishes_after == "finished_run" else decision
     real = getattr(owner, finishes_after)
 
     def then_the_other_finishes(*a, **k):
@@ -64,7 +64,7 @@ def test_a_run_finishing_between_the_decisions_queries_is_taken_as_the_points_re
     decided = decision.decide(_point(store, tmp_path))
     assert calls["n"] >= 2  # the race happened: the point waited on the live run, then it finished mid-decision
     assert decided.action == "duplicate" and decided.summary["duplicate_of"] == other
-    trained = tracking.runs_with_hash(store, CHASH)
+    trained = tracking.Store().runs_with_hash(store, CHASH)
     assert [r.info.run_id for r in trained] == [other]  # no second trained run of the point
 
 

@@ -451,7 +451,7 @@ def test_the_lease_has_one_owner_and_a_dead_process_is_stale(tmp_path, monkeypat
     assert not lease.is_live(client.get_run(run.info.run_id), 300)
     monkeypatch.setattr(lease, "SETTLE_S", 0.5)
     won = []
-    threads = [threading.Thread(target=lambda: won.append(lease.claim(client, run.info.run_id))) for _ in range(3)]
+    threads = [threading.Thread(target=lambda: won.append(lease.claim(tracking.Store(client=client), run.info.run_id))) for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:

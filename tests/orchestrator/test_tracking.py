@@ -93,7 +93,7 @@ def test_store_calls_wait_out_an_unreachable_server_and_only_that(monkeypatch):
 
 def test_metrics_a_lost_store_did_not_take_are_kept_in_order_and_sent_on_resume(tmp_path, monkeypatch):
     """MetricBuffer against a server that cannot be reached past tracking.outage_s: flush raises StoreError
-    naming tracking.outage_s; every metric put is in the unsent file, in order; send_unsent delivers them to a
+    naming tracking.outage_s; every metric put is in the unsent file, in order; Store.send_unsent delivers them to a
     real store, where each step's values are those put."""
     import pytest
 
@@ -101,7 +101,8 @@ def test_metrics_a_lost_store_did_not_take_are_kept_in_order_and_sent_on_resume(
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     unsent = tmp_path / "unsent_metrics.jsonl"
-    buf = tracking.MetricBuffer(MlflowClient(tracking_uri="http://127.0.0.1:9"), "0" * 32, unsent, outage_s=0.5)
+    lost = tracking.Store(0.5, MlflowClient(tracking_uri="http://127.0.0.1:9"))
+    buf = lost.metric_buffer("0" * 32, unsent)
     for step in range(3):
         buf.put({"train/reward_mean": step / 4, "train/loss": -step}, step)  # returns at once
     with pytest.raises(tracking.StoreError, match="tracking.outage_s"):
@@ -113,9 +114,51 @@ def test_metrics_a_lost_store_did_not_take_are_kept_in_order_and_sent_on_resume(
     tracking.ensure_store(uri)
     client = MlflowClient(tracking_uri=uri)
     run = client.create_run(client.create_experiment("e", artifact_location=(tmp_path / "art").as_uri()))
-    assert tracking.send_unsent(client, run.info.run_id, unsent) == 6 and not unsent.exists()
+    store = tracking.Store(client=client)
+    assert store.send_unsent(run.info.run_id, unsent) == 6 and not unsent.exists()
     hist = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/reward_mean"))
     assert hist == [(0, 0.0), (1, 0.25), (2, 0.5)]
     assert [m.value for m in sorted(client.get_metric_history(run.info.run_id, "train/loss"), key=lambda m: m.step)] \
         == [0.0, -1.0, -2.0]
-    assert tracking.send_unsent(client, run.info.run_id, unsent) == 0  # nothing left: nothing sent twice
+    assert store.send_unsent(run.info.run_id, unsent) == 0  # nothing left: nothing sent twice
+
+
+def test_the_store_object_reads_its_limit_from_the_config_and_names_its_operations(tmp_path):
+    """tracking.Store: the outage limit from ``tracking.outage_s`` (the default when the key is absent); its named
+    operations against a real SQLite store, read back through a plain MLflow client: tags on a run by id, metrics in
+    batches over MLflow's 1,000-per-call limit, a run ended with a reason (marked invalid first, then KILLED), the runs
+    with a hash oldest first and the finished one among them."""
+    import time
+
+    from omegaconf import OmegaConf
+
+    from core import tags as T
+    from orchestrator import tracking
+
+    assert tracking.Store.of(OmegaConf.create({"tracking": {"outage_s": 7}})).wait_s == 7.0
+    assert tracking.Store.of(OmegaConf.create({"tracking": {}})).wait_s == tracking.DEFAULT_OUTAGE_S
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking.ensure_store(uri)
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("e", artifact_location=(tmp_path / "art").as_uri())
+    store = tracking.Store(5.0, client)
+    first = store.create_run(exp, "a", {T.CONFIG_HASH: "h1", T.KIND: "trained"})
+    time.sleep(0.01)  # start times in milliseconds: "oldest first" is then one order
+    second = store.create_run(exp, "b", {T.CONFIG_HASH: "h1", T.KIND: "trained"})
+    store.create_run(exp, "c", {T.CONFIG_HASH: "h2", T.KIND: "trained"})
+    store.set_tags({"x": "1", "y": "2"}, first.info.run_id)
+    store.log_metrics({f"m{i}": float(i) for i in range(1200)}, 3, first.info.run_id)
+    run = client.get_run(first.info.run_id)
+    assert run.data.tags["x"] == "1" and run.data.tags["y"] == "2"
+    assert len(run.data.metrics) == 1200 and run.data.metrics["m1199"] == 1199.0
+    assert [m.step for m in store.metric_history(first.info.run_id, "m7")] == [3]
+
+    store.terminate(second.info.run_id, "KILLED", "its checkpoint is missing")
+    ended = client.get_run(second.info.run_id)
+    assert ended.info.status == "KILLED" and ended.data.tags[T.INVALID] == "its checkpoint is missing"
+    assert [r.info.run_id for r in store.runs_with_hash(exp, "h1")] == [first.info.run_id, second.info.run_id]
+    assert store.finished_run(exp, "h1") is None
+    store.terminate(first.info.run_id, "FINISHED")
+    assert store.finished_run(exp, "h1").info.run_id == first.info.run_id
+    assert T.INVALID not in client.get_run(first.info.run_id).data.tags  # ended without a reason: trusted

@@ -176,8 +176,8 @@ def test_smollm2_with_rank_8_trains_under_5_percent_keeps_the_base_and_scores_th
     trainable, total = trainable_count(run.model)
     assert run.ref_model is run.model and trainable / total < 0.05
     ro = local.generate(run, 0)
-    local.update_policy(run.model, run.optimizer, ro.batch, ro.advantages, run.loss_fn, run.loss_params,
-                        run.settings, run.scorer, generator=torch.Generator().manual_seed(0))
+    local.update_policy(run.model, run.optimizer, ro.batch, ro.advantages, run.loss, run.settings, run.scorer,
+                        local.UpdateControl(torch.Generator().manual_seed(0)))
     base, _ = local.load_policy(cfg.model)
     names = {k.replace(".base_layer", ""): v for k, v in run.model.state_dict().items() if "lora_" not in k}
     assert sorted(names) == sorted(base.state_dict())
@@ -232,8 +232,8 @@ def test_lora_gradients_are_the_same_with_checkpointing_micro_batches_and_bf16(t
         run = local.setup(cfg, tmp_path / name.replace(" ", "_"), {})
         batch = batch or local.generate(run, 0)
         cap = Capture(run.model)
-        local.update_policy(run.model, cap, batch.batch, batch.advantages, run.loss_fn, run.loss_params, run.settings,
-                            run.scorer, generator=torch.Generator().manual_seed(0))
+        local.update_policy(run.model, cap, batch.batch, batch.advantages, run.loss, run.settings, run.scorer,
+                            local.UpdateControl(torch.Generator().manual_seed(0)))
         grads[name] = cap.grads
     one, split, bf16 = grads["one pass"], grads["checkpointed micro-batches"], grads["bf16"]
     assert one.keys() == split.keys() == bf16.keys() and all("lora_" in k for k in one)

@@ -10,10 +10,10 @@ import torch
 
 from core.packing import plan
 from core.scoring import Scorer, choose_layout, compute_logprobs, self_test
-from training.algorithms import get_advantage_fn, get_policy_loss_fn, need_param, registered_policy_losses
+from training.algorithms import BoundLoss, get_advantage_fn, need_param, registered_policy_losses
 from training.algorithms.aggregation import LOSS_AGG_MODES
 from training.batch import RolloutBatch
-from training.update import UpdateSettings, minibatch_step
+from training.update import Updater, UpdateSettings, minibatch_step
 
 import tests.plugins.toy_loss  # noqa: F401  (a plug-in loss that couples rows: the two-pass route)
 
@@ -95,8 +95,8 @@ def _budgets(batch, layout, row_tokens, counts):
 
 def _grads(model, batch, loss_name, params, scorer, settings, advantages):
     opt = Capture(model)
-    m = minibatch_step(model, opt, batch, torch.arange(batch.batch_size), advantages, get_policy_loss_fn(loss_name),
-                       params, settings, scorer, first=False)
+    up = Updater(model, opt, BoundLoss.named(loss_name, params), settings, scorer)
+    m = minibatch_step(up, batch, torch.arange(batch.batch_size), advantages, first=False)
     return torch.cat([g.flatten() for g in opt.grads]), m
 
 

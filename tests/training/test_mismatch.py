@@ -50,17 +50,16 @@ def test_token_tis_changes_the_grpo_loss_as_its_formula_says():
     """GRPO's clipped surrogate at the old policy (ratio 1, inside the clip) is -A_i per token; token-mean over the 5
     tokens. With token_tis each token's term is multiplied by w_t = min(pi_old / pi_vllm, 2):
     loss = -(A_1 (e^0.5 + e^-1 + 1) + A_2 (1 + 2)) / 5, and its gradient with respect to each log-prob is -A_i w_t / 5."""
-    from training.algorithms import get_policy_loss_fn
+    from training.algorithms import BoundLoss
     from training.engines.local import policy_objective
 
     adv = torch.tensor([1.0, -1.0])
-    loss_fn = get_policy_loss_fn("grpo")
-    params = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "loss_agg_mode": "token-mean"}
+    loss = BoundLoss.named("grpo", {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "loss_agg_mode": "token-mean"})
     lp = OLD.clone().requires_grad_(True)
-    plain, _, _ = policy_objective(lp, None, _batch(OLD), adv, loss_fn, params)
+    plain, _, _ = policy_objective(lp, None, _batch(OLD), adv, loss)
     assert float(plain.detach()) == pytest.approx(-(1.0 * 3 - 1.0 * 2) / 5)
     w = tis_weights(OLD, ROLL, MASK, "token_tis", 2.0)
-    weighted, _, _ = policy_objective(lp, None, _batch(OLD), adv, loss_fn, params, weights=w)
+    weighted, _, _ = policy_objective(lp, None, _batch(OLD), adv, loss, weights=w)
     by_hand = -(1.0 * (math.exp(0.5) + math.exp(-1.0) + 1.0) - 1.0 * (1.0 + 2.0)) / 5
     assert float(weighted) == pytest.approx(by_hand, abs=1e-6)  # float32 sums
     weighted.backward()

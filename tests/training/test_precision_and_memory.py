@@ -155,8 +155,8 @@ def test_deferred_old_log_probs_equal_the_rollout_pass(tiny_policy, epochs, mini
     first minibatch's ratio is exactly 1, and the updated weights agree with the eager run's."""
     import copy
 
-    from training.algorithms import get_advantage_fn, get_policy_loss_fn
-    from training.rollout import collect_rollouts
+    from training.algorithms import BoundLoss, get_advantage_fn
+    from training.rollout import RolloutRequest, collect_rollouts
 
     base, tok = tiny_policy
     rows = [{"id": "a", "prompt": "Compute 3 + 4.", "gold": "7", "task": "arithmetic"},
@@ -164,14 +164,14 @@ def test_deferred_old_log_probs_equal_the_rollout_pass(tiny_policy, epochs, mini
     out = {}
     for deferred in (False, True):
         model = copy.deepcopy(base).train()
-        batch, _ = collect_rollouts(model, tok, rows, 4, 1.0, 1.0, 6, seed=11, old_logprobs=not deferred)
+        batch, _ = collect_rollouts(model, tok, rows, RolloutRequest(4, 1.0, 1.0, 6, seed=11, old_logprobs=not deferred))
         assert torch.isnan(batch.old_logprobs).all() == deferred
         eager = batch.old_logprobs.clone(), batch.extras["entropy"].clone()
         adv, _ = get_advantage_fn("grpo")(batch)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        ms = local.update_policy(model, opt, batch, adv, get_policy_loss_fn("grpo"), {},
+        ms = local.update_policy(model, opt, batch, adv, BoundLoss.named("grpo"),
                                  local.UpdateSettings(ppo_epochs=epochs, minibatch_size=minibatch, deferred_old=deferred),
-                                 generator=torch.Generator().manual_seed(3))
+                                 control=local.UpdateControl(torch.Generator().manual_seed(3)))
         out[deferred] = (batch, eager, ms, [p.detach().clone() for p in model.parameters()])
     (b0, (old0, ent0), ms0, w0), (b1, _, ms1, w1) = out[False], out[True]
     m = b0.response_mask.bool()

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from training.rollout import collect_rollouts, compute_logprobs
+from training.rollout import RolloutRequest, collect_rollouts, compute_logprobs
 
 ROWS = [{"id": "a", "prompt": "Compute 3 + 4.", "gold": "7", "task": "arithmetic"},
         {"id": "b", "prompt": "Compute 12 + 30. Answer with just the number.", "gold": "42", "task": "arithmetic"}]
@@ -11,7 +11,7 @@ ROWS = [{"id": "a", "prompt": "Compute 3 + 4.", "gold": "7", "task": "arithmetic
 def test_left_padded_logprobs_equal_unpadded_per_sequence(tiny_policy):
     """Second method: score each response alone (no padding at all) and compare."""
     model, tok = tiny_policy
-    batch, _ = collect_rollouts(model, tok, ROWS, 3, 1.0, 1.0, 6, seed=0)
+    batch, _ = collect_rollouts(model, tok, ROWS, RolloutRequest(3, 1.0, 1.0, 6, seed=0))
     assert batch.response_ids.shape[0] == 6 and batch.prompt_mask[0].sum() < batch.prompt_mask.shape[1]
     for i in range(6):
         p = batch.prompt_ids[i][batch.prompt_mask[i].bool()].unsqueeze(0)
@@ -28,8 +28,8 @@ def test_left_padded_logprobs_equal_unpadded_per_sequence(tiny_policy):
 
 def test_group_samples_differ_and_rollouts_are_reproducible(tiny_policy):
     model, tok = tiny_policy
-    b1, texts = collect_rollouts(model, tok, ROWS[:1], 4, 1.0, 1.0, 8, seed=7)
-    b2, _ = collect_rollouts(model, tok, ROWS[:1], 4, 1.0, 1.0, 8, seed=7)
+    b1, texts = collect_rollouts(model, tok, ROWS[:1], RolloutRequest(4, 1.0, 1.0, 8, seed=7))
+    b2, _ = collect_rollouts(model, tok, ROWS[:1], RolloutRequest(4, 1.0, 1.0, 8, seed=7))
     assert torch.equal(b1.response_ids, b2.response_ids)
     assert len(set(texts)) > 1
     assert b1.group_index.tolist() == [0, 0, 0, 0]
@@ -68,7 +68,7 @@ def test_local_engine_updates_the_policy_and_logs_every_step(tiny_cfg, tmp_path)
 def test_one_update_moves_logprobs_in_the_direction_of_the_advantage(tiny_policy, algo):
     import copy
 
-    from training.algorithms import get_policy_loss_fn
+    from training.algorithms import BoundLoss
     from training.engines.local import update_policy
 
     from orchestrator.preflight import sweep_points
@@ -77,10 +77,10 @@ def test_one_update_moves_logprobs_in_the_direction_of_the_advantage(tiny_policy
     params = {k: v for k, v in dict(cfg.algo.policy_loss).items() if k != "name"}
     model, tok = tiny_policy
     model = copy.deepcopy(model)
-    batch, _ = collect_rollouts(model, tok, ROWS[:1], 2, 1.0, 1.0, 6, seed=3)
+    batch, _ = collect_rollouts(model, tok, ROWS[:1], RolloutRequest(2, 1.0, 1.0, 6, seed=3))
     adv = torch.tensor([1.0, -1.0])
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)  # plain gradient step: sign follows the loss
-    metrics = update_policy(model, opt, batch, adv, get_policy_loss_fn(cfg.algo.policy_loss.name), params)
+    metrics = update_policy(model, opt, batch, adv, BoundLoss.named(cfg.algo.policy_loss.name, params))
     assert len(metrics) == 1 and metrics[0]["grad_norm"] > 0
     with torch.no_grad():
         new, _ = compute_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)

@@ -26,7 +26,7 @@ from verl.workers.config import ActorConfig, PolicyLossConfig  # noqa: E402
 from verl.workers.utils import losses as verl_losses  # noqa: E402
 
 from orchestrator.preflight import sweep_points  # noqa: E402
-from training.algorithms import get_advantage_fn, get_policy_loss_fn  # noqa: E402
+from training.algorithms import BoundLoss, get_advantage_fn  # noqa: E402
 from training.batch import RolloutBatch  # noqa: E402
 from training.engines import verl as V  # noqa: E402
 from training.engines.verl_support import verl_checkpoint as VC  # noqa: E402
@@ -119,8 +119,9 @@ def test_verl_adapter_gives_the_local_engine_loss_and_gradient(algo):
     ec = float(cfg.algo.get("entropy_coef", 0.0) or 0.0)
     lp_l, ent_l = d["new"].clone().requires_grad_(True), d["ent"].clone().requires_grad_(True)
     torch.manual_seed(0)  # TR-GRPO's random-weight ablation draws row by row: same stream on both sides
-    loss_l, _, _ = policy_objective(lp_l, ent_l, batch, adv, get_policy_loss_fn(spec["policy_loss"]["name"]),
-                                    spec["policy_loss"]["params"], beta=beta, entropy_coef=ec)
+    loss_l, _, _ = policy_objective(lp_l, ent_l, batch, adv, BoundLoss.named(spec["policy_loss"]["name"],
+                                                                             spec["policy_loss"]["params"]),
+                                    beta=beta, entropy_coef=ec)
     loss_l.backward()
 
     lp_v, ent_v = d["new"].clone().requires_grad_(True), d["ent"].clone().requires_grad_(True)

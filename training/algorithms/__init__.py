@@ -8,6 +8,7 @@ and :func:`get_policy_loss_fn`.
 from .aggregation import LOSS_AGG_MODES, agg_loss, masked_mean
 from .kl import kl_k3
 from .registry import (
+    BoundLoss,
     check_algorithm,
     couples_rows,
     get_advantage_fn,
@@ -24,6 +25,6 @@ from .registry import (
 
 __all__ = [
     "LOSS_AGG_MODES", "agg_loss", "masked_mean", "kl_k3",
-    "check_algorithm", "couples_rows", "get_advantage_fn", "get_policy_loss_fn", "need_param", "needs_of", "panel_metrics", "register_advantage", "register_policy_loss",
+    "BoundLoss", "check_algorithm", "couples_rows", "get_advantage_fn", "get_policy_loss_fn", "need_param", "needs_of", "panel_metrics", "register_advantage", "register_policy_loss",
     "registered_advantages", "registered_policy_losses", "validate_params",
 ]

@@ -5,6 +5,7 @@ training engines look it up here, so no Python code branches on algorithm names.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Callable, Dict
 
 from core.registry import Registry
@@ -153,12 +154,12 @@ def needs_of(kind: str, name: str, params: dict | None = None) -> dict:
     on = (params or {}).get("base_estimator") if kind == "advantage" else None
     if on and on != name and ("advantage", on) in _NEEDS:  # a shaping estimator (exppo) needs its base's too
         out.update(needs_of("advantage", on, base_params(name, params)[1]))
-    for field, why in _NEEDS.get((kind, name), {}).items():
+    for need, why in _NEEDS.get((kind, name), {}).items():
         if isinstance(why, tuple):
             why, param = why
             if not (params or {}).get(param):
                 continue
-        out[field] = why
+        out[need] = why
     return out
 
 
@@ -178,6 +179,43 @@ def get_policy_loss_fn(name: str) -> Callable:
         KeyError: naming the unknown loss and listing the registered ones.
     """
     return _POLICY_LOSSES.get(name)
+
+
+@dataclass(frozen=True)
+class BoundLoss:
+    """A registered policy loss bound once to its parameters (the YAML keys of ``algo.policy_loss``): what the update
+    calls, function and parameters travelling together. ``loss(logprobs, batch, advantages)`` is
+    ``fn(logprobs, batch, advantages, **params)`` -> (loss, metrics dict).
+
+    Attributes:
+        fn: the registered loss (:func:`get_policy_loss_fn`).
+        params: its keyword arguments.
+    """
+
+    fn: Callable
+    params: dict = field(default_factory=dict)
+
+    @classmethod
+    def named(cls, name: str, params: dict | None = None) -> BoundLoss:
+        """The loss registered as ``name`` with ``params``.
+
+        Raises:
+            KeyError: naming the unknown loss and listing the registered ones.
+        """
+        return cls(get_policy_loss_fn(name), dict(params or {}))
+
+    def __call__(self, logprobs, batch, advantages):
+        return self.fn(logprobs, batch, advantages, **self.params)
+
+    @property
+    def agg_mode(self) -> str:
+        """How the loss aggregates over tokens (``loss_agg_mode``; the KL and entropy terms follow it)."""
+        return self.params.get("loss_agg_mode", "token-mean")
+
+    @property
+    def norm_constant(self):
+        """``seq-mean-token-sum-norm``'s constant when the loss sets one, else None."""
+        return self.params.get("norm_constant")
 
 
 def registered_advantages() -> list[str]:

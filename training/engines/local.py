@@ -25,7 +25,7 @@ import json
 import logging
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -40,18 +40,19 @@ from core.models import load_policy
 from core.progress import LineProgress
 from core.scoring import Scorer, choose_layout
 from core.tasks import load_prompts
-from training.algorithms import get_advantage_fn, get_policy_loss_fn, needs_of
+from training.algorithms import BoundLoss, get_advantage_fn, needs_of
 from training.batch import RolloutBatch, concat_batches
 from training.engines import register_engine
 from training.rewards import informative_rows, overlong_buffer_length, overlong_penalty
 
 log = logging.getLogger("rlvr")
-from training.rollout import collect_rollouts
+from training.rollout import RolloutRequest, collect_rollouts
 from training.run_state import (STATE_FILE, PromptOrder, RandomStates, has_state, load_state, save_state, state_paths,  # noqa: F401
                                 seed_everything)
 from training.step_metrics import StepTimes, peak_memory_gb, step_metrics  # noqa: F401
 from training.token_probs import ARTIFACT as TOKEN_PROBS, TokenProbs
-from training.update import NONFINITE_TERMS, UpdateSettings, UpdateStopped, policy_objective, update_policy  # noqa: F401
+from training.update import (NONFINITE_TERMS, UpdateControl, UpdateSettings, UpdateStopped,  # noqa: F401
+                             policy_objective, update_policy)
 
 __all__ = ["STOP_REQUESTED", "Preempted", "NumericFault", "train", "update_policy", "policy_objective", "UpdateSettings"]
 
@@ -267,8 +268,7 @@ class LocalRun:
     prompts: PromptOrder
     adv_fn: Callable
     adv_params: dict
-    loss_fn: Callable
-    loss_params: dict
+    loss: BoundLoss  # the policy loss bound to algo.policy_loss's parameters
     settings: UpdateSettings
     scorer: Scorer
     rollout: object = None
@@ -322,7 +322,7 @@ def setup(cfg, run_dir: Path, tools: dict) -> LocalRun:
     scorer = open_scorer(cfg, model, tokenizer, prompts, device, Path(run_dir))
     return LocalRun(cfg, Path(run_dir), device, model, tokenizer, ref_model, optimizer, scheduler,
                     PromptOrder(prompts, int(cfg.seed)), get_advantage_fn(algo.advantage.name), adv_params,
-                    get_policy_loss_fn(algo.policy_loss.name), _params(algo.policy_loss),
+                    BoundLoss.named(algo.policy_loss.name, _params(algo.policy_loss)),
                     UpdateSettings.from_config(cfg, defer_old), scorer, tools=tools)
 
 
@@ -530,15 +530,16 @@ def generate(run: LocalRun, step: int) -> StepRollout:
     dyn = cfg.algo.get("dynamic_sampling") or {}
     overlong = cfg.algo.get("overlong_buffer") or {}
     G, n_prompts, max_new = int(t_cfg.group_size), int(t_cfg.prompts_per_step), int(t_cfg.max_new_tokens)
+    request = RolloutRequest(G, float(t_cfg.temperature), float(t_cfg.top_p), max_new, 0,
+                             chat_template=bool(cfg.model.get("chat_template", True)), bf16=run.settings.bf16,
+                             old_logprobs=not run.settings.deferred_old, tools=run.tools, tools_cfg=cfg.get("tools"))
     t0 = time.perf_counter()
     kept, sampled, n_kept, rounds, phases = [], [], 0, 0, {}
     while True:
         batch, _texts = collect_rollouts(
-            run.model, run.tokenizer, run.prompts.next_rows(n_prompts), G, float(t_cfg.temperature),
-            float(t_cfg.top_p), max_new, seed=run.seed * 1_000_003 + step * 1_009 + rounds,
-            chat_template=bool(cfg.model.get("chat_template", True)), ref_model=run.ref_model, bf16=run.settings.bf16,
-            timings=phases, old_logprobs=not run.settings.deferred_old, tools=run.tools, tools_cfg=cfg.get("tools"),
-            rollout=run.rollout, scorer=run.scorer)
+            run.model, run.tokenizer, run.prompts.next_rows(n_prompts),
+            replace(request, seed=run.seed * 1_000_003 + step * 1_009 + rounds), ref_model=run.ref_model,
+            timings=phases, rollout=run.rollout, scorer=run.scorer)
         rounds += 1
         if overlong.get("enabled", False):
             batch.rewards = batch.rewards + overlong_penalty(
@@ -775,9 +776,9 @@ def _update_step(run: LocalRun, ro: StepRollout, step: int, inflight: "InFlight 
     done, done_metrics = (inflight.done, inflight.metrics) if inflight is not None else (0, None)
     try:
         update_metrics = update_policy(
-            run.model, run.optimizer, ro.batch, ro.advantages, run.loss_fn, run.loss_params, run.settings,
-            run.scorer, generator=torch.Generator().manual_seed(run.seed * 7919 + step),
-            should_stop=STOP_REQUESTED.is_set, start=done, done_metrics=done_metrics) if ro.batch.batch_size else []
+            run.model, run.optimizer, ro.batch, ro.advantages, run.loss, run.settings, run.scorer,
+            UpdateControl(torch.Generator().manual_seed(run.seed * 7919 + step), STOP_REQUESTED.is_set, done,
+                          done_metrics)) if ro.batch.batch_size else []
     except UpdateStopped as e:
         path = save(run, step - 1, InFlight(step, ro, e.done, e.metrics))
         flush()
