@@ -6,14 +6,17 @@
 
 :func:`evaluate_checkpoint` is the whole path for one model folder (the sweep's trained runs, the base
 model, ``python -m orchestrator.evaluate``): it starts the configured sampler once, evaluates at the main and every
-extra temperature, and frees the engine.
+extra temperature, and frees the engine. What one evaluation needs beside the sampler (settings, prompts, the base
+model's samples, tools, the timings it adds to) travels as one :class:`EvalJob`, built once by the caller.
 """
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import time
 import zlib
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -255,10 +258,55 @@ def sampler_options(eval_cfg, sampler: str = "vllm", score_budget: int | None = 
                           engine={**{k: v for k, v in engine.items() if v is not None}, **dict(extra)})
 
 
-def sample_benchmarks(sampler, rows_by_bench: dict, n: int, seed: int, samples_path: Path, batch_prompts: int = 4,
-                      settings: SamplingSettings | None = None, tools_cfg=None,
+@dataclass(frozen=True)
+class Draw:
+    """How one group of benchmarks is sampled: ``n`` responses per prompt, the evaluation ``seed`` (each prompt's own
+    seed derives from it, :func:`prompt_seed`), ``batch_prompts`` prompts per sampler call, the decoding
+    ``settings``."""
+
+    n: int
+    seed: int
+    batch_prompts: int = 4
+    settings: SamplingSettings = field(default_factory=SamplingSettings)
+
+
+@dataclass
+class EvalJob:
+    """One evaluation's inputs beside the sampler, built once by its caller and passed down whole
+    (:func:`evaluate_checkpoint` -> :func:`evaluate_temperatures` -> :func:`evaluate` -> :func:`sample_benchmarks`).
+
+    Attributes:
+        eval_cfg: ``n``, ``ks``, ``temperature``, ``top_p``, ``max_new_tokens``, ``seed``, ``benchmarks``,
+            optional ``data_dir``, ``max_prompts``, ``prompt_template``, ``batch_prompts``, and the knobs of the
+            registered metric tables (``ucc_ks``, ``ucc_threshold``, ``similarity_metric``, ``flip_k``, a plug-in's).
+        heldout_rows: rows of the held-out training split (for the ``arithmetic`` and ``kk`` benchmarks).
+        chat_template: prompts go through the tokenizer's chat template.
+        base_samples: the base model's samples on the same prompts, for flip rates (main temperature only).
+        tools_cfg: the run's ``tools`` config, for benchmarks whose task calls tools (:func:`sample_benchmarks`).
+        rows: {benchmark: rows} to evaluate instead of :func:`benchmark_rows` (a run's validation split: the
+            benchmark is the training task, its rows the prompts held out of training; the main temperature only).
+        timings: wall seconds by phase (``sampling_s``, ``verify_s``, ``metrics_s``, ...), added to by every step.
+    """
+
+    eval_cfg: object
+    heldout_rows: list | None = None
+    chat_template: bool = True
+    base_samples: pd.DataFrame | None = None
+    tools_cfg: object = None
+    rows: dict | None = None
+    timings: collections.Counter = field(default_factory=collections.Counter)
+
+    def at_temperature(self, t: float) -> EvalJob:
+        """The same job at sampling temperature ``t`` (no base samples: flip rates are the main temperature's)."""
+        from omegaconf import OmegaConf
+
+        return dataclasses.replace(self, eval_cfg=OmegaConf.merge(self.eval_cfg, {"temperature": float(t)}),
+                                   base_samples=None)
+
+
+def sample_benchmarks(sampler, rows_by_bench: dict, draw: Draw, samples_path: Path, tools_cfg=None,
                       timings: collections.Counter | None = None) -> pd.DataFrame:
-    """Sample ``n`` responses per prompt for every benchmark, appending to ``samples_path``.
+    """Sample ``draw.n`` responses per prompt for every benchmark (:class:`Draw`), appending to ``samples_path``.
 
     Prompts already present in ``samples_path`` with n rows are skipped (resume); rows of benchmarks not in
     ``rows_by_bench`` are kept in the file as they are (another decoding group's) and not returned. Each prompt's seed is
@@ -273,7 +321,7 @@ def sample_benchmarks(sampler, rows_by_bench: dict, n: int, seed: int, samples_p
         core.tools.ToolUnavailable: a tool's service is gone.
     """
     from core.tools import close_tools, open_tools_for, tool_names
-    settings = settings or SamplingSettings()
+    n, seed, batch_prompts, settings = draw.n, draw.seed, draw.batch_prompts, draw.settings
     timings = collections.Counter() if timings is None else timings
     samples_path = Path(samples_path)
     done = pd.read_parquet(samples_path) if samples_path.exists() else pd.DataFrame(columns=SAMPLE_COLUMNS)
@@ -365,23 +413,14 @@ def regrade(samples: pd.DataFrame, rows_by_bench: dict) -> pd.DataFrame:
     return out
 
 
-def evaluate(sampler, eval_cfg, out_dir, heldout_rows=None, chat_template: bool = True,
-             base_samples: pd.DataFrame | None = None, tools_cfg=None,
-             timings: collections.Counter | None = None, rows: dict[str, list[dict]] | None = None) -> tuple[dict, dict]:
+def evaluate(sampler, job: EvalJob, out_dir) -> tuple[dict, dict]:
     """Evaluate with ``sampler``: sample, verify, and write ``samples.parquet`` plus one CSV per table.
 
     Args:
         sampler: a :class:`core.sampling.Sampler` (see :func:`evaluate_checkpoint` to build one from a folder).
-        eval_cfg: ``n``, ``ks``, ``temperature``, ``top_p``, ``max_new_tokens``, ``seed``, ``benchmarks``,
-            optional ``data_dir``, ``max_prompts``, ``prompt_template``, ``batch_prompts``, and the knobs of the
-            registered metric tables (``ucc_ks``, ``ucc_threshold``, ``similarity_metric``, ``flip_k``, a plug-in's).
+        job: the settings, prompts, base samples and tools (:class:`EvalJob`); its ``timings`` gain this
+            evaluation's phases.
         out_dir: where the files go (an existing samples.parquet there is resumed).
-        heldout_rows: rows of the held-out training split (for the ``arithmetic`` and ``kk`` benchmarks).
-        base_samples: the base model's samples on the same prompts, for flip rates.
-        tools_cfg: the run's ``tools`` config, for benchmarks whose task calls tools (:func:`sample_benchmarks`).
-        timings: accumulates wall seconds by phase (``sampling_s``, ``verify_s``, ``metrics_s``), when given.
-        rows: {benchmark: rows} to evaluate instead of :func:`benchmark_rows` (a run's validation split: the
-            benchmark is the training task, its rows the prompts held out of training).
     Returns:
         (metrics, files): metrics keyed ``eval/<benchmark>/<metric>`` and ``eval/mean/<metric>``
         (``pass_at_<k>``, ``avg_at_<n>``, ``ucc_at_<k>``, ``ucr``, ``rouge_l_mean``..., ``entropy``,
@@ -389,27 +428,28 @@ def evaluate(sampler, eval_cfg, out_dir, heldout_rows=None, chat_template: bool 
     Raises:
         ValueError: a k in ``eval_cfg.ks`` larger than ``eval_cfg.n`` (:func:`check_decoding`, before sampling).
     """
-    timings = collections.Counter() if timings is None else timings
+    eval_cfg, timings = job.eval_cfg, job.timings
     check_decoding(eval_cfg)  # before any sampling
     plan = decoding_plan(eval_cfg)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     _set_aside_stale_samples(eval_cfg, out_dir, sampler)
-    rows = benchmark_rows(eval_cfg, heldout_rows) if rows is None else rows
+    rows = benchmark_rows(eval_cfg, job.heldout_rows) if job.rows is None else job.rows
     groups: dict = {}  # benchmarks sampled with the same settings go through the sampler together
     for b, c in plan.items():
         key = (int(c.n), float(c.temperature), float(c.top_p), int(c.max_new_tokens))
         groups.setdefault(key, (c, []))[1].append(b)
-    parts = [sample_benchmarks(sampler, {b: rows[b] for b in benches}, int(c.n), int(eval_cfg.seed),
-                               out_dir / "samples.parquet", batch_size(eval_cfg, sampler), settings_from(c, chat_template),
-                               tools_cfg, timings)
+    parts = [sample_benchmarks(sampler, {b: rows[b] for b in benches},
+                               Draw(int(c.n), int(eval_cfg.seed), batch_size(eval_cfg, sampler),
+                                    settings_from(c, job.chat_template)),
+                               out_dir / "samples.parquet", job.tools_cfg, timings)
              for c, benches in groups.values()]
     samples = pd.concat([p for p in parts if len(p)], ignore_index=True) if any(len(p) for p in parts) else parts[0]
     t0 = time.perf_counter()
     per_bench = eval_cfg.get("decoding") or {}
     ks_of = {b: [int(k) for k in c.ks] for b, c in plan.items()}
     tables, metrics = compute_tables(
-        samples, ks_of if per_bench else ks_of[next(iter(plan))], base_samples=base_samples,
+        samples, ks_of if per_bench else ks_of[next(iter(plan))], base_samples=job.base_samples,
         kinds={b: get_task(b).kind for b in rows}, same_answer={b: get_task(b).same_answer for b in rows},
         eval_cfg=eval_cfg,  # every registered table's knobs (eval.ucc_ks, eval.flip_k, a plug-in's keys...)
     )
@@ -434,10 +474,8 @@ def temperature_key(t: float) -> str:
     return f"eval_T{float(t):g}"
 
 
-def evaluate_temperatures(sampler, eval_cfg, out_dir, heldout_rows=None, chat_template: bool = True,
-                          base_samples: pd.DataFrame | None = None, tools_cfg=None,
-                          timings: collections.Counter | None = None) -> tuple[dict, dict]:
-    """:func:`evaluate` at ``eval_cfg.temperature`` and again at every ``eval_cfg.extra_temperatures``
+def evaluate_temperatures(sampler, job: EvalJob, out_dir) -> tuple[dict, dict]:
+    """:func:`evaluate` at ``job.eval_cfg.temperature`` and again at every ``extra_temperatures``
     (the QUATRO paper's diversity check: UCR and pass@k at temperatures such as 1.0 and 1.5).
 
     The main evaluation keeps its keys (``eval/<bench>/<metric>``, files in ``out_dir``); temperature t adds
@@ -445,45 +483,37 @@ def evaluate_temperatures(sampler, eval_cfg, out_dir, heldout_rows=None, chat_te
 
     Args:
         sampler: one :class:`core.sampling.Sampler`, used at every temperature (its engine starts once).
-        base_samples: the base model's samples, for flip rates (main temperature only).
-        timings: accumulates wall seconds by phase over every temperature (:func:`evaluate`), when given.
+        job: :class:`EvalJob` (its base samples give flip rates at the main temperature only; its timings add up
+            every temperature's phases).
     Returns:
         (metrics, files) with files keyed by their path relative to ``out_dir``.
     Raises:
-        ValueError: bad decoding settings (:func:`check_decoding`, before any sampling).
+        ValueError: bad decoding settings (:func:`check_decoding`, before any sampling: the main evaluation checks
+            the extra temperatures too).
     """
-    from omegaconf import OmegaConf
-
+    eval_cfg = job.eval_cfg
     temps = [float(t) for t in (eval_cfg.get("extra_temperatures") or [])]
-    check_decoding(eval_cfg)  # before any sampling
     out_dir = Path(out_dir)
-    metrics, files = evaluate(sampler, eval_cfg, out_dir, heldout_rows, chat_template, base_samples=base_samples,
-                              tools_cfg=tools_cfg, timings=timings)
+    metrics, files = evaluate(sampler, job, out_dir)
     for t in temps:
         if t == float(eval_cfg.temperature):
             continue
-        cfg_t = OmegaConf.merge(eval_cfg, {"temperature": t})
         sub = out_dir / f"T{t:g}"
-        m_t, f_t = evaluate(sampler, cfg_t, sub, heldout_rows, chat_template, tools_cfg=tools_cfg, timings=timings)
+        m_t, f_t = evaluate(sampler, job.at_temperature(t), sub)
         metrics.update({temperature_key(t) + k[len("eval"):]: v for k, v in m_t.items() if k.startswith("eval/")})
         files.update({f"T{t:g}/{name}": path for name, path in f_t.items()})
     return metrics, files
 
 
-def evaluate_checkpoint(model_path, eval_cfg, out_dir, heldout_rows=None, chat_template: bool = True,
-                        base_samples: pd.DataFrame | None = None, sampler: str | None = None,
-                        temperatures: bool = True, tools_cfg=None,
-                        rows: dict[str, list[dict]] | None = None,
+def evaluate_checkpoint(model_path, job: EvalJob, out_dir, sampler: str | None = None, temperatures: bool = True,
                         score_budget: int | None = None) -> tuple[dict, dict, dict]:
     """Evaluate the model at ``model_path`` (a Hugging Face folder or hub id, or a LoRA adapter folder: evaluated as
     its base with the adapter merged, :func:`core.lora.evaluable`) with the configured sampler.
 
-    The sampler (``sampler`` or ``eval_cfg.sampler``: ``auto`` | ``hf`` | ``vllm``) starts once, samples at
-    the main temperature and (with ``temperatures``) every ``eval_cfg.extra_temperatures``, then frees its
-    engine (GPU memory, vLLM's worker processes) before returning, also on an error.
-
-    ``rows``: as :func:`evaluate` (with it, the main temperature only). ``score_budget``: positions per
-    teacher-forced entropy pass (:func:`sampler_options`).
+    The sampler (``sampler`` or ``job.eval_cfg.sampler``: ``auto`` | ``hf`` | ``vllm``) starts once, samples at
+    the main temperature and (with ``temperatures``, and no ``job.rows``) every ``extra_temperatures``, then frees
+    its engine (GPU memory, vLLM's worker processes) before returning, also on an error. ``job``: what is evaluated
+    (:class:`EvalJob`). ``score_budget``: positions per teacher-forced entropy pass (:func:`sampler_options`).
 
     Returns:
         (metrics, files, info): as :func:`evaluate_temperatures` (files with ``protocol.json``); info = {"sampler":
@@ -497,21 +527,19 @@ def evaluate_checkpoint(model_path, eval_cfg, out_dir, heldout_rows=None, chat_t
     from core.lora import evaluable
 
     t0 = time.time()
-    timings: collections.Counter = collections.Counter()
+    eval_cfg, timings = job.eval_cfg, job.timings
 
     model_path = evaluable(model_path)  # a LoRA adapter folder: its base with the adapter merged
     name = evaluation_sampler(eval_cfg, sampler)
-    proto = {**P.settings(eval_cfg, chat_template), "sampler": name, "dtype": P.sampler_dtype(eval_cfg, name)}
+    proto = {**P.settings(eval_cfg, job.chat_template), "sampler": name, "dtype": P.sampler_dtype(eval_cfg, name)}
     P.write(proto, out_dir)
     smp = build_sampler(name, model_path, sampler_options(eval_cfg, name, score_budget))
     timings["engine_start_s"] += time.time() - t0
     try:
-        if temperatures and rows is None:
-            metrics, files = evaluate_temperatures(smp, eval_cfg, out_dir, heldout_rows, chat_template, base_samples,
-                                                   tools_cfg, timings)
+        if temperatures and job.rows is None:
+            metrics, files = evaluate_temperatures(smp, job, out_dir)
         else:
-            metrics, files = evaluate(smp, eval_cfg, out_dir, heldout_rows, chat_template, base_samples, tools_cfg,
-                                      timings, rows=rows)
+            metrics, files = evaluate(smp, job, out_dir)
     finally:
         smp.close()
     files = {**files, "protocol.json": Path(out_dir) / "protocol.json"}

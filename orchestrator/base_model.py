@@ -230,7 +230,7 @@ class BaseEvaluation:
 
     def _evaluate(self, run_id: str, folder: Path) -> pd.DataFrame | None:
         from core.models import model_path
-        from evaluation.evaluate import evaluate_checkpoint
+        from evaluation.evaluate import EvalJob, evaluate_checkpoint
 
         self.run_id = run_id
         store = self.store
@@ -242,10 +242,9 @@ class BaseEvaluation:
             self._log_datasets(run_id)
             store.set_tag(T.RUN_DIR, str(folder), run_id)
             log.info("base model: evaluating (MLflow run %s, %s sampler) in %s", run_id, self.sampler, folder)
-            metrics, files, info = evaluate_checkpoint(
-                model_path(self.cfg.model), self.cfg.eval, folder, self.heldout_rows,
-                chat_template=bool(self.cfg.model.get("chat_template", True)), sampler=self.sampler,
-                tools_cfg=self.cfg.get("tools"))
+            job = EvalJob(self.cfg.eval, self.heldout_rows, bool(self.cfg.model.get("chat_template", True)),
+                          tools_cfg=self.cfg.get("tools"))
+            metrics, files, info = evaluate_checkpoint(model_path(self.cfg.model), job, folder, sampler=self.sampler)
             store.log_metrics(metrics | {"time/eval_s": info["eval_time_s"]}
                               | {f"time/eval_{k}": v for k, v in info.get("phases", {}).items()}, 0, run_id)
             for rel, path in files.items():

@@ -173,7 +173,7 @@ def _evaluate(args, cfg, base, heldout):
     from omegaconf import OmegaConf
 
     from evaluation import protocol as P
-    from evaluation.evaluate import benchmark_rows, evaluate_checkpoint
+    from evaluation.evaluate import EvalJob, benchmark_rows, evaluate_checkpoint
 
     from . import provenance, tracking, mlflow_views
 
@@ -190,8 +190,8 @@ def _evaluate(args, cfg, base, heldout):
         mlflow.log_params({f"eval.{k}": str(v)[:6000] for k, v in tracking.flatten(OmegaConf.to_container(eval_cfg, resolve=True)).items()})
         mlflow_views.log_datasets(run.info.run_id, None, None, benchmark_rows(eval_cfg, heldout), eval_cfg)
         with mlflow_views.system_metrics(cfg, run.info.run_id):
-            metrics, files, info = evaluate_checkpoint(args.checkpoint, eval_cfg, out, heldout, base_samples=base,
-                                                       sampler=sampler)
+            metrics, files, info = evaluate_checkpoint(args.checkpoint, EvalJob(eval_cfg, heldout, base_samples=base),
+                                                       out, sampler=sampler)
         mlflow.set_tag("rlvr.entropy_method", str(info["entropy_method"]))
         mlflow.log_metrics(metrics)
         for rel, path in files.items():

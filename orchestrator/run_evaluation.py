@@ -93,7 +93,7 @@ def select_on_validation(cfg, run_dir: Path, final: Path, store: tracking.Store 
     store = store or tracking.Store()
     from core.lifecycle import saved_checkpoints
     from core.tasks import load_prompts
-    from evaluation.evaluate import evaluate_checkpoint
+    from evaluation.evaluate import EvalJob, evaluate_checkpoint
 
     steps, n, k = int(cfg.train.steps), int(cfg.eval.validation.n), int(cfg.eval.validation.k)
     task = str(cfg.data.name)
@@ -105,8 +105,8 @@ def select_on_validation(cfg, run_dir: Path, final: Path, store: tracking.Store 
     scores = {}
     for step, path in cands:
         out_dir = run_dir / "validation" / f"step_{step}"
-        metrics, _, _ = evaluate_checkpoint(path, vcfg, out_dir, None, chat, temperatures=False,
-                                            tools_cfg=cfg.get("tools"), rows=rows)
+        job = EvalJob(vcfg, chat_template=chat, tools_cfg=cfg.get("tools"), rows=rows)
+        metrics, _, _ = evaluate_checkpoint(path, job, out_dir, temperatures=False)
         scores[step] = float(metrics[f"eval/{task}/pass_at_{k}"])
         if not (out_dir / ".logged").exists():
             store.log_metrics({f"val/pass_at_{k}": scores[step]}, step)
@@ -145,7 +145,7 @@ def evaluate_run(cfg, run_dir: Path, final: Path, heldout, base=None, store: tra
     """
     import pandas as pd
 
-    from evaluation.evaluate import evaluate_checkpoint
+    from evaluation.evaluate import EvalJob, evaluate_checkpoint
     from evaluation.tables import flip_metrics
 
     from evaluation import protocol as P
@@ -156,9 +156,9 @@ def evaluate_run(cfg, run_dir: Path, final: Path, heldout, base=None, store: tra
     if str(cfg.eval.get("select_on", "final")) == "validation":
         final_step, final = select_on_validation(cfg, run_dir, final, store)
     for step, path, out_dir, is_final in checkpoints_to_evaluate(cfg, run_dir, final, final_step):
-        metrics, files, info = evaluate_checkpoint(path, cfg.eval, out_dir, heldout,
-                                                   bool(cfg.model.get("chat_template", True)), temperatures=is_final,
-                                                   tools_cfg=cfg.get("tools"), score_budget=_token_budget(cfg))
+        job = EvalJob(cfg.eval, heldout, bool(cfg.model.get("chat_template", True)), tools_cfg=cfg.get("tools"))
+        metrics, files, info = evaluate_checkpoint(path, job, out_dir, temperatures=is_final,
+                                                   score_budget=_token_budget(cfg))
         if is_final:
             final_metrics, protocol = dict(metrics), info["protocol"]
             store.set_tags(P.tags(protocol) | {T.ENTROPY_METHOD: str(info["entropy_method"])})

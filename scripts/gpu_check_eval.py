@@ -78,7 +78,7 @@ def main(argv=None) -> int:
                    "model.source=pretrained", f"model.path={model_dir}", "model.chat_template=false"])
     from core.models import load_checkpoint
     from core.scoring import mean_token_entropies
-    from evaluation.evaluate import evaluate_checkpoint
+    from evaluation.evaluate import EvalJob, evaluate_checkpoint
     from core.tasks import load_prompts
     from training.engines.local import train
 
@@ -102,8 +102,8 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     t0 = time.time()
-    metrics, files, info = evaluate_checkpoint(ckpt, cfg.eval, out / "eval", load_prompts(cfg.data, "eval"),
-                                               chat_template=False)
+    metrics, files, info = evaluate_checkpoint(ckpt, EvalJob(cfg.eval, load_prompts(cfg.data, "eval"),
+                                                             chat_template=False), out / "eval")
     eval_s = time.time() - t0
     eval_peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")
     import pandas as pd

@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     from omegaconf import OmegaConf
 
     from core.sampling import SamplingSettings, VLLMSampler
-    from evaluation.evaluate import evaluate
+    from evaluation.evaluate import EvalJob, evaluate
     from core.tasks.arithmetic import arithmetic_splits
 
     out = Path(args.out or tempfile.mkdtemp(prefix="vllm-smoke-"))
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     heldout = [dict(r, task="arithmetic") for r in heldout]
     eval_cfg = OmegaConf.create({"benchmarks": ["arithmetic"], "max_prompts": 8, "n": 4, "ks": [1, 2, 4], "temperature": 1.0,
                                  "top_p": 1.0, "max_new_tokens": 16, "seed": 0, "batch_prompts": 4})
-    metrics, files = evaluate(sampler, eval_cfg, out / "eval", heldout_rows=heldout, chat_template=False)
+    metrics, files = evaluate(sampler, EvalJob(eval_cfg, heldout, chat_template=False), out / "eval")
     sampler.close()
     print({k: round(v, 4) for k, v in metrics.items() if k.startswith("eval/mean/")})
     print("gpu_smoke_vllm: OK", {k: str(v) for k, v in files.items()})

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from core.sampling import HFSampler, SamplingSettings, prompt_texts
-from evaluation.evaluate import sample_benchmarks
+from evaluation.evaluate import Draw, sample_benchmarks
 from tests.conftest import REPO
 
 
@@ -49,10 +49,10 @@ def test_interrupted_evaluation_resumes_without_resampling(tmp_path):
     rows = {"b": [{"id": str(i), "prompt": f"q{i}", "gold": str(i), "task": "arithmetic"} for i in range(6)]}
     path = tmp_path / "samples.parquet"
     with pytest.raises(KeyboardInterrupt):
-        sample_benchmarks(_CountingSampler(fail_after=4), rows, n=2, seed=0, samples_path=path, batch_prompts=2)
+        sample_benchmarks(_CountingSampler(fail_after=4), rows, Draw(n=2, seed=0, batch_prompts=2), path)
     assert len(pd.read_parquet(path)) == 4 * 2  # two finished batches kept
     second = _CountingSampler()
-    table = sample_benchmarks(second, rows, n=2, seed=0, samples_path=path, batch_prompts=2)
+    table = sample_benchmarks(second, rows, Draw(n=2, seed=0, batch_prompts=2), path)
     assert second.prompts_seen == ["q4", "q5"]
     assert len(table) == 12 and table["correct"].all()
 
@@ -117,39 +117,39 @@ def test_cli_evaluates_two_shared_benchmarks_and_logs_every_table(tmp_path, benc
 def test_extra_temperatures_evaluate_again_with_their_own_keys_and_files(tmp_path, tiny_cfg, tiny_policy):
     from omegaconf import OmegaConf
 
-    from evaluation.evaluate import evaluate_temperatures
+    from evaluation.evaluate import EvalJob, evaluate_temperatures
     from core.tasks import load_prompts
 
     model, tok = tiny_policy
     sampler = HFSampler(model, tok)
     ecfg = OmegaConf.merge(tiny_cfg.eval, {"extra_temperatures": [1.0, 2.0], "max_prompts": 2})
-    metrics, files = evaluate_temperatures(sampler, ecfg, tmp_path, heldout_rows=load_prompts(tiny_cfg.data, "eval"))
+    metrics, files = evaluate_temperatures(sampler, EvalJob(ecfg, load_prompts(tiny_cfg.data, "eval")), tmp_path)
     assert "eval/arithmetic/pass_at_1" in metrics and "eval_T2/arithmetic/pass_at_1" in metrics
     assert "eval_T2/arithmetic/ucr" in metrics and not any(k.startswith("eval_T1/") for k in metrics)  # 1.0 is the main one
     assert files["T2/samples.parquet"] == tmp_path / "T2" / "samples.parquet"
     # sampling really ran hotter: the entropy of softmax(z / T) grows with T, position by position
     assert metrics["eval_T2/arithmetic/entropy"] > metrics["eval/arithmetic/entropy"]
     with pytest.raises(ValueError, match="extra_temperatures"):
-        evaluate_temperatures(sampler, OmegaConf.merge(ecfg, {"extra_temperatures": [0.0]}), tmp_path / "x")
+        evaluate_temperatures(sampler, EvalJob(OmegaConf.merge(ecfg, {"extra_temperatures": [0.0]})), tmp_path / "x")
 
 
 def test_samples_drawn_with_other_settings_are_set_aside_not_resumed(tmp_path, tiny_cfg, tiny_policy):
     import pandas as pd
     from omegaconf import OmegaConf
 
-    from evaluation.evaluate import evaluate
+    from evaluation.evaluate import EvalJob, evaluate
     from core.tasks import load_prompts
 
     sampler = HFSampler(*tiny_policy)
     held = load_prompts(tiny_cfg.data, "eval")
     e1 = OmegaConf.merge(tiny_cfg.eval, {"max_prompts": 2, "max_new_tokens": 4})
-    evaluate(sampler, e1, tmp_path, heldout_rows=held)
+    evaluate(sampler, EvalJob(e1, held), tmp_path)
     first = pd.read_parquet(tmp_path / "samples.parquet")
     assert first["n_tokens"].max() <= 4
-    evaluate(sampler, e1, tmp_path, heldout_rows=held)  # same settings: resumed, nothing resampled
+    evaluate(sampler, EvalJob(e1, held), tmp_path)  # same settings: resumed, nothing resampled
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "samples.parquet"), first)
     e2 = OmegaConf.merge(e1, {"max_new_tokens": 12, "temperature": 0.5})
-    evaluate(sampler, e2, tmp_path, heldout_rows=held)
+    evaluate(sampler, EvalJob(e2, held), tmp_path)
     second = pd.read_parquet(tmp_path / "samples.parquet")
     assert second["n_tokens"].max() > 4  # drawn afresh with the new settings
     stale = list(tmp_path.glob("samples.stale-*.parquet"))
@@ -215,13 +215,13 @@ def test_per_benchmark_decoding_samples_each_benchmark_its_own_way_and_resumes(t
     a second call resumes (nothing resampled, neither group's rows lost)."""
     from omegaconf import OmegaConf
 
-    from evaluation.evaluate import evaluate
+    from evaluation.evaluate import EvalJob, evaluate
 
     sampler = HFSampler(*tiny_policy)
     base = OmegaConf.merge(OmegaConf.to_container(tiny_cfg.eval), {"benchmarks": ["math500", "aime24"], "data_dir": str(benchmark_dir),
                                            "max_prompts": 2, "max_new_tokens": 6, "n": 4, "ks": [1, 2, 4]})
     ecfg = OmegaConf.merge(base, {"decoding": {"math500": {"n": 1, "ks": [1], "temperature": 0.0}}})
-    metrics, _ = evaluate(sampler, ecfg, tmp_path / "both")
+    metrics, _ = evaluate(sampler, EvalJob(ecfg), tmp_path / "both")
     both = pd.read_parquet(tmp_path / "both" / "samples.parquet")
     assert both.groupby("benchmark").size().to_dict() == {"aime24": 8, "math500": 2}
     assert "eval/math500/pass_at_1" in metrics and "eval/math500/pass_at_4" not in metrics
@@ -234,11 +234,11 @@ def test_per_benchmark_decoding_samples_each_benchmark_its_own_way_and_resumes(t
         "aime24": OmegaConf.merge(base, {"benchmarks": ["aime24"]}),
     }
     for bench, cfg in alone.items():
-        evaluate(sampler, cfg, tmp_path / bench)
+        evaluate(sampler, EvalJob(cfg), tmp_path / bench)
         one = pd.read_parquet(tmp_path / bench / "samples.parquet")
         mine = both[both["benchmark"] == bench].reset_index(drop=True)
         assert mine["response"].tolist() == one["response"].tolist(), bench
-    evaluate(sampler, ecfg, tmp_path / "both")  # resumed: every row kept, nothing drawn again
+    evaluate(sampler, EvalJob(ecfg), tmp_path / "both")  # resumed: every row kept, nothing drawn again
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "both" / "samples.parquet"), both)
 
 

@@ -88,7 +88,7 @@ def test_the_evaluation_of_a_lora_checkpoint_equals_the_evaluation_of_the_adapte
 
     from core.models import check_source, model_path
     from core.tasks import load_prompts
-    from evaluation.evaluate import evaluate_checkpoint
+    from evaluation.evaluate import EvalJob, evaluate_checkpoint
 
     cfg, _, ckpt, _ = straight
     check_source({"source": "pretrained", "path": str(ckpt)})  # orchestrator.evaluate --checkpoint takes it
@@ -101,7 +101,8 @@ def test_the_evaluation_of_a_lora_checkpoint_equals_the_evaluation_of_the_adapte
     heldout = load_prompts(cfg.data, "eval")
     out = {}
     for name, path in (("adapter", ckpt), ("merged", merged), ("base", model_path(cfg.model))):
-        metrics, _, _ = evaluate_checkpoint(path, ecfg, tmp_path / name, heldout, sampler="hf", temperatures=False)
+        metrics, _, _ = evaluate_checkpoint(path, EvalJob(ecfg, heldout), tmp_path / name, sampler="hf",
+                                            temperatures=False)
         out[name] = (metrics, pd.read_parquet(tmp_path / name / "samples.parquet"))
     cols = ["benchmark", "prompt_id", "sample_idx", "response", "n_tokens", "correct"]
     pd.testing.assert_frame_equal(out["adapter"][1][cols], out["merged"][1][cols])
