@@ -17,6 +17,8 @@ from pathlib import Path
 
 from hydra.experimental.callback import Callback
 
+from core import tags as T
+
 from . import tracking, mlflow_views
 from .identity import point_name
 
@@ -134,35 +136,35 @@ class SweepCallback(Callback):
         except Exception as e:
             store_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             log.error("could not read the sweep's runs back from MLflow: %s", store_error)
-        runs = [r for r in runs if r.data.tags.get(tracking.TAG_KIND) != mlflow_views.SWEEP_KIND]
+        runs = [r for r in runs if r.data.tags.get(T.KIND) != mlflow_views.SWEEP_KIND]
         rows, failed_base, seen_jobs, summary = [], [], set(), []
         for r in runs:
-            kind = r.data.tags.get(tracking.TAG_KIND, "?")
+            kind = r.data.tags.get(T.KIND, "?")
             status = "DUPLICATE" if kind == "duplicate" else r.info.status
-            active = r.data.tags.get("rlvr.active_s")
+            active = r.data.tags.get(T.ACTIVE_S)
             wall = float(active) if active else (
                 ((r.info.end_time or r.info.start_time) - r.info.start_time) / 1000 if r.info.start_time else 0.0)
             point = "base model (Initialization)" if kind == "base" else (r.info.run_name or "")
-            job = r.data.tags.get("rlvr.job_num", "?")
+            job = r.data.tags.get(T.JOB_NUM, "?")
             if kind != "base":
                 seen_jobs.add(job)
             note = (outcomes.get(job) or {}).get("error") or "" if status not in ("FINISHED", "DUPLICATE") else ""
-            rows.append((job, point, status, r.info.run_id, r.data.tags.get("rlvr.slurm_job_id", "") or "-",
+            rows.append((job, point, status, r.info.run_id, r.data.tags.get(T.SLURM_JOB_ID, "") or "-",
                          f"{wall:.1f}", note[:120]))
             summary.append({"job": job, "point": point, "status": status, "run_id": r.info.run_id, "wall_s": round(wall, 1),
                             "error": note[:300], **mlflow_views.headline(r.data.metrics, config.eval.get("n"))})
             if status in ("FAILED", "KILLED") and kind == "base":
                 failed_base.append(r.info.run_name or r.info.run_id)
         # a point that did not end FINISHED or DUPLICATE, by its own word or because it left nothing behind
-        finished_jobs = {str(r.data.tags.get("rlvr.job_num")) for r in runs if r.data.tags.get(tracking.TAG_KIND) != "base"
-                         and (r.info.status == "FINISHED" or r.data.tags.get(tracking.TAG_KIND) == "duplicate")}
+        finished_jobs = {str(r.data.tags.get(T.JOB_NUM)) for r in runs if r.data.tags.get(T.KIND) != "base"
+                         and (r.info.status == "FINISHED" or r.data.tags.get(T.KIND) == "duplicate")}
         bad = {}
         for job, rec in outcomes.items():
             if rec.get("status") not in ("finished", "duplicate"):
                 bad[job] = rec
         for r in runs:
-            job = str(r.data.tags.get("rlvr.job_num"))
-            if r.data.tags.get(tracking.TAG_KIND) != "base" and r.info.status in ("FAILED", "KILLED", "RUNNING") \
+            job = str(r.data.tags.get(T.JOB_NUM))
+            if r.data.tags.get(T.KIND) != "base" and r.info.status in ("FAILED", "KILLED", "RUNNING") \
                     and job not in finished_jobs:
                 bad.setdefault(job, {"job_num": job, "point": r.info.run_name, "status": r.info.status.lower()})
         expected = self.expected_points or 0

@@ -17,6 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from core import tags as T
 from evaluation.tables import protocol_differences
 
 
@@ -182,17 +183,17 @@ def _evaluate(args, cfg, base, heldout):
     sampler = proto["sampler"]
     exp_id = tracking.setup_experiment(args.tracking_uri, args.experiment, "mlartifacts")
     with mlflow.start_run(experiment_id=exp_id, run_name=args.run_name or Path(str(args.checkpoint)).name,
-                          tags={"rlvr.kind": "evaluation", "rlvr.checkpoint": str(args.checkpoint),
+                          tags={T.KIND: "evaluation", T.CHECKPOINT: str(args.checkpoint),
                                 **provenance.tags(eval_cfg), **P.tags(proto),
                                 provenance.TAG_PREFIX + "eval_identity": P.protocol_id(proto)}) as run:
         out = Path(args.out or Path("eval_out") / f"{Path(str(args.checkpoint)).name}-{run.info.run_id[:12]}")
-        mlflow.set_tag("rlvr.run_dir", str(out.resolve()))
+        mlflow.set_tag(T.RUN_DIR, str(out.resolve()))
         mlflow.log_params({f"eval.{k}": str(v)[:6000] for k, v in tracking.flatten(OmegaConf.to_container(eval_cfg, resolve=True)).items()})
         mlflow_views.log_datasets(run.info.run_id, None, None, benchmark_rows(eval_cfg, heldout), eval_cfg)
         with mlflow_views.system_metrics(cfg, run.info.run_id):
             metrics, files, info = evaluate_checkpoint(args.checkpoint, EvalJob(eval_cfg, heldout, base_samples=base),
                                                        out, sampler=sampler)
-        mlflow.set_tag("rlvr.entropy_method", str(info["entropy_method"]))
+        mlflow.set_tag(T.ENTROPY_METHOD, str(info["entropy_method"]))
         mlflow.log_metrics(metrics)
         for rel, path in files.items():
             sub = str(Path(rel).parent)

@@ -19,6 +19,8 @@ import tempfile
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from core import tags as T
+
 log = logging.getLogger("rlvr")
 
 RECORD = "integrity.json"
@@ -100,7 +102,7 @@ def verify_run(client, run) -> tuple[list[str], bool]:
     if record is None:
         return [], True
     problems, ckpt_ok = [], True
-    run_dir = Path(run.data.tags.get("rlvr.run_dir") or "/nonexistent")
+    run_dir = Path(run.data.tags.get(T.RUN_DIR) or "/nonexistent")
     if run_dir.is_dir():
         for rel, want in record.get("run_dir", {}).items():
             why = _check(run_dir / rel, want)

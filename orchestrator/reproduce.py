@@ -19,6 +19,8 @@ import re
 import sys
 from pathlib import Path
 
+from core import tags as T
+
 from . import provenance
 
 #: metric names that measure the machine, not the algorithm: never expected to repeat
@@ -81,8 +83,8 @@ def reproduce(run_id: str, tracking_uri: str, workdir: Path | None = None) -> st
         original = client.get_run(run_id)
     except MlflowException:
         _fail(f"RUN_ID={run_id}: no such run in {tracking_uri}")
-    if original.data.tags.get("rlvr.kind", "trained") != "trained":
-        _fail(f"RUN_ID={run_id}: a {original.data.tags.get('rlvr.kind')} run; only trained runs are re-run")
+    if original.data.tags.get(T.KIND, "trained") != "trained":
+        _fail(f"RUN_ID={run_id}: a {original.data.tags.get(T.KIND)} run; only trained runs are re-run")
     workdir = Path(workdir or default_workdir(run_id))
     workdir.mkdir(parents=True, exist_ok=True)
     from core.console import setup
@@ -99,7 +101,7 @@ def reproduce(run_id: str, tracking_uri: str, workdir: Path | None = None) -> st
         cfg.tracking.uri = tracking_uri
     summary = run_point(cfg, run_dir=workdir / "run")
     new_id = summary["run_id"]
-    client.set_tag(new_id, "rlvr.reproduces", run_id)
+    client.set_tag(new_id, T.REPRODUCES, run_id)
     return new_id
 
 
@@ -115,7 +117,7 @@ def main(argv=None) -> int:
     client = MlflowClient(tracking_uri=args.tracking_uri)
     rows, apart = compare(client, args.run_id, new_id)
     same = [r for r in rows if r["identical"]]
-    print(f"re-run of {args.run_id}: run {new_id}, its folder {Path(client.get_run(new_id).data.tags.get('rlvr.run_dir', '?')).resolve()}")
+    print(f"re-run of {args.run_id}: run {new_id}, its folder {Path(client.get_run(new_id).data.tags.get(T.RUN_DIR, '?')).resolve()}")
     env = provenance.differences({args.run_id: client.get_run(args.run_id).data.tags,
                                   new_id: client.get_run(new_id).data.tags})
     for key, values in env.items():
