@@ -346,6 +346,19 @@ _TRANSIENT = re.compile(
     r"|error code 50[234]\b", re.IGNORECASE)
 
 
+_CONFLICT = re.compile(r"duplicate key value violates unique constraint|UNIQUE constraint failed|Duplicate entry"
+                       r"|UniqueViolation|IntegrityError", re.IGNORECASE)
+CONFLICT_TRIES = 3  # a write that lost a race to insert the same row is made again this many times at most
+
+
+def conflict(e: BaseException) -> bool:
+    """True for a write that lost a race: two processes inserted the same new row at once (the same new tag on one
+    run: MLflow's SQL store selects, then inserts, so the second insert violates the table's key; seen over
+    PostgreSQL when two jobs recorded the sweep's evaluation protocol at the same moment). Made again, the write
+    finds the row and updates it."""
+    return bool(_CONFLICT.search(str(e)))
+
+
 def transient(e: BaseException) -> bool:
     """True for a store error that passes: SQLite's "database is locked" (parallel jobs, one file), a tracking
     server that cannot be reached or resets the connection (MLflow's own HTTP retries exhausted), or one that
@@ -451,14 +464,20 @@ class Store:
     def call(self, fn, *args, **kwargs):
         """Call ``fn(*args, **kwargs)``; while it fails with a :func:`transient` store error, call it again with
         exponential backoff (0.2 s doubling, at most 15 s apart) for up to :attr:`wait_s` seconds, then raise the
-        last error. Any other error raises at once. Safe for the calls this suite makes: MLflow's SQL store drops a
-        metric it already holds (same key, step, timestamp and value), and tags and parameters are set, not added."""
+        last error. A write that lost a race to insert the same row (:func:`conflict`) is made again at once, at most
+        :data:`CONFLICT_TRIES` times. Any other error raises at once. Safe for the calls this suite makes: MLflow's SQL
+        store drops a metric it already holds (same key, step, timestamp and value), and tags and parameters are set,
+        not added."""
         deadline = time.monotonic() + self.wait_s
-        delay, warned = 0.2, False
+        delay, warned, conflicts = 0.2, False, 0
         while True:
             try:
                 return fn(*args, **kwargs)
             except Exception as e:  # sqlalchemy OperationalError or an HTTP failure, wrapped by MLflow
+                if conflict(e) and conflicts < CONFLICT_TRIES:  # a race for one new row: the row exists now
+                    conflicts += 1
+                    time.sleep(0.05 * conflicts)
+                    continue
                 remaining = deadline - time.monotonic()
                 if not transient(e) or remaining <= 0:
                     raise

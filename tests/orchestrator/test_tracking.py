@@ -162,3 +162,38 @@ def test_the_store_object_reads_its_limit_from_the_config_and_names_its_operatio
     store.terminate(first.info.run_id, "FINISHED")
     assert store.finished_run(exp, "h1").info.run_id == first.info.run_id
     assert T.INVALID not in client.get_run(first.info.run_id).data.tags  # ended without a reason: trusted
+
+
+def test_a_write_that_lost_a_race_for_a_new_row_is_made_again_and_only_a_few_times():
+    """Seen in CI (2026-12-06, the PostgreSQL store): two jobs set the sweep's new evaluation-protocol tag at the same
+    moment; MLflow's SQL store selects then inserts, and the second insert failed with a unique-key violation, which
+    failed the sweep. Store.call makes such a write again (the row exists then: an update), at most CONFLICT_TRIES
+    times; the error text is psycopg's own. Any other error still raises at once."""
+    import pytest
+    from mlflow.exceptions import RestException
+
+    from orchestrator import tracking
+
+    text = ('BAD_REQUEST: (psycopg.errors.UniqueViolation) duplicate key value violates unique constraint "tag_pk"\n'
+            'DETAIL:  Key (key, run_uuid)=(rlvr.eval_protocol.8f34dc5c5935, a44801ad) already exists.')
+    calls = []
+
+    def lost_twice():
+        calls.append(1)
+        if len(calls) <= 2:
+            raise RestException({"error_code": "BAD_REQUEST", "message": text})
+        return "set"
+
+    store = tracking.Store(60.0)
+    assert store.call(lost_twice) == "set" and len(calls) == 3
+    calls.clear()
+
+    def always():
+        calls.append(1)
+        raise RestException({"error_code": "BAD_REQUEST", "message": text})
+
+    with pytest.raises(RestException):
+        store.call(always)
+    assert len(calls) == tracking.CONFLICT_TRIES + 1  # not the store's 60 s outage wait
+    assert tracking.conflict(RuntimeError("(sqlite3.IntegrityError) UNIQUE constraint failed: tags.key, tags.run_uuid"))
+    assert not tracking.conflict(RuntimeError("RESOURCE_DOES_NOT_EXIST: run 5035 not found"))
