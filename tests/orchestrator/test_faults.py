@@ -298,7 +298,10 @@ def test_unknown_scheme_and_unreachable_server_fail_in_seconds(tmp_path):
         proc = _sweep(tmp_path, *ARGS, f"tracking.uri={uri}", timeout=60)
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
         assert proc.returncode == 2 and len(lines) == 1 and fragment in lines[0], proc.stderr
-        assert time.time() - t0 < 30
+        # refused by pre-flight's own check, not after waiting out the store: tracking.outage_s is 900 s and MLflow's
+        # own HTTP retries take minutes. (The command takes 5-6 s on an idle 2-core machine, its imports mostly; 32 s
+        # beside the other test worker's vLLM in CI, 2026-12-06: a bound below that measured the machine's load.)
+        assert time.time() - t0 < 120
     assert not (tmp_path / "multirun").exists()
 
 
