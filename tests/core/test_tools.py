@@ -156,14 +156,14 @@ def test_tool_tokens_get_no_gradient_in_any_loss_term(algo, tiny_policy, tiny_cf
                          group_index=torch.tensor([0] * 4 + [1] * 4), response_lengths=mask.sum(-1), ref_logprobs=ref,
                          correct=torch.tensor([1, 0, 0, 1, 1, 0, 1, 0], dtype=torch.bool))
     adv, _ = get_advantage_fn(cfg.algo.advantage.name)(batch, **_params(cfg.algo.advantage))
-    loss = BoundLoss.named(cfg.algo.policy_loss.name, _params(cfg.algo.policy_loss))
+    bound = BoundLoss.named(cfg.algo.policy_loss.name, _params(cfg.algo.policy_loss))
 
     def loss_and_grad(lp_values, entropy_values, b):
         lp = lp_values.clone().requires_grad_(True)
         ent = entropy_values.clone().requires_grad_(True)
-        value, _, _ = policy_objective(lp, ent, b, adv, loss, beta=0.01, entropy_coef=0.01)
-        value.backward()
-        return float(value), lp.grad, ent.grad
+        loss, _, _ = policy_objective(lp, ent, b, adv, bound, beta=0.01, entropy_coef=0.01)
+        loss.backward()
+        return float(loss), lp.grad, ent.grad
 
     lp, ent = compute_logprobs(model, prompt_ids, torch.ones(B, P, dtype=torch.long), response_ids, mask, with_entropy=True)
     lp, ent = lp.detach(), ent.detach()
