@@ -100,7 +100,7 @@ def test_auto_trains_in_the_precision_the_cpu_computes_and_says_why(monkeypatch,
     cfg = OmegaConf.merge(cfg, {"train": {"steps": 1, "prompts_per_step": 1, "group_size": 2, "max_new_tokens": 4}})
     seen = []
     real = local.update_policy
-    monkeypatch.setattr(local, "update_policy", lambda *a, **k: seen.append(a[6].bf16) or real(*a, **k))
+    monkeypatch.setattr(local, "update_policy", lambda *a, **k: seen.append(a[5].bf16) or real(*a, **k))
     local.train(cfg, tmp_path)
     info = json.loads((tmp_path / local.PRECISION_FILE).read_text())
     assert seen == [want == "bf16"] and info["precision"] == want
