@@ -551,6 +551,7 @@ class Store:
         self.call(self.client.set_terminated, run_id, status)
 
     def delete_run(self, run_id: str) -> None:
+        """Delete ``run_id`` (MLflow keeps it in its trash: a run that gave way to an identical one started first)."""
         self.call(self.client.delete_run, run_id)
 
     def metric_buffer(self, run_id: str, unsent: Path) -> MetricBuffer:
@@ -595,4 +596,5 @@ class Store:
         return self.call(self.client.get_metric_history, run_id, key)
 
     def list_artifacts(self, run_id: str, path: str | None = None) -> list:
+        """The artifacts (MLflow ``FileInfo`` records) of ``run_id`` directly under ``path`` (None: the top)."""
         return self.call(self.client.list_artifacts, run_id, path)
