@@ -110,14 +110,15 @@ def _local_worker(conn, args, rollout="hf", packing="auto", lora: int = 0) -> No
                             "generated_tokens": m["train/response_length_mean"] * m["train/batch_responses"],
                             "reward_mean": m["train/reward_mean"], "peak_rss_gb": _rss_gb()}))
     run_dir = tempfile.mkdtemp(prefix="rlvr-bench-")
+    from training.engines import EngineChoices
+
+    choices = EngineChoices()  # what the engine chose, its memory record among them (the orchestrator's record)
     try:
-        local.train(cfg, run_dir, report)
+        local.train(cfg, run_dir, report, choices=choices)
     except _Stop:
         pass
     peak_rss = _rss_gb()
-    from pathlib import Path
-
-    trainable = json.loads((Path(run_dir) / "memory.json").read_text())["parameters"]["trainable"]
+    trainable = choices.memory["parameters"]["trainable"]
     raw = {}
     if rollout == "vllm":  # raw LLM.generate when the parent says so: every other worker has finished its steps
         conn.send(("ready", None))

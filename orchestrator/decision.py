@@ -99,10 +99,9 @@ def _log_datasets(pt: Point, run_id: str) -> None:
 
 def has_saved_state(cfg, run_dir: Path) -> bool:
     """Whether the engine left a full training state in ``run_dir`` to resume from (engine's ``has_state``)."""
-    from training.engines import get_engine
+    from training.engines import engine
 
-    fn = getattr(get_engine(str(cfg.engine.name)), "has_state", None)
-    return bool(fn(run_dir)) if callable(fn) else False
+    return bool(engine(str(cfg.engine.name)).has_state(run_dir))
 
 
 def safe_run_dir(tagged: str | None, sweep_id: str) -> Path | None:

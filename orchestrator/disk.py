@@ -47,10 +47,9 @@ def human(n: float) -> str:
 def state_paths(engine_name: str, run_dir) -> list[Path]:
     """The paths of ``run_dir`` that hold the training state of engine ``engine_name`` (its ``state_paths``), the
     ones that exist."""
-    from training.engines import get_engine
+    from training.engines import engine
 
-    fn = getattr(get_engine(str(engine_name)), "state_paths", None)
-    return [p for p in (fn(run_dir) if callable(fn) else []) if p.exists()]
+    return [p for p in engine(str(engine_name)).state_paths(run_dir) if p.exists()]
 
 
 def drop_state(cfg, run_dir) -> int:

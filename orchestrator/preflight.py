@@ -322,12 +322,12 @@ def check_memory(cfg, remote: bool = False, shown: dict | None = None) -> None:
     Raises:
         ConfigError: the plan does not fit, or the model's shape is unknown here.
     """
-    from training.engines import get_engine
+    from training.engines import engine
 
     if OmegaConf.select(cfg, "train.memory_check") is False:
         return
     try:
-        fn = getattr(get_engine(str(cfg.engine.name)), "memory_plan", None)
+        fn = engine(str(cfg.engine.name)).memory_plan
     except KeyError:
         return
     if fn is None:

@@ -71,23 +71,21 @@ def estimate_check(key: str, what: str, estimate, measured, unit: str, source: s
     return tags, warning
 
 
-def _tag_rollout(run_dir: Path, store: tracking.Store) -> None:
-    """Tag the run with what its engine chose and why: the rollout sampler (``rollout.json``:
-    ``rlvr.rollout_sampler``, ``rlvr.rollout_sampler_reason``), the precision (``precision.json``: ``rlvr.precision``,
-    ``rlvr.precision_reason``, ``rlvr.rollout_dtype``) and the scoring layout and micro-batch budget
-    (``memory.json``: ``rlvr.packing``, ``rlvr.packing_reason``, ``rlvr.micro_batch_tokens``), each written by the
-    local engine; the memory plan's parts are logged as ``memory/plan_<part>_gb`` metrics and ``memory.json`` as an
-    artifact."""
+def _tag_choices(choices, run_dir: Path, store: tracking.Store) -> None:
+    """Tag the run with what its engine chose and why (:class:`training.engines.EngineChoices`, handed in to the
+    engine and filled as it decided): the rollout sampler (``rlvr.rollout_sampler``, ``rlvr.rollout_sampler_reason``,
+    ``auto``'s estimate against the measured time), the precision (``rlvr.precision``, ``rlvr.precision_reason``,
+    ``rlvr.rollout_dtype``) and the scoring layout and micro-batch budget (``rlvr.packing``, ``rlvr.packing_reason``,
+    ``rlvr.micro_batch_tokens``); the memory plan's parts are logged as ``memory/plan_<part>_gb`` metrics and the
+    memory record as the artifact ``memory.json`` (written here, from the record)."""
     import json
 
-    try:
-        info = json.loads((Path(run_dir) / "rollout.json").read_text())
-        store.set_tags({T.ROLLOUT_SAMPLER: str(info.get("sampler")),
-                        T.ROLLOUT_SAMPLER_REASON: str(info.get("reason"))[:5000]})
-        factor = float(info.get("calibration") or 1.0)
-        estimate = info.get("estimate_s")
-        checked = estimate_check("train.rollout.sampler=auto", f"chose {info.get('sampler')}, estimating",
-                                 None if estimate is None else estimate * factor, info.get("measured_s"),
+    ro = choices.rollout
+    if ro is not None:
+        store.set_tags({T.ROLLOUT_SAMPLER: str(ro.sampler), T.ROLLOUT_SAMPLER_REASON: str(ro.reason)[:5000]})
+        factor = float(ro.calibration or 1.0)
+        checked = estimate_check("train.rollout.sampler=auto", f"chose {ro.sampler}, estimating",
+                                 None if ro.estimate_s is None else ro.estimate_s * factor, ro.measured_s,
                                  "s of sampling", "its speeds: core/sampling/rollout.py's ROLLOUT_SPEED"
                                  + (f" calibrated x{factor:.2g} by this machine's earlier runs" if factor != 1.0
                                     else "; the next auto choice here is calibrated by this run"))
@@ -95,20 +93,13 @@ def _tag_rollout(run_dir: Path, store: tracking.Store) -> None:
             store.set_tags(checked[0])
             from core.sampling.rollout import record_sampling_time
 
-            record_sampling_time(str(info.get("sampler")), bool(info.get("gpu")), float(estimate),
-                                 float(info["measured_s"]))
-    except (OSError, ValueError):
-        pass
-    try:
-        info = json.loads((Path(run_dir) / "precision.json").read_text())
-        store.set_tags({T.PRECISION: str(info.get("precision")), T.PRECISION_REASON: str(info.get("reason"))[:5000],
-                        T.ROLLOUT_DTYPE: str(info.get("rollout_dtype"))})
-    except (OSError, ValueError):
-        pass
-    memory = Path(run_dir) / "memory.json"
-    try:
-        info = json.loads(memory.read_text())
-    except (OSError, ValueError):
+            record_sampling_time(str(ro.sampler), bool(ro.gpu), float(ro.estimate_s), float(ro.measured_s))
+    if choices.precision is not None:
+        p = choices.precision
+        store.set_tags({T.PRECISION: str(p.precision), T.PRECISION_REASON: str(p.reason)[:5000],
+                        T.ROLLOUT_DTYPE: str(p.rollout_dtype)})
+    info = choices.memory
+    if not info:
         return
     store.set_tags({T.PACKING: str(info.get("layout")), T.PACKING_REASON: str(info.get("layout_reason"))[:5000],
                     T.MICRO_BATCH_TOKENS: str(info.get("micro_batch_tokens"))})
@@ -135,6 +126,8 @@ def _tag_rollout(run_dir: Path, store: tracking.Store) -> None:
         values["memory/run_peak_gb"] = float(info["run_peak_gb"])
     if values:
         store.log_metrics(values, 0)
+    memory = Path(run_dir) / "memory.json"
+    memory.write_text(json.dumps(info, indent=1))
     store.log_artifact(memory)
 
 
@@ -373,6 +366,7 @@ def _train_and_evaluate(pt: Point, decision, st: _Started, log_step, metrics_out
     from core.tasks import load_prompts
     from evaluation.evaluate import benchmark_rows
     from training.token_probs import ARTIFACT as TOKEN_PROBS
+    from training.engines import EngineChoices
 
     cfg, run_dir, store = pt.cfg, st.run_dir, pt.store
     store.log_artifact(run_dir / "config.yaml")
@@ -403,11 +397,13 @@ def _train_and_evaluate(pt: Point, decision, st: _Started, log_step, metrics_out
         if earlier:
             raise Yield(earlier[0])
         TRAINING.set()
+        choices = EngineChoices()  # the engine fills it as it decides; tagged whether training returns or raises
         try:
-            ckpt = training.train(cfg, run_dir, log_metrics=log_step, logged_through=st.logged_through)
+            ckpt = training.train(cfg, run_dir, log_metrics=log_step, logged_through=st.logged_through,
+                                  choices=choices)
         finally:
             TRAINING.clear()
-            _tag_rollout(run_dir, store)
+            _tag_choices(choices, run_dir, store)
         metrics_out.flush()  # every training step's metrics are in the store before evaluation starts
         if (run_dir / TOKEN_PROBS).is_file():  # the sampled tokens' mean probabilities (TR-GRPO's Fig. 1)
             store.log_artifact(run_dir / TOKEN_PROBS)

@@ -151,15 +151,14 @@ def validate_config(cfg: DictConfig) -> list[str]:
     _require(not index or (Path(str(index)) / "meta.json").is_file(),
              f"tools.search.index={index!r}: no built index there (python -m core.retrieval build --corpus FILE "
              f"--index {index})")
-    from training.engines import get_engine
+    from training.engines import engine
 
     try:
-        engine = get_engine(str(cfg.engine.name))
+        chosen = engine(str(cfg.engine.name))
     except KeyError as e:
         raise ConfigError(e.args[0]) from None
-    if callable(getattr(engine, "validate", None)):
-        try:
-            warnings += list(engine.validate(cfg) or [])
-        except ValueError as e:
-            raise ConfigError(f"engine={cfg.engine.name}: {e}") from None
+    try:
+        warnings += list(chosen.validate(cfg) or [])
+    except ValueError as e:
+        raise ConfigError(f"engine={cfg.engine.name}: {e}") from None
     return warnings

@@ -5,12 +5,15 @@
 from __future__ import annotations
 
 
-def train(cfg, run_dir, log_metrics=lambda metrics, step: None, logged_through: int = -1):
-    """Train with the configured engine and return the checkpoint directory (Hugging Face format).
+def train(cfg, run_dir, log_metrics=lambda metrics, step: None, logged_through: int = -1, choices=None):
+    """Train with the configured engine and return the checkpoint directory (Hugging Face format). ``choices``: an
+    :class:`training.engines.EngineChoices` the engine fills with what it chose (left empty by an engine that does
+    not take one).
 
     Raises:
         KeyError: unknown engine name.
     """
-    from .engines import get_engine
+    from .engines import EngineChoices, engine
 
-    return get_engine(str(cfg.engine.name)).train(cfg, run_dir, log_metrics, logged_through=logged_through)
+    return engine(str(cfg.engine.name)).run(cfg, run_dir, log_metrics, logged_through,
+                                            EngineChoices() if choices is None else choices)

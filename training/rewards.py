@@ -59,22 +59,16 @@ def overlong_penalty(lengths: torch.Tensor, max_length: int, buffer: int, factor
 
 
 def overlong_buffer_length(overlong, max_new_tokens: int) -> int:
-    """DAPO's overlong buffer B in tokens: ``overlong.length`` when set, else ``overlong.fraction`` (default 0.2:
-    DAPO's 4,096 of 20,480) of the maximum response length, rounded, at least 1.
+    """DAPO's overlong buffer B in tokens for an ``algo.overlong_buffer`` config node
+    (:meth:`training.settings.OverlongShaping.buffer_length`, which owns the rule and its errors).
 
     Raises:
         ValueError: a fraction outside (0, 1] or a length outside [1, max_new_tokens] (names the key).
     """
-    length = overlong.get("length")
-    if length is None:
-        fraction = float(overlong.get("fraction", 0.2))
-        if not 0 < fraction <= 1:
-            raise ValueError(f"algo.overlong_buffer.fraction={fraction!r}: must be in (0, 1]")
-        length = max(1, round(fraction * int(max_new_tokens)))
-    if not (int(length) == length and 1 <= length <= int(max_new_tokens)):
-        raise ValueError(f"algo.overlong_buffer.length={length!r}: expected an integer in [1, train.max_new_tokens="
-                         f"{int(max_new_tokens)}]")
-    return int(length)
+    from training.settings import OverlongShaping
+
+    shaping = overlong if isinstance(overlong, OverlongShaping) else OverlongShaping.of(overlong)
+    return shaping.buffer_length(max_new_tokens)
 
 
 def informative_rows(correct: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:

@@ -69,16 +69,16 @@ class UpdateSettings:
     def from_config(cls, cfg, deferred_old: bool) -> "UpdateSettings":
         """The settings of a composed run config."""
         from training.algorithms import couples_rows
+        from training.settings import RunSettings
 
-        t, algo = cfg.train, cfg.algo
-        ro = t.get("rollout") or {}
-        mb = t.get("minibatch_size")
+        t, conf = cfg.train, RunSettings.of(cfg)
+        mb = t.minibatch_size
         return cls(ppo_epochs=int(t.ppo_epochs), minibatch_size=None if mb is None else int(mb),
-                   max_grad_norm=float(t.max_grad_norm), beta=float(algo.get("kl_beta", 0.0)),
-                   entropy_coef=float(algo.get("entropy_coef", 0.0)), temperature=float(t.temperature),
-                   bf16=str(t.get("precision", "fp32")) == "bf16", deferred_old=deferred_old,
-                   correction=str(ro.get("correction", "none")), correction_cap=float(ro.get("correction_cap", 2.0)),
-                   norm_constant=float(t.max_new_tokens), couples_rows=couples_rows(str(algo.policy_loss.name)) is not None)
+                   max_grad_norm=float(t.max_grad_norm), beta=float(conf.terms.kl_beta),
+                   entropy_coef=float(conf.terms.entropy_coef), temperature=float(t.temperature),
+                   bf16=conf.bf16, deferred_old=deferred_old, correction=conf.rollout.correction,
+                   correction_cap=float(conf.rollout.correction_cap), norm_constant=float(t.max_new_tokens),
+                   couples_rows=couples_rows(str(cfg.algo.policy_loss.name)) is not None)
 
     @property
     def aligned(self) -> bool:

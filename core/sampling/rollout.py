@@ -159,7 +159,7 @@ def choose_rollout_sampler(name: str, plan: RolloutPlan) -> tuple[str, str]:
 def rollout_estimate_s(name: str, plan: RolloutPlan) -> float | None:
     """Sampler ``name``'s estimated sampling time for ``plan`` in seconds before this machine's calibration (its
     ``rollout_cost``; ``auto`` weighs it by :func:`calibration_factor`), None when it has no estimate. The run records
-    it beside the time its generation took (``rollout.json``; :func:`record_sampling_time`)."""
+    it beside the time its generation took (the engine's :class:`training.engines.RolloutChoice`; :func:`record_sampling_time`)."""
     spec = SAMPLERS.get(name)
     cost = None if spec is None or spec.rollout_cost is None else spec.rollout_cost(plan)
     return None if cost is None else float(cost)

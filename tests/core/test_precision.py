@@ -2,7 +2,6 @@
 elsewhere, tagged with its reason; an explicit bf16 on a CPU that only emulates it is refused at pre-flight. Both kinds
 of CPU are covered on either machine by faking the flags (``RLVR_CPU_FLAGS``; tests/conftest.py fakes a CPU without
 bf16 units for every test)."""
-import json
 import os
 import subprocess
 import sys
@@ -90,9 +89,9 @@ def test_preflight_checks_every_precision_key_and_leaves_remote_points_to_their_
 @pytest.mark.parametrize("flags,want", [(AVX2, "fp32"), (AMX, "bf16")])
 def test_auto_trains_in_the_precision_the_cpu_computes_and_says_why(monkeypatch, tmp_path, flags, want):
     """One step of the tiny model with train.precision=auto: the update runs bf16 autocast exactly on the CPU with
-    bf16 units; precision.json (tagged on the run by the orchestrator) holds the choice and its reason."""
+    bf16 units; the engine's record (tagged on the run by the orchestrator) holds the choice and its reason."""
     from orchestrator.preflight import sweep_points
-    from training.engines import local
+    from training.engines import EngineChoices, local
 
     monkeypatch.setenv("RLVR_CPU_FLAGS", flags)
     [(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke", "train.rollout.sampler=hf"], multirun=False)
@@ -101,11 +100,12 @@ def test_auto_trains_in_the_precision_the_cpu_computes_and_says_why(monkeypatch,
     seen = []
     real = local.update_policy
     monkeypatch.setattr(local, "update_policy", lambda *a, **k: seen.append(a[5].bf16) or real(*a, **k))
-    local.train(cfg, tmp_path)
-    info = json.loads((tmp_path / local.PRECISION_FILE).read_text())
-    assert seen == [want == "bf16"] and info["precision"] == want
-    assert info["rollout_dtype"] == ("bfloat16" if want == "bf16" else "float32")
-    assert ("no bf16 units" in info["reason"]) == (want == "fp32") and info["reason"].startswith("auto: ")
+    choices = EngineChoices()
+    local.train(cfg, tmp_path, choices=choices)
+    info = choices.precision
+    assert seen == [want == "bf16"] and info.precision == want
+    assert info.rollout_dtype == ("bfloat16" if want == "bf16" else "float32")
+    assert ("no bf16 units" in info.reason) == (want == "fp32") and info.reason.startswith("auto: ")
 
 
 def test_the_evaluate_command_refuses_an_explicit_bf16_on_a_cpu_without_bf16_units(monkeypatch, capsys, tmp_path):

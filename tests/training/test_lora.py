@@ -9,7 +9,7 @@ import torch
 from omegaconf import OmegaConf
 
 from core.lora import ADAPTER_CONFIG, LoraSettings, attach, evaluable, trainable_count
-from training.engines import local
+from training.engines import EngineChoices, local
 
 
 def _cfg(extra=()):
@@ -28,9 +28,9 @@ def straight(tmp_path_factory):
     """An uninterrupted three-step LoRA run: (cfg, run folder, checkpoint, logged steps)."""
     cfg = _cfg()
     run_dir = tmp_path_factory.mktemp("lora") / "a"
-    logged = []
-    ckpt = local.train(cfg, run_dir, lambda m, s: logged.append((s, m)))
-    return cfg, run_dir, ckpt, logged
+    logged, choices = [], EngineChoices()
+    ckpt = local.train(cfg, run_dir, lambda m, s: logged.append((s, m)), choices=choices)
+    return cfg, run_dir, ckpt, logged, choices
 
 
 def _adapter(ckpt):
@@ -42,7 +42,7 @@ def _adapter(ckpt):
 def test_a_stopped_and_resumed_lora_run_ends_with_the_uninterrupted_runs_adapter(straight, tmp_path):
     """Stopped once step 0 is logged, resumed: every step logged once, the same adapter to 1e-6 (here: equal), the
     state and the checkpoint hold the adapters only (peft's format, naming the base folder)."""
-    cfg, _, ckpt_a, logged = straight
+    cfg, _, ckpt_a, logged, _ = straight
     resumed = []
 
     def log_and_stop(m, s):
@@ -74,7 +74,7 @@ def test_a_stopped_and_resumed_lora_run_ends_with_the_uninterrupted_runs_adapter
             assert ma[key] == pytest.approx(mb[key], rel=1e-6), key
     # the adapters' learning rate is auto: 10 x train.lr
     assert logged[0][1]["train/lr"] == pytest.approx(1e-2)
-    memory = json.loads((straight[1] / "memory.json").read_text())["parameters"]
+    memory = straight[4].memory["parameters"]  # the engine's record (the orchestrator logs it as memory.json)
     assert memory["trainable"] == sum(v.numel() for v in a.values()) and memory["lora_rank"] == 4
     assert memory["trainable"] / memory["total"] < 0.05
 
@@ -90,7 +90,7 @@ def test_the_evaluation_of_a_lora_checkpoint_equals_the_evaluation_of_the_adapte
     from core.tasks import load_prompts
     from evaluation.evaluate import EvalJob, evaluate_checkpoint
 
-    cfg, _, ckpt, _ = straight
+    cfg, _, ckpt, _, _ = straight
     check_source({"source": "pretrained", "path": str(ckpt)})  # orchestrator.evaluate --checkpoint takes it
     merged = tmp_path / "merged"
     base = AutoModelForCausalLM.from_pretrained(model_path(cfg.model), dtype=torch.float32)

@@ -132,15 +132,16 @@ import json, resource, sys
 sys.path.insert(0, {str(REPO)!r})
 from omegaconf import OmegaConf
 from orchestrator.preflight import sweep_points
+from training.engines import EngineChoices
 from training.engines.local import train
 from training.memory_plan import plan_for
 [(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke", "algo=gspo", "train.prompts_per_step=256",
     "train.group_size=8", "train.minibatch_size=2048", "train.max_new_tokens=4", "train.steps=1",
     "train.micro_batch_tokens=4096", "train.rollout.sampler=hf", "train.device=cpu"], multirun=False)
-logged = []
-train(cfg, {str(tmp_path / 'run')!r}, lambda m, s: logged.append(m))
+logged, choices = [], EngineChoices()
+train(cfg, {str(tmp_path / 'run')!r}, lambda m, s: logged.append(m), choices=choices)
 print(json.dumps({{"peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "metrics": logged[-1],
-                  "plan_gb": plan_for(cfg).total_gb, "memory": json.load(open({str(tmp_path / 'run' / 'memory.json')!r}))}}))
+                  "plan_gb": plan_for(cfg).total_gb, "memory": choices.memory}}))
 """
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=900,
                           env=dict(os.environ, HF_HUB_OFFLINE="1"))
@@ -174,12 +175,13 @@ def test_memory_check_measures_the_largest_pass_at_start_up(tiny_cfg, tmp_path):
     """``train.memory_check=true`` (the default on a GPU): one forward and backward pass of the largest micro-batch the
     budget allows, measured before any rollout and written beside the plan (the run logs both); the run's layout,
     budget and longest prompt too; a budget below the longest sequence stops the run before it generates."""
-    from training.engines import local
+    from training.engines import EngineChoices, local
 
     cfg = OmegaConf.merge(tiny_cfg, {"train": {"steps": 1, "prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4,
                                                "micro_batch_tokens": 200, "memory_check": True}})
-    local.train(cfg, tmp_path / "a")
-    info = json.loads((tmp_path / "a" / "memory.json").read_text())
+    choices = EngineChoices()
+    local.train(cfg, tmp_path / "a", choices=choices)
+    info = choices.memory  # the engine's record (the orchestrator logs it as the run's memory.json)
     assert info["micro_batch_tokens"] == 200 and info["layout"] in ("tree", "packed", "padded")
     assert info["calibration"]["measured_peak_gb"] > 0 and info["calibration"]["planned_peak_gb"] > 0
     assert 0 < info["longest_prompt"] < 200 and info["plan"]["budget_tokens"] == 200

@@ -1,16 +1,25 @@
 """Training engines, registered by name (``engine=<name>``, ``sweeps/engine/<name>.yaml``).
 
 An engine is a module that calls :func:`register_engine` with its name, and has
-``train(cfg, run_dir, log_metrics, logged_through) -> checkpoint folder`` (Hugging Face format; intermediate ones in
-:func:`core.lifecycle.step_checkpoint_dir`), optionally ``validate(cfg) -> warnings`` (raises ValueError naming a
-setting it cannot honour; pre-flight calls it) and ``CONFIG`` (``{"engine.<key>": Spec}``: the keys it reads, which
-the schema collects). The modules of this folder are found by a folder scan (:func:`core.registry.discover`; parts
-that are not engines live in sub-packages), others by the ``plugins`` config key: adding an engine is one module
-plus one YAML file.
+``train(cfg, run_dir, log_metrics, logged_through[, choices]) -> checkpoint folder`` (Hugging Face format;
+intermediate ones in :func:`core.lifecycle.step_checkpoint_dir`), optionally ``validate(cfg) -> warnings`` (raises
+ValueError naming a setting it cannot honour; pre-flight calls it), ``has_state(run_dir)`` and
+``state_paths(run_dir)`` (a resumable state), ``memory_plan(cfg, remote)`` (pre-flight's plan and refusal) and
+``CONFIG`` (``{"engine.<key>": Spec}``: the keys it reads, which the schema collects). :class:`Engine` is that
+protocol as one typed record (:func:`engine`): what a module leaves out gets its documented default there, so no
+caller probes a module. An engine whose ``train`` takes ``choices`` fills the :class:`EngineChoices` record it is
+handed (the rollout sampler, the precision, the memory plan and layout, each with its reason) as it decides, so the
+orchestrator has them whether the run returns, fails or is stopped; an engine written before this record (no
+``choices`` parameter) keeps working, its runs untagged with them. The modules of this folder are found by a folder
+scan (:func:`core.registry.discover`; parts that are not engines live in sub-packages), others by the ``plugins``
+config key: adding an engine is one module plus one YAML file.
 """
 from __future__ import annotations
 
+import inspect
 import sys
+from dataclasses import dataclass, field
+from typing import Callable
 
 from core.registry import Registry
 
@@ -52,6 +61,98 @@ def get_engine(name: str):
 def engine_config(name: str) -> dict:
     """The keys engine ``name`` declares (``{"engine.<key>": Spec}``); {} for an unknown engine or none declared."""
     try:
-        return dict(getattr(get_engine(name), "CONFIG", {}) or {})
+        return engine(name).config
     except KeyError:
         return {}
+
+
+@dataclass
+class RolloutChoice:
+    """The rollout sampler a run uses and why (``train.rollout.sampler``), ``auto``'s estimated sampling time
+    (seconds; None when named), the calibration factor applied to it, whether on a GPU, and the sampling time measured
+    when the run ends (the sampler's start and every step's generation, seconds)."""
+
+    sampler: str
+    reason: str
+    estimate_s: float | None = None
+    gpu: bool = False
+    calibration: float | None = None
+    measured_s: float | None = None
+
+
+@dataclass
+class PrecisionChoice:
+    """The precision a run trains in (``train.precision`` resolved on its device), why, the device and the rollout
+    engine's dtype."""
+
+    precision: str
+    reason: str
+    device: str
+    rollout_dtype: str
+
+
+@dataclass
+class EngineChoices:
+    """What an engine chose for a run, handed to the orchestrator (which tags the run with it and logs ``memory`` as
+    the run's ``memory.json`` artifact): ``rollout``, ``precision``, and ``memory`` (the memory plan, the scoring
+    layout and its reason, the micro-batch budget, the trainable parameters, the start-up check's and the run's
+    measured peaks: a JSON-ready dict). Empty parts: the engine chose nothing of that kind."""
+
+    rollout: RolloutChoice | None = None
+    precision: PrecisionChoice | None = None
+    memory: dict = field(default_factory=dict)
+
+
+def _no_warnings(cfg) -> list[str]:
+    return []
+
+
+def _no_state(run_dir) -> bool:
+    return False
+
+
+def _no_paths(run_dir) -> list:
+    return []
+
+
+@dataclass(frozen=True)
+class Engine:
+    """An engine as the orchestrator uses it (:func:`engine`): its module's functions, or the defaults here where a
+    module leaves one out (no warnings, no resumable state, no memory plan: ``memory_plan`` None)."""
+
+    name: str
+    module: object
+    train: Callable
+    validate: Callable = _no_warnings
+    has_state: Callable = _no_state
+    state_paths: Callable = _no_paths
+    memory_plan: Callable | None = None
+    config: dict = field(default_factory=dict)
+    takes_choices: bool = False
+
+    @classmethod
+    def of(cls, name: str, module) -> "Engine":
+        """The record of engine module ``module`` (the one place a module's optional parts are looked up)."""
+        parts = {k: getattr(module, k) for k in ("validate", "has_state", "state_paths", "memory_plan")
+                 if callable(getattr(module, k, None))}
+        try:
+            takes = "choices" in inspect.signature(module.train).parameters
+        except (TypeError, ValueError):
+            takes = False
+        return cls(name, module, module.train, config=dict(getattr(module, "CONFIG", {}) or {}), takes_choices=takes,
+                   **parts)
+
+    def run(self, cfg, run_dir, log_metrics, logged_through: int, choices: EngineChoices):
+        """``train`` with ``choices`` handed in where the engine takes it. Returns the checkpoint folder."""
+        if self.takes_choices:
+            return self.train(cfg, run_dir, log_metrics, logged_through=logged_through, choices=choices)
+        return self.train(cfg, run_dir, log_metrics, logged_through=logged_through)
+
+
+def engine(name: str) -> Engine:
+    """Engine ``name`` as a typed record (:class:`Engine`).
+
+    Raises:
+        KeyError: naming the unknown engine and listing the available ones, or a module without ``train``.
+    """
+    return Engine.of(name, get_engine(name))

@@ -21,7 +21,6 @@ most ``train.micro_batch_tokens`` positions (``auto``: the largest the memory pl
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import time
 import warnings
@@ -42,8 +41,9 @@ from core.scoring import Scorer, choose_layout
 from core.tasks import load_prompts
 from training.algorithms import BoundLoss, get_advantage_fn, needs_of
 from training.batch import RolloutBatch, concat_batches
-from training.engines import register_engine
-from training.rewards import informative_rows, overlong_buffer_length, overlong_penalty
+from training.engines import EngineChoices, PrecisionChoice, RolloutChoice, register_engine
+from training.rewards import informative_rows, overlong_penalty
+from training.settings import RunSettings
 
 log = logging.getLogger("rlvr")
 from training.rollout import RolloutRequest, collect_rollouts
@@ -66,7 +66,6 @@ def _finite_weights(model) -> bool:
     """Whether every trainable parameter of ``model`` is finite (a state with non-finite weights is never saved)."""
     return all(bool(torch.isfinite(p).all()) for p in model.parameters() if p.requires_grad)
 
-MEMORY_FILE = "memory.json"  # the run's memory plan and scoring layout (the orchestrator logs and tags them)
 
 
 def _params(node) -> dict:
@@ -92,8 +91,8 @@ def validate(cfg) -> list[str]:
     from core.sampling import SAMPLERS, choose_rollout_sampler, resolve_sampler
 
     warnings = []
-    ro = cfg.train.get("rollout") or {}
-    name, correction = str(ro.get("sampler", "auto")), str(ro.get("correction", "none"))
+    s = RunSettings.of(cfg)
+    name, correction = s.rollout.sampler, s.rollout.correction
     if name != "auto":
         try:
             resolve_sampler(name)
@@ -104,29 +103,29 @@ def validate(cfg) -> list[str]:
         raise ValueError(f"train.rollout.correction={correction}: corrects the mismatch between the trainer and a sampler "
                          f"with log-probs of its own: set train.rollout.sampler to one of "
                          f"{[k for k, v in SAMPLERS.items() if v.rollout_logprobs]} (it is {name})")
-    if bool(cfg.train.get("gradient_checkpointing", False)):
+    if s.gradient_checkpointing:
         cls = model_class(cfg.model)
         if cls is not None and not getattr(cls, "supports_gradient_checkpointing", False):
             raise ValueError(f"train.gradient_checkpointing=true: model {cfg.model.name!r} ({cls.__name__}) does not "
                              "support gradient checkpointing; set train.gradient_checkpointing=false")
-    budget = cfg.train.get("micro_batch_tokens", None)
+    budget = s.micro_batch_tokens
     if not (budget is None or budget == "auto" or (isinstance(budget, int) and not isinstance(budget, bool) and budget >= 1)):
         raise ValueError(f"train.micro_batch_tokens={budget!r}: expected auto, null (the whole minibatch in one pass) "
                          "or a number of tokens >= 1")
     if isinstance(budget, int) and not isinstance(budget, bool):
-        longest = int(cfg.train.get("max_prompt_tokens", 512)) + int(cfg.train.max_new_tokens)
+        longest = s.max_prompt_tokens + int(cfg.train.max_new_tokens)
         if budget < int(cfg.train.max_new_tokens) + 1:
             raise ValueError(f"train.micro_batch_tokens={budget}: one pass must hold a whole sequence, prompt and "
                              f"response (train.max_new_tokens={cfg.train.max_new_tokens}); set at least {longest} or auto")
     LoraSettings.of(cfg).check()
-    check = cfg.train.get("memory_check", "auto")
+    check = s.memory_check
     if check not in ("auto", True, False):
         raise ValueError(f"train.memory_check={check!r}: expected auto, true or false")
     from core.precision import choose, native_bf16, phrase, probe_slowdown
     from training.memory_plan import resolve_device
 
     device = resolve_device(cfg)  # (emulated bf16 is refused by the orchestrator's pre-flight, not warned about)
-    if device == "cpu" and choose(str(cfg.train.get("precision", "auto")), device).bf16 and native_bf16(device)[0]:
+    if device == "cpu" and choose(s.precision, device).bf16 and native_bf16(device)[0]:
         ratio = probe_slowdown("cpu")  # what bf16 costs or saves on this machine, measured now (not a fixed claim)
         warnings.append(f"train.precision={cfg.train.precision}: bf16 on this CPU (a probe just now: {phrase(ratio)}); "
                         "bf16's log-probabilities are coarse "
@@ -147,7 +146,7 @@ def memory_plan(cfg, remote: bool = False):
     from training.memory_plan import plan_for, refusal
 
     if remote:  # a cluster node: a GPU unless train.device says cpu; its size only when train.device_memory_gb says
-        device = "cpu" if str(cfg.train.get("device", "auto")) == "cpu" else "cuda"
+        device = "cpu" if str(cfg.train.device) == "cpu" else "cuda"
         plan = plan_for(cfg, device=device, detect=False)
         return plan, refusal(plan)
     plan = plan_for(cfg, longest_prompt=_preflight_longest_prompt(cfg))
@@ -181,13 +180,14 @@ def _longest_cached(key, cfg) -> int | None:
 
             tokenizer = load_tokenizer(cfg.model)
             _LONGEST[key] = _longest_prompt(tokenizer, load_prompts(cfg.data, "train"),
-                                            bool(cfg.model.get("chat_template", True))) or None
+                                            bool(cfg.model.chat_template)) or None
         except Exception:  # a hub model not cached here, data elsewhere: the plan keeps its upper bound
             _LONGEST[key] = None
     return _LONGEST[key]
 
 
-def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: None, logged_through: int = -1) -> Path:
+def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: None, logged_through: int = -1,
+          choices: EngineChoices | None = None) -> Path:
     """Train a policy with ``cfg.algo`` on ``cfg.data`` and save a Hugging Face checkpoint.
 
     Args:
@@ -196,6 +196,8 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
         log_metrics: ``fn(metrics: dict[str, float], step: int)``, called once per step.
         logged_through: the last step whose metrics the tracker already holds (resume: saved metrics of
             later steps are logged again, earlier ones are not, so every step is logged exactly once).
+        choices: filled as the run decides (:class:`training.engines.EngineChoices`): the precision and why, the
+            memory plan and scoring layout, the rollout sampler and why, the measured sampling time and peak memory.
     Returns:
         Path of the final checkpoint (``run_dir/checkpoint``). With ``train.save_every = N > 0`` the policy
         after every N-th step is also kept, in ``run_dir/checkpoints/step_<steps done>``
@@ -221,35 +223,32 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
     """
     from core.tools import close_tools, open_tools_for
 
-    cfg = resolve_precision(cfg, run_dir)
-    if cfg.train.get("memory_check", "auto") is not False:  # on the training machine, before any weight loads
+    choices = EngineChoices() if choices is None else choices
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    cfg = resolve_precision(cfg, choices)
+    if RunSettings.of(cfg).memory_check is not False:  # on the training machine, before any weight loads
         plan, refused = memory_plan(cfg)
         if refused:
             raise MemoryError(refused)
     tools = open_tools_for(load_prompts(cfg.data, "train"), cfg.get("tools"))
     try:
-        return _train(cfg, run_dir, log_metrics, logged_through, tools)
+        return _train(setup(cfg, Path(run_dir), tools, choices), log_metrics, logged_through)
     finally:
         close_tools(tools)
 
 
-PRECISION_FILE = "precision.json"  # the precision the run trains in and why (the orchestrator tags it)
-
-
-def resolve_precision(cfg, run_dir):
+def resolve_precision(cfg, choices: EngineChoices):
     """``cfg`` with ``train.precision`` as it resolves on the device this run trains on (``auto``: bf16 where the
-    device computes it natively, :func:`core.precision.choose`), the choice, its reason and the rollout engine's dtype
-    written to ``run_dir/precision.json``."""
+    device computes it natively, :func:`core.precision.choose`); the choice, its reason and the rollout engine's dtype
+    go to ``choices.precision``."""
     from core.precision import choose
     from training.memory_plan import resolve_device
 
     device = resolve_device(cfg)
-    choice = choose(str(cfg.train.get("precision", "auto")), device)
+    choice = choose(str(cfg.train.precision), device)
     cfg = OmegaConf.merge(cfg, {"train": {"precision": choice.precision}})
-    Path(run_dir).mkdir(parents=True, exist_ok=True)
-    (Path(run_dir) / PRECISION_FILE).write_text(json.dumps({
-        "precision": choice.precision, "reason": choice.reason, "device": device,
-        "rollout_dtype": _rollout_dtype(cfg, torch.device(device))}))
+    choices.precision = PrecisionChoice(choice.precision, choice.reason, device,
+                                        _rollout_dtype(RunSettings.of(cfg), torch.device(device)))
     return cfg
 
 
@@ -271,6 +270,8 @@ class LocalRun:
     loss: BoundLoss  # the policy loss bound to algo.policy_loss's parameters
     settings: UpdateSettings
     scorer: Scorer
+    config: RunSettings  # the run's train.* settings, typed once (training/settings.py)
+    choices: EngineChoices = field(default_factory=EngineChoices)  # what the run chose, for the orchestrator
     rollout: object = None
     tools: dict = field(default_factory=dict)
     token_probs: TokenProbs = field(default_factory=TokenProbs)
@@ -282,48 +283,47 @@ class LocalRun:
         return int(self.cfg.seed)
 
 
-def setup(cfg, run_dir: Path, tools: dict) -> LocalRun:
+def setup(cfg, run_dir: Path, tools: dict, choices: EngineChoices | None = None) -> LocalRun:
     """The run's policy (on the device, gradient checkpointing as configured; with ``train.lora.rank > 0`` LoRA
     adapters on the frozen base, :mod:`core.lora`), the reference policy when a KL term reads it (a frozen copy; with
     LoRA the same model with its adapters disabled, no copy), AdamW over what trains with its warm-up schedule, the
     prompt order, the algorithm's functions, the update's settings and the scorer (:func:`open_scorer`: the token
     budget and the packed layout, checked on the model)."""
-    t_cfg, algo = cfg.train, cfg.algo
+    t_cfg, algo, conf = cfg.train, cfg.algo, RunSettings.of(cfg)
+    choices = EngineChoices() if choices is None else choices
     seed_everything(int(cfg.seed))
-    device = torch.device("cuda" if torch.cuda.is_available() and t_cfg.get("device", "auto") != "cpu" else "cpu")
+    device = torch.device("cuda" if torch.cuda.is_available() and conf.device != "cpu" else "cpu")
     model, tokenizer = load_policy(cfg.model)
     lora = LoraSettings.of(cfg)
     if lora.on:  # only the adapters train (B = 0: the policy starts as the base)
         attach(model, lora)
     model.to(device).train()
-    if bool(t_cfg.get("gradient_checkpointing", False)):  # activations recomputed in the backward pass
+    if conf.gradient_checkpointing:  # activations recomputed in the backward pass
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    bf16 = str(t_cfg.get("precision", "fp32")) == "bf16"
     ref_model = None
-    if float(algo.get("kl_beta", 0.0)) > 0 or "ref_logprobs" in needs_of("policy_loss", algo.policy_loss.name,
+    if conf.terms.kl_beta > 0 or "ref_logprobs" in needs_of("policy_loss", algo.policy_loss.name,
                                                                          _params(algo.policy_loss)):
         if lora.on:  # the base itself: core.lora.reference disables the adapters while it scores
             ref_model = model
         else:  # a reference copy only when a KL term is used (in bf16 with train.precision=bf16: it is never trained)
             ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-            if bf16:
+            if conf.bf16:
                 ref_model.to(torch.bfloat16)
     optimizer = make_optimizer(model, t_cfg, lr=lora.learning_rate(t_cfg.lr) if lora.on else None)
-    warmup = int(t_cfg.get("warmup_steps", 0))
+    warmup = conf.warmup_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
     prompts = load_prompts(cfg.data, "train")
     adv_params = _params(algo.advantage)
     # old log-probs scored inside the update, minibatch by minibatch (the first from its own forward pass), unless
     # the advantage estimator reads them or dynamic sampling keeps a subset of the sampled rows
-    dyn = algo.get("dynamic_sampling") or {}
-    defer_old = "old_logprobs" not in needs_of("advantage", algo.advantage.name, adv_params) and not dyn.get("enabled", False)
-    scorer = open_scorer(cfg, model, tokenizer, prompts, device, Path(run_dir))
+    defer_old = "old_logprobs" not in needs_of("advantage", algo.advantage.name, adv_params) and not conf.dynamic.enabled
+    scorer, choices.memory = open_scorer(cfg, model, tokenizer, prompts, device)
     return LocalRun(cfg, Path(run_dir), device, model, tokenizer, ref_model, optimizer, scheduler,
                     PromptOrder(prompts, int(cfg.seed)), get_advantage_fn(algo.advantage.name), adv_params,
                     BoundLoss.named(algo.policy_loss.name, _params(algo.policy_loss)),
-                    UpdateSettings.from_config(cfg, defer_old), scorer, tools=tools)
+                    UpdateSettings.from_config(cfg, defer_old), scorer, conf, choices, tools=tools)
 
 
 def make_optimizer(model, t_cfg, lr: float | None = None) -> torch.optim.Optimizer:
@@ -339,26 +339,26 @@ def make_optimizer(model, t_cfg, lr: float | None = None) -> torch.optim.Optimiz
         return torch.optim.AdamW(params, **kwargs)
 
 
-def open_scorer(cfg, model, tokenizer, prompts: list, device, run_dir: Path) -> Scorer:
+def open_scorer(cfg, model, tokenizer, prompts: list, device) -> tuple[Scorer, dict]:
     """The run's :class:`core.scoring.Scorer`: the layout ``train.packing`` asks for when the model passes its
     self-test (:func:`core.scoring.choose_layout`), and ``train.micro_batch_tokens`` positions per pass (``auto``: the
     memory plan's largest on this device, at least the longest training prompt plus ``train.max_new_tokens``; null:
-    the whole minibatch). Writes the plan, the layout and its reason to ``run_dir/memory.json``; with
+    the whole minibatch). Returns it with the memory record (the plan, the layout and its reason, the budget, the
+    trainable parameters: :attr:`training.engines.EngineChoices.memory`); with
     ``train.memory_check`` (``auto``: on a GPU) one forward and backward pass of the largest micro-batch is measured
     against the plan first (:func:`check_memory`)."""
     from training.memory_plan import RunShape, auto_budget, device_memory_gb, model_shape, plan_memory
 
-    t = cfg.train
-    bf16 = str(t.get("precision", "fp32")) == "bf16"
-    layout, reason = choose_layout(model, str(t.get("packing", "auto")), bf16)
-    longest_prompt = _longest_prompt(tokenizer, prompts, bool(cfg.model.get("chat_template", True)))
+    conf = RunSettings.of(cfg)
+    layout, reason = choose_layout(model, conf.packing, conf.bf16)
+    longest_prompt = _longest_prompt(tokenizer, prompts, conf.chat_template)
     shape, run = model_shape(cfg.model), RunShape.of(cfg, device.type)
     import dataclasses
 
     run = dataclasses.replace(run, max_prompt_tokens=max(longest_prompt, 1))
-    given = t.get("device_memory_gb")
-    device_gb = float(given) if given is not None else device_memory_gb(device.type)
-    budget = t.get("micro_batch_tokens", None)
+    given = conf.device_memory_gb
+    device_gb = given if given is not None else device_memory_gb(device.type)
+    budget = conf.micro_batch_tokens
     rollout_budget = None if budget is None else int(budget) if budget != "auto" else \
         auto_budget(shape, run, device.type, device_gb, cap=False)  # generation holds its KV cache, nothing more
     if budget == "auto":
@@ -378,12 +378,10 @@ def open_scorer(cfg, model, tokenizer, prompts: list, device, run_dir: Path) -> 
             # what trains: every parameter, or with LoRA the adapters (their size is what a checkpoint holds)
             "parameters": {"trainable": trainable, "total": total, "lora_rank": LoraSettings.of(cfg).rank,
                            "adapter_mb": round(trainable * 4 / 2**20, 3) if has_adapters(model) else None}}
-    check = t.get("memory_check", "auto")
+    check = conf.memory_check
     if budget is not None and (check is True or (check == "auto" and device.type == "cuda")):
         info["calibration"] = check_memory(model, scorer, run, device, plan)
-    Path(run_dir).mkdir(parents=True, exist_ok=True)
-    (Path(run_dir) / MEMORY_FILE).write_text(json.dumps(info, indent=1))
-    return scorer
+    return scorer, info
 
 
 def _longest_prompt(tokenizer, prompts: list, chat: bool) -> int:
@@ -526,12 +524,10 @@ def generate(run: LocalRun, step: int) -> StepRollout:
     sampling, groups that are all correct or all wrong are dropped and new prompts sampled, for at most
     max_num_gen_batches rounds. Changes no weight, so a stop request may end it at once
     (core.lifecycle.abortable)."""
-    cfg, t_cfg = run.cfg, run.cfg.train
-    dyn = cfg.algo.get("dynamic_sampling") or {}
-    overlong = cfg.algo.get("overlong_buffer") or {}
+    cfg, t_cfg, dyn, overlong = run.cfg, run.cfg.train, run.config.dynamic, run.config.overlong
     G, n_prompts, max_new = int(t_cfg.group_size), int(t_cfg.prompts_per_step), int(t_cfg.max_new_tokens)
     request = RolloutRequest(G, float(t_cfg.temperature), float(t_cfg.top_p), max_new, 0,
-                             chat_template=bool(cfg.model.get("chat_template", True)), bf16=run.settings.bf16,
+                             chat_template=run.config.chat_template, bf16=run.settings.bf16,
                              old_logprobs=not run.settings.deferred_old, tools=run.tools, tools_cfg=cfg.get("tools"))
     t0 = time.perf_counter()
     kept, sampled, n_kept, rounds, phases = [], [], 0, 0, {}
@@ -541,24 +537,23 @@ def generate(run: LocalRun, step: int) -> StepRollout:
             replace(request, seed=run.seed * 1_000_003 + step * 1_009 + rounds), ref_model=run.ref_model,
             timings=phases, rollout=run.rollout, scorer=run.scorer)
         rounds += 1
-        if overlong.get("enabled", False):
+        if overlong.enabled:
             batch.rewards = batch.rewards + overlong_penalty(
-                batch.response_lengths, max_new, overlong_buffer_length(overlong, max_new),
-                float(overlong.get("penalty_factor", 1.0)))
+                batch.response_lengths, max_new, overlong.buffer_length(max_new), float(overlong.penalty_factor))
         sampled.append(batch)
-        if not dyn.get("enabled", False):
+        if not dyn.enabled:
             kept = [batch]
             break
         keep_rows = informative_rows(batch.correct, batch.group_index)   # 0 < #correct < G (DAPO eq. 11)
         if keep_rows.any():
             kept.append(batch.select(torch.nonzero(keep_rows).squeeze(-1)))
             n_kept += len(torch.unique(batch.group_index[keep_rows]))
-        if n_kept >= n_prompts or rounds >= int(dyn.get("max_num_gen_batches", 1)):
+        if n_kept >= n_prompts or rounds >= dyn.rounds:
             break
     if not kept:  # dynamic sampling found no informative group: nothing to learn from this step
         kept = [batch.select(torch.arange(0))]
     batch = concat_batches(kept, run.tokenizer.pad_token_id)
-    if dyn.get("enabled", False) and batch.batch_size > n_prompts * G:
+    if dyn.enabled and batch.batch_size > n_prompts * G:
         batch = batch.select(torch.arange(n_prompts * G))
     batch = batch.to(run.device)
     if batch.batch_size == 0:
@@ -566,68 +561,35 @@ def generate(run: LocalRun, step: int) -> StepRollout:
     else:  # the registered estimator; rewards come from the verifier in collect_rollouts
         advantages, adv_metrics = run.adv_fn(batch, **run.adv_params)
         advantages = advantages.to(run.device)
-    return StepRollout(batch, sampled, advantages, adv_metrics, rounds if dyn.get("enabled", False) else 0, phases,
+    return StepRollout(batch, sampled, advantages, adv_metrics, rounds if dyn.enabled else 0, phases,
                        time.perf_counter() - t0)
 
 
-def _open_rollout(cfg, model, tokenizer, device, steps_left: int, run_dir: Path, token_budget: int | None = None):
-    """The run's rollout sampler (:func:`rollout_choice`), holding the policy's current weights; its choice and
-    the reason are written to ``run_dir/rollout.json`` (the orchestrator tags the run with them)."""
-    import json
-
+def _open_rollout(run: LocalRun, steps_left: int):
+    """The run's rollout sampler (:func:`rollout_choice`), holding the policy's current weights; its choice, the
+    reason and ``auto``'s estimate go to ``run.choices.rollout`` (the orchestrator tags the run with them)."""
     from core.models import model_path
     from core.sampling import RolloutOptions, build_rollout
-
-    ro = cfg.train.get("rollout") or {}
-    name, reason, estimate = rollout_choice(cfg, sum(p.numel() for p in model.parameters()), device.type == "cuda",
-                                            steps_left)
-    Path(run_dir).mkdir(parents=True, exist_ok=True)
     from core.sampling.rollout import calibration_factor
 
-    gpu = device.type == "cuda"
-    (Path(run_dir) / "rollout.json").write_text(json.dumps({
-        "sampler": name, "reason": reason, "estimate_s": estimate, "gpu": gpu,
-        "calibration": calibration_factor(name, gpu) if estimate is not None else None}))
-    options = RolloutOptions(dtype=_rollout_dtype(cfg, device), token_budget=token_budget,
-                             engine={"gpu_memory_utilization": ro.get("gpu_memory_utilization")}
-                             if device.type == "cuda" else {})
-    return build_rollout(name, model, tokenizer, model_path(cfg.model), options), ro
+    gpu = run.device.type == "cuda"
+    name, reason, estimate = rollout_choice(run.cfg, sum(p.numel() for p in run.model.parameters()), gpu, steps_left)
+    run.choices.rollout = RolloutChoice(name, reason, estimate, gpu,
+                                        calibration_factor(name, gpu) if estimate is not None else None)
+    options = RolloutOptions(dtype=_rollout_dtype(run.config, run.device), token_budget=run.scorer.rollout_budget,
+                             engine={"gpu_memory_utilization": run.config.rollout.gpu_memory_utilization}
+                             if gpu else {})
+    return build_rollout(name, run.model, run.tokenizer, model_path(run.cfg.model), options)
 
 
-def _record_sampling_time(run_dir: Path, seconds: float) -> None:
-    """Add the measured sampling time (the sampler's start and every step's generation, seconds) to
-    ``run_dir/rollout.json`` beside ``auto``'s estimate (the orchestrator tags both and warns when they are more
-    than 3x apart)."""
-    import json
-
-    path = Path(run_dir) / "rollout.json"
-    try:
-        info = json.loads(path.read_text())
-        path.write_text(json.dumps(info | {"measured_s": round(float(seconds), 2)}))
-    except (OSError, ValueError):
-        pass
-
-
-def _record_peak(run_dir: Path, peak_gb: float) -> None:
-    """Add the measured peak (GiB: a GPU's allocated memory, or the process's peak resident memory on the CPU, which
-    includes what an earlier point of the same process held) to ``run_dir/memory.json`` beside the plan."""
-    path = Path(run_dir) / MEMORY_FILE
-    try:
-        info = json.loads(path.read_text())
-        path.write_text(json.dumps(info | {"run_peak_gb": round(float(peak_gb), 3)}, indent=1))
-    except (OSError, ValueError):
-        pass
-
-
-def _rollout_dtype(cfg, device) -> str:
+def _rollout_dtype(conf: RunSettings, device) -> str:
     """``train.rollout.dtype``: ``auto`` is the precision the trainer computes in (``train.precision`` on ``device``:
     float32, or bfloat16 with bf16): the least training-inference mismatch."""
     from core.precision import choose
 
-    dtype = str((cfg.train.get("rollout") or {}).get("dtype", "auto"))
-    if dtype != "auto":
-        return dtype
-    return choose(str(cfg.train.get("precision", "auto")), torch.device(device).type).dtype
+    if conf.rollout.dtype != "auto":
+        return conf.rollout.dtype
+    return choose(conf.precision, torch.device(device).type).dtype
 
 
 def rollout_choice(cfg, n_params: int, gpu: bool, steps: int | None = None) -> tuple[str, str, float | None]:
@@ -642,43 +604,37 @@ def rollout_choice(cfg, n_params: int, gpu: bool, steps: int | None = None) -> t
     from core.sampling import RolloutPlan, choose_rollout_sampler, vllm_engine_defaults
     from core.sampling.rollout import rollout_estimate_s
 
-    t = cfg.train
-    ro = t.get("rollout") or {}
-    dyn = cfg.algo.get("dynamic_sampling") or {}
-    rounds = int(dyn.get("max_num_gen_batches", 1)) if dyn.get("enabled", False) else 1
+    t, conf = cfg.train, RunSettings.of(cfg)
     ready = False
     try:  # a vLLM engine of this process that would serve the run needs no start
         from core import vllm_engine
 
         engine = vllm_engine.current_engine()
         if engine is not None:
-            kwargs = {**vllm_engine_defaults(gpu), **({"gpu_memory_utilization": ro.get("gpu_memory_utilization")}
+            kwargs = {**vllm_engine_defaults(gpu), **({"gpu_memory_utilization": conf.rollout.gpu_memory_utilization}
                                                       if gpu else {})}
-            ready = engine.key == vllm_engine.engine_key(model_path(cfg.model), _rollout_dtype(cfg, torch.device(
+            ready = engine.key == vllm_engine.engine_key(model_path(cfg.model), _rollout_dtype(conf, torch.device(
                 "cuda" if gpu else "cpu")), {k: v for k, v in kwargs.items() if v is not None})
     except (ImportError, OSError):
         ready = False
     plan = RolloutPlan(steps=int(steps if steps is not None else t.steps),
-                       sequences=int(t.prompts_per_step) * int(t.group_size) * rounds,
+                       sequences=int(t.prompts_per_step) * int(t.group_size) * conf.dynamic.rounds,
                        max_new_tokens=int(t.max_new_tokens), n_params=int(n_params), gpu=bool(gpu), engine_ready=ready)
     try:
-        name, reason = choose_rollout_sampler(str(ro.get("sampler", "auto")), plan)
+        name, reason = choose_rollout_sampler(conf.rollout.sampler, plan)
     except ValueError as e:
         raise ValueError(str(e).replace("eval.sampler=", "train.rollout.sampler=")) from None
-    return name, reason, (rollout_estimate_s(name, plan) if str(ro.get("sampler", "auto")) == "auto" else None)
+    return name, reason, (rollout_estimate_s(name, plan) if conf.rollout.sampler == "auto" else None)
 
 
-def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
-    """The run's life: set up, resume, then each step's rollout (:func:`_rollout_step`), update (:func:`_update_step`),
-    metrics (:func:`_step_metrics`), kept policy and saved state; the final checkpoint."""
-    t_cfg = cfg.train
-    run = setup(cfg, Path(run_dir), tools)
+def _train(run: LocalRun, log_metrics, logged_through: int) -> Path:
+    """The run's life after :func:`setup`: resume, then each step's rollout (:func:`_rollout_step`), update
+    (:func:`_update_step`), metrics (:func:`_step_metrics`), kept policy and saved state; the final checkpoint."""
+    cfg = run.cfg
     start_step = resume(run, log_metrics, logged_through)
-    n_steps, every = int(t_cfg.steps), int(t_cfg.get("checkpoint_every", 0) or 0)
-    save_every = int(t_cfg.get("save_every", 0) or 0)
+    n_steps, every, save_every = int(cfg.train.steps), run.config.checkpoint_every, run.config.save_every
     t_open = time.perf_counter()
-    run.rollout, _ = _open_rollout(cfg, run.model, run.tokenizer, run.device, n_steps - start_step, run.run_dir,
-                                   token_budget=run.scorer.rollout_budget)  # transformers rollouts' KV cache
+    run.rollout = _open_rollout(run, n_steps - start_step)
     sampled_s = time.perf_counter() - t_open  # the sampler's start (vLLM's engine), then each step's generation
 
     def save_hf(path: Path) -> None:
@@ -697,8 +653,8 @@ def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
 
     from training.mismatch import SyncGuard
 
-    guard = SyncGuard(float32=_rollout_dtype(cfg, run.device) == "float32" and not run.settings.bf16)
-    max_faulty, faulty = int(t_cfg.get("max_nonfinite_steps", 3)), 0  # steps in a row with a skipped update
+    guard = SyncGuard(float32=_rollout_dtype(run.config, run.device) == "float32" and not run.settings.bf16)
+    max_faulty, faulty = run.config.max_nonfinite_steps, 0  # steps in a row with a skipped update
     lines = LineProgress(f"train {cfg.algo.name}", n_steps, start_step)
     for step in trange(start_step, n_steps, initial=start_step, total=n_steps, desc=f"train {cfg.algo.name}",
                        unit="step", disable=None):
@@ -737,8 +693,10 @@ def _train(cfg, run_dir, log_metrics, logged_through: int, tools: dict) -> Path:
                                "the run stops with its weights and last saved state finite")
 
     run.rollout.close()  # the shared vLLM engine stays up, holding the final policy, for the run's evaluation
-    _record_sampling_time(run.run_dir, sampled_s)
-    _record_peak(run.run_dir, peak_memory_gb(run.device))
+    run.choices.rollout.measured_s = round(float(sampled_s), 2)  # beside auto's estimate (tagged; a 3x miss warns)
+    # a GPU's allocated memory, or the process's peak resident memory on the CPU (which includes what an earlier
+    # point of the same process held), beside the plan
+    run.choices.memory["run_peak_gb"] = round(float(peak_memory_gb(run.device)), 3)
     run.token_probs.write(run.run_dir / TOKEN_PROBS, run.tokenizer)
     return save_atomically(final_checkpoint_dir(run.run_dir), save_hf)
 
@@ -790,7 +748,7 @@ def _update_step(run: LocalRun, ro: StepRollout, step: int, inflight: "InFlight 
     else:  # nothing to learn from: said here (not by PyTorch's scheduler warning); the schedule still advances
         log.warning("step %d: dynamic sampling kept no group with mixed rewards in %d generation round(s) "
                     "(algo.dynamic_sampling.max_num_gen_batches=%s): no update this step (train/updated = 0)",
-                    step, ro.rounds, (run.cfg.algo.get("dynamic_sampling") or {}).get("max_num_gen_batches"))
+                    step, ro.rounds, run.config.dynamic.max_num_gen_batches)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
             run.scheduler.step()
@@ -808,7 +766,7 @@ def _step_metrics(run: LocalRun, ro: StepRollout, step: int, update_metrics: lis
     response (with dynamic sampling, also the dropped groups; with deferred old log-probs the entropies were filled in
     the batch the update saw, every sample), ``updated``; the weight-sync guard's error logged
     (:class:`training.mismatch.SyncGuard`); the sampled tokens counted (:class:`TokenProbs`)."""
-    dynamic = bool((run.cfg.algo.get("dynamic_sampling") or {}).get("enabled", False))
+    dynamic = run.config.dynamic.enabled
     seen = ro.batch if run.settings.deferred_old else concat_batches(ro.sampled, run.tokenizer.pad_token_id)
     metrics = step_metrics(ro.batch, seen, ro.advantages, ro.adv_metrics, update_metrics, times,
                            run.scheduler.get_last_lr()[0], run.device, ro.rounds if dynamic else None)
