@@ -112,8 +112,9 @@ def main(argv=None) -> int:
     logging.getLogger("rlvr.tables").setLevel(logging.DEBUG)
     logging.getLogger("rlvr").info("computing the tables of %d samples (%d prompts), pass@k for k in %s",
                                    len(samples), samples.groupby(["benchmark", "prompt_id"]).ngroups, ks)
-    tables, _ = compute_tables(samples, ks, similarity_metric=args.similarity_metric, ucc_threshold=args.ucc_threshold,
-                               base_samples=base, same_answer=same)
+    knobs = {k: v for k, v in (("similarity_metric", args.similarity_metric), ("ucc_threshold", args.ucc_threshold))
+             if v is not None}  # the command's flags are the eval.* knobs they name
+    tables, _ = compute_tables(samples, ks, base_samples=base, same_answer=same, eval_cfg=knobs)
     out = Path(args.out) if args.out else new_folder(Path("recomputed") / Path(args.samples).resolve().parent.name)
     out.mkdir(parents=True, exist_ok=True)
     if shared is not None:

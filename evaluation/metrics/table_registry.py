@@ -272,22 +272,35 @@ TABLES: Registry[MetricTable] = Registry("metric table", packages=("evaluation.t
 them too, in their order)."""
 
 
-def register_table(name: str, compute: Callable, *, section: str, columns, rows: str = "{benchmark}", knobs=None,
-                   checks: Callable | None = None, per_group: bool = True, listings=(), summary=(), doc: str = "",
-                   replace: bool = False) -> MetricTable:
-    """Register a metric table (see :class:`MetricTable` for the arguments) and return its entry.
+def register_table(spec: "MetricTable | str", compute: Callable | None = None, *, replace: bool = False,
+                   **fields) -> MetricTable:
+    """Register a metric table and return its entry: ``register_table(MetricTable(name=..., compute=..., section=...,
+    columns=...))``, the typed declaration every plug-in kind uses (a frozen record, like a task's or a sampler's).
+
+    Shim (the call the docs showed before issue 57, kept working): ``register_table(name, compute, section=...,
+    columns=..., rows=..., knobs=..., checks=..., per_group=..., listings=..., summary=..., doc=...)`` builds the same
+    record from its arguments.
 
     Raises:
         ValueError: no columns, a summary column not among them, a bad ``rows`` template, a knob that is not a
             full dotted key, or ``name`` already registered by another module (unless ``replace``).
+        TypeError: a record given with ``compute`` or fields beside it, or a field :class:`MetricTable` does not have.
     """
-    for key, spec in (knobs or {}).items():
-        if "." not in key or not isinstance(spec, Spec):
-            raise ValueError(f"metric table {name!r}: knob {key!r}: expected a full dotted key (eval.x) and a Spec")
-    entry = MetricTable(name=name, compute=compute, section=section, columns=tuple(columns), rows=rows,
-                        knobs=dict(knobs or {}), checks=checks, per_group=per_group, listings=tuple(listings),
-                        summary=tuple(summary), doc=doc)
-    object.__setattr__(entry, "__module__", getattr(compute, "__module__", __name__))
+    if isinstance(spec, MetricTable):
+        if compute is not None or fields:
+            raise TypeError(f"register_table({spec.name!r}): a MetricTable record takes no other arguments")
+        entry = spec
+    else:
+        for key in ("columns", "listings", "summary"):
+            if key in fields:
+                fields[key] = tuple(fields[key])
+        fields["knobs"] = dict(fields.get("knobs") or {})
+        entry = MetricTable(name=spec, compute=compute, **fields)
+    for key, knob in entry.knobs.items():
+        if "." not in key or not isinstance(knob, Spec):
+            raise ValueError(f"metric table {entry.name!r}: knob {key!r}: expected a full dotted key (eval.x) and a Spec")
+    name = entry.name
+    object.__setattr__(entry, "__module__", getattr(entry.compute, "__module__", __name__))
     object.__setattr__(entry, "__qualname__", f"MetricTable[{name}]")
     return TABLES.register(name, entry, replace=replace)
 
@@ -313,21 +326,12 @@ def find_table(metric: str) -> MetricName | None:
     return None
 
 
-def knob_values(eval_cfg=None, explicit: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """{dotted key: value} for every registered table's knobs: ``explicit`` (a value that is not None), else the
-    ``eval`` config node ``eval_cfg`` (a DictConfig or dict, keys relative to it: ``ucc_ks`` for ``eval.ucc_ks``),
-    else the knob's default.
+def knob_values(eval_cfg=None) -> dict[str, Any]:
+    """{dotted key: value} for every registered table's knobs: the ``eval`` config node ``eval_cfg`` (a DictConfig
+    or dict, keys relative to it: ``ucc_ks`` for ``eval.ucc_ks``), else the knob's default.
 
     Raises:
         core.config_keys.BadValue: a knob absent from the config whose Spec has no default.
     """
-    explicit = explicit or {}
     root = {"eval": eval_cfg if eval_cfg is not None else {}}
-    out = {}
-    for entry in TABLES.values():
-        for key, spec in entry.knobs.items():
-            if explicit.get(key) is not None:
-                out[key] = explicit[key]
-            else:
-                out[key] = setting(root, key, spec)
-    return out
+    return {key: setting(root, key, spec) for entry in TABLES.values() for key, spec in entry.knobs.items()}

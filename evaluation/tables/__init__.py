@@ -40,10 +40,8 @@ from .flip_rates import flip_metrics  # noqa: F401
 from .comparability import protocol_differences  # noqa: F401  (registers nothing)
 
 
-def compute_tables(samples: pd.DataFrame, ks, ucc_ks=None, similarity_metric: str | None = None,
-                   ucc_threshold: float | None = None, base_samples: pd.DataFrame | None = None,
-                   flip_k: int | None = None, kinds: dict | None = None, same_answer: dict | None = None,
-                   eval_cfg=None) -> tuple[dict, dict]:
+def compute_tables(samples: pd.DataFrame, ks, base_samples: pd.DataFrame | None = None, kinds: dict | None = None,
+                   same_answer: dict | None = None, eval_cfg=None) -> tuple[dict, dict]:
     """Every registered metric table (:data:`TABLES`: the built-ins and plug-ins) and its flat MLflow metrics.
 
     Args:
@@ -52,15 +50,12 @@ def compute_tables(samples: pd.DataFrame, ks, ucc_ks=None, similarity_metric: st
             own budgets (per-benchmark decoding, ``eval.decoding``): each group of benchmarks with the same ks and
             n is tabled on its own, the tables joined, and every ``mean`` row recomputed over the benchmarks that
             have the column (unweighted); :func:`budget_metrics` then gives the suite mean at each benchmark's own k.
-        ucc_ks: UCC@k values (default: ``eval_cfg.ucc_ks``, else the ks >= 8, or the largest k).
-        similarity_metric, ucc_threshold: UCC@k's similarity and threshold (default: ``eval_cfg``'s, else
-            rouge_l and 0.7).
         base_samples: the base model's samples on the same prompts, for flip rates.
-        flip_k: None for the literal flip rule (unless ``eval_cfg.flip_k`` is set), else the budget-k reading.
         kinds: {benchmark: task kind}; adds the ``kinds`` table (``eval/kind/<kind>/<metric>``).
         same_answer: {benchmark: same(a, b)}, the tasks' answer equivalences for the modes table.
-        eval_cfg: the ``eval`` config node (DictConfig or dict): every registered table's knobs (``eval.<key>``)
-            are read from it, explicit arguments above taking precedence, else the knob's default.
+        eval_cfg: the ``eval`` config node (DictConfig or dict): every registered table's knobs (``eval.<key>``:
+            ``ucc_ks``, ``similarity_metric``, ``ucc_threshold``, ``flip_k``, ``length_unit``, a plug-in's keys) are
+            read from it, the one way knobs arrive; a knob it does not set takes the knob's default.
     Tables ``verifier`` (``eval/<benchmark>/verifier_disagreement``...) and ``verifier_disagreements`` (the
     samples) appear when samples carry plain math-verify's verdict (:func:`verifier_tables`); a table whose
     ``compute`` returns None is left out.
@@ -71,8 +66,7 @@ def compute_tables(samples: pd.DataFrame, ks, ucc_ks=None, similarity_metric: st
         ValueError: a k larger than a prompt's number of samples (coverage@k), a flip_k larger than n, or a
             table's value that is not a number.
     """
-    knobs = knob_values(eval_cfg, {"eval.ucc_ks": ucc_ks, "eval.similarity_metric": similarity_metric,
-                                   "eval.ucc_threshold": ucc_threshold, "eval.flip_k": flip_k})
+    knobs = knob_values(eval_cfg)
     entries = TABLES.values()
     n_of = samples.groupby(["benchmark", "prompt_id"]).size().groupby(level=0).min()
     common = dict(knobs=knobs, base_samples=base_samples, kinds=kinds, same_answer=same_answer)

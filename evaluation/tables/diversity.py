@@ -8,7 +8,7 @@ import pandas as pd
 from core.config_keys import F, I, L, S
 
 from ..metrics.diversity import METRICS, mean_pairwise_similarity, ucc_at_k
-from ..metrics.table_registry import TableSettings, register_table
+from ..metrics.table_registry import TableSettings, MetricTable, register_table
 from .frames import by_prompt, with_mean
 
 
@@ -42,7 +42,7 @@ def _ucc_ks(s: TableSettings) -> list[int]:
     return [int(k) for k in (s["eval.ucc_ks"] or [k for k in s.ks if k >= 8] or [max(s.ks)])]
 
 
-register_table(
+register_table(MetricTable(
     "ucc", lambda samples, s: ucc_table(samples, [k for k in _ucc_ks(s) if k <= s.n], s["eval.similarity_metric"],
                                         float(s["eval.ucc_threshold"])),
     section="Distinct correct solutions (UCC@k) and similarity among correct answers", columns=("ucc@{k}", "ucr"),
@@ -50,10 +50,10 @@ register_table(
     knobs={"eval.ucc_ks": L(I(1), null=True, default=None, doc="UCC@k values (null: the ks >= 8, else the largest k)"),
            "eval.ucc_threshold": F(0, 1, default=0.7, doc="two correct responses are one solution at similarity >= this"),
            "eval.similarity_metric": S(METRICS, default="rouge_l", doc="the similarity UCC@k clusters by")},
-    doc="UCC@k: distinct correct solutions among k responses; UCR: distinct correct solutions / n.")
+    doc="UCC@k: distinct correct solutions among k responses; UCR: distinct correct solutions / n."))
 
 
-register_table("similarity", lambda samples, s: similarity_table(samples),
+register_table(MetricTable("similarity", lambda samples, s: similarity_table(samples),
                section="Distinct correct solutions (UCC@k) and similarity among correct answers",
                columns=tuple(f"{m}_mean" for m in METRICS), summary=("rouge_l_mean",),
-               doc="Mean pairwise similarity among each prompt's correct responses (prompts with >= 2).")
+               doc="Mean pairwise similarity among each prompt's correct responses (prompts with >= 2)."))

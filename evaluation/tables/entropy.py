@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..metrics.table_registry import register_table
+from ..metrics.table_registry import MetricTable, register_table
 from .frames import with_mean
 
 
@@ -20,6 +20,6 @@ def entropy_table(samples: pd.DataFrame) -> pd.DataFrame:
     return with_mean(pd.DataFrame(rows).T)
 
 
-register_table("entropy", lambda samples, s: entropy_table(samples), section="Entropy",
+register_table(MetricTable("entropy", lambda samples, s: entropy_table(samples), section="Entropy",
                columns=("entropy", "entropy_correct", "entropy_wrong"),
-               doc="Mean token entropy (nats): all samples, correct ones, wrong ones.")
+               doc="Mean token entropy (nats): all samples, correct ones, wrong ones."))

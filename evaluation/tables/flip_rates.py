@@ -7,7 +7,7 @@ import pandas as pd
 from core.config_keys import I
 
 from ..metrics.difficulty import flip_rates
-from ..metrics.table_registry import TABLES, register_table
+from ..metrics.table_registry import TABLES, MetricTable, register_table
 
 
 def flip_metrics(base_samples: pd.DataFrame, samples: pd.DataFrame, k: int | None = None) -> tuple[pd.DataFrame, dict]:
@@ -24,11 +24,11 @@ def _check_flip(eval_cfg, n: int) -> None:
         raise ValueError(f"eval.flip_k={k}: larger than eval.n={n} (a prompt has only n samples)")
 
 
-register_table("flip_rates", lambda samples, s: None if s.base_samples is None else
+register_table(MetricTable("flip_rates", lambda samples, s: None if s.base_samples is None else
                flip_rates(s.base_samples, samples, None if s["eval.flip_k"] is None else int(s["eval.flip_k"])),
                section="Flip rates against the base model",
                columns=("n_prompts", "solved_from_unsolved", "improved", "regressed"), rows="{benchmark}/flip/{bucket}",
                per_group=False, checks=_check_flip,
                knobs={"eval.flip_k": I(1, null=True, default=None,
                                        doc="null: literal flip rule (no correct sample among all n); k: budget-k reading")},
-               doc="Per difficulty bucket of the base model: prompts flipped to solved, improved, regressed.")
+               doc="Per difficulty bucket of the base model: prompts flipped to solved, improved, regressed."))

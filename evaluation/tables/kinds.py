@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..metrics.table_registry import register_table
+from ..metrics.table_registry import MetricTable, register_table
 
 
 def kind_table(passk: pd.DataFrame, kinds: dict) -> pd.DataFrame:
@@ -20,6 +20,6 @@ def kind_table(passk: pd.DataFrame, kinds: dict) -> pd.DataFrame:
     return table
 
 
-register_table("kinds", lambda samples, s: kind_table(s.tables["passk"], s.kinds) if s.kinds else None,
+register_table(MetricTable("kinds", lambda samples, s: kind_table(s.tables["passk"], s.kinds) if s.kinds else None,
                section="By task kind", columns=("benchmarks", "pass@{k}", "avg@{n}"), rows="kind/{kind}",
-               per_group=False, doc="pass@k and avg@n averaged over the benchmarks of each task kind (unweighted).")
+               per_group=False, doc="pass@k and avg@n averaged over the benchmarks of each task kind (unweighted)."))

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 
 from ..metrics.modes import prompt_mode_stats
-from ..metrics.table_registry import register_table
+from ..metrics.table_registry import MetricTable, register_table
 from .frames import by_prompt, with_mean
 
 
@@ -37,7 +37,7 @@ def modes_table(samples: pd.DataFrame, ks, same_answer: dict | None = None) -> p
     return with_mean(table)
 
 
-register_table("modes", lambda samples, s: modes_table(samples, list(s.ks), s.same_answer),
+register_table(MetricTable("modes", lambda samples, s: modes_table(samples, list(s.ks), s.same_answer),
                section="Answer modes (ExPPO's metrics)",
                columns=("accuracy", "observed_yield", "effective_yield", "disagreement", "coverage@{k}"),
-               doc="ExPPO's coverage@k, accuracy, observed and effective yield, correct-pair disagreement D.")
+               doc="ExPPO's coverage@k, accuracy, observed and effective yield, correct-pair disagreement D."))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ..metrics.passk import pass_at_k, passk_table
-from ..metrics.table_registry import TableSettings, register_table
+from ..metrics.table_registry import TableSettings, MetricTable, register_table
 
 
 def per_prompt_values(samples: pd.DataFrame, metric: str = "accuracy") -> pd.Series:
@@ -24,5 +24,5 @@ def _passk(samples, s: TableSettings) -> pd.DataFrame:
     return table
 
 
-register_table("passk", _passk, section="pass@k", columns=("pass@{k}", "avg@{n}"), summary=("pass@1",),
-               doc="Unbiased pass@k (k in eval.ks) and avg@n (mean accuracy over the n samples) per benchmark.")
+register_table(MetricTable("passk", _passk, section="pass@k", columns=("pass@{k}", "avg@{n}"), summary=("pass@1",),
+               doc="Unbiased pass@k (k in eval.ks) and avg@n (mean accuracy over the n samples) per benchmark."))

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 
 from ..metrics.passk import pass_at_k
-from ..metrics.table_registry import register_table
+from ..metrics.table_registry import MetricTable, register_table
 
 
 def subset_table(samples: pd.DataFrame, ks) -> pd.DataFrame:
@@ -29,6 +29,6 @@ def subset_table(samples: pd.DataFrame, ks) -> pd.DataFrame:
     return table
 
 
-register_table("subsets", lambda samples, s: subset_table(samples, list(s.ks)).pipe(lambda t: t if len(t) else None),
+register_table(MetricTable("subsets", lambda samples, s: subset_table(samples, list(s.ks)).pipe(lambda t: t if len(t) else None),
                section="Accuracy by subset (K&K: by number of people)", columns=("n_prompts", "accuracy", "pass@{k}"),
-               rows="{benchmark}/{subset}", doc="Accuracy and pass@k per subset of a benchmark (K&K: people per puzzle).")
+               rows="{benchmark}/{subset}", doc="Accuracy and pass@k per subset of a benchmark (K&K: people per puzzle)."))

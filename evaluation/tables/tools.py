@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..metrics.table_registry import register_table
+from ..metrics.table_registry import MetricTable, register_table
 from .frames import with_mean
 
 
@@ -19,6 +19,6 @@ def tool_table(samples: pd.DataFrame) -> pd.DataFrame:
     return with_mean(pd.DataFrame(rows).T)
 
 
-register_table("tools", lambda samples, s: tool_table(samples).pipe(lambda t: t if len(t) else None),
+register_table(MetricTable("tools", lambda samples, s: tool_table(samples).pipe(lambda t: t if len(t) else None),
                section="Tool use", columns=("exact_match", "tool_calls", "no_answer_share"),
-               doc="Exact match, tool calls per episode and the share of episodes without an answer.")
+               doc="Exact match, tool calls per episode and the share of episodes without an answer."))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..metrics.table_registry import TableSettings, register_table
+from ..metrics.table_registry import TableSettings, MetricTable, register_table
 from .frames import with_mean
 
 
@@ -90,10 +90,10 @@ def _verifier(samples, s: TableSettings):
     return {"verifier": table, "verifier_disagreements": listing} if len(table) else None
 
 
-register_table("verifier", _verifier, section="Grader check: answers in the asked form, echoes refused, and this "
+register_table(MetricTable("verifier", _verifier, section="Grader check: answers in the asked form, echoes refused, and this "
                "suite's verifier against plain math-verify",
                columns=AUDIT_COLUMNS, listings=("verifier_disagreements",),
                doc="The grader audit: how often this suite's verdict differs from plain math-verify's (and the "
                    "disagreeing samples), the share of responses with no answer in the asked form (format_miss), the "
                    "echoes of the prompt refused (and how many plain math-verify would have paid), and any echo "
-                   "accepted (a leak).")
+                   "accepted (a leak)."))

@@ -143,7 +143,7 @@ def test_budget_k_flip_rule_by_hand():
     assert k2.loc[("all", "easy"), "improved"] == 0.0  # improved compares all samples: 4/8 -> 1/8
     with pytest.raises(ValueError, match="flip_k=9"):
         flip_rates(base, after, k=9)
-    _, metrics = compute_tables(after, [1, 2], base_samples=base, flip_k=2)
+    _, metrics = compute_tables(after, [1, 2], base_samples=base, eval_cfg={"flip_k": 2})
     assert metrics["eval/b/flip/easy/solved_from_unsolved"] == 1.0 and metrics["eval/all/flip/medium/n_prompts"] == 2
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from core.config_keys import NO_DEFAULT, BadValue, Spec, check_value
 from evaluation.metrics.difficulty import flip_rates
-from evaluation.tables import TABLES, MetricTable, compute_tables, find_table, flip_metrics
+from evaluation.tables import TABLES, MetricTable, compute_tables, find_table, flip_metrics, register_table, ucc_table
 from reports import data as R
 from reports import load as L
 
@@ -110,16 +110,19 @@ def _keys(entry: MetricTable, table: pd.DataFrame) -> set:
     return set(entry.flatten({entry.name: table}))
 
 
-def test_knobs_flow_from_the_eval_config_and_explicit_arguments_win():
+def test_knobs_flow_from_the_eval_config_one_way():
+    """Knobs arrive one way (issue 57): the ``eval`` config's keys; the result equals the tables computed with the
+    same knobs called directly, and a knob left out takes its default."""
     samples = _rich_samples()
-    _, explicit = compute_tables(samples, [1, 2, 4], ucc_ks=[2, 4], ucc_threshold=0.3, similarity_metric="jaccard")
     _, from_cfg = compute_tables(samples, [1, 2, 4], eval_cfg={"ucc_ks": [2, 4], "ucc_threshold": 0.3,
                                                                "similarity_metric": "jaccard"})
-    _, both = compute_tables(samples, [1, 2, 4], ucc_threshold=0.3, eval_cfg={"ucc_ks": [2, 4], "ucc_threshold": 0.9,
-                                                                              "similarity_metric": "jaccard"})
     _, defaults = compute_tables(samples, [1, 2, 4])
-    assert explicit == from_cfg == both and "eval/a/ucc_at_2" in explicit and "eval/a/ucc_at_2" not in defaults
-    assert explicit["eval/a/ucr"] != defaults["eval/a/ucr"]
+    direct = ucc_table(samples, [2, 4], "jaccard", 0.3)
+    assert "eval/a/ucc_at_2" in from_cfg and "eval/a/ucc_at_2" not in defaults
+    assert from_cfg["eval/a/ucc_at_2"] == pytest.approx(float(direct.loc["a", "ucc@2"]))
+    assert from_cfg["eval/a/ucr"] != defaults["eval/a/ucr"]
+    with pytest.raises(TypeError):  # the old second way is gone, not silently ignored
+        compute_tables(samples, [1, 2, 4], ucc_threshold=0.3)
     base = samples.assign(correct=samples["correct"].to_numpy()[::-1])
     _, k2 = compute_tables(samples, [1], base_samples=base, eval_cfg={"flip_k": 2})
     assert {k: v for k, v in k2.items() if "/flip/" in k} == flip_metrics(base, samples, 2)[1]
@@ -233,3 +236,18 @@ def test_the_report_shows_a_plug_in_tables_section(tmp_path):
     assert "0.3750" in html[start:html.find("<h2", start) % (len(html) + 1)]  # to the next section
     section = html[html.index('id="Response-length"'):]
     assert "6.1250" in section and "Mean response length per benchmark" in section
+
+
+def test_a_table_declared_as_a_record_and_through_the_old_call_registers_the_same_entry():
+    """register_table takes the typed record (issue 57) and keeps the call documented before it working (the shim):
+    both give equal entries; a record with extra arguments is refused."""
+    fn = lambda samples, s: None  # noqa: E731
+    try:
+        old = register_table("toy_same_way", fn, section="Toy", columns=["x@{k}"], summary=["x@{k}"], replace=True)
+        new = register_table(MetricTable("toy_same_way", fn, section="Toy", columns=("x@{k}",), summary=("x@{k}",)),
+                             replace=True)
+        assert old == new and new.columns == ("x@{k}",) and TABLES.get("toy_same_way") is new
+        with pytest.raises(TypeError, match="takes no other arguments"):
+            register_table(new, section="Other", replace=True)
+    finally:
+        TABLES._items.pop("toy_same_way", None)  # the registry has no public removal: a test leaves no table behind
