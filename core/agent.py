@@ -13,11 +13,24 @@ and Eq. 15).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from .generation import Generation
+from .sampling.protocol import SamplingSettings
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    """The tools of an episode and their limits: ``tools`` ({name: :class:`core.tools.Tool`}), ``max_turns`` (tool
+    calls per episode at most; a call beyond it ends the episode unanswered: ``tools.max_turns``) and
+    ``max_obs_tokens`` (tokens of one tool result kept, the rest cut: ``tools.max_obs_tokens``)."""
+
+    tools: dict
+    max_turns: int = 4
+    max_obs_tokens: int = 256
 
 ANSWER_CLOSE = "</answer>"
 
@@ -78,18 +91,16 @@ def model_eos_ids(model, tokenizer) -> list[int]:
 
 
 @torch.no_grad()
-def generate_with_tools(model, tokenizer, texts: Sequence[str], n: int, temperature: float, top_p: float,
-                        max_new_tokens: int, seed: int | None, tools: dict, max_turns: int = 4,
-                        max_obs_tokens: int = 256) -> Generation:
+def generate_with_tools(model, tokenizer, texts: Sequence[str], n: int, settings: SamplingSettings, seed: int | None,
+                        use: ToolUse) -> Generation:
     """Sample ``n`` episodes per input text with transformers ``generate`` on ``model``, calling ``tools`` along the way
     (:func:`run_episodes` with :func:`hf_continuation`; ``seed`` seeds torch's generator once).
 
     Args:
         texts: rendered model inputs (:func:`core.sampling.prompt_texts`).
-        temperature: 0 is greedy; top_p in (0, 1].
-        max_new_tokens: the budget of the whole response, policy and tool tokens together.
-        max_turns: tool calls per episode at most; a call beyond it ends the episode unanswered.
-        max_obs_tokens: tokens of one tool result kept (the rest is cut).
+        settings: temperature (0 is greedy), top_p in (0, 1], max_new_tokens (the budget of the whole response,
+            policy and tool tokens together); its chat_template is unused (the texts are rendered).
+        use: the tools and their limits (:class:`ToolUse`).
     Returns:
         :class:`core.generation.Generation` (prompt-major), with ``tool_calls`` (B,), ``tool_tokens`` (B,) and
         ``finished`` (B,): the episode ended by EOS or ``</answer>``.
@@ -98,14 +109,14 @@ def generate_with_tools(model, tokenizer, texts: Sequence[str], n: int, temperat
     """
     if seed is not None:
         torch.manual_seed(int(seed))
-    stops = [t.close_tag for t in tools.values()] + [ANSWER_CLOSE]
-    cont = hf_continuation(model, tokenizer, temperature, top_p, stops)
-    return run_episodes(cont, tokenizer, model_eos_ids(model, tokenizer), texts, n, max_new_tokens, tools, max_turns,
-                        max_obs_tokens, device=next(model.parameters()).device)
+    stops = [t.close_tag for t in use.tools.values()] + [ANSWER_CLOSE]
+    cont = hf_continuation(model, tokenizer, settings.temperature, settings.top_p, stops)
+    return run_episodes(cont, tokenizer, model_eos_ids(model, tokenizer), texts, n, settings.max_new_tokens, use,
+                        device=next(model.parameters()).device)
 
 
 def run_episodes(cont, tokenizer, eos_ids: Sequence[int], texts: Sequence[str], n: int, max_new_tokens: int,
-                 tools: dict, max_turns: int = 4, max_obs_tokens: int = 256, device="cpu") -> Generation:
+                 use: ToolUse, device="cpu") -> Generation:
     """Sample ``n`` episodes per input text through a continuation function, calling ``tools`` along the way.
 
     Args:
@@ -113,7 +124,8 @@ def run_episodes(cont, tokenizer, eos_ids: Sequence[int], texts: Sequence[str], 
             sequence by at most its budget, stopping at a tool's closing tag, ``</answer>`` or EOS (it may run past
             them: the turn is cut here); :func:`hf_continuation`, or the vLLM rollout's.
         eos_ids: the tokens that end a response.
-        texts, n, max_new_tokens, tools, max_turns, max_obs_tokens: as :func:`generate_with_tools`.
+        texts, n: as :func:`generate_with_tools`; max_new_tokens: the whole response's budget.
+        use: the tools and their limits (:class:`ToolUse`).
     Returns:
         :class:`core.generation.Generation` as :func:`generate_with_tools`, with ``logprobs`` (B, L) when ``cont``
         returns them (0 on the tool's tokens).
@@ -122,6 +134,7 @@ def run_episodes(cont, tokenizer, eos_ids: Sequence[int], texts: Sequence[str], 
     """
     pad = tokenizer.pad_token_id
     eos_ids = set(eos_ids)
+    tools, max_turns, max_obs_tokens = use.tools, use.max_turns, use.max_obs_tokens
     stops = [t.close_tag for t in tools.values()] + [ANSWER_CLOSE]
     enc = [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
     B = len(enc) * int(n)

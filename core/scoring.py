@@ -8,6 +8,7 @@ entropy of each sampled response, from the full next-token distribution). Every 
 from __future__ import annotations
 
 import contextlib
+from typing import NamedTuple
 
 import torch
 
@@ -20,6 +21,21 @@ def autocast(model, enabled: bool):
 
 
 HEAD_TOKENS = 1024  # response tokens per output-head call (their float32 logits and log-softmax exist at once)
+
+
+class Sequences(NamedTuple):
+    """A batch's teacher-forced sequences: ``prompt_ids``, ``prompt_mask`` (B, P) left-padded and ``response_ids``,
+    ``response_mask`` (B, L) right-padded, the four tensors every scoring pass reads together."""
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+
+    @classmethod
+    def of(cls, batch) -> "Sequences":
+        """The sequences of anything with the four fields (a :class:`training.batch.RolloutBatch`, a generation)."""
+        return cls(batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
 CHUNK_TOKENS = HEAD_TOKENS  # the name earlier callers used
 
 
@@ -117,9 +133,8 @@ def _shared_prompt_hidden(trunk, prompt_ids, prompt_mask, response_ids, attn_ful
     return torch.cat([out.last_hidden_state[inverse, P - 1:P], resp_hidden[:, :L - 1]], dim=1)
 
 
-def compute_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature: float = 1.0,
-                     with_entropy: bool = False, bf16: bool = False, chunk_tokens: int | None = HEAD_TOKENS,
-                     share_prompts: bool = True):
+def compute_logprobs(model, seqs: Sequences, temperature: float = 1.0, with_entropy: bool = False, bf16: bool = False,
+                     chunk_tokens: int | None = HEAD_TOKENS, share_prompts: bool = True):
     """Log-probabilities (and optionally entropies) of response tokens under ``model``, all rows in one pass (the
     ``padded`` layout; :class:`Scorer` splits a batch into passes under a token budget).
 
@@ -134,7 +149,7 @@ def compute_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask
     ``logits_to_keep``.
 
     Args:
-        prompt_ids, prompt_mask: (B, P); response_ids, response_mask: (B, L).
+        seqs: :class:`Sequences`: prompt_ids, prompt_mask (B, P); response_ids, response_mask (B, L).
         temperature: sampling temperature (> 0).
         with_entropy: also return the exact next-token entropy (nats) from the full distribution.
         bf16: bf16 autocast for the decoder and head (their outputs are cast to float32 before the softmax).
@@ -150,6 +165,7 @@ def compute_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask
         (logprobs (B, L) float32, entropy (B, L) float32 or None). Masked positions hold garbage (zeros on the
         separable path); always use them with ``response_mask``.
     """
+    prompt_ids, prompt_mask, response_ids, response_mask = seqs
     input_ids = torch.cat([prompt_ids, response_ids], dim=1)
     # After the first EOS the response mask is 0: keep attending there is harmless, but the
     # positions must continue, as in generation (generate's attention mask is all ones there).
@@ -180,17 +196,16 @@ def compute_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask
     return _scatter(lp, rows, cols, shape), (_scatter(ent, rows, cols, shape) if with_entropy else None)
 
 
-def packed_logprobs(model, mb, prompt_ids, prompt_mask, response_ids, response_mask, temperature: float = 1.0,
-                    with_entropy: bool = False, bf16: bool = False, head_tokens: int | None = HEAD_TOKENS,
-                    pad_id: int = 0):
+def packed_logprobs(model, mb, seqs: Sequences, temperature: float = 1.0, with_entropy: bool = False,
+                    bf16: bool = False, head_tokens: int | None = HEAD_TOKENS, pad_id: int = 0):
     """Log-probs (and entropies) of the rows of a ``packed`` or ``tree`` micro-batch (:func:`core.packing.plan`),
     the decoder run once over its packed rows (no key/value cache, so nothing attends across sequences but what the
     layout allows; :func:`core.packing.packed_inputs`).
 
     Args:
-        mb: a :class:`core.packing.MicroBatch` of the batch given by the other tensors.
-        prompt_ids, prompt_mask: (B, P) left-padded; response_ids, response_mask: (B, L) right-padded (the whole
-            batch: ``mb.rows`` picks the rows).
+        mb: a :class:`core.packing.MicroBatch` of the batch ``seqs``.
+        seqs: :class:`Sequences` of the whole batch (``mb.rows`` picks the rows): prompt_ids, prompt_mask (B, P)
+            left-padded; response_ids, response_mask (B, L) right-padded.
     Returns:
         (logprobs (b, L), entropy (b, L) or None), float32, row k for batch row ``mb.rows[k]``; zeros where the
         response mask is 0 past the response's last kept token.
@@ -199,7 +214,8 @@ def packed_logprobs(model, mb, prompt_ids, prompt_mask, response_ids, response_m
 
     trunk = model.base_model
     mask_dtype = torch.bfloat16 if bf16 else next(model.parameters()).dtype  # the attention's query dtype
-    x = packed_inputs(mb, prompt_ids, prompt_mask, response_ids, response_mask, pad_id, mask_dtype)
+    x = packed_inputs(mb, *seqs, pad_id, mask_dtype)
+    response_ids = seqs.response_ids
     with autocast(model, bf16):
         hidden = trunk(input_ids=x.input_ids, attention_mask=x.attention_mask, position_ids=x.position_ids,
                        use_cache=False).last_hidden_state
@@ -255,17 +271,18 @@ class Scorer:
         return plan(prompt_ids, prompt_mask, response_mask, self.budget, self.layout, self.row_tokens,
                     self.attention_width)
 
-    def forward(self, model, mb, prompt_ids, prompt_mask, response_ids, response_mask, temperature: float = 1.0,
-                with_entropy: bool = False, bf16: bool = False):
+    def forward(self, model, mb, seqs: Sequences, temperature: float = 1.0, with_entropy: bool = False,
+                bf16: bool = False):
         """One micro-batch's (log-probs (b, L), entropy (b, L) or None), float32, rows in ``mb.rows`` order, with
-        gradients when they are enabled. The tensors are the whole batch's."""
+        gradients when they are enabled. ``seqs`` (:class:`Sequences`) is the whole batch's."""
+        prompt_ids, prompt_mask, response_ids, response_mask = seqs
         if mb.layout == "padded":
             from .packing import trim
 
             rows = mb.rows.to(response_ids.device)
             p_ids, p_mask, r_ids, r_mask = trim(prompt_ids[rows], prompt_mask[rows], response_ids[rows],
                                                 response_mask[rows])
-            lp, ent = compute_logprobs(model, p_ids, p_mask, r_ids, r_mask, temperature, with_entropy=with_entropy,
+            lp, ent = compute_logprobs(model, Sequences(p_ids, p_mask, r_ids, r_mask), temperature, with_entropy=with_entropy,
                                        bf16=bf16, chunk_tokens=self.head_tokens)
             L = response_ids.shape[1]
             if lp.shape[1] < L:
@@ -273,8 +290,7 @@ class Scorer:
                 lp = torch.nn.functional.pad(lp, pad)
                 ent = None if ent is None else torch.nn.functional.pad(ent, pad)
             return lp, ent
-        return packed_logprobs(model, mb, prompt_ids, prompt_mask, response_ids, response_mask, temperature,
-                               with_entropy, bf16, self.head_tokens, self.pad_id)
+        return packed_logprobs(model, mb, seqs, temperature, with_entropy, bf16, self.head_tokens, self.pad_id)
 
     def score(self, model, prompt_ids, prompt_mask, response_ids, response_mask, temperature: float = 1.0,
               with_entropy: bool = False, bf16: bool = False):
@@ -285,7 +301,7 @@ class Scorer:
         lp = torch.zeros((B, L), dtype=dtype, device=response_ids.device)
         ent = torch.zeros_like(lp) if with_entropy else None
         for mb in self.plan(prompt_ids, prompt_mask, response_mask):
-            a, e = self.forward(model, mb, prompt_ids, prompt_mask, response_ids, response_mask, temperature,
+            a, e = self.forward(model, mb, Sequences(prompt_ids, prompt_mask, response_ids, response_mask), temperature,
                                 with_entropy, bf16)
             rows = mb.rows.to(lp.device)
             lp[rows] = a.detach() if torch.is_grad_enabled() else a
@@ -359,7 +375,7 @@ def self_test(model, layout: str, bf16: bool = False, tolerance: float | None = 
         packed, _ = Scorer(None, layout, row_tokens=10_000).score(model, *t, bf16=bf16)
         worst = 0.0
         for i in range(len(spec)):
-            one, _ = compute_logprobs(model, *(x[i:i + 1] for x in t), bf16=bf16, share_prompts=False)
+            one, _ = compute_logprobs(model, Sequences(*(x[i:i + 1] for x in t)), bf16=bf16, share_prompts=False)
             m = t[3][i].bool()
             worst = max(worst, float((packed[i][m] - one[0][m]).abs().max()))
     finally:
@@ -430,7 +446,7 @@ def token_entropies(model, prompt_ids, prompt_mask, response_ids, response_mask,
     Returns:
         (B, L) float32 entropies; masked positions hold garbage (use with ``response_mask``).
     """
-    return compute_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature, with_entropy=True,
+    return compute_logprobs(model, Sequences(prompt_ids, prompt_mask, response_ids, response_mask), temperature, with_entropy=True,
                             chunk_tokens=chunk_tokens)[1]
 
 

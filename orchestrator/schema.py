@@ -175,9 +175,9 @@ def leaves(cfg) -> dict:
 
 def key_spec(key: str, specs: dict) -> Spec | None:
     """The :class:`Spec` of a dotted key: ``specs[key]``, or for ``eval.decoding.<benchmark>.<k>`` (one benchmark's
-    own decoding, :data:`evaluation.evaluate.DECODING_KEYS`) the spec of ``eval.<k>``; None for a key the schema
+    own decoding, :data:`evaluation.checks.DECODING_KEYS`) the spec of ``eval.<k>``; None for a key the schema
     does not know."""
-    from evaluation.evaluate import DECODING_KEYS
+    from evaluation.checks import DECODING_KEYS
 
     parts = key.split(".")
     if len(parts) == 4 and key.startswith("eval.decoding.") and parts[3] in DECODING_KEYS:
@@ -245,7 +245,7 @@ def check_schema(cfg) -> list[str]:
             continue
         parts = key.split(".")
         if key.startswith("eval.decoding."):
-            from evaluation.evaluate import DECODING_KEYS
+            from evaluation.checks import DECODING_KEYS
         if key.startswith("eval.decoding.") and len(parts) == 3 and value is not None:
             raise ConfigError(f"{key}={value!r}: expected a mapping of {list(DECODING_KEYS)}")
         spec = key_spec(key, specs)

@@ -50,13 +50,13 @@ def _check_against_the_model(cfg) -> None:
 
 
 def validate_eval(cfg, data_name: str | None = None) -> list[str]:
-    """The evaluation's own check (:func:`evaluation.evaluate.check_eval`) as a :class:`ConfigError`: what the sweep's
+    """The evaluation's own check (:func:`evaluation.checks.check_eval`) as a :class:`ConfigError`: what the sweep's
     pre-flight and the evaluation command (``python -m orchestrator.evaluate``) both run.
 
     Raises:
         ConfigError: one line naming the key and the bad value.
     """
-    from evaluation.evaluate import check_eval
+    from evaluation.checks import check_eval
 
     try:
         return check_eval(cfg.eval, data_name)

@@ -161,3 +161,18 @@ def concat_batches(batches: list[RolloutBatch], pad_token_id: int = 0) -> Rollou
         group_index=torch.cat(groups), response_lengths=torch.cat([b.response_lengths for b in batches]),
         ref_logprobs=cat("ref_logprobs", _pad_right, L), correct=cat("correct", _pad_right, L), extras=extras,
     )
+
+
+@dataclass
+class StepRollout:
+    """One step's samples: ``batch`` (what the update trains on), ``sampled`` (every generation round's batch),
+    ``advantages`` (B,) or (B, L) and the estimator's metrics, ``rounds`` of dynamic sampling, ``phases`` (generate,
+    reward, logprob seconds) and the whole rollout's ``seconds``."""
+
+    batch: object
+    sampled: list
+    advantages: torch.Tensor
+    adv_metrics: dict
+    rounds: int
+    phases: dict
+    seconds: float

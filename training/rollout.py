@@ -73,9 +73,13 @@ def collect_rollouts(model, tokenizer, rows: list[dict], request: RolloutRequest
 
         rollout = HFRollout(model, tokenizer)
     if q.tools:
+        from core.agent import ToolUse
+        from core.sampling import SamplingSettings
+
         tc = q.tools_cfg if q.tools_cfg is not None else {}
-        gen = rollout.generate_with_tools(texts, group_size, temperature, q.top_p, q.max_new_tokens, q.seed, q.tools,
-                                          int(tc.get("max_turns", 4)), int(tc.get("max_obs_tokens", 256)))
+        use = ToolUse(q.tools, **{k: int(tc[k]) for k in ("max_turns", "max_obs_tokens") if k in tc})
+        gen = rollout.generate_with_tools(texts, group_size, SamplingSettings(temperature, q.top_p, q.max_new_tokens),
+                                          q.seed, use)
     else:
         gen = rollout.generate(texts, group_size, temperature, q.top_p, q.max_new_tokens, q.seed)
     device = next(model.parameters()).device

@@ -70,21 +70,25 @@ def response_metrics(seen) -> dict:
     return out
 
 
-def step_metrics(batch, seen, advantages, adv_metrics: dict, update_metrics: list[dict], times: StepTimes,
-                 lr: float, device, dynamic_rounds: int | None = None) -> dict:
+def step_metrics(ro, seen, update_metrics: list[dict], times: StepTimes, lr: float, device,
+                 dynamic: bool = False) -> dict:
     """One step's metrics (values None when they do not apply; the engine drops them and non-finite ones).
 
     Args:
-        batch: the batch the update trained on; seen: every sampled response (``batch`` unless dynamic sampling
-            dropped groups); advantages: (B,) or (B, L); adv_metrics: the estimator's own.
+        ro: the step's :class:`training.batch.StepRollout`: ``batch`` (what the update trained on), ``advantages``
+            (B,) or (B, L), the estimator's ``adv_metrics``, ``rounds`` of generation.
+        seen: every sampled response (``ro.batch`` unless dynamic sampling dropped groups).
         update_metrics: one dict per optimiser step (:func:`training.update.minibatch_step`): averaged, except
             the totals of :data:`SUMMED`.
-        dynamic_rounds: generation rounds with DAPO's dynamic sampling (None: off).
+        lr: the learning rate of the step; device: the training device (peak memory).
+        dynamic: DAPO's dynamic sampling is on (its rounds and sampled responses are logged).
     Returns:
         {name: value}: the responses' (:func:`response_metrics`), the advantages', the update's (loss terms, grad
         norm, clip fractions, ``padding_share`` = positions without a token / positions computed in the update's
         passes), phase times, throughput and memory.
     """
+    batch, advantages, adv_metrics = ro.batch, ro.advantages, ro.adv_metrics
+    dynamic_rounds = ro.rounds if dynamic else None
     n_tokens = int(seen.response_mask.sum()) + int(seen.prompt_mask.sum())
     update = mean_metrics(update_metrics)
     totals = {k: float(sum(m.get(k, 0.0) for m in update_metrics)) for k in SUMMED

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from core.scoring import Scorer
+from core.scoring import Scorer, Sequences
 from training.algorithms import BoundLoss, agg_loss, kl_k3
 from training.algorithms.aggregation import Normalisers, over_minibatch, token_weights
 from training.mismatch import tis_metrics, tis_weights
@@ -269,8 +269,7 @@ def minibatch_step(up: Updater, batch, idx, advantages, first: bool) -> dict:
 
     def forward(micro):
         t0 = time.perf_counter()
-        lp, ent = scorer.forward(model, micro, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
-                                 s.temperature, with_entropy=want_entropy, bf16=s.bf16)
+        lp, ent = scorer.forward(model, micro, Sequences.of(mb), s.temperature, with_entropy=want_entropy, bf16=s.bf16)
         rows = micro.rows.to(lp_all.device)
         lp_all[rows] = lp.detach()
         if want_entropy:

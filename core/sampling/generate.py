@@ -13,6 +13,7 @@ from typing import Callable, Protocol, Sequence
 import torch
 
 from ..generation import Generation, response_mask_from_ids  # noqa: F401  (the samplers' return type)
+from .protocol import SamplingSettings
 
 def prompt_texts(tokenizer, prompts: Sequence[str], chat_template: bool = True, system_prompt: str | None = None) -> list[str]:
     """Render user prompts as model input text (the tokenizer's chat template when asked)."""
@@ -52,8 +53,8 @@ def _shared_prefill(model, input_ids, attention_mask, n: int):
 
 
 @torch.no_grad()
-def generate_responses(model, tokenizer, texts: Sequence[str], n: int, temperature: float = 1.0, top_p: float = 1.0,
-                       max_new_tokens: int = 64, seed: int | None = None, with_entropy: bool = False) -> Generation:
+def generate_responses(model, tokenizer, texts: Sequence[str], n: int, settings: SamplingSettings = SamplingSettings(),
+                       seed: int | None = None, with_entropy: bool = False) -> Generation:
     """Sample ``n`` responses to each input text with transformers ``generate``.
 
     The n samples of a prompt are drawn in one call from one RNG stream, so they differ; with a
@@ -61,8 +62,10 @@ def generate_responses(model, tokenizer, texts: Sequence[str], n: int, temperatu
 
     Args:
         texts: already-rendered model inputs (see :func:`prompt_texts`).
-        n: samples per prompt (>= 1); temperature >= 0 (0: greedy decoding, one sequence per prompt repeated n
-            times; top_p is then unused); 0 < top_p <= 1; max_new_tokens >= 1.
+        n: samples per prompt (>= 1).
+        settings: temperature >= 0 (0: greedy decoding, one sequence per prompt repeated n times; top_p is then
+            unused); 0 < top_p <= 1; max_new_tokens >= 1 (:class:`core.sampling.protocol.SamplingSettings`; its
+            chat_template is unused: the texts are rendered).
         with_entropy: also fill ``Generation.entropy`` from the logits ``generate`` computes while sampling (its
             unprocessed logits, divided by the temperature: the full next-token distribution, before top-p), so
             no second pass over the samples is needed. The logits of the whole call are held until it ends
@@ -72,6 +75,7 @@ def generate_responses(model, tokenizer, texts: Sequence[str], n: int, temperatu
     Raises:
         ValueError: on out-of-range sampling parameters.
     """
+    temperature, top_p, max_new_tokens = settings.temperature, settings.top_p, settings.max_new_tokens
     if n < 1 or temperature < 0 or not 0 < top_p <= 1 or max_new_tokens < 1:
         raise ValueError(f"bad sampling parameters: n={n}, temperature={temperature}, top_p={top_p}, max_new_tokens={max_new_tokens}")
     greedy = float(temperature) == 0.0

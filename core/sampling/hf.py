@@ -85,13 +85,12 @@ class HFSampler:
         seed = int(seeds[0])
         during = not tools and self.with_entropy and self._while_sampling(len(prompts) * n, settings.max_new_tokens)
         if tools:
-            from ..agent import generate_with_tools
+            from ..agent import ToolUse, generate_with_tools
 
-            gen = generate_with_tools(self.model, self.tokenizer, texts, n, settings.temperature, settings.top_p,
-                                      settings.max_new_tokens, seed, tools, max_turns, max_obs_tokens)
+            gen = generate_with_tools(self.model, self.tokenizer, texts, n, settings, seed,
+                                      ToolUse(tools, max_turns, max_obs_tokens))
         else:
-            gen = generate_responses(self.model, self.tokenizer, texts, n, settings.temperature, settings.top_p,
-                                     settings.max_new_tokens, seed, with_entropy=during)
+            gen = generate_responses(self.model, self.tokenizer, texts, n, settings, seed, with_entropy=during)
         t0 = time.perf_counter()
         if during:  # taken while sampling: the mean over each response's tokens
             m = gen.response_mask.to(gen.entropy.dtype)

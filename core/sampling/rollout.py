@@ -14,7 +14,7 @@ import torch
 
 from ..generation import Generation, response_mask_from_ids
 from .generate import generate_responses
-from .protocol import SAMPLERS, resolve_sampler
+from .protocol import SAMPLERS, SamplingSettings, resolve_sampler
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -187,15 +187,17 @@ class HFRollout:
         (longest prompt + ``max_new_tokens``) positions) fits it, group k seeded ``seed + k`` (one group, the whole
         call: the same samples as without a budget)."""
         chunks = _budget_chunks(self.tokenizer, texts, n, max_new_tokens, self.token_budget)
-        gens = [generate_responses(self.model, self.tokenizer, [texts[i] for i in idx], n, temperature, top_p,
-                                   max_new_tokens, seed + k) for k, idx in enumerate(chunks)]
+        settings = SamplingSettings(temperature, top_p, max_new_tokens)
+        gens = [generate_responses(self.model, self.tokenizer, [texts[i] for i in idx], n, settings, seed + k)
+                for k, idx in enumerate(chunks)]
         return gens[0] if len(gens) == 1 else concat_generations(gens, self.tokenizer.pad_token_id)
 
-    def generate_with_tools(self, texts, n, temperature, top_p, max_new_tokens, seed, tools, max_turns, max_obs_tokens):
+    def generate_with_tools(self, texts, n: int, settings: SamplingSettings, seed: int, use) -> Generation:
+        """``n`` multi-turn episodes per text (:func:`core.agent.generate_with_tools`; ``use``: a
+        :class:`core.agent.ToolUse`)."""
         from ..agent import generate_with_tools
 
-        return generate_with_tools(self.model, self.tokenizer, texts, n, temperature, top_p, max_new_tokens, seed,
-                                   tools, max_turns, max_obs_tokens)
+        return generate_with_tools(self.model, self.tokenizer, texts, n, settings, seed, use)
 
     def sync(self, model) -> float:
         return 0.0
@@ -304,13 +306,15 @@ class VLLMRollout:
             lps += [self._token_logprobs(c) for c in cs]
         return _generation(self.tokenizer, ids, int(n), rows, lps, self.eos_ids)
 
-    def generate_with_tools(self, texts, n, temperature, top_p, max_new_tokens, seed, tools, max_turns, max_obs_tokens):
-        """Multi-turn episodes (:func:`core.agent.run_episodes`) on the engine: each turn of each episode one request
-        that stops at a tool's closing tag, ``</answer>`` or EOS, seeded by (``seed``, episode, turn)."""
+    def generate_with_tools(self, texts, n: int, settings: SamplingSettings, seed: int, use) -> Generation:
+        """Multi-turn episodes (:func:`core.agent.run_episodes`; ``use``: a :class:`core.agent.ToolUse`) on the
+        engine: each turn of each episode one request that stops at a tool's closing tag, ``</answer>`` or EOS,
+        seeded by (``seed``, episode, turn)."""
         from ..agent import ANSWER_CLOSE, run_episodes
 
         self.engine.wake_up()
-        stops = [t.close_tag for t in tools.values()] + [ANSWER_CLOSE]
+        stops = [t.close_tag for t in use.tools.values()] + [ANSWER_CLOSE]
+        temperature, top_p = settings.temperature, settings.top_p
 
         def cont(seqs, budgets, turn):
             params = [self._params(1, temperature, top_p, b, seed * 7919 + turn * 100_003 + j, stop=stops,
@@ -318,8 +322,7 @@ class VLLMRollout:
             outs = self.engine.llm.generate([{"prompt_token_ids": s} for s in seqs], params, use_tqdm=False)
             return [(list(o.outputs[0].token_ids), self._token_logprobs(o.outputs[0])) for o in outs]
 
-        return run_episodes(cont, self.tokenizer, self.eos_ids, texts, n, max_new_tokens, tools, max_turns,
-                            max_obs_tokens)
+        return run_episodes(cont, self.tokenizer, self.eos_ids, texts, n, settings.max_new_tokens, use)
 
     def sync(self, model) -> float:
         """Load ``model``'s current weights into the engine in place (after an optimiser step). Returns seconds."""

@@ -10,6 +10,7 @@ the benchmark ``math``).
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from .base import HUB_KEYS, read_jsonl, register_task
@@ -19,20 +20,47 @@ from .math import MathScored, rows_from_records
 DEFAULT_TEMPLATE = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 
 
-def load_math_train(source: str = "hub", path: str | None = None, hub_path: str = "DigitalLearningGmbH/MATH-lighteval",
-                    hub_config: str | None = "default", hub_split: str = "train", levels=None, max_prompts=None,
-                    seed: int = 0, n_eval: int = 0, template: str = DEFAULT_TEMPLATE, normalise=None,
-                    **load_kwargs) -> tuple[list[dict], list[dict]]:
-    """MATH training prompts, shuffled by ``seed``, as (train rows, held-out rows).
+@dataclass(frozen=True)
+class MathData:
+    """Where MATH-style training data comes from and which rows a run takes (the task's ``data.*`` keys).
 
-    Args:
+    Attributes:
         source: ``hub`` (``datasets.load_dataset(hub_path, hub_config, split=hub_split)``; with
-            ``hub_path="json"`` and ``data_files=...`` it reads local files through the same code) or
-            ``local`` (a JSONL file at ``path``).
+            ``hub_path="json"`` and ``data_files=...`` in ``load_kwargs`` it reads local files through the same
+            code) or ``local`` (a JSONL file, or one JSON array, at ``path``).
         levels: keep only these difficulty levels (1-5; records with a ``level`` field such as "Level 3").
         max_prompts: keep at most this many training rows (after shuffling).
-        n_eval: hold the first ``n_eval`` shuffled rows out of training.
+        seed: the shuffle's seed; n_eval: hold the first ``n_eval`` shuffled rows out of training.
         template: prompt text with a ``{problem}`` field.
+        load_kwargs: further arguments of ``datasets.load_dataset`` (``data_files``...).
+    """
+
+    source: str = "hub"
+    path: str | None = None
+    hub_path: str = "DigitalLearningGmbH/MATH-lighteval"
+    hub_config: str | None = "default"
+    hub_split: str = "train"
+    levels: object = None
+    max_prompts: int | None = None
+    seed: int = 0
+    n_eval: int = 0
+    template: str = DEFAULT_TEMPLATE
+    load_kwargs: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, **keys) -> "MathData":
+        """The record of the ``data.*`` keys given (the task's config, ``name`` aside): keys that are not fields go
+        to ``load_kwargs``."""
+        names = {f.name for f in fields(cls)} - {"load_kwargs"}
+        return cls(**{k: v for k, v in keys.items() if k in names},
+                   load_kwargs={k: v for k, v in keys.items() if k not in names and k != "name"})
+
+
+def load_math_train(data: MathData, normalise=None) -> tuple[list[dict], list[dict]]:
+    """MATH training prompts, shuffled by ``data.seed``, as (train rows, held-out rows).
+
+    Args:
+        data: where the records come from and which rows to take (:class:`MathData`).
         normalise: ``normalise(records, where) -> records`` turning a data set's own record format into MATH-style
             records (``problem``, ``answer``) before parsing; None for MATH-style records (ORZ: :func:`orz_records`).
     Returns:
@@ -42,6 +70,7 @@ def load_math_train(source: str = "hub", path: str | None = None, hub_path: str 
             no rows left after filtering.
         FileNotFoundError: ``source=local`` and ``path`` is missing.
     """
+    source, path, template, levels, n_eval = data.source, data.path, data.template, data.levels, data.n_eval
     if "{problem}" not in template:
         raise ValueError(f"data.template={template!r}: must contain {{problem}}")
     if source == "local":
@@ -64,8 +93,8 @@ def load_math_train(source: str = "hub", path: str | None = None, hub_path: str 
     elif source == "hub":
         from datasets import load_dataset
 
-        records = list(load_dataset(hub_path, hub_config, split=hub_split, **load_kwargs))
-        where = f"{hub_path}[{hub_split}]"
+        records = list(load_dataset(data.hub_path, data.hub_config, split=data.hub_split, **data.load_kwargs))
+        where = f"{data.hub_path}[{data.hub_split}]"
     else:
         raise ValueError(f"data.source={source!r}: expected 'hub' or 'local'")
     if normalise is not None:
@@ -78,10 +107,10 @@ def load_math_train(source: str = "hub", path: str | None = None, hub_path: str 
     if levels:
         keep = {int(x) for x in levels}
         rows = [r for r in rows if r["level"] in keep]
-    random.Random(seed).shuffle(rows)
+    random.Random(data.seed).shuffle(rows)
     held_out, train = rows[: int(n_eval)], rows[int(n_eval):]
-    if max_prompts:
-        train = train[: int(max_prompts)]
+    if data.max_prompts:
+        train = train[: int(data.max_prompts)]
     if not train:
         raise ValueError(f"data: no MATH training rows left from {where} (levels={levels}, n_eval={n_eval})")
     return train, held_out
@@ -128,7 +157,7 @@ class MathTrain(MathScored):
 
         params = {k: v for k, v in (OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict)
                                     else dict(cfg)).items() if k != "name"}
-        train, held_out = load_math_train(**params, normalise=type(self).normalise)
+        train, held_out = load_math_train(MathData.of(**params), normalise=type(self).normalise)
         rows = train if split == "train" else held_out
         return [dict(r, task=self.name) for r in rows]
 

@@ -6,7 +6,7 @@ import torch
 
 from training.algorithms import get_advantage_fn, get_policy_loss_fn, registered_advantages, validate_params
 from training.algorithms.exppo import exppo_advantages
-from training.algorithms.tr_grpo import token_weights, weight_range
+from training.algorithms.tr_grpo import TokenWeighting, token_weights, weight_range
 from training.batch import RolloutBatch, concat_batches
 from training.rewards import overlong_penalty
 
@@ -179,7 +179,7 @@ def _sig(x):
 
 def test_tr_grpo_printed_formula_gives_constant_weight_and_warns():
     p = torch.linspace(0, 1, 101)
-    assert torch.equal(token_weights(p, weight_reading="literal"), torch.ones(101))
+    assert torch.equal(token_weights(p, TokenWeighting(weight_reading="literal")), torch.ones(101))
     assert weight_range(weight_reading="literal") == (1.0, 1.0)
     warnings = validate_params("policy_loss", "tr_grpo", {"tau": 9.0, "weight_reading": "literal"})
     assert len(warnings) == 1 and "constant" in warnings[0]
@@ -198,9 +198,9 @@ def test_tr_grpo_default_weight_takes_many_values_by_hand():
     for prob, expect in [(0.05, 1.0), (0.15, 2 * (_sig(1.35) - 0.25)), (0.2, 2 * (_sig(1.8) - 0.25)),
                          (0.25, 2 * (_sig(2.25) - 0.25)), (0.5, 1.4), (0.9, 1.4)]:
         assert float(token_weights(torch.tensor([prob]))[0]) == pytest.approx(expect, rel=1e-6), prob
-    assert torch.allclose(token_weights(torch.tensor([0.9]), weighting="reverse"), torch.tensor([0.6]))
-    assert torch.equal(token_weights(torch.tensor([0.9]), weighting="equal"), torch.tensor([1.0]))
-    r = token_weights(torch.rand(1000), weighting="random", generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(token_weights(torch.tensor([0.9]), TokenWeighting(weighting="reverse")), torch.tensor([0.6]))
+    assert torch.equal(token_weights(torch.tensor([0.9]), TokenWeighting(weighting="equal")), torch.tensor([1.0]))
+    r = token_weights(torch.rand(1000), TokenWeighting(weighting="random"), generator=torch.Generator().manual_seed(0))
     assert 0.5 <= float(r.min()) and float(r.max()) <= 1.5 and float(r.std()) > 0.2
 
 

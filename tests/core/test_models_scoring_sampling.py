@@ -6,7 +6,7 @@ import torch
 
 from core.models import load_checkpoint, load_policy, model_path, resolve_dtype
 from core.sampling import SAMPLERS, HFSampler, SamplingSettings, resolve_sampler
-from core.scoring import compute_logprobs, mean_token_entropies, token_entropies
+from core.scoring import Sequences, compute_logprobs, mean_token_entropies, token_entropies
 from tests.conftest import REPO
 from training.rollout import RolloutRequest, collect_rollouts
 
@@ -21,7 +21,7 @@ def test_chunked_entropy_equals_the_full_logits_entropy(tiny_policy, chunk):
     model, tok = tiny_policy
     batch, _ = collect_rollouts(model, tok, ROWS, RolloutRequest(3, 1.0, 1.0, 7, seed=3))
     for temperature in (1.0, 0.7):
-        _, full = compute_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask,
+        _, full = compute_logprobs(model, Sequences.of(batch),
                                    temperature, with_entropy=True)
         chunked = token_entropies(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask,
                                   temperature, chunk_tokens=chunk)
@@ -109,7 +109,7 @@ def test_shared_prompt_pass_equals_whole_rows_in_values_and_gradients(tiny_polic
         for share in (False, True):
             seen, handle = _trunk_tokens(model)
             model.zero_grad(set_to_none=True)
-            lp, ent = compute_logprobs(model, *args, with_entropy=True, share_prompts=share)
+            lp, ent = compute_logprobs(model, Sequences(*args[:4]), args[4], with_entropy=True, share_prompts=share)
             handle.remove()
             (lp * mb.response_mask).sum().backward()
             results[share] = (lp.detach(), ent.detach(), [p.grad.clone() for p in model.parameters()], sum(seen))
@@ -139,12 +139,12 @@ def test_generation_prefills_each_prompt_once_and_draws_the_same_samples(tiny_po
     model, tok = tiny_policy
     texts = cs.prompt_texts(tok, [r["prompt"] for r in ROWS])
     seen, handle = _trunk_tokens(model)
-    shared = cs.generate_responses(model, tok, texts, 4, 1.0, 0.9, 9, seed=7)
+    shared = cs.generate_responses(model, tok, texts, 4, cs.SamplingSettings(1.0, 0.9, 9), seed=7)
     handle.remove()
     P = shared.prompt_ids.shape[1]
     assert seen[0] == 2 * (P - 1)  # the prefill: two prompts, not eight rows
     monkeypatch.setattr(cs.generate, "_shared_prefill", lambda *a: None)  # core/sampling/generate.py
-    plain = cs.generate_responses(model, tok, texts, 4, 1.0, 0.9, 9, seed=7)
+    plain = cs.generate_responses(model, tok, texts, 4, cs.SamplingSettings(1.0, 0.9, 9), seed=7)
     assert torch.equal(shared.response_ids, plain.response_ids) and shared.texts == plain.texts
 
 
@@ -191,7 +191,7 @@ def test_each_model_family_runs_the_shared_prompt_scoring_path(family):
     response_ids = torch.tensor([[12, 13, 14], [15, 16, 0], [17, 18, 19], [20, 0, 0]])
     response_mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 0, 0]])
     with torch.no_grad():
-        lp, _ = compute_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, 1.0, share_prompts=True)
+        lp, _ = compute_logprobs(model, Sequences(prompt_ids, prompt_mask, response_ids, response_mask), 1.0, share_prompts=True)
         for i in range(4):
             p = prompt_ids[i][prompt_mask[i].bool()]
             r = response_ids[i][response_mask[i].bool()]

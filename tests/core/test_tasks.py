@@ -211,7 +211,7 @@ def test_products_task_has_several_correct_answers_each_one_mode():
 def test_orz_and_dsr_uniform_loaders_on_local_files_in_their_release_formats(tmp_path):
     """ORZ's release file (a JSON array of two-turn conversations, the answer under ground_truth.value) and a
     DeepScaleR-style JSONL (problem, answer, solution); the hub code path reads the same rows from local files."""
-    from core.tasks.math_train import load_math_train, orz_records
+    from core.tasks.math_train import MathData, load_math_train, orz_records
 
     conv = [[{"from": "human", "value": f"What is {a} + {a}?"},
              {"from": "assistant", "ground_truth": {"value": str(2 * a)}}] for a in range(1, 6)]
@@ -226,12 +226,11 @@ def test_orz_and_dsr_uniform_loaders_on_local_files_in_their_release_formats(tmp
         assert r["gold"] == str(2 * a) and r["prompt"].endswith("Box it.") and r["task"] == "orz"
     assert score_responses(["\\boxed{%s}" % rows[0]["gold"]], [rows[0]])[0].correct
     (tmp_path / "orz.jsonl").write_text("\n".join(json.dumps({"conversations": c}) for c in conv) + "\n")
-    hub, _ = load_math_train(source="hub", hub_path="json", hub_config=None, hub_split="train",
-                             data_files=str(tmp_path / "orz.jsonl"), normalise=orz_records)
+    hub, _ = load_math_train(MathData.of(source="hub", hub_path="json", hub_config=None, hub_split="train", data_files=str(tmp_path / "orz.jsonl")), normalise=orz_records)
     assert sorted(r["gold"] for r in hub) == ["10", "2", "4", "6", "8"]
     (tmp_path / "bad.json").write_text(json.dumps([[{"from": "human", "value": "x"}]]))
     with pytest.raises(ValueError, match="record 1 is neither an ORZ conversation"):
-        load_math_train(source="local", path=str(tmp_path / "bad.json"), normalise=orz_records)
+        load_math_train(MathData.of(source="local", path=str(tmp_path / "bad.json")), normalise=orz_records)
 
     dsr = [{"problem": f"Compute {a}*3.", "answer": str(3 * a), "solution": f"\\boxed{{{3 * a}}}"} for a in range(20)]
     (tmp_path / "dsr.jsonl").write_text("\n".join(json.dumps(d) for d in dsr) + "\n")

@@ -103,19 +103,21 @@ class _Echo(Tool):
 def test_the_multi_turn_loop_on_a_real_model_masks_exactly_the_tool_tokens(tiny_policy):
     """The tiny model samples an episode without tools; a test tool whose closing text is a piece of that episode
     (tokens 3-4) makes the same draw stop there, take the tool's result (mask 0), and go on (mask 1)."""
-    from core.agent import generate_with_tools
+    from core.agent import ToolUse, generate_with_tools
+    from core.sampling import SamplingSettings
     from core.sampling import prompt_texts
 
     model, tok = tiny_policy
     texts = prompt_texts(tok, ["Compute 2 + 2.", "Name a colour."], True)
-    plain = generate_with_tools(model, tok, texts, 1, 1.0, 1.0, 12, 7, {})
+    plain = generate_with_tools(model, tok, texts, 1, SamplingSettings(1.0, 1.0, 12), 7, ToolUse({}))
     ids = plain.response_ids[0][plain.response_mask[0].bool()].tolist()
     assert len(ids) >= 6 and int(plain.tool_calls.sum()) == 0 and torch.equal(plain.response_lengths, plain.response_mask.sum(-1))
     close = tok.decode(ids[2:4])
     cut = next(j + 1 for j in range(len(ids)) if close in tok.decode(ids[: j + 1]))
     assert close.strip() and close not in texts[0][-len(close):] + tok.decode(ids[:1])
     echo = _Echo(close)
-    gen = generate_with_tools(model, tok, texts, 1, 1.0, 1.0, 40, 7, {"echo": echo}, max_turns=1, max_obs_tokens=8)
+    gen = generate_with_tools(model, tok, texts, 1, SamplingSettings(1.0, 1.0, 40), 7,
+                              ToolUse({"echo": echo}, max_turns=1, max_obs_tokens=8))
     obs = tok("\n\n<information>", add_special_tokens=False).input_ids + tok("RESULT", add_special_tokens=False).input_ids \
         + tok("</information>\n\n", add_special_tokens=False).input_ids
     resp, mask = gen.response_ids[0].tolist(), gen.response_mask[0].tolist()
@@ -137,7 +139,7 @@ def test_tool_tokens_get_no_gradient_in_any_loss_term(algo, tiny_policy, tiny_cf
     from training.algorithms import BoundLoss, get_advantage_fn
     from training.batch import RolloutBatch
     from training.engines.local import _params, policy_objective
-    from core.scoring import compute_logprobs
+    from core.scoring import Sequences, compute_logprobs
 
     model, tok = tiny_policy
     [(_, cfg)] = sweep_points([f"algo={algo}", "model=tiny-random", "eval=smoke"])
@@ -149,7 +151,7 @@ def test_tool_tokens_get_no_gradient_in_any_loss_term(algo, tiny_policy, tiny_cf
     mask[:, 3:7] = 0            # tokens 3-6: a tool's result
     mask[::2, 9:] = 0           # some responses end earlier
     with torch.no_grad():
-        old, _ = compute_logprobs(model, prompt_ids, torch.ones(B, P, dtype=torch.long), response_ids, mask)
+        old, _ = compute_logprobs(model, Sequences(prompt_ids, torch.ones(B, P, dtype=torch.long), response_ids, mask))
     ref = old - 0.05 * torch.rand(B, L)
     batch = RolloutBatch(prompt_ids=prompt_ids, prompt_mask=torch.ones(B, P, dtype=torch.long), response_ids=response_ids,
                          response_mask=mask, old_logprobs=old - 0.02, rewards=torch.tensor([1.0, 0, 0, 1, 1, 0, 1, 0]),
@@ -165,7 +167,7 @@ def test_tool_tokens_get_no_gradient_in_any_loss_term(algo, tiny_policy, tiny_cf
         loss.backward()
         return float(loss), lp.grad, ent.grad
 
-    lp, ent = compute_logprobs(model, prompt_ids, torch.ones(B, P, dtype=torch.long), response_ids, mask, with_entropy=True)
+    lp, ent = compute_logprobs(model, Sequences(prompt_ids, torch.ones(B, P, dtype=torch.long), response_ids, mask), with_entropy=True)
     lp, ent = lp.detach(), ent.detach()
     loss, g_lp, g_ent = loss_and_grad(lp, ent, batch)
     tool = torch.zeros(B, L, dtype=torch.bool)

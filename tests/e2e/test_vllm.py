@@ -93,7 +93,7 @@ from omegaconf import OmegaConf
 from core import vllm_engine
 from core.models import load_policy, model_path
 from core.sampling import RolloutOptions, SamplingSettings, VLLMSampler, build_rollout, generate_responses, prompt_texts
-from core.scoring import compute_logprobs
+from core.scoring import Sequences, compute_logprobs
 cfg = OmegaConf.create(json.loads(sys.argv[1]))
 # the evaluation sampler first: greedy decoding with two other seeds
 before = (torch.set_num_threads, torch.get_num_threads(), os.sched_getaffinity(0))
@@ -138,10 +138,10 @@ def follow(model, rollout, opt):
             opt.zero_grad(); loss.backward(); opt.step()
             rollout.sync(model)
         model.eval()
-        hf = generate_responses(model, tok, texts, 1, 0.0, 1.0, 8)
+        hf = generate_responses(model, tok, texts, 1, SamplingSettings(0.0, 1.0, 8))
         vl = rollout.generate(texts, 1, 0.0, 1.0, 8, seed=step)
         with torch.no_grad():
-            lp, _ = compute_logprobs(model, hf.prompt_ids, hf.prompt_mask, hf.response_ids, hf.response_mask, 1.0)
+            lp, _ = compute_logprobs(model, Sequences.of(hf), 1.0)
         def rows(g):
             return [r[: int(k)] for r, k in zip(g.response_ids.tolist(), g.response_mask.sum(-1).tolist())]
         diff = [abs(a - b) for i, r in enumerate(rows(vl)) for j, (a, b) in
@@ -161,12 +161,12 @@ lrollout = build_rollout("vllm", lora, tok, model_path(cfg), RolloutOptions(dtyp
 lout = follow(lora, lrollout, torch.optim.AdamW([p for p in lora.parameters() if p.requires_grad], lr=5e-2))
 names = {k.replace(".base_layer", ""): v for k, v in lora.state_dict().items() if "lora_" not in k}
 frozen = sorted(names) == sorted(base.state_dict()) and all(torch.equal(names[k], v) for k, v in base.state_dict().items())
-g = generate_responses(base, tok, texts, 2, 1.0, 1.0, 8, seed=3)
+g = generate_responses(base, tok, texts, 2, SamplingSettings(1.0, 1.0, 8), seed=3)
 with torch.no_grad():
-    own, _ = compute_logprobs(base, g.prompt_ids, g.prompt_mask, g.response_ids, g.response_mask, 1.0)
-    adapted, _ = compute_logprobs(lora, g.prompt_ids, g.prompt_mask, g.response_ids, g.response_mask, 1.0)
+    own, _ = compute_logprobs(base, Sequences.of(g), 1.0)
+    adapted, _ = compute_logprobs(lora, Sequences.of(g), 1.0)
     with reference(lora):
-        ref, _ = compute_logprobs(lora, g.prompt_ids, g.prompt_mask, g.response_ids, g.response_mask, 1.0)
+        ref, _ = compute_logprobs(lora, Sequences.of(g), 1.0)
 m = g.response_mask.bool()
 print("LORA " + json.dumps({"steps": lout, "frozen": frozen, "ref_diff": float((ref - own)[m].abs().max()),
                             "adapted_diff": float((adapted - own)[m].abs().max())}))

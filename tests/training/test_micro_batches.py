@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from core.packing import plan
-from core.scoring import Scorer, choose_layout, compute_logprobs, self_test
+from core.scoring import Scorer, Sequences, choose_layout, compute_logprobs, self_test
 from training.algorithms import BoundLoss, get_advantage_fn, need_param, registered_policy_losses
 from training.algorithms.aggregation import LOSS_AGG_MODES
 from training.batch import RolloutBatch
@@ -65,7 +65,7 @@ def _batch(model, prompts=4, group=4, seed=0):
             prompt_mask[i, P - p_lens[k]:] = 1
             response_mask[i, :1 + (3 * i + j * 5) % L] = 1
     with torch.no_grad():
-        lp, _ = compute_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask)
+        lp, _ = compute_logprobs(model, Sequences(prompt_ids, prompt_mask, response_ids, response_mask))
     noise = lambda s: (torch.randn(B, L, generator=g, dtype=torch.float64) * s)  # noqa: E731
     rewards = torch.randint(0, 2, (B,), generator=g).double()
     rewards[:group] = (torch.arange(group) % 2 == 0).double()  # at least one group with a spread
@@ -178,7 +178,7 @@ def test_packed_log_probs_equal_one_sequence_at_a_time(model64):
     batch = _batch(model64, prompts=3, group=3, seed=7)
     t = (batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
     with torch.no_grad():
-        alone = [compute_logprobs(model64, *(x[i:i + 1] for x in t), with_entropy=True, share_prompts=False)
+        alone = [compute_logprobs(model64, Sequences(*(x[i:i + 1] for x in t)), with_entropy=True, share_prompts=False)
                  for i in range(batch.batch_size)]
         for layout, budget in (("packed", 40), ("tree", 40), ("tree", None), ("padded", 30)):
             lp, ent = Scorer(budget, layout, row_tokens=40).score(model64, *t, temperature=1.0, with_entropy=True)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from core.scoring import compute_logprobs
+from core.scoring import Sequences, compute_logprobs
 from tests.conftest import REPO
 from training.engines import local
 
@@ -29,7 +29,7 @@ def test_chunked_head_gives_the_one_call_log_probs_entropies_and_gradients(tiny_
     outs = {}
     for chunk in (None, 3):
         model.zero_grad()
-        lp, ent = compute_logprobs(model, prompt, pmask, resp, rmask, 0.7, with_entropy=True, chunk_tokens=chunk)
+        lp, ent = compute_logprobs(model, Sequences(prompt, pmask, resp, rmask), 0.7, with_entropy=True, chunk_tokens=chunk)
         ((lp * rmask).sum() + (ent * rmask).sum()).backward()
         outs[chunk] = (lp.detach(), ent.detach(), [p.grad.clone() for p in model.parameters()])
     (lp1, e1, g1), (lp2, e2, g2) = outs[None], outs[3]

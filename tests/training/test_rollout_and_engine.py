@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from core.scoring import Sequences
 from training.rollout import RolloutRequest, collect_rollouts, compute_logprobs
 
 ROWS = [{"id": "a", "prompt": "Compute 3 + 4.", "gold": "7", "task": "arithmetic"},
@@ -83,7 +84,7 @@ def test_one_update_moves_logprobs_in_the_direction_of_the_advantage(tiny_policy
     metrics = update_policy(model, opt, batch, adv, BoundLoss.named(cfg.algo.policy_loss.name, params))
     assert len(metrics) == 1 and metrics[0]["grad_norm"] > 0
     with torch.no_grad():
-        new, _ = compute_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
+        new, _ = compute_logprobs(model, Sequences.of(batch))
     change = ((new - batch.old_logprobs) * batch.response_mask).sum(-1)
     assert change[0] > 0 > change[1]
 

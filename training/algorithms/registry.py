@@ -5,28 +5,80 @@ training engines look it up here, so no Python code branches on algorithm names.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable, Dict
+from dataclasses import dataclass, field, replace as replace_
+from typing import Callable, Mapping
 
 from core.registry import Registry
 
-# the modules of this folder register on import (folder scan: core.registry.discover); plug-ins via ``plugins``
-_ADVANTAGES: Registry = Registry("advantage estimator", packages=("training.algorithms",))
-_POLICY_LOSSES: Registry = Registry("policy loss", packages=("training.algorithms",))
-_VALIDATORS: Dict[tuple, Callable] = {}
-_NEEDS: Dict[tuple, tuple] = {}  # (kind, name) -> batch fields beyond rewards and groups, with why
-_COUPLED: Dict[str, str] = {}  # policy loss -> why it couples responses beyond agg_loss's normalisers
-_PANELS: Dict[tuple, tuple] = {}  # (kind, name) -> the training metrics of its own the report plots
 BATCH_FIELDS = ("old_logprobs", "ref_logprobs")  # what a registered function may declare it needs
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """One registered advantage estimator or policy loss and everything it declares, in one record (the way every
+    plug-in kind is declared: tasks, samplers, metric tables, report sections, engines).
+
+    Attributes:
+        kind: ``advantage`` or ``policy_loss``.
+        name: the name the config uses (``algo.<kind>.name``).
+        fn: the function (its keyword arguments are its YAML keys).
+        needs: {batch field: why} it reads beyond rewards and groups (``why`` or ``(why, param)``: only when that
+            parameter is set); an engine supplies them or refuses it (:func:`needs_of`).
+        panels: training metrics of its own the report plots per step (:func:`panel_metrics`).
+        couples_rows: (policy losses) why it reads other responses' log-probs (None: it does not;
+            :func:`register_policy_loss`).
+        validator: ``fn(**params) -> list[str]`` checking its parameters at pre-flight (:func:`register_validator`).
+    """
+
+    kind: str
+    name: str
+    fn: Callable
+    needs: Mapping = field(default_factory=dict)
+    panels: tuple = ()
+    couples_rows: str | None = None
+    validator: Callable | None = None
+
+
+# the modules of this folder register on import (folder scan: core.registry.discover); plug-ins via ``plugins``
+_SPECS: dict[str, Registry] = {
+    "advantage": Registry("advantage estimator", packages=("training.algorithms",)),
+    "policy_loss": Registry("policy loss", packages=("training.algorithms",)),
+}
+_ADVANTAGES, _POLICY_LOSSES = _SPECS["advantage"], _SPECS["policy_loss"]
+_EARLY: dict = {}  # (kind, name) -> a validator registered before its function (it joins the spec then)
+
+
+def _register(spec: AlgorithmSpec, replace: bool = False) -> AlgorithmSpec:
+    """Register ``spec`` in its kind's registry (its origin is its function's, so another module's function under the
+    same name is refused)."""
+    if spec.validator is None and (spec.kind, spec.name) in _EARLY:
+        spec = replace_(spec, validator=_EARLY.pop((spec.kind, spec.name)))
+    object.__setattr__(spec, "__module__", getattr(spec.fn, "__module__", __name__))
+    object.__setattr__(spec, "__qualname__", getattr(spec.fn, "__qualname__", spec.name))
+    return _SPECS[spec.kind].register(spec.name, spec, replace=replace)
+
+
+def spec_of(kind: str, name: str) -> AlgorithmSpec:
+    """The :class:`AlgorithmSpec` registered as ``name`` of ``kind`` (``advantage`` or ``policy_loss``).
+
+    Raises:
+        KeyError: naming the unknown function and listing the registered ones.
+    """
+    return _SPECS[kind].get(name)
 
 
 def register_validator(kind: str, name: str) -> Callable[[Callable], Callable]:
     """Decorator registering ``fn(**params) -> list[str]`` that checks the parameters of the
     ``kind`` ('advantage' or 'policy_loss') function ``name`` before any work starts: it raises
-    ``ValueError`` naming a bad value and returns warnings (strings) for legal but suspicious ones."""
+    ``ValueError`` naming a bad value and returns warnings (strings) for legal but suspicious ones. It becomes the
+    function's :attr:`AlgorithmSpec.validator` (registered before its function, it joins the spec then)."""
 
     def deco(fn: Callable) -> Callable:
-        _VALIDATORS[(kind, name)] = fn
+        registry = _SPECS[kind]
+        if name in registry._items:
+            _register(replace_(registry._items[name], validator=fn), replace=True)
+        else:
+            _EARLY[(kind, name)] = fn
         return fn
 
     return deco
@@ -43,7 +95,7 @@ def validate_params(kind: str, name: str, params: dict, context: dict | None = N
     """
     import inspect
 
-    fn = _VALIDATORS.get((kind, name))
+    fn = spec_of(kind, name).validator if name in _SPECS[kind] else _EARLY.get((kind, name))
     if fn is None:
         return []
     extra = {"context": dict(context or {})} if "context" in inspect.signature(fn).parameters else {}
@@ -58,7 +110,7 @@ def _check_needs(kind: str, name: str, needs: dict) -> dict:
 
 
 def register_advantage(name: str, needs: dict | None = None, panels: tuple = ()) -> Callable[[Callable], Callable]:
-    """Decorator registering an advantage estimator under ``name``.
+    """Decorator registering an advantage estimator under ``name`` (its :class:`AlgorithmSpec`).
 
     The estimator's signature is ``fn(batch: RolloutBatch, **params) -> (advantages, metrics)``
     with ``advantages`` of shape (B,) (one per response) or (B, L) (per token).
@@ -75,9 +127,7 @@ def register_advantage(name: str, needs: dict | None = None, panels: tuple = ())
     declared = _check_needs("advantage", name, needs or {})
 
     def deco(fn: Callable) -> Callable:
-        _ADVANTAGES.register(name, fn)  # ValueError when another function has the name
-        _NEEDS[("advantage", name)] = declared
-        _PANELS[("advantage", name)] = tuple(panels)
+        _register(AlgorithmSpec("advantage", name, fn, declared, tuple(panels)))  # ValueError: another function
         return fn
 
     return deco
@@ -85,7 +135,7 @@ def register_advantage(name: str, needs: dict | None = None, panels: tuple = ())
 
 def register_policy_loss(name: str, needs: dict | None = None, couples_rows: str | None = None,
                          panels: tuple = ()) -> Callable[[Callable], Callable]:
-    """Decorator registering a policy loss under ``name``.
+    """Decorator registering a policy loss under ``name`` (its :class:`AlgorithmSpec`).
 
     The loss's signature is ``fn(logprobs (B, L), batch, advantages, **params) -> (loss, metrics)``
     where ``loss`` is a scalar tensor to minimise. Every loss reads ``old_logprobs`` (the importance ratio);
@@ -105,13 +155,8 @@ def register_policy_loss(name: str, needs: dict | None = None, couples_rows: str
     declared = _check_needs("policy loss", name, needs or {})
 
     def deco(fn: Callable) -> Callable:
-        _POLICY_LOSSES.register(name, fn)
-        _NEEDS[("policy_loss", name)] = declared
-        _PANELS[("policy_loss", name)] = tuple(panels)
-        if couples_rows:
-            _COUPLED[name] = str(couples_rows)
-        else:
-            _COUPLED.pop(name, None)
+        _register(AlgorithmSpec("policy_loss", name, fn, declared, tuple(panels),
+                                str(couples_rows) if couples_rows else None))
         return fn
 
     return deco
@@ -119,29 +164,29 @@ def register_policy_loss(name: str, needs: dict | None = None, couples_rows: str
 
 def couples_rows(name: str) -> str | None:
     """Why the registered policy loss ``name`` couples responses beyond its aggregation's normalisers (None: it
-    does not; see :func:`register_policy_loss`)."""
-    get_policy_loss_fn(name)  # the folder scan, and a KeyError for an unknown name
-    return _COUPLED.get(name)
+    does not; see :func:`register_policy_loss`).
 
-
-def _scanned(kind: str) -> None:
-    """The folder scan done (declarations are made when a module registers): a lookup of needs before any
-    function was fetched (the memory plan at pre-flight) must not read an empty table."""
-    (_ADVANTAGES if kind == "advantage" else _POLICY_LOSSES).names()
+    Raises:
+        KeyError: an unknown loss.
+    """
+    return spec_of("policy_loss", name).couples_rows
 
 
 def panel_metrics() -> list[str]:
     """The training metrics the registered estimators and losses declared for the report's per-step panels
     (``panels=``), each once, in registration order (the suite's own after its folder scan, then plug-ins')."""
-    _scanned("advantage")
-    _scanned("policy_loss")
-    return list(dict.fromkeys(k for keys in _PANELS.values() for k in keys))
+    return list(dict.fromkeys(k for kind in ("advantage", "policy_loss") for spec in _SPECS[kind].values()
+                              for k in spec.panels))
+
+
+def _declared(kind: str, name: str) -> Mapping:
+    """The needs ``name`` of ``kind`` declared ({} for a name not registered)."""
+    return spec_of(kind, name).needs if name in _SPECS[kind] else {}
 
 
 def need_param(kind: str, name: str, field: str) -> str | None:
     """The parameter a declared need depends on (``kl_beta`` for TR-GRPO's ``ref_logprobs``), or None."""
-    _scanned(kind)
-    why = _NEEDS.get((kind, name), {}).get(field)
+    why = _declared(kind, name).get(field)
     return why[1] if isinstance(why, tuple) else None
 
 
@@ -149,12 +194,11 @@ def needs_of(kind: str, name: str, params: dict | None = None) -> dict:
     """{batch field: why} that the registered ``kind`` (``advantage`` or ``policy_loss``) function ``name``
     declared it needs with these ``params`` ({} when none). A need declared as ``(why, param)`` counts only when
     ``params[param]`` is set and non-zero (TR-GRPO's reference log-probs, only with its KL term)."""
-    _scanned(kind)
     out = {}
     on = (params or {}).get("base_estimator") if kind == "advantage" else None
-    if on and on != name and ("advantage", on) in _NEEDS:  # a shaping estimator (exppo) needs its base's too
+    if on and on != name and on in _ADVANTAGES:  # a shaping estimator (exppo) needs its base's too
         out.update(needs_of("advantage", on, base_params(name, params)[1]))
-    for need, why in _NEEDS.get((kind, name), {}).items():
+    for need, why in _declared(kind, name).items():
         if isinstance(why, tuple):
             why, param = why
             if not (params or {}).get(param):
@@ -169,7 +213,7 @@ def get_advantage_fn(name: str) -> Callable:
     Raises:
         KeyError: naming the unknown estimator and listing the registered ones.
     """
-    return _ADVANTAGES.get(name)
+    return spec_of("advantage", name).fn
 
 
 def get_policy_loss_fn(name: str) -> Callable:
@@ -178,7 +222,7 @@ def get_policy_loss_fn(name: str) -> Callable:
     Raises:
         KeyError: naming the unknown loss and listing the registered ones.
     """
-    return _POLICY_LOSSES.get(name)
+    return spec_of("policy_loss", name).fn
 
 
 @dataclass(frozen=True)
@@ -236,7 +280,7 @@ def base_params(name: str, params: dict) -> tuple[dict, dict]:
     import inspect
 
     params = dict(params or {})
-    fn = _ADVANTAGES.get(name) if name in _ADVANTAGES else None
+    fn = get_advantage_fn(name) if name in _ADVANTAGES else None
     if fn is None or not params.get("base_estimator"):
         return params, {}
     sig = inspect.signature(fn).parameters

@@ -22,6 +22,8 @@ Config validation warns for either literal form. Ablations: ``weighting`` = equa
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from training.batch import RolloutBatch
@@ -35,22 +37,41 @@ READINGS = ("inverse_temperature", "literal")
 PLACEMENTS = ("outside_clip", "inside_clip")
 
 
-def token_weights(probs: torch.Tensor, alpha: float = 2.0, mu: float = 0.25, tau: float = 9.0, low: float = 1.0,
-                  high: float = 1.4, weighting: str = "paper", generator: torch.Generator | None = None,
-                  weight_reading: str = "inverse_temperature") -> torch.Tensor:
+@dataclass(frozen=True)
+class TokenWeighting:
+    """TR-GRPO's weight parameters (the loss's YAML keys; the paper's values by default).
+
+    Attributes:
+        alpha, mu, tau, low, high: w = clip(alpha (sigmoid(tau p) - mu), low, high), or sigmoid(p / tau) with
+            ``weight_reading="literal"``.
+        weighting: ``paper`` (the formula), ``equal`` (1), ``random`` (U[0.5, 1.5]), ``reverse`` (2 - w).
+        weight_reading: ``inverse_temperature`` (default) or ``literal`` (see the module docstring).
+    """
+
+    alpha: float = 2.0
+    mu: float = 0.25
+    tau: float = 9.0
+    low: float = 1.0
+    high: float = 1.4
+    weighting: str = "paper"
+    weight_reading: str = "inverse_temperature"
+
+
+def token_weights(probs: torch.Tensor, w: TokenWeighting = TokenWeighting(),
+                  generator: torch.Generator | None = None) -> torch.Tensor:
     """TR-GRPO token weights (paper Eq. 12; reading RECONSTRUCTED, see the module docstring).
 
     Args:
         probs: (...) token probabilities pi_theta(y_t) in [0, 1] (detached by this function).
-        alpha, mu, tau, low, high: w = clip(alpha (sigmoid(tau p) - mu), low, high), or sigmoid(p / tau) with
-            ``weight_reading="literal"``.
-        weighting: ``paper`` (the formula), ``equal`` (1), ``random`` (U[0.5, 1.5]), ``reverse`` (2 - w).
+        w: the weight's parameters (:class:`TokenWeighting`).
         generator: RNG for ``random``.
     Returns:
         Weights of the shape of ``probs``, no gradient.
     Raises:
         ValueError: unknown weighting or reading, tau <= 0, low > high.
     """
+    alpha, mu, tau, low, high = w.alpha, w.mu, w.tau, w.low, w.high
+    weighting, weight_reading = w.weighting, w.weight_reading
     if weighting not in WEIGHTINGS:
         raise ValueError(f"weighting={weighting!r}: expected one of {list(WEIGHTINGS)}")
     if weight_reading not in READINGS:
@@ -66,8 +87,8 @@ def token_weights(probs: torch.Tensor, alpha: float = 2.0, mu: float = 0.25, tau
         u = torch.rand(p.shape, generator=generator, dtype=p.dtype, device="cpu" if generator is not None else p.device)
         return (0.5 + u).to(p.device)
     x = p * tau if weight_reading == "inverse_temperature" else p / tau
-    w = (alpha * (torch.sigmoid(x) - mu)).clamp(low, high)
-    return 2.0 - w if weighting == "reverse" else w
+    out = (alpha * (torch.sigmoid(x) - mu)).clamp(low, high)
+    return 2.0 - out if weighting == "reverse" else out
 
 
 def weight_range(alpha=2.0, mu=0.25, tau=9.0, low=1.0, high=1.4, weighting="paper", points: int = 10001,
@@ -75,8 +96,8 @@ def weight_range(alpha=2.0, mu=0.25, tau=9.0, low=1.0, high=1.4, weighting="pape
     """(min, max) of the deterministic weight over p in [0, 1] (random weighting: (0.5, 1.5))."""
     if weighting == "random":
         return 0.5, 1.5
-    w = token_weights(torch.linspace(0, 1, points, dtype=torch.float64), alpha, mu, tau, low, high, weighting,
-                      weight_reading=weight_reading)
+    w = token_weights(torch.linspace(0, 1, points, dtype=torch.float64),
+                      TokenWeighting(alpha, mu, tau, low, high, weighting, weight_reading))
     return float(w.min()), float(w.max())
 
 
@@ -121,7 +142,7 @@ def tr_grpo_loss(
     adv = advantages if advantages.dim() == 2 else advantages.unsqueeze(-1)
     if weight_placement not in PLACEMENTS:
         raise ValueError(f"weight_placement={weight_placement!r}: expected one of {list(PLACEMENTS)}")
-    w = token_weights(logprobs.detach().exp(), alpha, mu, tau, low, high, weighting, weight_reading=weight_reading)
+    w = token_weights(logprobs.detach().exp(), TokenWeighting(alpha, mu, tau, low, high, weighting, weight_reading))
     log_ratio = (logprobs - batch.old_logprobs).clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)
     if weight_placement == "outside_clip":

@@ -37,10 +37,10 @@ from core.lifecycle import (STOP_REQUESTED, Preempted, StepAborted, abortable, f
                             step_checkpoint_dir)
 from core.models import load_policy
 from core.progress import LineProgress
-from core.scoring import Scorer, choose_layout
+from core.scoring import Scorer, Sequences, choose_layout
 from core.tasks import load_prompts
 from training.algorithms import BoundLoss, get_advantage_fn, needs_of
-from training.batch import RolloutBatch, concat_batches
+from training.batch import RolloutBatch, StepRollout, concat_batches
 from training.engines import EngineChoices, PrecisionChoice, RolloutChoice, register_engine
 from training.rewards import informative_rows, overlong_penalty
 from training.settings import RunSettings
@@ -420,7 +420,7 @@ def check_memory(model, scorer: Scorer, run, device, plan) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
     try:
         for mb in scorer.plan(prompt_ids, ones_p, ones_r)[:1]:
-            lp, _ = scorer.forward(model, mb, prompt_ids, ones_p, response_ids, ones_r)
+            lp, _ = scorer.forward(model, mb, Sequences(prompt_ids, ones_p, response_ids, ones_r))
             lp.sum().backward()
     except torch.OutOfMemoryError:
         raise MemoryError(f"train.micro_batch_tokens={scorer.budget}: one pass of {rows} x {seq} tokens ran out of "
@@ -476,21 +476,6 @@ def save(run: LocalRun, step: int, inflight: "InFlight | None" = None) -> Path:
         "model": adapter_state(run.model) if has_adapters(run.model) else run.model.state_dict(), "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
         **run.prompts.state_dict(), **RandomStates.capture().state_dict(), "step": step, "pending": run.pending,
         "token_probs": run.token_probs.state_dict(), "inflight": inflight.state_dict() if inflight else None})
-
-
-@dataclass
-class StepRollout:
-    """One step's samples: ``batch`` (what the update trains on), ``sampled`` (every generation round's batch),
-    ``advantages`` (B,) or (B, L) and the estimator's metrics, ``rounds`` of dynamic sampling, ``phases`` (generate,
-    reward, logprob seconds) and the whole rollout's ``seconds``."""
-
-    batch: object
-    sampled: list
-    advantages: torch.Tensor
-    adv_metrics: dict
-    rounds: int
-    phases: dict
-    seconds: float
 
 
 @dataclass
@@ -766,10 +751,9 @@ def _step_metrics(run: LocalRun, ro: StepRollout, step: int, update_metrics: lis
     response (with dynamic sampling, also the dropped groups; with deferred old log-probs the entropies were filled in
     the batch the update saw, every sample), ``updated``; the weight-sync guard's error logged
     (:class:`training.mismatch.SyncGuard`); the sampled tokens counted (:class:`TokenProbs`)."""
-    dynamic = run.config.dynamic.enabled
     seen = ro.batch if run.settings.deferred_old else concat_batches(ro.sampled, run.tokenizer.pad_token_id)
-    metrics = step_metrics(ro.batch, seen, ro.advantages, ro.adv_metrics, update_metrics, times,
-                           run.scheduler.get_last_lr()[0], run.device, ro.rounds if dynamic else None)
+    metrics = step_metrics(ro, seen, update_metrics, times, run.scheduler.get_last_lr()[0], run.device,
+                           run.config.dynamic.enabled)
     metrics["updated"] = float(bool(ro.batch.batch_size))  # 0: dynamic sampling kept nothing to learn from
     error = guard.check(step, metrics.get("mismatch_logprob_abs_diff"))
     if error:  # the engine samples other weights than the policy's after a sync (a stale adapter, say)
