@@ -1,14 +1,27 @@
-"""The evaluation's checks: the rules that relate its keys to each other (types and ranges of single keys are the
-schema's, from :data:`evaluation.evaluate.CONFIG` and the components' declarations). :func:`check_eval` is the one
+"""The evaluation's keys and checks: :data:`CONFIG` declares the ``eval.*`` keys (types and ranges, checked by the
+schema with the components' own declarations); the functions here are the rules that relate them to each other. :func:`check_eval` is the one
 check the sweep's pre-flight and the evaluation command run; :func:`check_decoding` also runs when an
 :class:`evaluation.evaluate.EvalJob` is built, before any sampling.
 """
 from __future__ import annotations
 
-from core.config_keys import BadValue, check_value
+from core.config_keys import DEVICE, B, BadValue, F, I, L, S, Spec, check_value
 from core.tasks import get_task
 
 from .protocol import evaluation_sampler
+
+# The evaluation's own keys (``eval.*``; a sampler's ``eval.<name>.*`` and a metric table's knobs are declared by them)
+CONFIG: dict[str, Spec] = {
+    "eval.name": S(null=True), "eval.base": B(), "eval.batch_prompts": I(1, null=True),
+    "eval.benchmarks": L(S(min_len=1), min_len=1), "eval.checkpoints": S(("final", "all")),
+    "eval.code_reward": S(("share", "all_pass")), "eval.data_dir": S(null=True), "eval.device": S(pattern=DEVICE),
+    "eval.dtype": S(("auto", "float32", "bfloat16", "float16")), "eval.entropy": B(),
+    "eval.extra_temperatures": L(F(0.01, 10), null=True), "eval.ks": L(I(1), min_len=1),
+    "eval.max_new_tokens": I(1), "eval.max_prompts": I(1, null=True), "eval.n": I(1), "eval.prompt_template": S(null=True),
+    "eval.sampler": S(min_len=1), "eval.score_rows": I(1), "eval.score_tokens": I(1), "eval.seed": I(0),
+    "eval.temperature": F(0, 10), "eval.top_p": F(0, 1, lo_open=True), "eval.decoding": Spec("map", null=True),
+    "eval.select_on": S(("final", "validation")), "eval.validation.n": I(1), "eval.validation.k": I(1),
+}
 
 #: what ``eval.decoding.<benchmark>`` may set for one benchmark (the rest of ``eval`` applies to all); the config
 #: schema types each as the ``eval`` key of its name
@@ -64,8 +77,6 @@ def check_decoding(eval_cfg) -> list[str]:
         if float(c.temperature) == 0 and n > 1:
             warnings.append(f"{where}: greedy decoding (temperature 0) with n={n}: the n samples of a prompt are one "
                             "sequence, so pass@k equals pass@1 for every k; the papers' greedy protocols use n=1")
-    from .evaluate import CONFIG  # the evaluation's own key declarations
-
     temps = list(eval_cfg.get("extra_temperatures") or [])
     try:
         check_value("eval.extra_temperatures", temps, CONFIG["eval.extra_temperatures"])  # also for library callers

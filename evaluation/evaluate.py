@@ -22,7 +22,6 @@ from pathlib import Path
 import pandas as pd
 from tqdm.auto import tqdm
 
-from core.config_keys import DEVICE, B, F, I, L, S, Spec
 from core.progress import LineProgress
 from core.sampling import SamplerOptions, SamplingSettings, build_sampler
 
@@ -31,8 +30,8 @@ from core.tasks import get_task, score_responses
 from . import protocol as P
 from .protocol import evaluation_sampler  # noqa: F401  (re-exported: the sampler is part of the protocol)
 from .tables import TABLES, budget_metrics, compute_tables, metric_key  # noqa: F401  (metric_key re-exported)
-from .checks import (DECODING_KEYS, check_decoding, check_eval, decoding_plan,  # noqa: F401  (re-exported: the
-                     smallest_n)  # evaluation's checks live in evaluation/checks.py)
+from .checks import (CONFIG, DECODING_KEYS, check_decoding, check_eval, decoding_plan,  # noqa: F401  (re-exported:
+                     smallest_n)  # the evaluation's keys and checks live in evaluation/checks.py)
 
 log = logging.getLogger("rlvr")
 
@@ -51,20 +50,6 @@ def check_rows(rows: list[dict], responses: list[str]) -> list[tuple[bool, str |
 
 
 SAMPLING_KEYS = ("temperature", "top_p", "max_new_tokens", "n", "seed", "prompt_template", "dtype", "decoding")
-
-# The evaluation's own keys (``eval.*``; a sampler's ``eval.<name>.*`` and a metric table's knobs are declared by them)
-CONFIG: dict[str, Spec] = {
-    "eval.name": S(null=True), "eval.base": B(), "eval.batch_prompts": I(1, null=True),
-    "eval.benchmarks": L(S(min_len=1), min_len=1), "eval.checkpoints": S(("final", "all")),
-    "eval.code_reward": S(("share", "all_pass")), "eval.data_dir": S(null=True), "eval.device": S(pattern=DEVICE),
-    "eval.dtype": S(("auto", "float32", "bfloat16", "float16")), "eval.entropy": B(),
-    "eval.extra_temperatures": L(F(0.01, 10), null=True), "eval.ks": L(I(1), min_len=1),
-    "eval.max_new_tokens": I(1), "eval.max_prompts": I(1, null=True), "eval.n": I(1), "eval.prompt_template": S(null=True),
-    "eval.sampler": S(min_len=1), "eval.score_rows": I(1), "eval.score_tokens": I(1), "eval.seed": I(0),
-    "eval.temperature": F(0, 10), "eval.top_p": F(0, 1, lo_open=True), "eval.decoding": Spec("map", null=True),
-    "eval.select_on": S(("final", "validation")), "eval.validation.n": I(1), "eval.validation.k": I(1),
-}
-
 
 def _set_aside_stale_samples(eval_cfg, out_dir: Path, sampler=None) -> None:
     """Resume only samples drawn with the same sampling settings (and the same sampler and batch size):

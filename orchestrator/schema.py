@@ -75,7 +75,7 @@ SCHEMA: dict[str, Spec] = {
     # data (the task's own validate() checks values against each other)
     "data.name": S(min_len=1),  # the task's own keys: its ``config`` (core/tasks/<module>.py)
     "data.validation_prompts": I(0),  # core.tasks.load_prompts: the last N training prompts, held out of training
-    # evaluation: its keys are evaluation.evaluate.CONFIG's (collected below)
+    # evaluation: its keys are evaluation.checks.CONFIG's (collected below)
     # tools (multi-turn rollouts)
     "tools.max_turns": I(1), "tools.max_obs_tokens": I(1), "tools.search.url": S(null=True, pattern=r"https?://\S+"),
     "tools.search.index": S(null=True), "tools.search.backend": S(("bm25", "e5")), "tools.search.topk": I(1),
@@ -207,7 +207,7 @@ def collect_specs(cfg) -> dict[str, Spec]:
         load_plugins(plugins)
     except ImportError as e:
         raise ConfigError(str(e)) from None
-    from evaluation.evaluate import CONFIG as EVAL_CONFIG
+    from evaluation.checks import CONFIG as EVAL_CONFIG
 
     specs = {**SCHEMA, **EVAL_CONFIG, **algorithm_specs(cfg)}
     data_name = OmegaConf.select(cfg, "data.name")

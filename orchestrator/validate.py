@@ -69,9 +69,10 @@ def validate_config(cfg: DictConfig) -> list[str]:
 
     Every key's type and range come from its declaration (:func:`orchestrator.schema.check_schema`); then each
     selected component's own check: the algorithm's (:func:`training.algorithms.check_algorithm`: its functions
-    exist, accept the configured parameters, pass their registered validators and can move the policy); the training task's ``validate``; the evaluation's (:func:`validate_eval`); the
-    engine's ``validate``. What stays here are the rules that relate several parts: DAPO's overlong buffer within
-    the response length, every length within the model's context, no group of one under an estimator that then
+    exist, accept the configured parameters, pass their registered validators and can move the policy; DAPO's
+    overlong buffer within the response length); the training task's ``validate``; the evaluation's
+    (:func:`validate_eval`); the engine's ``validate``. What stays here are the rules that relate several parts:
+    every length within the model's context, no group of one under an estimator that then
     gives advantage 0, checkpoint evaluation needing kept checkpoints, search-tool tasks needing a corpus.
 
     Returns:
@@ -87,18 +88,11 @@ def validate_config(cfg: DictConfig) -> list[str]:
         algo_dict = OmegaConf.to_container(algo, resolve=True)
     except Exception as e:
         raise ConfigError(f"algo: {e}") from None
-    try:
-        warnings += check_algorithm(algo_dict, OmegaConf.select(cfg, "train.group_size"))
+    try:  # (DAPO's overlong buffer within the response length among them)
+        warnings += check_algorithm(algo_dict, OmegaConf.select(cfg, "train.group_size"),
+                                    OmegaConf.select(cfg, "train.max_new_tokens"))
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    over = algo.get("overlong_buffer")
-    if over and over.get("enabled", False):  # its length within the response length
-        from training.rewards import overlong_buffer_length
-
-        try:
-            overlong_buffer_length(over, int(cfg.train.max_new_tokens))
-        except ValueError as e:   # names the bad key and value
-            raise ConfigError(str(e)) from None
 
     # -- the model against the rest: lengths within its context, a minibatch within the batch (the model's files and
     # the data are read by orchestrator.preflight.check_inputs)

@@ -94,7 +94,7 @@ def test_each_key_refuses_bad_values_with_one_line_naming_it(configs):
                 assert msg.startswith(f"{key}=") or msg.startswith(f"{key}:"), (ov, key, bad, msg)
                 assert "\n" not in msg
                 tried += 1
-    from evaluation.evaluate import CONFIG as EVAL_CONFIG
+    from evaluation.checks import CONFIG as EVAL_CONFIG
 
     assert seen >= {k for k in {**SCHEMA, **EVAL_CONFIG} if not k.startswith(("model.", "data.", "engine.", "eval.vllm.")) and k != "force"
                     and k not in ("report.baseline", "algo.dynamic_sampling.enabled")} - {"eval.code_reward", "eval.name", "eval.decoding"}

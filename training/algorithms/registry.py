@@ -350,10 +350,12 @@ def _policy_can_change(name: str, params: dict, group_size) -> None:
                          "so the policy never changes; use train.group_size >= 2")
 
 
-def check_algorithm(algo: dict, group_size=None) -> list[str]:
+def check_algorithm(algo: dict, group_size=None, max_new_tokens: int | None = None) -> list[str]:
     """The algorithm's own checks, before any work: its estimator and loss are registered, accept the configured
-    parameters (their signatures) and pass their registered validators (:func:`validate_params`), and the estimator
-    can move the policy at ``group_size`` (``train.group_size``).
+    parameters (their signatures) and pass their registered validators (:func:`validate_params`), the estimator
+    can move the policy at ``group_size`` (``train.group_size``), and DAPO's overlong buffer, when on, fits within
+    the response length ``max_new_tokens`` (``train.max_new_tokens``;
+    :meth:`training.settings.OverlongShaping.buffer_length`).
 
     Args:
         algo: the ``algo`` group as a plain dict (``advantage`` and ``policy_loss`` nodes with ``name``).
@@ -379,4 +381,9 @@ def check_algorithm(algo: dict, group_size=None) -> list[str]:
             raise ValueError(f"algo.{kind} ({node['name']}): {e}") from None
     adv = algo["advantage"]
     _policy_can_change(str(adv["name"]), {k: v for k, v in adv.items() if k != "name"}, group_size)
+    from training.settings import OverlongShaping
+
+    over = OverlongShaping.of(algo.get("overlong_buffer"))
+    if over.enabled and max_new_tokens is not None:  # its length within the response length
+        over.buffer_length(int(max_new_tokens))  # ValueError naming the bad key and value
     return warnings
