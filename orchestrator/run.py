@@ -195,7 +195,7 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict:
             T.GIT_COMMIT: git_commit(), T.SWEEP_ID: sweep_id, T.JOB_NUM: str(job_num),
             T.SLURM_JOB_ID: os.environ.get("SLURM_JOB_ID", ""),
             T.REQUEUE_COUNT: os.environ.get("SLURM_RESTART_COUNT", "0"), T.POINT: (point or name)[:4900],
-            **provenance.tags(cfg.eval, chat_template=bool(cfg.model.get("chat_template", True)))}
+            **provenance.provenance_tags(cfg.eval, chat_template=bool(cfg.model.get("chat_template", True)))}
     if warnings:
         tags[T.WARNINGS] = " | ".join(warnings)[:5000]
     tags |= mlflow_views.parent_tags(exp_id, sweep_id, store)  # nested under the sweep's run (a resumed run moves to this sweep)

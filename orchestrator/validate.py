@@ -18,35 +18,30 @@ def _require(cond: bool, msg: str) -> None:
         raise ConfigError(msg)
 
 
-def _check_against_the_model(cfg) -> None:
-    """Every length against the model's context (:func:`core.models.context_length`: prompt and response share it):
-    the training and evaluation response lengths, each benchmark's own, vLLM's ``max_model_len``, and an engine's prompt
-    budget (``engine.max_prompt_length``) with the training response length. A model whose
-    context cannot be read here (a hub model not downloaded yet) is not checked."""
-    from core.models import context_length
-
-    ctx = context_length(cfg.model)
-    if ctx is None:
-        return
-    model = cfg.model.get("name")
+def _context_limits(cfg) -> list:
+    """Every length the model's context must hold (checked by :func:`core.models.check_context`: prompt and response
+    share it): the training and evaluation response lengths, each benchmark's own, vLLM's ``max_model_len``, and an
+    engine's prompt budget (``engine.max_prompt_length``) with the training response length. A model whose context
+    cannot be read here (a hub model not downloaded yet) is not checked."""
     lengths = {"train.max_new_tokens": OmegaConf.select(cfg, "train.max_new_tokens"),
                "eval.max_new_tokens": OmegaConf.select(cfg, "eval.max_new_tokens")}
     for bench, over in (OmegaConf.select(cfg, "eval.decoding") or {}).items():
         if over is not None and over.get("max_new_tokens") is not None:
             lengths[f"eval.decoding.{bench}.max_new_tokens"] = over.get("max_new_tokens")
-    for key, n in lengths.items():
-        _require(n is None or int(n) < ctx, f"{key}={n}: the model {model} holds {ctx} tokens of context, prompt and "
-                                            "response together: a response that long leaves no room for the prompt")
+    limits = [(n, True, f"{key}={n}: the model {{model}} holds {{ctx}} tokens of context, prompt and response "
+                        "together: a response that long leaves no room for the prompt") for key, n in lengths.items()]
     max_len = OmegaConf.select(cfg, "eval.vllm.max_model_len")
-    _require(max_len is None or int(max_len) <= ctx,
-             f"eval.vllm.max_model_len={max_len}: the model {model} holds {ctx} tokens of context")
+    limits.append((max_len, False, f"eval.vllm.max_model_len={max_len}: the model {{model}} holds {{ctx}} tokens of "
+                                   "context"))
     # an engine that budgets the prompt itself (verl: data.max_prompt_length, its rollout server's max_model_len is
     # prompt + response) must fit both in the context
     prompt = OmegaConf.select(cfg, "engine.max_prompt_length")
     new = OmegaConf.select(cfg, "train.max_new_tokens")
-    _require(prompt is None or new is None or int(prompt) + int(new) <= ctx,
-             f"engine.max_prompt_length={prompt}: with train.max_new_tokens={new} that is {int(prompt or 0) + int(new or 0)} "
-             f"tokens, and the model {model} holds {ctx} tokens of context")
+    if prompt is not None and new is not None:
+        limits.append((int(prompt) + int(new), False,
+                       f"engine.max_prompt_length={prompt}: with train.max_new_tokens={new} that is "
+                       f"{int(prompt) + int(new)} tokens, and the model {{model}} holds {{ctx}} tokens of context"))
+    return limits
 
 
 def validate_eval(cfg, data_name: str | None = None) -> list[str]:
@@ -94,9 +89,9 @@ def validate_config(cfg: DictConfig) -> list[str]:
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
-    # -- the model against the rest: lengths within its context, a minibatch within the batch (the model's files and
-    # the data are read by orchestrator.preflight.check_inputs)
-    _check_against_the_model(cfg)
+    # -- a minibatch within the batch; the lengths the model's context must hold (checked last, after every
+    # component's own check; the model's files and the data are read by orchestrator.preflight.check_inputs)
+    limits = _context_limits(cfg)
     mb, per, g = (OmegaConf.select(cfg, f"train.{k}") for k in ("minibatch_size", "prompts_per_step", "group_size"))
     _require(mb is None or per is None or g is None or int(mb) <= int(per) * int(g),
              f"train.minibatch_size={mb}: larger than the batch (train.prompts_per_step={per} x train.group_size={g} = "
@@ -155,4 +150,11 @@ def validate_config(cfg: DictConfig) -> list[str]:
         warnings += list(chosen.validate(cfg) or [])
     except ValueError as e:
         raise ConfigError(f"engine={cfg.engine.name}: {e}") from None
+    # -- the model against the rest: every length within its context (the limits gathered above)
+    from core.models import check_context
+
+    try:
+        check_context(cfg.model, limits)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     return warnings
