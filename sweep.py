@@ -1,7 +1,7 @@
 """Entry point: `python sweep.py -m algo=quatro,gspo delta=0.01,0.1`.
 
-Every sweep point is validated first, and every place the sweep writes to is checked (orchestrator.preflight);
-then Hydra runs each point through orchestrator.run, which trains, evaluates and logs to MLflow. A point that
+Every sweep point is validated first, and every place the sweep writes to is checked (orchestrator.checks.preflight);
+then Hydra runs each point through orchestrator.point.run, which trains, evaluates and logs to MLflow. A point that
 fails is recorded as FAILED in MLflow and the other points go on; the sweep prints a summary and exits 1 if any
 point did not finish, for any reason. SIGTERM or Ctrl-C (outside SLURM) saves the training state (at the end of
 the running step, or at once during its generation and scoring: the last completed step's), marks the run KILLED
@@ -25,7 +25,7 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from orchestrator import run  # noqa: E402
-from orchestrator.preflight import check_command_line
+from orchestrator.checks.preflight import check_command_line
 
 log = logging.getLogger("rlvr")
 

@@ -52,7 +52,7 @@ def _measure(conn, model_name: str, n: int, budget, prompt_tokens: int, response
     import torch
 
     from core.scoring import Scorer
-    from orchestrator.preflight import sweep_points
+    from orchestrator.checks.preflight import sweep_points
     from training.algorithms import BoundLoss, get_advantage_fn
     from training.engines.local import load_policy
     from training.update import UpdateControl, UpdateSettings, update_policy
@@ -77,7 +77,7 @@ def _measure(conn, model_name: str, n: int, budget, prompt_tokens: int, response
 
 def _plan(model_name: str, n: int, budget, prompt_tokens: int, response_tokens: int, checkpointing: bool,
           measured_tokens: int) -> dict:
-    from orchestrator.preflight import sweep_points
+    from orchestrator.checks.preflight import sweep_points
     from training.memory_plan import RunShape, model_shape, plan_memory
 
     [(_, cfg)] = sweep_points([f"model={model_name}", "eval=smoke"], multirun=False)

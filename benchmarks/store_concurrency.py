@@ -5,7 +5,7 @@
 
 Starts N processes at once, each writing what one sweep job writes to MLflow: a run with 150 parameters and 20
 tags, then per training step a batch of 40 metrics and a heartbeat tag, every ``--interval`` seconds, each call
-through the suite's own :func:`orchestrator.tracking.retry` (it waits out "database is locked"). The SQLite store
+through the suite's own :func:`orchestrator.store.tracking.retry` (it waits out "database is locked"). The SQLite store
 is one ``sqlite:///FOLDER/mlflow.db`` file that every process opens itself, as jobs on a shared folder do
 (``--folder``: put it on the shared file system to measure that); ``--server-uri`` also measures an ``mlflow
 server`` (for example over PostgreSQL: scripts/postgres/start.sh, then ``mlflow server --backend-store-uri

@@ -50,7 +50,7 @@ def _overrides(args) -> list[str]:
 
 
 def _compose(args, extra=()):
-    from orchestrator.preflight import sweep_points
+    from orchestrator.checks.preflight import sweep_points
 
     [(_, cfg)] = sweep_points(_overrides(args) + list(extra), multirun=False)
     return cfg

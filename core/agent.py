@@ -19,7 +19,7 @@ from typing import Sequence
 import torch
 
 from .generation import Generation
-from .sampling.protocol import SamplingSettings
+from .sampling.interface import SamplingSettings
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 dotted key, and :func:`check_value`, which refuses a value that does not fit with one line naming the key.
 
 Every registered component (an engine, a sampler, a task, a metric table) declares the keys it reads next to its
-code, as ``{dotted key: Spec}``; :mod:`orchestrator.schema` only collects the declarations and walks the composed
+code, as ``{dotted key: Spec}``; :mod:`orchestrator.checks.schema` only collects the declarations and walks the composed
 config. The constructors ``I``, ``F``, ``B``, ``S``, ``L`` keep declarations one line each.
 """
 from __future__ import annotations

@@ -3,12 +3,12 @@
 tools read them. Plain names, no MLflow: every layer may import this module. A search filter names tag ``X`` as
 ``tags.`X```; the table of ``mlflow.search_runs`` as the column ``tags.X`` (:func:`column`).
 
-Identity and kind (:mod:`orchestrator.identity`, :mod:`orchestrator.decision`): ``CONFIG_HASH`` (the point's identity),
+Identity and kind (:mod:`orchestrator.point.identity`, :mod:`orchestrator.point.decision`): ``CONFIG_HASH`` (the point's identity),
 ``TRAIN_HASH`` (runs sharing it share one trained checkpoint), ``KIND`` (``trained``, ``duplicate`` or ``base``),
 ``DUPLICATE_OF``, ``TRAINED_IN`` (a run that evaluates a checkpoint another run trained: that run),
 ``RECOVERED_FROM`` (a run that re-evaluates a corrupt run's good checkpoint), ``INVALID`` (why a run is not trusted).
 Where a run came from: ``SWEEP_ID`` (its Hydra sweep folder), ``JOB_NUM``, ``POINT``, ``RUN_DIR``, ``HOST``, ``PID``,
-``SLURM_JOB_ID``, ``REQUEUE_COUNT``, ``GIT_COMMIT``, ``ALGO``. Leases (:mod:`orchestrator.lease`): ``OWNER``,
+``SLURM_JOB_ID``, ``REQUEUE_COUNT``, ``GIT_COMMIT``, ``ALGO``. Leases (:mod:`orchestrator.store.lease`): ``OWNER``,
 ``HEARTBEAT``. What the engine chose: ``ROLLOUT_SAMPLER``, ``PRECISION``, ``PACKING`` and friends; an ``auto``
 choice's estimate against what happened: ``ESTIMATE_PREFIX`` + the setting. How a run was evaluated:
 ``EVAL_PROTOCOL`` (JSON), ``EVAL_PROTOCOL_ID``, ``SAMPLER``, ``EVAL_DTYPE``; what changed in its environment while it
@@ -57,7 +57,7 @@ EVAL_PROTOCOL = "rlvr.eval_protocol"  # the protocol a run was evaluated under (
 EVAL_PROTOCOL_ID = "rlvr.eval_protocol_id"  # its hash
 SAMPLER = "rlvr.sampler"  # the evaluation's sampler
 EVAL_DTYPE = "rlvr.eval_dtype"
-ENV_PREFIX = "rlvr.env."  # the run's environment (orchestrator.provenance)
+ENV_PREFIX = "rlvr.env."  # the run's environment (orchestrator.point.provenance)
 ENV_CHANGED = "rlvr.env_changed"
 ENTROPY_METHOD = "rlvr.entropy_method"
 BASE_RUN_ID = "rlvr.base_run_id"

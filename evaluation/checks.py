@@ -1,7 +1,7 @@
 """The evaluation's keys and checks: :data:`CONFIG` declares the ``eval.*`` keys (types and ranges, checked by the
 schema with the components' own declarations); the functions here are the rules that relate them to each other. :func:`check_eval` is the one
 check the sweep's pre-flight and the evaluation command run; :func:`check_decoding` also runs when an
-:class:`evaluation.evaluate.EvalJob` is built, before any sampling.
+:class:`evaluation.pipeline.EvalJob` is built, before any sampling.
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ rollouts ran on transformers. Not part of it (:data:`NOT_PROTOCOL`): the decodin
 protocol: ExPPO's decoding-seed table compares across seeds), whether the base model and which checkpoints are
 evaluated, the flip rule's k, paths, batching and the engine's memory and parallelism knobs.
 
-The sweep records the protocol its first evaluation resolved (:mod:`orchestrator.sweep_protocol`); every run carries
+The sweep records the protocol its first evaluation resolved (:mod:`orchestrator.point.sweep_protocol`); every run carries
 its protocol as tags (:func:`tags`), and a comparison is formed only between runs of one protocol.
 """
 from __future__ import annotations

@@ -19,8 +19,9 @@ from hydra.experimental.callback import Callback
 
 from core import tags as T
 
-from . import tracking, mlflow_views
-from .identity import point_name
+from orchestrator.store import tracking
+from orchestrator.store import mlflow_views
+from orchestrator.point.identity import point_name
 
 log = logging.getLogger("rlvr")
 
@@ -81,8 +82,8 @@ class SweepCallback(Callback):
         self.expected_points: int | None = None
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        from .identity import git_commit
-        from .preflight import count_points
+        from orchestrator.point.identity import git_commit
+        from orchestrator.checks.preflight import count_points
 
         sweep_id = str(config.hydra.sweep.dir)  # as the jobs see it (rlvr.sweep_id): they find the parent run by it
         sweep_dir = Path(sweep_id)
@@ -197,7 +198,7 @@ class SweepCallback(Callback):
 def disk_line(sweep_dir: Path) -> str:
     """What the sweep wrote to its folder (its points' checkpoints, evaluations, logs), in one line, with the command
     that lists what may be reclaimed."""
-    from .disk import human, size_bytes
+    from orchestrator.point.disk import human, size_bytes
 
     total = size_bytes(sweep_dir)
     ckpt = sum(size_bytes(p) for p in Path(sweep_dir).glob("*/checkpoint*"))
@@ -226,8 +227,8 @@ def read_sweep(sweep_dir: Path) -> dict:
 
 def close_parent(parent_run_id: str | None, summary: list[dict], status: str | None = None, out_dir: Path | None = None,
                  children=(), report_html: Path | None = None, store: tracking.Store | None = None) -> str | None:
-    """End the sweep's parent run (:func:`orchestrator.mlflow_views.close_sweep_run`) with the report when one was built and
-    the union of its ``children``'s datasets (store calls through ``store``, :class:`orchestrator.tracking.Store`).
+    """End the sweep's parent run (:func:`orchestrator.store.mlflow_views.close_sweep_run`) with the report when one was built and
+    the union of its ``children``'s datasets (store calls through ``store``, :class:`orchestrator.store.tracking.Store`).
     Returns the status it ended with (None when there is no parent or it could not be closed); never raises."""
     if parent_run_id is None:
         return None

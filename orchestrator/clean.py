@@ -5,7 +5,7 @@
 Three kinds, found from the store's run records (every experiment of ``--tracking-uri``) and the run folders under
 ``--root`` (``multirun/`` and ``outputs/``, Hydra's folders):
 
-- **training state of a finished run**: the engine's state (:func:`orchestrator.disk.state_paths`: the local
+- **training state of a finished run**: the engine's state (:func:`orchestrator.point.disk.state_paths`: the local
   engine's ``state/``, verl's ``verl_checkpoints/``) in the folder of a FINISHED run (``rlvr.run_dir``): only a resume
   reads it (runs since issue 56 remove it themselves unless ``train.keep_state=true``; kept-on-purpose states are
   listed too, since a finished run is never resumed);
@@ -34,8 +34,8 @@ from pathlib import Path
 
 from core import tags as T
 
-from . import tracking
-from .disk import human, size_bytes, state_paths
+from orchestrator.store import tracking
+from orchestrator.point.disk import human, size_bytes, state_paths
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ itself ``auto``: vLLM when installed and a CUDA GPU is visible, else transformer
 with one line naming the value, before any model is loaded.
 
 The command composes the config, validates it and logs to MLflow, so it lives in the orchestrator layer; the
-sampling and the metric tables are :func:`evaluation.evaluate.evaluate_checkpoint`'s.
+sampling and the metric tables are :func:`evaluation.pipeline.evaluate_checkpoint`'s.
 """
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def _preflight(args):
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from .preflight import CONFIG_DIR, nearest
+    from orchestrator.checks.preflight import CONFIG_DIR, nearest
 
     presets = sorted(p.stem for p in (CONFIG_DIR / "eval").glob("*.yaml"))
     if args.eval not in presets:
@@ -89,7 +89,7 @@ def _preflight(args):
                        + ", ".join(presets))
     overrides = [f"eval.{o[len('eval.'):] if o.startswith('eval.') else o}" for o in args.overrides]
     try:
-        from .preflight import check_single_run
+        from orchestrator.checks.preflight import check_single_run
 
         check_single_run(overrides)
     except Exception as e:  # noqa: BLE001 -- ConfigError: several values
@@ -99,17 +99,17 @@ def _preflight(args):
             cfg = compose("config", overrides=[f"eval={args.eval}"] + overrides
                           + ([f"eval.sampler={args.sampler}"] if args.sampler else []))
     except (HydraException, OmegaConfBaseException) as e:
-        from .preflight import _unknown_key
+        from orchestrator.checks.preflight import _unknown_key
 
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
             unknown = _unknown_key(str(e), [f"eval={args.eval}"] + overrides,
                                    lambda o: compose("config", overrides=o))
         raise _Refused(unknown.replace("+eval.", "+") if unknown else str(e).splitlines()[0]) from None
     eval_cfg = cfg.eval
-    from .errors import ConfigError
-    from .preflight import check_precision
-    from .schema import check_schema
-    from .validate import validate_eval
+    from orchestrator.errors import ConfigError
+    from orchestrator.checks.preflight import check_precision
+    from orchestrator.checks.schema import check_schema
+    from orchestrator.checks.validate import validate_eval
 
     try:  # the same checks as the sweep's pre-flight: every key's declaration, then the evaluation's own check
         check_schema(cfg)
@@ -124,7 +124,7 @@ def _preflight(args):
         check_source({"source": "pretrained", "path": str(args.checkpoint)})
     except ValueError as e:
         raise _Refused(f"--checkpoint: {str(e).replace('model.path=', '', 1)}") from None
-    from . import tracking
+    from orchestrator.store import tracking
 
     try:  # the store and the output folder, as the sweep's pre-flight checks them (nothing is created yet)
         tracking.check_store(args.tracking_uri, str(cfg.tracking.artifact_root), min_free_mb=0)
@@ -174,9 +174,11 @@ def _evaluate(args, cfg, base, heldout):
     from omegaconf import OmegaConf
 
     from evaluation import protocol as P
-    from evaluation.evaluate import EvalJob, benchmark_rows, evaluate_checkpoint
+    from evaluation.pipeline import EvalJob, benchmark_rows, evaluate_checkpoint
 
-    from . import provenance, tracking, mlflow_views
+    from orchestrator.point import provenance
+    from orchestrator.store import tracking
+    from orchestrator.store import mlflow_views
 
     eval_cfg = cfg.eval
     proto = P.resolve(eval_cfg)  # prompts through the chat template, as evaluate_checkpoint renders them here

@@ -14,7 +14,7 @@ import functools
 import sys
 from pathlib import Path
 
-from .preflight import CONFIG_DIR, sweep_points
+from orchestrator.checks.preflight import CONFIG_DIR, sweep_points
 
 SKIP = ("cpu_study", "verl_smoke")
 #: presets whose largest model has at least this many billion parameters get a ``lora=on`` row (sweeps/lora/on.yaml)

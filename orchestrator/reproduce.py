@@ -3,7 +3,7 @@ new run beside it, and print every metric that moved.
 
 The new run is the original's config (the artifact ``config.yaml``, resolved as the run saw it) with ``force`` set,
 so the suite's own run identity does not take it for a duplicate; it is tagged ``rlvr.reproduces=RUN_ID``, and
-records its own provenance (:mod:`orchestrator.provenance`), so the versions that differ between the two runs are
+records its own provenance (:mod:`orchestrator.point.provenance`), so the versions that differ between the two runs are
 printed too. Every metric series of the original run (training metrics step by step, evaluation metrics, pass@k)
 is compared with the new run's, value by value; timings, throughput and memory are listed apart, as they differ
 between any two runs. On the CPU a re-run of the same code is bitwise identical (tests/e2e/test_sweep.py).
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from core import tags as T
 
-from . import provenance
+from orchestrator.point import provenance
 
 #: metric names that measure the machine, not the algorithm: never expected to repeat
 NOT_REPRODUCIBLE = re.compile(r"(^system/|time|timing|_s$|_s/|_ms$|per_s|throughput|memory|mem_|_mem|gpu_hours|wall)")
@@ -76,7 +76,7 @@ def reproduce(run_id: str, tracking_uri: str, workdir: Path | None = None) -> st
     from mlflow.tracking import MlflowClient
     from omegaconf import OmegaConf, open_dict
 
-    from . import run as run_point  # the function sweep.py runs for each point
+    from orchestrator.point import run as run_point  # the function sweep.py runs for each point
 
     client = MlflowClient(tracking_uri=tracking_uri)
     try:

@@ -33,7 +33,7 @@ def build(experiment: str, tracking_uri: str = "sqlite:///mlflow.db", baseline: 
         experiment: MLflow experiment name; tracking_uri: the store (a relative sqlite path is
             resolved against the current directory); baseline: run label or algorithm name for the
             paired-bootstrap differences; out_dir: where files go (default
-            :func:`orchestrator.mlflow_views.report_folder`: ``reports_out/<experiment>/<sweep>`` for one sweep, with
+            :func:`orchestrator.store.mlflow_views.report_folder`: ``reports_out/<experiment>/<sweep>`` for one sweep, with
             ``reports_out/<experiment>/latest`` linked to it when it is the newest sweep (:func:`newest_sweep`),
             else ``reports_out/<experiment>/all``);
             parent_run_id: the sweep's parent run, under which the report run is nested, and whose sweep's runs
@@ -55,7 +55,7 @@ def build(experiment: str, tracking_uri: str = "sqlite:///mlflow.db", baseline: 
 
     if tracking_uri.startswith("sqlite:///") and not tracking_uri.startswith("sqlite:////"):
         tracking_uri = "sqlite:///" + str(Path(tracking_uri[len("sqlite:///"):]).resolve())
-    from orchestrator.mlflow_views import report_folder
+    from orchestrator.store.mlflow_views import report_folder
 
     if parent_run_id and not sweeps:
         sweeps = [_sweep_of(tracking_uri, parent_run_id)]
@@ -211,7 +211,7 @@ def check_args(args) -> None:
         except Exception as e:  # noqa: BLE001 -- MLflow's parse error, its first line
             fail(f"--filter={args.filter!r}: not an MLflow search filter ({str(e).splitlines()[0] if str(e) else type(e).__name__})")
     if args.baseline:
-        from orchestrator.preflight import nearest
+        from orchestrator.checks.preflight import nearest
 
         from .data import short_labels
         from .load import BASE_LABEL, load_runs

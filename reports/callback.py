@@ -71,12 +71,12 @@ def check_report_baseline(configs) -> list[str]:
     """
     import pandas as pd
 
-    from orchestrator.schema import leaves
+    from orchestrator.checks.schema import leaves
 
     from .data import short_labels
     from .load import BASE_LABEL
 
-    from orchestrator.preflight import CONFIG_DIR
+    from orchestrator.checks.preflight import CONFIG_DIR
 
     wanted = {str(b) for c in configs if (b := (c.get("report", {}) or {}).get("baseline")) not in (None, "")}
     if not wanted:

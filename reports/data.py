@@ -44,9 +44,9 @@ def display_name(metric: str) -> str:
 
 
 def provenance_warnings(runs: pd.DataFrame, shown: int = 4) -> list[str]:
-    """One line per provenance key (:mod:`orchestrator.provenance`: library versions, machine, commit, evaluation
+    """One line per provenance key (:mod:`orchestrator.point.provenance`: library versions, machine, commit, evaluation
     protocol) on which the runs differ, naming the values and the runs with each (at most ``shown`` per value)."""
-    from orchestrator.provenance import differences
+    from orchestrator.point.provenance import differences
 
     if runs.empty:
         return []

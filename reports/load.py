@@ -172,7 +172,7 @@ def plugin_modules(runs: pd.DataFrame) -> list[str]:
 def load_plugins(runs: pd.DataFrame) -> list[str]:
     """Import the runs' plug-in modules (:func:`plugin_modules`) so that their metric tables are registered and
     shown. Returns one line per module that failed to import (the report names them and goes on)."""
-    from core.registry import load_plugins as _load
+    from core.plugins import load_plugins as _load
 
     problems = []
     for m in plugin_modules(runs):
@@ -218,7 +218,7 @@ def download_samples(tracking_uri: str, runs: pd.DataFrame, dst: Path, problems:
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from orchestrator.integrity import load_record, sha256
+    from orchestrator.point.integrity import load_record, sha256
 
     mlflow.set_tracking_uri(tracking_uri)
     client = MlflowClient(tracking_uri=tracking_uri)

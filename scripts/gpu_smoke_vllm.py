@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     from omegaconf import OmegaConf
 
     from core.sampling import SamplingSettings, VLLMSampler
-    from evaluation.evaluate import EvalJob, evaluate
+    from evaluation.pipeline import EvalJob, evaluate
     from core.tasks.arithmetic import arithmetic_splits
 
     out = Path(args.out or tempfile.mkdtemp(prefix="vllm-smoke-"))

@@ -9,7 +9,7 @@ for the real twins, which take 3-15 minutes each on two CPU cores (docs/performa
     python scripts/run_twins.py cpu_study                # the CPU study (about an hour, docs/study.md)
 
 For each twin: ``python sweep.py -m experiment=<twin>`` in its own folder, then checks that the sweep exited 0,
-that every distinct effective config (``orchestrator.identity.config_hash`` over the preset's points) has a
+that every distinct effective config (``orchestrator.point.identity.config_hash`` over the preset's points) has a
 FINISHED trained run, that the report was written with every paper table its ``report.sections`` names, non-empty,
 and the twin's own checks below. Prints the wall time of
 each. Exit status: 0 when every twin passed, 1 otherwise, 2 for an unknown twin name (before any work).
@@ -61,9 +61,9 @@ def run_twin(name: str, work: Path, overrides=(), capture: bool = False) -> tupl
     from mlflow.tracking import MlflowClient
 
     from orchestrator import ConfigError
-    from orchestrator.identity import config_hash
-    from orchestrator.preflight import sweep_points
-    from orchestrator.tracking import TAG_HASH, TAG_KIND
+    from orchestrator.point.identity import config_hash
+    from orchestrator.checks.preflight import sweep_points
+    from orchestrator.store.tracking import TAG_HASH, TAG_KIND
 
     try:
         points = sweep_points([f"experiment={name}", *overrides], multirun=True)

@@ -147,7 +147,7 @@ def benchmark_dir():
 @pytest.fixture(scope="session")
 def tiny_cfg():
     """The composed default config with the tiny random model and smoke evaluation."""
-    from orchestrator.preflight import sweep_points
+    from orchestrator.checks.preflight import sweep_points
 
     [(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke"])
     return cfg

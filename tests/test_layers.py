@@ -84,7 +84,7 @@ def test_the_graph_sees_the_imports_it_must_see():
     assert set(LAYER) <= {m.split(".")[0] for m in g} and len(g) > 60
     assert "core.generation" in g["core.agent"] and "core.generation" in g["core.sampling"]  # relative, module level
     assert "core.agent" in g["core.sampling.rollout"]  # inside a function
-    assert "orchestrator.tracking" in g["orchestrator.mlflow_views"] and "evaluation.evaluate" in g["orchestrator.evaluate"]
+    assert "orchestrator.store.tracking" in g["orchestrator.store.mlflow_views"] and "evaluation.pipeline" in g["orchestrator.evaluate"]
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _circles({"a": {"b"}, "b": set()}) == []
 
@@ -98,7 +98,7 @@ def test_no_circle_and_no_upward_import():
 
 
 def test_store_calls_go_through_the_store_object():
-    """Every MLflow call of a run goes through its ``orchestrator.tracking.Store``, built once from the config: the
+    """Every MLflow call of a run goes through its ``orchestrator.store.tracking.Store``, built once from the config: the
     outage limit is not threaded through the call sites (``outage_s`` on at most 10 lines of the four packages, where
     the config key is read, the store keeps it and the old ``retry`` entry takes it), and nothing outside
     ``tracking.py`` wraps a call in ``tracking.retry`` by hand."""
@@ -113,3 +113,14 @@ def test_store_calls_go_through_the_store_object():
                     wrapped.append(where)
     assert len(lines) <= 10, lines
     assert wrapped == []
+
+
+def test_no_two_modules_of_the_layers_share_a_file_name():
+    """A file's name says which part it is (issue 57): no two modules of core/, training/, evaluation/ and
+    orchestrator/ are named alike (``__init__`` and ``__main__`` aside)."""
+    seen: dict[str, list[str]] = {}
+    for pkg in ("core", "training", "evaluation", "orchestrator"):
+        for p in (REPO / pkg).rglob("*.py"):
+            if p.stem not in ("__init__", "__main__"):
+                seen.setdefault(p.name, []).append(str(p.relative_to(REPO)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}

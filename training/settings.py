@@ -4,7 +4,7 @@ The defaults live in the YAML (``sweeps/config.yaml``: every ``train.*`` key the
 is read here without a fallback: a missing key is a config that did not come from the composed tree and fails
 loudly) and, for the algorithm's optional subtrees that most algorithms leave out (``algo.dynamic_sampling``,
 ``algo.overlong_buffer``, ``algo.kl_beta``, ``algo.entropy_coef``), in the field defaults of the typed records below:
-one place each. The schema (``orchestrator/schema.py``) has already checked every value's type and range.
+one place each. The schema (``orchestrator/checks/schema.py``) has already checked every value's type and range.
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from typing import Callable, Protocol, Sequence
 import torch
 
 from ..generation import Generation, response_mask_from_ids  # noqa: F401  (the samplers' return type)
-from .protocol import SamplingSettings
+from .interface import SamplingSettings
 
 def prompt_texts(tokenizer, prompts: Sequence[str], chat_template: bool = True, system_prompt: str | None = None) -> list[str]:
     """Render user prompts as model input text (the tokenizer's chat template when asked)."""
@@ -64,7 +64,7 @@ def generate_responses(model, tokenizer, texts: Sequence[str], n: int, settings:
         texts: already-rendered model inputs (see :func:`prompt_texts`).
         n: samples per prompt (>= 1).
         settings: temperature >= 0 (0: greedy decoding, one sequence per prompt repeated n times; top_p is then
-            unused); 0 < top_p <= 1; max_new_tokens >= 1 (:class:`core.sampling.protocol.SamplingSettings`; its
+            unused); 0 < top_p <= 1; max_new_tokens >= 1 (:class:`core.sampling.interface.SamplingSettings`; its
             chat_template is unused: the texts are rendered).
         with_entropy: also fill ``Generation.entropy`` from the logits ``generate`` computes while sampling (its
             unprocessed logits, divided by the temperature: the full next-token distribution, before top-p), so

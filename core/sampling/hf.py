@@ -13,7 +13,7 @@ import torch
 
 from ..generation import Generation
 from .generate import entropy_temperature, generate_responses, prompt_texts
-from .protocol import (ENTROPY_LOGITS_BUDGET, ENTROPY_METHOD, GENERATION_ENTROPY_METHOD, SamplerOptions,
+from .interface import (ENTROPY_LOGITS_BUDGET, ENTROPY_METHOD, GENERATION_ENTROPY_METHOD, SamplerOptions,
                        SamplingSettings, _free_memory, register_sampler)
 from .rollout import HFRollout, RolloutOptions, _speed
 

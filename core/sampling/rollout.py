@@ -14,7 +14,7 @@ import torch
 
 from ..generation import Generation, response_mask_from_ids
 from .generate import generate_responses
-from .protocol import SAMPLERS, SamplingSettings, resolve_sampler
+from .interface import SAMPLERS, SamplingSettings, resolve_sampler
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 

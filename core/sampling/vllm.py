@@ -13,7 +13,7 @@ import torch
 
 from ..config_keys import MAP, B, F, I, S
 from .generate import entropy_temperature, prompt_texts
-from .protocol import (ENTROPY_METHOD, VLLM_ENTROPY_METHOD, SamplerOptions, SamplingSettings, _free_memory,
+from .interface import (ENTROPY_METHOD, VLLM_ENTROPY_METHOD, SamplerOptions, SamplingSettings, _free_memory,
                        register_sampler)
 from .rollout import _DTYPE_NAMES, VLLMRollout, _eos_ids, _speed
 

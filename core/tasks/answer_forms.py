@@ -57,7 +57,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from core.registry import Registry
+from core.plugins import Registry
 
 STATED, MISSING, RESTATED, NOT_A_VALUE = "stated", "missing", "restated", "not_a_value"
 #: every status; ``stated`` is the only one the verifier judges (the others score 0)

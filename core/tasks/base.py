@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from core.config_keys import I, S, Spec
-from core.registry import Registry, load_plugins  # noqa: F401  (load_plugins: re-exported)
+from core.plugins import Registry, load_plugins  # noqa: F401  (load_plugins: re-exported)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 import pandas as pd
 
 from core.config_keys import Spec, setting
-from core.registry import Registry
+from core.plugins import Registry
 
 _FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _PREFIX = re.compile(r"^eval(?:_T(?P<t>[0-9.eE+-]+))?/(?P<rest>.+)$")
@@ -120,7 +120,7 @@ class MetricTable:
     Attributes:
         name: the table's name (its key in ``compute_tables``' tables and its CSV file name, ``<name>.csv``).
         compute: ``compute(samples, settings) -> DataFrame | {name: DataFrame} | None``: the table of the samples
-            table (:data:`evaluation.evaluate.SAMPLE_COLUMNS`) under :class:`TableSettings`; indexed by benchmark (a
+            table (:data:`evaluation.pipeline.SAMPLE_COLUMNS`) under :class:`TableSettings`; indexed by benchmark (a
             ``mean`` row for the unweighted mean over benchmarks, when the table has one) or as ``rows`` says; a dict
             for several tables (e.g. ``verifier`` and its sample listing); None (or an empty dict) when the samples
             carry nothing for it (no table, no metrics).

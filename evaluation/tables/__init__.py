@@ -28,13 +28,13 @@ from .frames import with_mean
 
 log = logging.getLogger("rlvr.tables")
 # the built-in tables, imported (so registered) in the order of TABLES: a new one goes where it is to appear
-from .passk import per_prompt_values  # noqa: F401  (registers passk)
-from .diversity import similarity_table, ucc_table  # noqa: F401  (registers ucc, similarity)
+from .pass_rates import per_prompt_values  # noqa: F401  (registers passk)
+from .solution_diversity import similarity_table, ucc_table  # noqa: F401  (registers ucc, similarity)
 from .entropy import entropy_table  # noqa: F401
-from .modes import modes_table  # noqa: F401
+from .answer_modes import modes_table  # noqa: F401
 from .subsets import subset_table  # noqa: F401
 from .verifier import VERIFIER_COLUMNS, verifier_tables  # noqa: F401  (registers verifier)
-from .tools import tool_table  # noqa: F401
+from .tool_use import tool_table  # noqa: F401
 from .kinds import kind_table  # noqa: F401
 from .flip_rates import flip_metrics  # noqa: F401
 from .comparability import protocol_differences  # noqa: F401  (registers nothing)
@@ -45,7 +45,7 @@ def compute_tables(samples: pd.DataFrame, ks, base_samples: pd.DataFrame | None 
     """Every registered metric table (:data:`TABLES`: the built-ins and plug-ins) and its flat MLflow metrics.
 
     Args:
-        samples: the samples table (see evaluation.evaluate.SAMPLE_COLUMNS).
+        samples: the samples table (see evaluation.pipeline.SAMPLE_COLUMNS).
         ks: pass@k values (each <= the smallest n per prompt), or ``{benchmark: ks}`` when benchmarks have their
             own budgets (per-benchmark decoding, ``eval.decoding``): each group of benchmarks with the same ks and
             n is tabled on its own, the tables joined, and every ``mean`` row recomputed over the benchmarks that

@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from core.registry import Registry
+from core.plugins import Registry
 
 from .. import data as R
 from .. import load as L

@@ -22,7 +22,7 @@ BENCHMARKS = ["gsm8k", "math500", "minerva_math", "olympiadbench", "aime24", "ai
 
 def _graded(responses, rows):
     """Each response's verdict three ways: the training reward, the evaluation's check and verl's reward function."""
-    from evaluation.evaluate import check_rows
+    from evaluation.pipeline import check_rows
     from training.engines.verl_support.verl_reward import compute_score
     from training.rewards import row_rewards
 
@@ -243,7 +243,7 @@ def test_samples_drawn_before_answer_forms_are_graded_again_not_resampled():
     samples again: the echo plain math-verify paid is now wrong, the stated answer stays right."""
     import pandas as pd
 
-    from evaluation.evaluate import regrade
+    from evaluation.pipeline import regrade
 
     row = _arith_row("0", "+", "8")
     old = pd.DataFrame({"benchmark": ["arithmetic"] * 3, "prompt_id": [row["id"]] * 3, "sample_idx": [0, 1, 2],

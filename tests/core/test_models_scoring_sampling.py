@@ -8,7 +8,7 @@ from core.models import load_checkpoint, load_policy, model_path, resolve_dtype
 from core.sampling import SAMPLERS, HFSampler, SamplingSettings, resolve_sampler
 from core.scoring import Sequences, compute_logprobs, mean_token_entropies, token_entropies
 from tests.conftest import REPO
-from training.rollout import RolloutRequest, collect_rollouts
+from training.collect import RolloutRequest, collect_rollouts
 
 ROWS = [{"id": "a", "prompt": "Compute 3 + 4.", "gold": "7", "task": "arithmetic"},
         {"id": "b", "prompt": "Compute 12 + 30. Answer with just the number.", "gold": "42", "task": "arithmetic"}]
@@ -157,8 +157,8 @@ BASE_MODELS = {"qwen2.5-7b", "qwen2.5-3b", "qwen2.5-coder-1.5b", "qwen2.5-math-1
 
 
 def test_every_model_preset_composes_with_its_hub_path_and_chat_setting():
-    from orchestrator.preflight import sweep_points
-    from orchestrator.validate import validate_config
+    from orchestrator.checks.preflight import sweep_points
+    from orchestrator.checks.validate import validate_config
 
     names = {p.stem for p in (REPO / "sweeps" / "model").glob("*.yaml")} - {"smollm2-135m", "tiny-random"}
     assert names == set(FAMILIES)

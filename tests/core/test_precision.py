@@ -72,7 +72,7 @@ def test_preflight_refuses_an_explicit_bf16_on_a_cpu_without_bf16_units_in_secon
 
 def test_preflight_checks_every_precision_key_and_leaves_remote_points_to_their_node(monkeypatch):
     from orchestrator.errors import ConfigError
-    from orchestrator.preflight import check_precision, sweep_points
+    from orchestrator.checks.preflight import check_precision, sweep_points
 
     monkeypatch.setenv("RLVR_CPU_FLAGS", AVX2)
     [(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke"], multirun=False)
@@ -90,7 +90,7 @@ def test_preflight_checks_every_precision_key_and_leaves_remote_points_to_their_
 def test_auto_trains_in_the_precision_the_cpu_computes_and_says_why(monkeypatch, tmp_path, flags, want):
     """One step of the tiny model with train.precision=auto: the update runs bf16 autocast exactly on the CPU with
     bf16 units; the engine's record (tagged on the run by the orchestrator) holds the choice and its reason."""
-    from orchestrator.preflight import sweep_points
+    from orchestrator.checks.preflight import sweep_points
     from training.engines import EngineChoices, local
 
     monkeypatch.setenv("RLVR_CPU_FLAGS", flags)

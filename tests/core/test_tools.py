@@ -135,7 +135,7 @@ def test_tool_tokens_get_no_gradient_in_any_loss_term(algo, tiny_policy, tiny_cf
     entropy bonus): d loss / d log-prob is exactly 0 at every tool token and not 0 at the policy's; any values at
     the tool positions (other log-probs, other references) leave the loss and its gradient unchanged, so the loss
     depends on the tool's tokens only through the context they give the policy's tokens."""
-    from orchestrator.preflight import sweep_points
+    from orchestrator.checks.preflight import sweep_points
     from training.algorithms import BoundLoss, get_advantage_fn
     from training.batch import RolloutBatch
     from training.engines.local import _params, policy_objective

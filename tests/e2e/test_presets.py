@@ -64,9 +64,9 @@ def test_every_preset_is_listed_and_every_twin_has_a_full_preset():
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_every_sweep_point_composes_and_validates(name, search_index):
-    from orchestrator.identity import config_hash, training_hash
-    from orchestrator.preflight import sweep_points
-    from orchestrator.validate import validate_config
+    from orchestrator.point.identity import config_hash, training_hash
+    from orchestrator.checks.preflight import sweep_points
+    from orchestrator.checks.validate import validate_config
 
     points = sweep_points([f"experiment={name}", *_needs(name, search_index)], multirun=True)
     assert len(points) == POINTS[name]
@@ -83,14 +83,14 @@ def test_every_sweep_point_composes_and_validates(name, search_index):
 
 def _points_with_index(name):
     """The composed points of a preset (a built index standing in where the preset needs one)."""
-    from orchestrator.preflight import sweep_points
+    from orchestrator.checks.preflight import sweep_points
 
     extra = [f"{NEEDS[name]}=/tmp"] if name in NEEDS else []
     return [cfg for _, cfg in sweep_points([f"experiment={name}", *extra], multirun=True)]
 
 
 def _points(name):
-    from orchestrator.preflight import sweep_points
+    from orchestrator.checks.preflight import sweep_points
 
     return [cfg for _, cfg in sweep_points([f"experiment={name}"], multirun=True)]
 
@@ -163,7 +163,7 @@ def test_paper_presets_carry_their_papers_protocols():
     assert sorted((c.algo.name, c.eval.seed) for c in _points("exppo_decoding_seeds")) == [
         (a, s) for a in ("exppo", "grpo") for s in (0, 1, 2)]
     # TR-GRPO math (Table 2) evaluation: greedy on OlympiadBench, Minerva, MATH-500; 16 samples on AMC and AIME
-    from orchestrator.preflight import sweep_points
+    from orchestrator.checks.preflight import sweep_points
 
     [(_, tr)] = sweep_points(["eval=trgrpo_math"])
     for b in ("olympiadbench", "minerva_math", "math500"):
@@ -195,7 +195,7 @@ def test_paper_presets_carry_their_papers_protocols():
         if c.algo.name == "tr_grpo":
             assert (c.algo.policy_loss.clip_ratio_low, c.algo.policy_loss.clip_ratio_high) == (0.2, 0.24)
     from orchestrator import ConfigError
-    from orchestrator.validate import validate_config
+    from orchestrator.checks.validate import validate_config
 
     with pytest.raises(ConfigError, match="tools.search: .*set tools.search.url"):
         validate_config(search[0])  # the Wikipedia index is the user's to build
@@ -210,7 +210,7 @@ def test_paper_presets_carry_their_papers_protocols():
 # whose points are config-group files); every preset's points are composed in-process above
 @pytest.mark.parametrize("name", ["quatro_main", "exppo_core_cpu", "trgrpo_sensitivity"])
 def test_cfg_job_prints_a_sweep_point(name, tmp_path):
-    from orchestrator.preflight import sweep_points
+    from orchestrator.checks.preflight import sweep_points
 
     point, cfg = sweep_points([f"experiment={name}"], multirun=True)[-1]
     proc = _sweep(tmp_path, *point, "--cfg", "job", timeout=120)

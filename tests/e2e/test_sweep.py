@@ -196,14 +196,14 @@ def test_vllm_sampler_without_vllm_stops_before_training(tmp_path, without_vllm)
     (["eval.extra_temperatures=1.5"], "expected a list"),
     (["eval.flip_k=5"], "eval.flip_k=5: larger than eval.n=4"),
     (["eval.checkpoints=all"], "set train.save_every"),
-    # checkpoint selection (orchestrator.run_evaluation.select_on_validation)
+    # checkpoint selection (orchestrator.point.run_evaluation.select_on_validation)
     (["eval.select_on=validation", "train.save_every=1"], "eval.select_on=validation: no validation split"),
     (["eval.select_on=validation", "data.validation_prompts=4"], "eval.select_on=validation: only the final"),
     (["train.keep_top_k=2"], "train.keep_top_k=2: checkpoints are ranked on the validation split"),
     (["eval.select_on=validation", "data.validation_prompts=4", "train.save_every=1", "eval.validation.k=8"],
      "eval.validation.k=8: larger than eval.validation.n=4"),
     (["eval.sampler=magic"], "eval.sampler='magic'"),
-    # values that once slipped past pre-flight (the schema of orchestrator/schema.py now types every key)
+    # values that once slipped past pre-flight (the schema of orchestrator/checks/schema.py now types every key)
     (["seed=abc"], "seed='abc': expected an integer"),
     (["eval.ucc_threshold=5"], "eval.ucc_threshold=5: out of range"),
     (["train.device=tpu"], "train.device='tpu'"),
@@ -216,9 +216,9 @@ def test_vllm_sampler_without_vllm_stops_before_training(tmp_path, without_vllm)
     (["algo=grpo,exppo", "train.group_size=1"], "train.group_size=1: grpo's advantages are all 0"),
 ])
 def test_bad_input_stops_before_training(tmp_path, monkeypatch, capsys, args, fragment):
-    """sweep.py's first step (orchestrator.preflight.check_command_line) in-process, one case per bad value; the
+    """sweep.py's first step (orchestrator.checks.preflight.check_command_line) in-process, one case per bad value; the
     command itself is run with one of them below."""
-    from orchestrator.preflight import check_command_line
+    from orchestrator.checks.preflight import check_command_line
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exit_:
@@ -245,7 +245,7 @@ def test_inputs_are_read_before_any_work(tmp_path, monkeypatch, capsys, case, fr
     NaN to integer"); an empty training file, a missing model folder and, offline, a hub dataset or model that is not
     cached started the sweep and left FAILED runs. Each now stops pre-flight with one line, exit 2, before the store
     is touched."""
-    from orchestrator.preflight import check_command_line
+    from orchestrator.checks.preflight import check_command_line
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.chdir(tmp_path)
@@ -366,7 +366,7 @@ def test_over_http_the_sweep_is_one_parent_with_datasets_system_metrics_and_down
     per sweep with every point, the duplicate record, the base-model run and the report run beneath it; each run
     shows its datasets; trained runs carry system metrics and a description; artifacts download over HTTP."""
     from core.tasks import load_prompts
-    from orchestrator.preflight import sweep_points
+    from orchestrator.checks.preflight import sweep_points
 
     uri = (sweep_dir / "server_uri").read_text()
     exp = _rest(uri, "/api/2.0/mlflow/experiments/get-by-name?experiment_name=rlvr")["experiment"]
@@ -556,14 +556,14 @@ def test_mlflow_ui_opens_the_sweep_on_its_runs_table(sweep_dir, tmp_path):
 
 
 def test_every_run_records_what_decides_its_numbers(sweep_dir):
-    """Provenance (orchestrator/provenance.py) on every trained and base run, read back over the server, against
+    """Provenance (orchestrator/point/provenance.py) on every trained and base run, read back over the server, against
     what this test process finds itself: the installed distributions' versions, torch's CUDA build, git's commit."""
     import importlib.metadata
     import platform
 
     import torch
 
-    from orchestrator.identity import git_commit
+    from orchestrator.point.identity import git_commit
 
     _, runs = _served(sweep_dir)
     recorded = [r for r in runs if r.data.tags.get("rlvr.kind") in ("trained", "base")]
@@ -584,7 +584,7 @@ def test_every_run_records_what_decides_its_numbers(sweep_dir):
 def test_the_report_warns_when_compared_runs_differ_in_versions():
     from reports.data import provenance_warnings
 
-    from orchestrator.provenance import changes
+    from orchestrator.point.provenance import changes
 
     tags = {"rlvr.env.vllm": "0.24.0", "rlvr.env.torch": "2.11.0"}
     runs = pd.DataFrame({"label": ["a", "b", "c", "d"], "kind": ["trained", "base", "trained", "duplicate"],
@@ -644,7 +644,7 @@ def test_a_report_baseline_that_names_no_run_of_the_sweep_stops_it_before_traini
     """Issue 46: ``report.baseline`` with a typo trained the whole sweep and then said "no samples.parquet among the
     finished runs". The names it may take are those the report shows: the base model's row, an algorithm of the
     sweep, or a run label (the algorithm and the swept values that tell its runs apart)."""
-    from orchestrator.preflight import check_command_line
+    from orchestrator.checks.preflight import check_command_line
     from reports.callback import check_report_baseline
 
     monkeypatch.chdir(tmp_path)
@@ -666,7 +666,7 @@ def test_a_report_baseline_that_names_no_run_of_the_sweep_stops_it_before_traini
 def test_the_slurm_launcher_without_slurm_is_one_line(tmp_path, monkeypatch, capsys):
     """Issue 46: ``hydra/launcher=slurm`` on a machine without SLURM was a 26-line traceback from submitit. A PATH
     without the SLURM client stands for such a machine (CI's own cluster is on the real PATH)."""
-    from orchestrator.preflight import check_command_line
+    from orchestrator.checks.preflight import check_command_line
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PATH", os.path.dirname(sys.executable))
@@ -687,7 +687,7 @@ def test_a_tracking_uri_that_cannot_be_used_is_one_line_before_any_work(tmp_path
     """Issue 46: these URIs passed pre-flight and the sweep failed later (a missing driver's traceback in the report,
     MLflow's retries for minutes against a database that is not there, its refusal of the folder store). Pre-flight
     now opens the store's connection once, checks the driver, the credentials and the folder store's status."""
-    from orchestrator.preflight import check_command_line
+    from orchestrator.checks.preflight import check_command_line
 
     monkeypatch.chdir(tmp_path)
     for k in ("DATABRICKS_HOST", "DATABRICKS_TOKEN", "MLFLOW_ALLOW_FILE_STORE"):

@@ -72,8 +72,8 @@ def test_every_twin_is_checked_here_or_in_its_own_test():
 
 @pytest.mark.parametrize("name", sorted(TWINS))
 def test_twin_report_shows_its_papers_tables(name, tmp_path):
-    from orchestrator.preflight import sweep_points
-    from orchestrator.tracking import TAG_HASH
+    from orchestrator.checks.preflight import sweep_points
+    from orchestrator.store.tracking import TAG_HASH
     from reports.sections import SECTIONS
 
     overrides, n_configs = TWINS[name]

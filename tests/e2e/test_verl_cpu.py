@@ -91,7 +91,7 @@ def _history(client, run, key):
 def _own_metrics(algo) -> set[str]:
     """``train/<name>`` for every finite metric the algorithm's registered estimator and policy loss return when called
     directly on a batch of two groups of four (the names the local engine logs)."""
-    from orchestrator.preflight import sweep_points
+    from orchestrator.checks.preflight import sweep_points
     from training.algorithms import get_advantage_fn, get_policy_loss_fn
     from training.batch import RolloutBatch
     from training.engines.verl import algo_spec

@@ -61,7 +61,7 @@ def _rich_samples() -> pd.DataFrame:
 def toy_metric():
     """tests/plugins/toy_metric.py imported as the ``plugins`` config key imports it; unregistered afterwards, so
     the other tests of this process see the built-ins only."""
-    from core.registry import load_plugins
+    from core.plugins import load_plugins
 
     sys.modules.pop("tests.plugins.toy_metric", None)
     load_plugins(["tests.plugins.toy_metric"])
@@ -137,7 +137,7 @@ def test_every_entry_declares_knobs_checks_and_owns_exactly_the_columns_it_produ
             check_value(key, spec.default, spec)
         entry.validate({}, 4)  # no knob set: nothing to refuse
     assert set(TABLES["ucc"].knobs) == {"eval.ucc_ks", "eval.ucc_threshold", "eval.similarity_metric"}
-    assert TABLES["flip_rates"].knobs["eval.flip_k"] == Spec("int", 1, null=True)  # as orchestrator/schema.py had it
+    assert TABLES["flip_rates"].knobs["eval.flip_k"] == Spec("int", 1, null=True)  # as orchestrator/checks/schema.py had it
     with pytest.raises(BadValue, match="ucc_threshold"):
         check_value("eval.ucc_threshold", 1.5, TABLES["ucc"].knobs["eval.ucc_threshold"])
     with pytest.raises(ValueError, match="eval.flip_k=9: larger than eval.n=8"):

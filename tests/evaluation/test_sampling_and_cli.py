@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from core.sampling import HFSampler, SamplingSettings, prompt_texts
-from evaluation.evaluate import Draw, sample_benchmarks
+from evaluation.pipeline import Draw, sample_benchmarks
 from tests.conftest import REPO
 
 
@@ -117,7 +117,7 @@ def test_cli_evaluates_two_shared_benchmarks_and_logs_every_table(tmp_path, benc
 def test_extra_temperatures_evaluate_again_with_their_own_keys_and_files(tmp_path, tiny_cfg, tiny_policy):
     from omegaconf import OmegaConf
 
-    from evaluation.evaluate import EvalJob, evaluate_temperatures
+    from evaluation.pipeline import EvalJob, evaluate_temperatures
     from core.tasks import load_prompts
 
     model, tok = tiny_policy
@@ -137,7 +137,7 @@ def test_samples_drawn_with_other_settings_are_set_aside_not_resumed(tmp_path, t
     import pandas as pd
     from omegaconf import OmegaConf
 
-    from evaluation.evaluate import EvalJob, evaluate
+    from evaluation.pipeline import EvalJob, evaluate
     from core.tasks import load_prompts
 
     sampler = HFSampler(*tiny_policy)
@@ -215,7 +215,7 @@ def test_per_benchmark_decoding_samples_each_benchmark_its_own_way_and_resumes(t
     a second call resumes (nothing resampled, neither group's rows lost)."""
     from omegaconf import OmegaConf
 
-    from evaluation.evaluate import EvalJob, evaluate
+    from evaluation.pipeline import EvalJob, evaluate
 
     sampler = HFSampler(*tiny_policy)
     base = OmegaConf.merge(OmegaConf.to_container(tiny_cfg.eval), {"benchmarks": ["math500", "aime24"], "data_dir": str(benchmark_dir),

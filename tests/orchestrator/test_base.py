@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from orchestrator import base_model as B
 from orchestrator import tracking
-from orchestrator.preflight import sweep_points
+from orchestrator.checks.preflight import sweep_points
 
 
 def _cfg(*overrides):

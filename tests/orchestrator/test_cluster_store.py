@@ -3,7 +3,7 @@ server, and a sweep of 8 points running at once (the local submitit launcher: on
 job array runs them). Read back over the server's REST API: every point trained once, every step of every
 series logged once, the parent's summary lists every point, no error in any job. Then the same sweep again with
 the server stopped for 20 s in the middle of training and started again: the jobs wait and retry
-(orchestrator.tracking.retry), training goes on with its metrics buffered (tracking.MetricBuffer), and every
+(orchestrator.store.tracking.retry), training goes on with its metrics buffered (tracking.MetricBuffer), and every
 series ends equal, value for value, to the uninterrupted sweep's: nothing lost, duplicated or changed.
 
 PostgreSQL: the server ``.ci/run`` starts (``RLVR_TEST_POSTGRES``: its admin URI), else one this module starts

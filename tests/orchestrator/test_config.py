@@ -2,7 +2,7 @@
 import pytest
 
 from orchestrator import ConfigError, config_hash, validate_config
-from orchestrator.preflight import sweep_points
+from orchestrator.checks.preflight import sweep_points
 
 
 def _cfg(*overrides):

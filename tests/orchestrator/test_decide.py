@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 from orchestrator import decision, integrity, lease, tracking
-from orchestrator.signals import StopSignals
+from orchestrator.point.signals import StopSignals
 
 CHASH, THASH = "c" * 16, "t" * 16
 

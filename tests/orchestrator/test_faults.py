@@ -66,7 +66,7 @@ def _history(client, run, key):
 @pytest.fixture(scope="module")
 def straight(tiny_cfg):
     """The uninterrupted run's per-step metrics, from the same composed config, in-process."""
-    from orchestrator.preflight import sweep_points
+    from orchestrator.checks.preflight import sweep_points
     from training.engines import local
 
     [(_, cfg)] = sweep_points(ARGS[1:], multirun=False)
@@ -464,7 +464,7 @@ def test_the_lease_has_one_owner_and_a_dead_process_is_stale(tmp_path, monkeypat
 
 
 def test_resume_loads_tensors_only_and_only_from_inside_the_run_folder(tmp_path):
-    from orchestrator.decision import safe_run_dir
+    from orchestrator.point.decision import safe_run_dir
     from training.engines.local import load_state
 
     class Evil:
@@ -493,7 +493,7 @@ def test_resume_loads_tensors_only_and_only_from_inside_the_run_folder(tmp_path)
 def test_checkpoint_every_is_not_part_of_the_identity(tiny_cfg):
     from omegaconf import OmegaConf
 
-    from orchestrator.identity import config_hash
+    from orchestrator.point.identity import config_hash
 
     a = config_hash(tiny_cfg)
     assert config_hash(OmegaConf.merge(tiny_cfg, {"train": {"checkpoint_every": 5}})) == a

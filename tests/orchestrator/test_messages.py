@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.preflight import check_command_line
+from orchestrator.checks.preflight import check_command_line
 
 
 def _refused(argv, tmp_path, monkeypatch, capsys) -> str:

@@ -1,4 +1,4 @@
-"""orchestrator/mlflow_views.py: the experiment's kind, datasets and the parent's status, on a real SQLite store."""
+"""orchestrator/store/mlflow_views.py: the experiment's kind, datasets and the parent's status, on a real SQLite store."""
 import json
 
 import pytest

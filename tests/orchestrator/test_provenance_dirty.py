@@ -28,11 +28,11 @@ def test_an_untracked_file_does_not_make_the_checkout_dirty(tmp_path, monkeypatc
 
 def test_point_names_carry_no_hydra_escapes():
     """Issue 46: MLflow showed the basic sweeper's escapes (``eval.benchmarks=\\[math500\\,aime24\\]``). The name is
-    Hydra's override_dirname, unescaped; a name over MLflow's limit is shortened elsewhere (orchestrator.run, the full
+    Hydra's override_dirname, unescaped; a name over MLflow's limit is shortened elsewhere (orchestrator.point.run, the full
     one in the rlvr.point tag)."""
     from hydra._internal.grammar.utils import escape_special_characters  # what the basic sweeper writes per job
 
-    from orchestrator.identity import point_name
+    from orchestrator.point.identity import point_name
 
     escaped = f"algo=quatro,eval.benchmarks={escape_special_characters('[math500,aime24]')},train.lr=1e-6"
     assert "\\," in escaped

@@ -8,9 +8,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from orchestrator import ConfigError
-from orchestrator.preflight import sweep_points
-from orchestrator.schema import FREE, SCHEMA, collect_specs, free_data, key_spec, leaves
-from orchestrator.validate import validate_config
+from orchestrator.checks.preflight import sweep_points
+from orchestrator.checks.schema import FREE, SCHEMA, collect_specs, free_data, key_spec, leaves
+from orchestrator.checks.validate import validate_config
 from tests.conftest import REPO
 
 GROUPS = ("algo", "model", "data", "eval", "engine", "experiment")
@@ -164,7 +164,7 @@ def test_plugin_keys_are_typed_from_real_annotations():
     reached the plug-in's own check and failed there with a TypeError traceback."""
     import typing
 
-    from orchestrator.schema import _annotation_spec
+    from orchestrator.checks.schema import _annotation_spec
 
     conf = f"hydra.searchpath=[file://{REPO / 'tests' / 'plugins' / 'conf'}]"
     [(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke", "plugins=[tests.plugins.toy_algorithm]", conf,

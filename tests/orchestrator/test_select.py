@@ -1,4 +1,4 @@
-"""Honest checkpoint selection (orchestrator.run_evaluation.select_on_validation): a validation split held out of the training
+"""Honest checkpoint selection (orchestrator.point.run_evaluation.select_on_validation): a validation split held out of the training
 prompts, every kept checkpoint scored on it, the best one evaluated on the benchmarks, ``train.keep_top_k`` keeping
 only the best on disk, and the report naming the chosen step. One sweep point through the real command on the tiny
 model and the toy parity task (a random model's responses are right about half the time; a large learning rate,

@@ -9,8 +9,8 @@ from mlflow.tracking import MlflowClient
 
 from evaluation import protocol as P
 from orchestrator import mlflow_views, tracking
-from orchestrator.preflight import sweep_points
-from orchestrator.sweep_protocol import TAG_PREFIX, ProtocolMismatch, resolve_for_sweep
+from orchestrator.checks.preflight import sweep_points
+from orchestrator.point.sweep_protocol import TAG_PREFIX, ProtocolMismatch, resolve_for_sweep
 
 
 def _cfg(*overrides):

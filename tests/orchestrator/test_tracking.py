@@ -1,4 +1,4 @@
-"""MLflow plumbing: new SQLite stores as copies of a cached empty store (orchestrator.tracking.ensure_store); store
+"""MLflow plumbing: new SQLite stores as copies of a cached empty store (orchestrator.store.tracking.ensure_store); store
 calls that wait out an unreachable server (tracking.retry) and the metric buffer that keeps what a lost store missed."""
 import sqlite3
 

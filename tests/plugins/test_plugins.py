@@ -134,7 +134,7 @@ def test_tool_benchmarks_take_a_sampler_that_declares_tool_support():
     from omegaconf import OmegaConf
 
     from core.sampling import SAMPLERS, tool_samplers
-    from evaluation.evaluate import evaluation_sampler
+    from evaluation.pipeline import evaluation_sampler
     from tests.plugins import toy_sampler  # noqa: F401  (registers toy_hf)
 
     assert tool_samplers() == ["hf", "toy_hf"] and not SAMPLERS["vllm"].tools

@@ -303,7 +303,7 @@ def test_paper_numbers_keep_small_values_visible():
 
 
 def _two_sweeps(tmp_path):
-    """One experiment, two sweeps (each a parent run and its points, tagged as orchestrator.run tags them); the
+    """One experiment, two sweeps (each a parent run and its points, tagged as orchestrator.point.run tags them); the
     base model evaluated in the first, and the second's run compared against that same base run (the base
     model's evaluation is shared by identity)."""
     import mlflow

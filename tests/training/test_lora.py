@@ -13,7 +13,7 @@ from training.engines import EngineChoices, local
 
 
 def _cfg(extra=()):
-    from orchestrator.preflight import sweep_points
+    from orchestrator.checks.preflight import sweep_points
 
     # GRPO-H's entropy bonus moves the weights though the random model earns no reward; the KL term reads the
     # reference (the base, adapters disabled)
@@ -80,7 +80,7 @@ def test_a_stopped_and_resumed_lora_run_ends_with_the_uninterrupted_runs_adapter
 
 
 def test_the_evaluation_of_a_lora_checkpoint_equals_the_evaluation_of_the_adapter_merged_into_the_base(straight, tmp_path):
-    """The usual evaluation of the adapter folder (evaluation.evaluate.evaluate_checkpoint) gives the samples of the
+    """The usual evaluation of the adapter folder (evaluation.pipeline.evaluate_checkpoint) gives the samples of the
     same adapter merged into the base by peft here, and not the base model's."""
     import pandas as pd
     from peft import PeftModel
@@ -88,7 +88,7 @@ def test_the_evaluation_of_a_lora_checkpoint_equals_the_evaluation_of_the_adapte
 
     from core.models import check_source, model_path
     from core.tasks import load_prompts
-    from evaluation.evaluate import EvalJob, evaluate_checkpoint
+    from evaluation.pipeline import EvalJob, evaluate_checkpoint
 
     cfg, _, ckpt, _, _ = straight
     check_source({"source": "pretrained", "path": str(ckpt)})  # orchestrator.evaluate --checkpoint takes it
@@ -168,7 +168,7 @@ def test_smollm2_with_rank_8_trains_under_5_percent_keeps_the_base_and_scores_th
     """The main job's model and rank (SmolLM2-135M, train.lora.rank=8): trainable parameters under 5% of the total;
     after an update every base weight is bit-identical to a separately loaded base model's, and the KL term's
     reference log-probs equal that model's to 1e-6."""
-    from orchestrator.preflight import sweep_points
+    from orchestrator.checks.preflight import sweep_points
 
     [(_, cfg)] = sweep_points(["train.lora.rank=8", "algo=grpo", "algo.kl_beta=0.04", "train.rollout.sampler=hf",
                                "train.prompts_per_step=2", "train.group_size=2", "train.max_new_tokens=12",

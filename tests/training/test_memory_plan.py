@@ -39,7 +39,7 @@ def test_a_loaded_models_shape_and_parameter_count(tiny_cfg, tiny_policy):
 
     model = tiny_policy[0]
     assert model_shape(tiny_cfg.model).n_params == sum(p.numel() for p in model.parameters())
-    [(_, cfg)] = __import__("orchestrator.preflight", fromlist=["x"]).sweep_points(["model=smollm2-135m"], multirun=False)
+    [(_, cfg)] = __import__("orchestrator.checks.preflight", fromlist=["x"]).sweep_points(["model=smollm2-135m"], multirun=False)
     config = AutoConfig.from_pretrained(model_path(cfg.model))
     with __import__("torch").device("meta"):
         real = AutoModelForCausalLM.from_config(config)
@@ -51,7 +51,7 @@ def test_every_preset_is_planned_offline():
     """Every experiment preset has a plan on an 80 GiB GPU from the shipped shapes (the suite runs offline here:
     HF_HUB_OFFLINE=1, no hub cache of these models), and every paper preset's points are in the docs' table."""
     from orchestrator.memory import paper_presets, preset_plan, presets_table
-    from orchestrator.preflight import CONFIG_DIR, sweep_points
+    from orchestrator.checks.preflight import CONFIG_DIR, sweep_points
     from training.memory_plan import plan_for
 
     assert os.environ.get("HF_HUB_OFFLINE") == "1"
@@ -131,7 +131,7 @@ def test_a_step_at_quatro_mains_batch_shape_runs_under_a_fixed_peak(tmp_path):
 import json, resource, sys
 sys.path.insert(0, {str(REPO)!r})
 from omegaconf import OmegaConf
-from orchestrator.preflight import sweep_points
+from orchestrator.checks.preflight import sweep_points
 from training.engines import EngineChoices
 from training.engines.local import train
 from training.memory_plan import plan_for

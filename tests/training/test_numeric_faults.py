@@ -9,7 +9,7 @@ from training.engines import local
 
 
 def _cfg(steps):
-    from orchestrator.preflight import sweep_points
+    from orchestrator.checks.preflight import sweep_points
 
     [(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke", "algo=grpo_h", "algo.policy_loss.name=toy_nan",
                                "train.rollout.sampler=hf"])

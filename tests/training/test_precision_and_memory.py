@@ -71,7 +71,7 @@ def test_preflight_refuses_gradient_checkpointing_on_a_model_without_it(tiny_cfg
     from transformers import LlamaForCausalLM
 
     from orchestrator import ConfigError
-    from orchestrator.validate import validate_config
+    from orchestrator.checks.validate import validate_config
 
     cfg = OmegaConf.merge(tiny_cfg, {"train": {"gradient_checkpointing": True}})
     validate_config(cfg)
@@ -156,7 +156,7 @@ def test_deferred_old_log_probs_equal_the_rollout_pass(tiny_policy, epochs, mini
     import copy
 
     from training.algorithms import BoundLoss, get_advantage_fn
-    from training.rollout import RolloutRequest, collect_rollouts
+    from training.collect import RolloutRequest, collect_rollouts
 
     base, tok = tiny_policy
     rows = [{"id": "a", "prompt": "Compute 3 + 4.", "gold": "7", "task": "arithmetic"},
@@ -207,7 +207,7 @@ def test_a_dapo_step_that_keeps_no_group_says_so_and_leaves_the_weights(tmp_path
     import logging
     import warnings
 
-    from orchestrator.preflight import sweep_points
+    from orchestrator.checks.preflight import sweep_points
 
     [(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke", "algo=dapo", "train.steps=1", "train.prompts_per_step=2",
                                "train.group_size=2", "train.max_new_tokens=4", "train.minibatch_size=null",

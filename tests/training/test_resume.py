@@ -9,7 +9,7 @@ from training.engines import local
 def _cfg(tiny_cfg):
     # GRPO-H's entropy bonus moves the weights even though the random model earns no reward, so the
     # optimiser's moments and the prompt order must be restored exactly for the runs to agree
-    from orchestrator.preflight import sweep_points
+    from orchestrator.checks.preflight import sweep_points
 
     [(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke", "algo=grpo_h"])
     return OmegaConf.merge(cfg, {"algo": {"entropy_coef": 0.5}, "train": {

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from core.scoring import Sequences
-from training.rollout import RolloutRequest, collect_rollouts, compute_logprobs
+from training.collect import RolloutRequest, collect_rollouts, compute_logprobs
 
 ROWS = [{"id": "a", "prompt": "Compute 3 + 4.", "gold": "7", "task": "arithmetic"},
         {"id": "b", "prompt": "Compute 12 + 30. Answer with just the number.", "gold": "42", "task": "arithmetic"}]
@@ -72,7 +72,7 @@ def test_one_update_moves_logprobs_in_the_direction_of_the_advantage(tiny_policy
     from training.algorithms import BoundLoss
     from training.engines.local import update_policy
 
-    from orchestrator.preflight import sweep_points
+    from orchestrator.checks.preflight import sweep_points
 
     [(_, cfg)] = sweep_points([f"algo={algo}"])
     params = {k: v for k, v in dict(cfg.algo.policy_loss).items() if k != "name"}
@@ -96,7 +96,7 @@ def test_the_auto_choice_is_checked_against_what_happened_and_calibrated_by_it(t
     from core import console
     from core.sampling import SAMPLERS, RolloutPlan, choose_rollout_sampler
     from core.sampling.rollout import calibration_factor, record_sampling_time
-    from orchestrator.run import estimate_check
+    from orchestrator.point.run import estimate_check
 
     monkeypatch.setattr(console, "_said", set())
     tags, warning = estimate_check("train.rollout.sampler=auto", "chose vllm, estimating", 20.0, 255.0,
@@ -156,7 +156,7 @@ def test_auto_rollout_sampler_weighs_engine_start_against_faster_sampling():
         assert choose_rollout_sampler("auto", long_run)[0] == "vllm"
         assert choose_rollout_sampler("auto", ready)[0] == "vllm"
     assert choose_rollout_sampler("hf", long_run) == ("hf", "asked for")
-    from orchestrator.preflight import sweep_points
+    from orchestrator.checks.preflight import sweep_points
     from training.engines.local import validate
 
     [(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke", "train.rollout.sampler=vlm"])

@@ -14,7 +14,7 @@ TIMES = ("time", "_s", "throughput", "tokens_per_s", "memory", "peak")
 
 
 def _cfg():
-    from orchestrator.preflight import sweep_points
+    from orchestrator.checks.preflight import sweep_points
 
     [(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke", "algo=grpo_h", "algo.policy_loss.name=toy_slow",
                                "train.rollout.sampler=hf"])

@@ -25,7 +25,7 @@ from verl.utils import tensordict_utils as tu  # noqa: E402
 from verl.workers.config import ActorConfig, PolicyLossConfig  # noqa: E402
 from verl.workers.utils import losses as verl_losses  # noqa: E402
 
-from orchestrator.preflight import sweep_points  # noqa: E402
+from orchestrator.checks.preflight import sweep_points  # noqa: E402
 from training.algorithms import BoundLoss, get_advantage_fn  # noqa: E402
 from training.batch import RolloutBatch  # noqa: E402
 from training.engines import verl as V  # noqa: E402
@@ -447,7 +447,7 @@ def test_launch_script_host_expansion_with_the_real_scontrol(tmp_path):
 
 
 def test_quatro_paper_preset_composes_validates_and_translates(tmp_path):
-    from orchestrator.validate import validate_config as validate_ours
+    from orchestrator.checks.validate import validate_config as validate_ours
 
     [(_, cfg)] = sweep_points(["experiment=quatro_paper_verl", "algo=quatro"])
     validate_ours(cfg)
@@ -634,7 +634,7 @@ def test_engine_verl_accepts_every_algorithm_preset(algo):
 def test_every_paper_preset_with_engine_verl_composes_and_validates(tmp_path):
     """Every point of every experiment preset, with engine=verl: our validation, verl's pre-flight, and the
     translated config composed against verl's own schema (first point of each preset)."""
-    from orchestrator.validate import validate_config
+    from orchestrator.checks.validate import validate_config
 
     for preset in sorted(p.stem for p in (REPO / "sweeps" / "experiment").glob("*.yaml")):
         # the search agents' retrieval server (a running one: verl's tool workers call it by URL)

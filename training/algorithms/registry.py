@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace as replace_
 from typing import Callable, Mapping
 
-from core.registry import Registry
+from core.plugins import Registry
 
 BATCH_FIELDS = ("old_logprobs", "ref_logprobs")  # what a registered function may declare it needs
 
@@ -39,7 +39,7 @@ class AlgorithmSpec:
     validator: Callable | None = None
 
 
-# the modules of this folder register on import (folder scan: core.registry.discover); plug-ins via ``plugins``
+# the modules of this folder register on import (folder scan: core.plugins.discover); plug-ins via ``plugins``
 _SPECS: dict[str, Registry] = {
     "advantage": Registry("advantage estimator", packages=("training.algorithms",)),
     "policy_loss": Registry("policy loss", packages=("training.algorithms",)),

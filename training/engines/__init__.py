@@ -11,7 +11,7 @@ caller probes a module. An engine whose ``train`` takes ``choices`` fills the :c
 handed (the rollout sampler, the precision, the memory plan and layout, each with its reason) as it decides, so the
 orchestrator has them whether the run returns, fails or is stopped; an engine written before this record (no
 ``choices`` parameter) keeps working, its runs untagged with them. The modules of this folder are found by a folder
-scan (:func:`core.registry.discover`; parts that are not engines live in sub-packages), others by the ``plugins``
+scan (:func:`core.plugins.discover`; parts that are not engines live in sub-packages), others by the ``plugins``
 config key: adding an engine is one module plus one YAML file.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
-from core.registry import Registry
+from core.plugins import Registry
 
 ENGINES: Registry = Registry("engine", packages=(__name__,))  # name -> engine module
 

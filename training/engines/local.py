@@ -46,7 +46,7 @@ from training.rewards import informative_rows, overlong_penalty
 from training.settings import RunSettings
 
 log = logging.getLogger("rlvr")
-from training.rollout import RolloutRequest, collect_rollouts
+from training.collect import RolloutRequest, collect_rollouts
 from training.run_state import (STATE_FILE, PromptOrder, RandomStates, has_state, load_state, save_state, state_paths,  # noqa: F401
                                 seed_everything)
 from training.step_metrics import StepTimes, peak_memory_gb, step_metrics  # noqa: F401

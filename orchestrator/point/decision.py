@@ -7,7 +7,7 @@ Identity and idempotence, by the hash of the effective config (``rlvr.config_has
   earlier sweep: it is resumed, same MLflow run, from its saved state;
 - an identical point of the *same* sweep is running concurrently (SLURM): the one created first trains,
   the other is recorded as its duplicate;
-- a FINISHED run with the same *training* hash (:func:`orchestrator.identity.training_hash`: only the ``eval``
+- a FINISHED run with the same *training* hash (:func:`orchestrator.point.identity.training_hash`: only the ``eval``
   settings differ, e.g. ``eval.seed=0,1,2``) and an intact checkpoint: a new run evaluates that checkpoint (tag
   ``rlvr.trained_in``, training metrics copied); while such a run is still training, the point waits for it;
 - ``+force=true`` trains a new run regardless.
@@ -26,9 +26,12 @@ from omegaconf import DictConfig
 
 from core import tags as T
 
-from . import integrity, lease, mlflow_views, tracking
-from .run_evaluation import backfill_flips
-from .signals import StopSignals
+from orchestrator.point import integrity
+from orchestrator.store import lease
+from orchestrator.store import mlflow_views
+from orchestrator.store import tracking
+from orchestrator.point.run_evaluation import backfill_flips
+from orchestrator.point.signals import StopSignals
 
 log = logging.getLogger("rlvr")
 POLL_S = 3.0  # how often a point waits on another process that trains it
@@ -84,11 +87,11 @@ def _record_duplicate(pt: Point, of_run_id: str, why: str) -> dict:
 
 
 def _log_datasets(pt: Point, run_id: str) -> None:
-    """The run's training prompts and evaluation benchmarks as MLflow datasets (:func:`orchestrator.mlflow_views.log_datasets`)."""
+    """The run's training prompts and evaluation benchmarks as MLflow datasets (:func:`orchestrator.store.mlflow_views.log_datasets`)."""
     cfg = pt.cfg
     try:
         from core.tasks import load_prompts
-        from evaluation.evaluate import benchmark_rows
+        from evaluation.pipeline import benchmark_rows
 
         heldout = load_prompts(cfg.data, "eval")
         mlflow_views.log_datasets(run_id, cfg.data, load_prompts(cfg.data, "train"), benchmark_rows(cfg.eval, heldout),
@@ -312,7 +315,7 @@ def _trains(run) -> bool:
 
 
 def _trained_checkpoint(pt: Point, thash: str):
-    """The earliest FINISHED run with training hash ``thash`` (:func:`orchestrator.identity.training_hash`) whose
+    """The earliest FINISHED run with training hash ``thash`` (:func:`orchestrator.point.identity.training_hash`) whose
     checkpoint is intact (:func:`integrity.verify_run`) and lies in a folder this sweep may read
     (:func:`safe_run_dir`), or None: a point that differs from it only in its ``eval`` settings evaluates that
     checkpoint instead of training again."""

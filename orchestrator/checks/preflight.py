@@ -13,7 +13,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from .errors import ConfigError
+from orchestrator.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "sweeps"
 
@@ -183,7 +183,7 @@ def check_command_line(argv: list[str], checks=(), sweep_checks=()) -> int | Non
 
     Command lines with other Hydra flags (``--cfg``, ``--help``, ``--config-name``, ...) are left to Hydra.
     """
-    from .validate import validate_config
+    from orchestrator.checks.validate import validate_config
 
     flags = [a for a in argv if a.startswith("-")]
     if any(f not in ("-m", "--multirun") for f in flags):
@@ -412,7 +412,7 @@ def check_inputs(points) -> None:
     """
     from core.models import check_source
     from core.tasks import get_task, load_prompts
-    from evaluation.evaluate import benchmark_rows
+    from evaluation.pipeline import benchmark_rows
 
     seen = set()
     for _, cfg in points:
@@ -484,7 +484,7 @@ def create_stores(points) -> None:
     Raises:
         ConfigError: the store could not be created (the cause, a full disk named as such).
     """
-    from . import tracking
+    from orchestrator.store import tracking
 
     try:
         for uri in dict.fromkeys(str(cfg.tracking.uri) for _, cfg in points):
@@ -501,7 +501,7 @@ def check_locations(points, overrides: list[str], multirun: bool = True) -> None
     Raises:
         ConfigError: one line naming the setting and the cause (disk full, read-only, unknown scheme, no answer).
     """
-    from . import tracking
+    from orchestrator.store import tracking
 
     seen = set()
     try:

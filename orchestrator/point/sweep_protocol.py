@@ -7,7 +7,7 @@ and a sweep whose points ran on unlike nodes is still evaluated alike.
 The record is the parent run's tag ``rlvr.eval_protocol.<settings key>`` (:func:`evaluation.protocol.settings_key`: a
 sweep over evaluation settings, ``eval.temperature=0.6,1.0``, has one record per setting, each its own protocol), a
 JSON ``{"sampler": ..., "dtype": ...}``. Two jobs that evaluate first at the same moment each write theirs, wait
-:data:`orchestrator.lease.SETTLE_S` and read back the one the store kept, so both use the same. Outside a multirun
+:data:`orchestrator.store.lease.SETTLE_S` and read back the one the store kept, so both use the same. Outside a multirun
 (no parent run) the evaluation resolves on its own machine.
 """
 from __future__ import annotations
@@ -16,8 +16,10 @@ import json
 import logging
 import time
 
-from . import lease, mlflow_views, tracking
-from .errors import ConfigError
+from orchestrator.store import lease
+from orchestrator.store import mlflow_views
+from orchestrator.store import tracking
+from orchestrator.errors import ConfigError
 
 log = logging.getLogger("rlvr")
 
@@ -31,7 +33,7 @@ class ProtocolMismatch(ConfigError):
 def resolve_for_sweep(cfg, exp_id: str, sweep_id: str | None, store: tracking.Store | None = None):
     """(``cfg.eval`` pinned to the sweep's protocol, the protocol): the sweep's recorded choices for these evaluation
     settings when it has them, else this machine's, recorded for the jobs after this one (store calls through
-    ``store``, :class:`orchestrator.tracking.Store`).
+    ``store``, :class:`orchestrator.store.tracking.Store`).
 
     Raises:
         ProtocolMismatch: the recorded sampler cannot run on this machine, or this machine's resolution differs and the

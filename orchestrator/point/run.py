@@ -1,5 +1,5 @@
-"""One sweep point's life: validate -> identity -> decide (skip, resume or train: :mod:`orchestrator.decision`) ->
-MLflow run -> train -> evaluate (:mod:`orchestrator.run_evaluation`) -> log.
+"""One sweep point's life: validate -> identity -> decide (skip, resume or train: :mod:`orchestrator.point.decision`) ->
+MLflow run -> train -> evaluate (:mod:`orchestrator.point.run_evaluation`) -> log.
 
 A point that raises marks its run FAILED with ``traceback.txt``; re-running the sweep trains it again.
 """
@@ -21,12 +21,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from core import tags as T
 
-from . import lease, mlflow_views, provenance, tracking
-from .decision import Point, Yield, decide, earlier_runs, yield_to
-from .identity import config_hash, git_commit, point_name, training_hash
-from .run_evaluation import evaluate_run, free_memory, record_integrity
-from .signals import StopSignals
-from .validate import validate_config
+from orchestrator.store import lease
+from orchestrator.store import mlflow_views
+from orchestrator.point import provenance
+from orchestrator.store import tracking
+from orchestrator.point.decision import Point, Yield, decide, earlier_runs, yield_to
+from orchestrator.point.identity import config_hash, git_commit, point_name, training_hash
+from orchestrator.point.run_evaluation import evaluate_run, free_memory, record_integrity
+from orchestrator.point.signals import StopSignals
+from orchestrator.checks.validate import validate_config
 
 log = logging.getLogger("rlvr")
 MAX_RUN_NAME = 240
@@ -273,7 +276,7 @@ def _run_point(pt: Point) -> dict | None:
         return yield_to(first, pt, st.run_id)
     pt.store.set_tags({T.ACTIVE_S: active_s(), mlflow_views.NOTE_TAG: mlflow_views.describe(
         pt.cfg, pt.tags.get(T.POINT, pt.name), metrics, sweep_id=pt.tags.get(T.SWEEP_ID))})
-    from .disk import drop_state, human
+    from orchestrator.point.disk import drop_state, human
 
     freed = drop_state(pt.cfg, st.run_dir)  # only a resume reads it (train.keep_state=true keeps it)
     log.info("point %s finished: MLflow run %s%s", pt.name, st.run_id,
@@ -338,15 +341,15 @@ def _start_run(pt: Point, decision) -> _Started:
 
 def evaluation_config(pt: Point):
     """The point's config with its ``eval`` group pinned to the sweep's evaluation protocol
-    (:func:`orchestrator.sweep_protocol.resolve_for_sweep`: the sweep's first evaluation's sampler and dtype), and the
+    (:func:`orchestrator.point.sweep_protocol.resolve_for_sweep`: the sweep's first evaluation's sampler and dtype), and the
     protocol tagged on the active run (:func:`evaluation.protocol.tags`, its id as ``rlvr.env.eval_identity``).
 
     Raises:
-        orchestrator.sweep_protocol.ProtocolMismatch: this machine cannot evaluate under the sweep's protocol.
+        orchestrator.point.sweep_protocol.ProtocolMismatch: this machine cannot evaluate under the sweep's protocol.
     """
     from evaluation import protocol as P
 
-    from .sweep_protocol import pinned_config
+    from orchestrator.point.sweep_protocol import pinned_config
 
     cfg, proto = pinned_config(pt.cfg, pt.exp_id, pt.sweep_id, pt.store)
     pt.store.set_tags(P.tags(proto) | {provenance.TAG_PREFIX + "eval_identity": P.protocol_id(proto)})
@@ -364,7 +367,7 @@ def _train_and_evaluate(pt: Point, decision, st: _Started, log_step, metrics_out
     import training
     from core.lifecycle import TRAINING, final_checkpoint_dir
     from core.tasks import load_prompts
-    from evaluation.evaluate import benchmark_rows
+    from evaluation.pipeline import benchmark_rows
     from training.token_probs import ARTIFACT as TOKEN_PROBS
     from training.engines import EngineChoices
 
@@ -379,7 +382,7 @@ def _train_and_evaluate(pt: Point, decision, st: _Started, log_step, metrics_out
     ecfg = evaluation_config(pt)  # the sweep's evaluation protocol, pinned: every evaluation of the sweep alike
     base = None
     if bool(cfg.eval.get("base", True)):
-        from .base_model import BaseEvaluation
+        from orchestrator.point.base_model import BaseEvaluation
 
         base = BaseEvaluation(ecfg, pt.exp_id, pt.sweep_id, pt.job_num, Path(pt.sweep_id) if pt.sweep_id else run_dir,
                               heldout, store)

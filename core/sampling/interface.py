@@ -12,7 +12,7 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
-from ..registry import Registry
+from ..plugins import Registry
 
 @dataclass(frozen=True)
 class SamplingSettings:

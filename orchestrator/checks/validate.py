@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from training.algorithms import check_algorithm
 
-from .errors import ConfigError
+from orchestrator.errors import ConfigError
 
 
 def _require(cond: bool, msg: str) -> None:
@@ -62,7 +62,7 @@ def validate_eval(cfg, data_name: str | None = None) -> list[str]:
 def validate_config(cfg: DictConfig) -> list[str]:
     """Check a composed run config; raise :class:`ConfigError` (one line) on the first problem.
 
-    Every key's type and range come from its declaration (:func:`orchestrator.schema.check_schema`); then each
+    Every key's type and range come from its declaration (:func:`orchestrator.checks.schema.check_schema`); then each
     selected component's own check: the algorithm's (:func:`training.algorithms.check_algorithm`: its functions
     exist, accept the configured parameters, pass their registered validators and can move the policy; DAPO's
     overlong buffer within the response length); the training task's ``validate``; the evaluation's
@@ -73,7 +73,7 @@ def validate_config(cfg: DictConfig) -> list[str]:
     Returns:
         Warnings (legal but suspicious settings, e.g. TR-GRPO weights that are constant).
     """
-    from .schema import check_schema
+    from orchestrator.checks.schema import check_schema
 
     warnings: list[str] = check_schema(cfg)  # every key: type, range, choices; unknown keys refused
     # -- algorithm: its own checks (training.algorithms.check_algorithm: registered names, parameters, validators,
@@ -90,7 +90,7 @@ def validate_config(cfg: DictConfig) -> list[str]:
         raise ConfigError(str(e)) from None
 
     # -- a minibatch within the batch; the lengths the model's context must hold (checked last, after every
-    # component's own check; the model's files and the data are read by orchestrator.preflight.check_inputs)
+    # component's own check; the model's files and the data are read by orchestrator.checks.preflight.check_inputs)
     limits = _context_limits(cfg)
     mb, per, g = (OmegaConf.select(cfg, f"train.{k}") for k in ("minibatch_size", "prompts_per_step", "group_size"))
     _require(mb is None or per is None or g is None or int(mb) <= int(per) * int(g),

@@ -12,13 +12,14 @@ from omegaconf import OmegaConf
 
 from core import tags as T
 
-from . import integrity, tracking
+from orchestrator.point import integrity
+from orchestrator.store import tracking
 
 log = logging.getLogger("rlvr")
 
 
 def record_integrity(run_dir: Path, ckpt: Path) -> Path:
-    """Write ``run_dir/integrity.json`` (:mod:`orchestrator.integrity`) for the files this run logged and the
+    """Write ``run_dir/integrity.json`` (:mod:`orchestrator.point.integrity`) for the files this run logged and the
     checkpoints and samples later stages read; returns its path."""
     artifacts = {"config.yaml": run_dir / "config.yaml"}
     run_files = integrity.hash_tree(Path(ckpt), "checkpoint") if Path(ckpt) == run_dir / "checkpoint" else {}
@@ -85,7 +86,7 @@ def select_on_validation(cfg, run_dir: Path, final: Path, store: tracking.Store 
     ``run_dir/validation/step_<N>``), and the choice as the tags ``rlvr.selected_step`` and ``rlvr.selected_on``.
     With ``train.keep_top_k = K`` only the K best kept checkpoints stay on disk afterwards (the final one, which
     the run's record points to, always stays). The benchmarks never take part in the choice (understand-r1-zero#21).
-    Store calls go through ``store`` (:class:`orchestrator.tracking.Store`; default: one with the default limit).
+    Store calls go through ``store`` (:class:`orchestrator.store.tracking.Store`; default: one with the default limit).
 
     Returns:
         (step, checkpoint folder) of the chosen checkpoint.
@@ -93,7 +94,7 @@ def select_on_validation(cfg, run_dir: Path, final: Path, store: tracking.Store 
     store = store or tracking.Store()
     from core.lifecycle import saved_checkpoints
     from core.tasks import load_prompts
-    from evaluation.evaluate import EvalJob, evaluate_checkpoint
+    from evaluation.pipeline import EvalJob, evaluate_checkpoint
 
     steps, n, k = int(cfg.train.steps), int(cfg.eval.validation.n), int(cfg.eval.validation.k)
     task = str(cfg.data.name)
@@ -134,18 +135,18 @@ def _log_files(store: tracking.Store, files: dict, prefix: str | None) -> None:
 def evaluate_run(cfg, run_dir: Path, final: Path, heldout, base=None, store: tracking.Store | None = None) -> dict:
     """Evaluate a trained run's checkpoints (:func:`checkpoints_to_evaluate`) and log each to the active MLflow
     run at its training step, so MLflow draws every evaluation metric against steps; then, with ``base`` (an
-    :class:`orchestrator.base_model.BaseEvaluation`), wait for the base model's samples and log every evaluation's
+    :class:`orchestrator.point.base_model.BaseEvaluation`), wait for the base model's samples and log every evaluation's
     flip rates (``eval/<bench>/flip/<bucket>/<measure>``, ``flip_rates.csv``). Files of a non-final checkpoint
     go under ``eval/step_<N>/`` in the run's artifacts. An evaluation already logged (a marker file in its
     folder, e.g. before a requeue) is not logged twice. Store calls go through ``store``
-    (:class:`orchestrator.tracking.Store`).
+    (:class:`orchestrator.store.tracking.Store`).
 
     Returns:
         The final checkpoint's metrics (flip rates included).
     """
     import pandas as pd
 
-    from evaluation.evaluate import EvalJob, evaluate_checkpoint
+    from evaluation.pipeline import EvalJob, evaluate_checkpoint
     from evaluation.tables import flip_metrics
 
     from evaluation import protocol as P
@@ -204,9 +205,9 @@ def backfill_flips(cfg, exp_id: str, sweep_id: str, job_num, run_dir: Path, prio
     from evaluation.tables import flip_metrics
     from core.tasks import load_prompts
 
-    from .base_model import BaseEvaluation
+    from orchestrator.point.base_model import BaseEvaluation
 
-    from .sweep_protocol import pinned_config
+    from orchestrator.point.sweep_protocol import pinned_config
 
     store = store or tracking.Store()
     try:

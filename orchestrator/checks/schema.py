@@ -11,7 +11,7 @@ range or not among the choices is refused with one line naming the key and the v
 algorithm's advantage estimator and policy loss are typed from the registered function's annotations
 (``float``, ``bool``, ``str``, ``float | None``), their ranges left to the function's registered validator.
 Keys whose meaning depends on other keys (``eval.ks`` within ``eval.n``, ...) keep their checks in
-:mod:`orchestrator.validate`.
+:mod:`orchestrator.checks.validate`.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from core.config_keys import ANY, DEVICE, MAP, B, BadValue, F, I, L, S, Spec, check_value as _check_value  # noqa: F401
 
-from .errors import ConfigError
+from orchestrator.errors import ConfigError
 
 MAX_NAME = 120  # experiment_name: MLflow shows it in URLs and the report's folder name is made of it
 
@@ -195,7 +195,7 @@ def collect_specs(cfg) -> dict[str, Spec]:
     Raises:
         ConfigError: a plug-in module that does not import.
     """
-    from core.registry import load_plugins
+    from core.plugins import load_plugins
     from core.sampling import SAMPLERS
     from core.tasks import TASKS
     from evaluation.tables import TABLES

@@ -1,7 +1,7 @@
 """MLflow as the window onto a sweep: the experiment's kind, one parent run per sweep, datasets, system metrics and
 run descriptions.
 
-- :func:`orchestrator.tracking.set_experiment_kind` (called by ``setup_experiment``): the experiment tag ``mlflow.experimentKind = custom_model_development``, so MLflow's
+- :func:`orchestrator.store.tracking.set_experiment_kind` (called by ``setup_experiment``): the experiment tag ``mlflow.experimentKind = custom_model_development``, so MLflow's
   UI opens on the runs table (it shows its GenAI overview otherwise); a kind a user set is left alone.
 - :func:`open_sweep_run` / :func:`close_sweep_run`: one run per sweep (``rlvr.kind = sweep``, tagged with the sweep
   id, the command line and the git commit); every point's run, the duplicate records, the base-model run and the
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from core import tags as T
 
-from . import tracking
+from orchestrator.store import tracking
 
 log = logging.getLogger("rlvr")
 
@@ -42,7 +42,7 @@ _PARENTS: dict[tuple[str, str], str | None] = {}
 
 def sweep_parent(exp_id: str, sweep_id: str, store: tracking.Store | None = None) -> str | None:
     """The id of sweep ``sweep_id``'s parent run in experiment ``exp_id`` (None outside a multirun, or when the
-    sweep made none); looked up once per process, through ``store`` (:class:`orchestrator.tracking.Store`)."""
+    sweep made none); looked up once per process, through ``store`` (:class:`orchestrator.store.tracking.Store`)."""
     key = (str(exp_id), str(sweep_id))
     if key not in _PARENTS and sweep_id:
         runs = (store or tracking.Store()).search(
@@ -111,7 +111,7 @@ def close_sweep_run(run_id: str, rows: list[dict], status: str | None = None, re
             ``run_id``, ``error`` and the headline metrics (``eval/mean/pass_at_1``, ...).
         status: the parent's end status (default: :func:`worst_status` of the rows).
         report_html: the sweep report, logged to the parent as ``report.html``.
-        store: the store the calls go through (:class:`orchestrator.tracking.Store`).
+        store: the store the calls go through (:class:`orchestrator.store.tracking.Store`).
     Returns:
         The status the parent ended with.
     """

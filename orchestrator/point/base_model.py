@@ -36,7 +36,11 @@ from omegaconf import OmegaConf
 
 from core import tags as T
 
-from . import integrity, lease, provenance, tracking, mlflow_views
+from orchestrator.point import integrity
+from orchestrator.store import lease
+from orchestrator.point import provenance
+from orchestrator.store import tracking
+from orchestrator.store import mlflow_views
 
 log = logging.getLogger("rlvr")
 
@@ -73,7 +77,7 @@ def base_hash(ident: dict) -> str:
 
 
 def claim_is_live(run, now: float | None = None) -> bool:
-    """A RUNNING base run whose holder is alive (:func:`orchestrator.lease.is_live` with :data:`STALE_S`)."""
+    """A RUNNING base run whose holder is alive (:func:`orchestrator.store.lease.is_live` with :data:`STALE_S`)."""
     return lease.is_live(run, STALE_S, now)
 
 
@@ -88,7 +92,7 @@ class BaseEvaluation:
         root: a folder for the base run's files (a claim taken over keeps the folder of the run it takes
             over when reachable).
         heldout_rows: the held-out training split (for ``arithmetic``/``kk`` benchmarks).
-        store: the store every call goes through (:class:`orchestrator.tracking.Store`; default: one with the
+        store: the store every call goes through (:class:`orchestrator.store.tracking.Store`; default: one with the
             default outage limit).
     """
 
@@ -184,7 +188,7 @@ class BaseEvaluation:
 
     def _log_datasets(self, run_id: str) -> None:
         """The evaluation benchmarks as the run's datasets; unreadable data is left to the evaluation to report."""
-        from evaluation.evaluate import benchmark_rows
+        from evaluation.pipeline import benchmark_rows
 
         try:
             rows = benchmark_rows(self.cfg.eval, self.heldout_rows)
@@ -230,7 +234,7 @@ class BaseEvaluation:
 
     def _evaluate(self, run_id: str, folder: Path) -> pd.DataFrame | None:
         from core.models import model_path
-        from evaluation.evaluate import EvalJob, evaluate_checkpoint
+        from evaluation.pipeline import EvalJob, evaluate_checkpoint
 
         self.run_id = run_id
         store = self.store
