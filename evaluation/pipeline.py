@@ -23,7 +23,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from core.progress import LineProgress
-from core.sampling import SamplerOptions, SamplingSettings, build_sampler
+from core.sampling import Sample, SamplerOptions, SamplingSettings, build_sampler
 
 from core.tasks import get_task, score_responses
 
@@ -250,16 +250,18 @@ def sample_benchmarks(sampler, rows_by_bench: dict, draw: Draw, samples_path: Pa
                 timings["sampling_s"] += time.perf_counter() - t0
                 records = []
                 t0 = time.perf_counter()
-                for (bench, row), samples in zip(chunk, outs):
-                    checks = check_rows([row] * len(samples), [s["response"] for s in samples])
+                for (bench, row), drawn in zip(chunk, outs):
+                    samples = [Sample.of(s) for s in drawn]  # a plug-in sampler may still return dicts
+                    checks = check_rows([row] * len(samples), [s.response for s in samples])
                     for j, (s, (correct, extracted, reference, status)) in enumerate(zip(samples, checks)):
                         records.append({
                             "benchmark": bench, "prompt_id": row["id"], "sample_idx": j, "prompt": row["prompt"],
-                            "gold": row["gold"], "response": s["response"], "n_tokens": s["n_tokens"],
-                            "finish_reason": s["finish_reason"], "extracted_answer": extracted, "correct": bool(correct),
+                            "gold": row["gold"], "response": s.response, "n_tokens": s.n_tokens,
+                            "finish_reason": s.finish_reason, "extracted_answer": extracted, "correct": bool(correct),
                             "reference_correct": None if reference is None else bool(reference),
-                            "mean_token_entropy": s.get("mean_token_entropy"), "seed": int(s.get("seed", seeds[0])),
-                            "subset": row.get("subset"), "tool_calls": s.get("tool_calls"), "answer_status": status,
+                            "mean_token_entropy": s.mean_token_entropy,
+                            "seed": int(s.seed if s.seed is not None else seeds[0]),
+                            "subset": row.get("subset"), "tool_calls": s.tool_calls, "answer_status": status,
                         })
                 timings["verify_s"] += time.perf_counter() - t0
                 frames.append(pd.DataFrame.from_records(records, columns=SAMPLE_COLUMNS))

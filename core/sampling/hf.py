@@ -13,7 +13,7 @@ import torch
 
 from ..generation import Generation
 from .generate import entropy_temperature, generate_responses, prompt_texts
-from .interface import (ENTROPY_LOGITS_BUDGET, ENTROPY_METHOD, GENERATION_ENTROPY_METHOD, SamplerOptions,
+from .interface import (ENTROPY_LOGITS_BUDGET, ENTROPY_METHOD, GENERATION_ENTROPY_METHOD, Sample, SamplerOptions,
                        SamplingSettings, _free_memory, register_sampler)
 from .rollout import HFRollout, RolloutOptions, _speed
 
@@ -104,12 +104,9 @@ class HFSampler:
         self.timings["entropy_s"] += time.perf_counter() - t0
         out = []
         for i in range(len(prompts)):
-            out.append([{
-                "response": gen.texts[j], "n_tokens": int(gen.response_lengths[j]),
-                "finish_reason": "stop" if bool(gen.finished[j]) else "length",
-                "mean_token_entropy": entropies[j], "seed": seed,
-                **({"tool_calls": int(gen.tool_calls[j])} if gen.tool_calls is not None else {}),
-            } for j in range(i * n, (i + 1) * n)])
+            out.append([Sample(gen.texts[j], int(gen.response_lengths[j]), "stop" if bool(gen.finished[j]) else "length",
+                               entropies[j], seed, int(gen.tool_calls[j]) if gen.tool_calls is not None else None)
+                        for j in range(i * n, (i + 1) * n)])
         return out
 
     def close(self) -> None:

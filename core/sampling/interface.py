@@ -25,14 +25,58 @@ class SamplingSettings:
     chat_template: bool = True
 
 
+@dataclass
+class Sample:
+    """One sampled response, as a sampler returns it.
+
+    Attributes:
+        response: the text, special tokens removed.
+        n_tokens: generated tokens, the EOS token included.
+        finish_reason: ``stop`` (an EOS or stop string) or ``length`` (the token budget).
+        mean_token_entropy: nats per token at the sampling temperature, or None (not taken).
+        seed: the seed the sample was drawn with (None: the caller's seed for the prompt).
+        tool_calls: tool calls of a multi-turn episode (None: no tools).
+
+    Read as the dict it replaced too (``s["response"]``, ``s.get("tool_calls")``), so code written against a
+    sampler that returned dicts keeps working; :meth:`of` takes either.
+    """
+
+    response: str
+    n_tokens: int
+    finish_reason: str
+    mean_token_entropy: float | None = None
+    seed: int | None = None
+    tool_calls: int | None = None
+
+    def __getitem__(self, key: str):
+        if key not in self.__dataclass_fields__:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def get(self, key: str, default=None):
+        """The field ``key``, or ``default`` when it is None or not a field."""
+        value = getattr(self, key, None) if key in self.__dataclass_fields__ else None
+        return default if value is None else value
+
+    @classmethod
+    def of(cls, s) -> "Sample":
+        """``s`` as a :class:`Sample`: itself, or a dict a sampler written before this record returned (its keys
+        beyond the fields are dropped).
+
+        Raises:
+            KeyError: a dict without ``response``, ``n_tokens`` or ``finish_reason``.
+        """
+        if isinstance(s, cls):
+            return s
+        return cls(**{k: s[k] for k in cls.__dataclass_fields__ if k in s})
+
+
 class Sampler(Protocol):
     """Draws n samples per prompt.
 
-    ``sample(prompts, n, seeds, settings)`` returns, per prompt, a list of n dicts with keys ``response``
-    (text, special tokens removed), ``n_tokens`` (generated tokens, the EOS token included),
-    ``finish_reason`` ('stop': an EOS or stop string; 'length': the token budget), ``mean_token_entropy``
-    (nats, or None) and ``seed`` (the seed those samples were drawn with). ``seeds`` has one seed per
-    prompt. ``close()`` frees the engine (GPU memory, worker processes).
+    ``sample(prompts, n, seeds, settings)`` returns, per prompt, a list of n :class:`Sample` records (the response,
+    its token count, why it ended, its mean token entropy, its seed). ``seeds`` has one seed per prompt. ``close()``
+    frees the engine (GPU memory, worker processes).
     """
 
     name: str
@@ -40,7 +84,7 @@ class Sampler(Protocol):
     preferred_batch_prompts: int
     timings: collections.Counter  # wall seconds this sampler spent by phase (``entropy_s``), read by its caller
 
-    def sample(self, prompts: Sequence[str], n: int, seeds: Sequence[int], settings: SamplingSettings) -> list[list[dict]]: ...
+    def sample(self, prompts: Sequence[str], n: int, seeds: Sequence[int], settings: SamplingSettings) -> list[list[Sample]]: ...
 
     def close(self) -> None: ...
 

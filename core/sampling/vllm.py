@@ -13,7 +13,7 @@ import torch
 
 from ..config_keys import MAP, B, F, I, S
 from .generate import entropy_temperature, prompt_texts
-from .interface import (ENTROPY_METHOD, VLLM_ENTROPY_METHOD, SamplerOptions, SamplingSettings, _free_memory,
+from .interface import (ENTROPY_METHOD, VLLM_ENTROPY_METHOD, Sample, SamplerOptions, SamplingSettings, _free_memory,
                        register_sampler)
 from .rollout import _DTYPE_NAMES, VLLMRollout, _eos_ids, _speed
 
@@ -175,17 +175,16 @@ class VLLMSampler:
             recorded = take_entropies(tag, [list(c.token_ids) for res in results for c in res.outputs])
             if any(r is None for r in recorded):  # not all recorded: the teacher-forced pass for the whole call
                 recorded = None
-        out = []
+        out, token_ids = [], []  # token_ids: each sample's, in the order of the flattened samples
         for res, seed in zip(results, seeds):
             outputs = list(res.outputs) * int(n) if greedy else res.outputs
-            out.append([{"response": c.text, "n_tokens": len(c.token_ids),
-                         "finish_reason": "length" if c.finish_reason == "length" else "stop",
-                         "mean_token_entropy": None, "seed": int(seed),
-                         "_ids": list(c.token_ids)} for c in outputs])
+            out.append([Sample(c.text, len(c.token_ids), "length" if c.finish_reason == "length" else "stop",
+                               None, int(seed)) for c in outputs])
+            token_ids += [list(c.token_ids) for c in outputs]
         if recorded is not None:
             self.entropy_method = VLLM_ENTROPY_METHOD
             for s, h in zip((s for group in out for s in group), recorded):
-                s["mean_token_entropy"] = sum(h) / max(len(h), 1)
+                s.mean_token_entropy = sum(h) / max(len(h), 1)
         elif self.with_entropy:
             from ..scoring import mean_token_entropies
 
@@ -193,14 +192,11 @@ class VLLMSampler:
             t0 = time.perf_counter()
             flat = [(i, s) for i, group in enumerate(out) for s in group]
             pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-            ent = mean_token_entropies(self._scoring_model(), [ids[i] for i, _ in flat], [s["_ids"] for _, s in flat],
+            ent = mean_token_entropies(self._scoring_model(), [ids[i] for i, _ in flat], token_ids,
                                        entropy_temperature(settings.temperature), pad, self.score_rows, self.score_tokens)
             self.timings["entropy_s"] += time.perf_counter() - t0
             for (_, s), e in zip(flat, ent):
-                s["mean_token_entropy"] = e
-        for group in out:
-            for s in group:
-                del s["_ids"]
+                s.mean_token_entropy = e
         return out
 
     def close(self) -> None:

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from orchestrator.errors import ConfigError
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "sweeps"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "sweeps"
 
 
 def _expand(overrides: list[str]) -> list[list[str]]:

@@ -33,7 +33,7 @@ PACKAGES = {
 ENV_KEYS = ("python", *PACKAGES, "cuda", "driver", "gpu", "gpu_count", "cpu", "bf16_units", "git_commit", "git_dirty")
 KEYS = (*ENV_KEYS, "eval_identity")
 NONE = "none"  # a package that is not installed, a machine without a GPU
-CHECKOUT = Path(__file__).resolve().parent.parent
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 def _version(dists: tuple[str, ...]) -> str:
