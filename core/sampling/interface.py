@@ -64,7 +64,7 @@ class Sample:
         beyond the fields are dropped).
 
         Raises:
-            KeyError: a dict without ``response``, ``n_tokens`` or ``finish_reason``.
+            TypeError: a dict without ``response``, ``n_tokens`` or ``finish_reason``.
         """
         if isinstance(s, cls):
             return s

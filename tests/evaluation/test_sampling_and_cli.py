@@ -345,3 +345,18 @@ def test_recompute_says_how_many_prompts_the_flip_rates_compare_on(tmp_path, cap
     assert (shared, total) == (3, 3) and len(differ) == 3 and differ[0] == "samples per prompt 4 against the base's 8"
     assert protocol_differences(_samples(4, 8), _samples(4, 8))[0] == []
     assert protocol_differences(_samples(4, 8), _samples(4, 6).assign(finish_reason="stop"))[0] == []  # never cut: fine
+
+
+def test_a_sample_is_a_typed_record_that_still_reads_as_the_dict_it_replaced():
+    """Samplers return Sample records (issue 57); a plug-in sampler written before them returns dicts, which the
+    evaluation takes through Sample.of; code that read a sample as a dict keeps working."""
+    from core.sampling import Sample
+
+    old = {"response": "7", "n_tokens": 2, "finish_reason": "stop", "mean_token_entropy": 0.5, "seed": 3, "extra": 1}
+    s = Sample.of(old)
+    assert s == Sample("7", 2, "stop", 0.5, 3) and Sample.of(s) is s
+    assert s["response"] == "7" and s.get("tool_calls") is None and s.get("tool_calls", 0) == 0
+    with pytest.raises(KeyError):
+        s["extra"]
+    with pytest.raises(TypeError):  # a dict without the required keys
+        Sample.of({"response": "7"})
