@@ -31,7 +31,7 @@ def _job(uri: str, exp_id: str, steps: int, interval: float, start_at: float, ou
     from mlflow.entities import Metric, Param, RunTag
     from mlflow.tracking import MlflowClient
 
-    from orchestrator import tracking
+    from orchestrator.store import tracking
 
     client = MlflowClient(tracking_uri=uri)
     lat, errors = [], []
@@ -65,7 +65,7 @@ def measure(uri: str, jobs: int, steps: int, interval: float) -> dict:
     """Run ``jobs`` writer processes against ``uri`` at once; their failures, missing points and call latencies."""
     from mlflow.tracking import MlflowClient
 
-    from orchestrator import tracking
+    from orchestrator.store import tracking
 
     tracking.ensure_store(uri)
     client = MlflowClient(tracking_uri=uri)

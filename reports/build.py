@@ -108,7 +108,7 @@ def build(experiment: str, tracking_uri: str = "sqlite:///mlflow.db", baseline: 
     if log_to_mlflow:
         import mlflow
 
-        from orchestrator import tracking
+        from orchestrator.store import tracking
 
         exp_id = tracking.setup_experiment(tracking_uri, experiment, "mlartifacts")
         with mlflow.start_run(experiment_id=exp_id, run_name=f"report {time.strftime('%Y-%m-%d %H:%M')}",
@@ -179,7 +179,7 @@ def check_args(args) -> None:
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
         fail(f"--tracking-uri={uri}: no such store (run from the folder the sweep ran in, or give its URI)")
     if not uri.startswith("sqlite:"):  # a server that does not answer: seconds, not MLflow's minutes of retries
-        from orchestrator import tracking
+        from orchestrator.store import tracking
 
         try:
             tracking.check_store(uri, "mlartifacts", min_free_mb=0)

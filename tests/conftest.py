@@ -33,7 +33,7 @@ def _compose_once() -> None:
     import copy
     import functools
 
-    from orchestrator import preflight
+    from orchestrator.checks import preflight
 
     original, done = preflight.sweep_points, {}
 

@@ -8,8 +8,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from orchestrator import base_model as B
-from orchestrator import tracking
+from orchestrator.point import base_model as B
+from orchestrator.store import tracking
 from orchestrator.checks.preflight import sweep_points
 
 

@@ -10,7 +10,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from orchestrator import decision, integrity, lease, tracking
+from orchestrator.point import decision, integrity
+from orchestrator.store import lease, tracking
 from orchestrator.point.signals import StopSignals
 
 CHASH, THASH = "c" * 16, "t" * 16

@@ -338,7 +338,7 @@ def test_full_disk_and_read_only_store_fail_at_preflight_and_leave_no_half_made_
     assert not list(small_fs.glob("*.db")) and not list(small_fs.glob(".mlflow.db.creating-*"))
     # space freed: the store is created and works
     subprocess.run(["mount", "-o", "remount,size=20m", str(small_fs)], check=True)
-    from orchestrator import tracking
+    from orchestrator.store import tracking
 
     tracking.check_store(f"sqlite:///{small_fs}/mlflow.db", str(tmp_path / "art"), min_free_mb=1)
     exp = tracking.setup_experiment(f"sqlite:///{small_fs}/mlflow.db", "after", str(tmp_path / "art"))
@@ -440,7 +440,7 @@ def test_corrupt_samples_are_reevaluated_and_a_corrupt_checkpoint_retrained(tmp_
 def test_the_lease_has_one_owner_and_a_dead_process_is_stale(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    from orchestrator import lease, tracking
+    from orchestrator.store import lease, tracking
 
     uri = f"sqlite:///{tmp_path}/m.db"
     exp = tracking.setup_experiment(uri, "lease", str(tmp_path / "a"))

@@ -165,7 +165,7 @@ def test_clean_matches_a_moved_project_to_its_store_and_lists_nothing_from_a_sto
 
     from mlflow.tracking import MlflowClient
 
-    from orchestrator import tracking
+    from orchestrator.store import tracking
     from orchestrator.clean import main as clean
 
     root = tmp_path / "moved"

@@ -4,7 +4,7 @@ import subprocess
 
 
 def test_an_untracked_file_does_not_make_the_checkout_dirty(tmp_path, monkeypatch):
-    from orchestrator import provenance
+    from orchestrator.point import provenance
 
     def git(*a):
         subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True)

@@ -16,7 +16,7 @@ def _schema(db):
 
 
 def test_a_new_store_is_a_copy_of_the_cached_empty_store_and_a_bad_template_is_replaced(tmp_path, monkeypatch):
-    from orchestrator import tracking
+    from orchestrator.store import tracking
 
     monkeypatch.setenv("RLVR_CACHE", str(tmp_path / "cache"))
     template = tracking._empty_store_template()
@@ -45,7 +45,7 @@ def test_a_new_store_is_a_copy_of_the_cached_empty_store_and_a_bad_template_is_r
 
 
 def test_a_cache_path_that_is_not_a_folder_only_costs_the_migrations(tmp_path, monkeypatch):
-    from orchestrator import tracking
+    from orchestrator.store import tracking
 
     (tmp_path / "cache").write_text("a file where the cache folder would be")
     monkeypatch.setenv("RLVR_CACHE", str(tmp_path / "cache"))
@@ -65,7 +65,7 @@ def test_store_calls_wait_out_an_unreachable_server_and_only_that(monkeypatch):
     import pytest
     from mlflow.exceptions import MlflowException
 
-    from orchestrator import tracking
+    from orchestrator.store import tracking
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # MLflow's own retries off: the suite's alone
     client = MlflowClient(tracking_uri="http://127.0.0.1:9")
@@ -97,7 +97,7 @@ def test_metrics_a_lost_store_did_not_take_are_kept_in_order_and_sent_on_resume(
     real store, where each step's values are those put."""
     import pytest
 
-    from orchestrator import tracking
+    from orchestrator.store import tracking
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     unsent = tmp_path / "unsent_metrics.jsonl"
@@ -133,7 +133,7 @@ def test_the_store_object_reads_its_limit_from_the_config_and_names_its_operatio
     from omegaconf import OmegaConf
 
     from core import tags as T
-    from orchestrator import tracking
+    from orchestrator.store import tracking
 
     assert tracking.Store.of(OmegaConf.create({"tracking": {"outage_s": 7}})).wait_s == 7.0
     assert tracking.Store.of(OmegaConf.create({"tracking": {}})).wait_s == tracking.DEFAULT_OUTAGE_S
@@ -172,7 +172,7 @@ def test_a_write_that_lost_a_race_for_a_new_row_is_made_again_and_only_a_few_tim
     import pytest
     from mlflow.exceptions import RestException
 
-    from orchestrator import tracking
+    from orchestrator.store import tracking
 
     text = ('BAD_REQUEST: (psycopg.errors.UniqueViolation) duplicate key value violates unique constraint "tag_pk"\n'
             'DETAIL:  Key (key, run_uuid)=(rlvr.eval_protocol.8f34dc5c5935, a44801ad) already exists.')
