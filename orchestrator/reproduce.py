@@ -76,7 +76,7 @@ def reproduce(run_id: str, tracking_uri: str, workdir: Path | None = None) -> st
     from mlflow.tracking import MlflowClient
     from omegaconf import OmegaConf, open_dict
 
-    from orchestrator.point import run as run_point  # the function sweep.py runs for each point
+    from orchestrator.point.run import run as run_point  # the function sweep.py runs for each point
 
     client = MlflowClient(tracking_uri=tracking_uri)
     try:
