@@ -186,7 +186,7 @@ def _evaluate(args, cfg, base, heldout):
     exp_id = tracking.setup_experiment(args.tracking_uri, args.experiment, "mlartifacts")
     with mlflow.start_run(experiment_id=exp_id, run_name=args.run_name or Path(str(args.checkpoint)).name,
                           tags={T.KIND: "evaluation", T.CHECKPOINT: str(args.checkpoint),
-                                **provenance.provenance_tags(eval_cfg), **P.tags(proto),
+                                **provenance.provenance_tags(provenance.eval_identity(eval_cfg)), **P.tags(proto),
                                 provenance.TAG_PREFIX + "eval_identity": P.protocol_id(proto)}) as run:
         out = Path(args.out or Path("eval_out") / f"{Path(str(args.checkpoint)).name}-{run.info.run_id[:12]}")
         mlflow.set_tag(T.RUN_DIR, str(out.resolve()))

@@ -4,6 +4,7 @@ Every check raises :class:`ConfigError` with one line naming the key and the bad
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -59,6 +60,36 @@ def validate_eval(cfg, data_name: str | None = None) -> list[str]:
         raise ConfigError(str(e.args[0] if isinstance(e, KeyError) else e).strip('"')) from None
 
 
+@dataclass(frozen=True)
+class CheckedPoint:
+    """What checking one run config found (:func:`check_point`): the warnings (legal but suspicious settings) and
+    the id of the evaluation protocol the point runs under on this machine
+    (:func:`evaluation.protocol.identity`), resolved once with the rest of the checks."""
+
+    warnings: list[str]
+    eval_identity: str
+
+
+def check_point(cfg: DictConfig) -> CheckedPoint:
+    """Check a composed run config (:func:`validate_config`) and resolve its evaluation protocol on the way down
+    (after the components' checks, before the model's context is read): what a run starts from.
+
+    Raises:
+        ConfigError: one line naming the key and the bad value.
+    """
+    from core.models import check_context
+    from evaluation import protocol
+
+    warnings, limits = _component_checks(cfg)
+    identity = protocol.identity(cfg.eval, bool(OmegaConf.select(cfg, "model.chat_template", default=True)))
+    # -- the model against the rest: every length within its context (the limits gathered by the checks)
+    try:
+        check_context(cfg.model, limits)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return CheckedPoint(warnings, identity)
+
+
 def validate_config(cfg: DictConfig) -> list[str]:
     """Check a composed run config; raise :class:`ConfigError` (one line) on the first problem.
 
@@ -73,6 +104,12 @@ def validate_config(cfg: DictConfig) -> list[str]:
     Returns:
         Warnings (legal but suspicious settings, e.g. TR-GRPO weights that are constant).
     """
+    return check_point(cfg).warnings
+
+
+def _component_checks(cfg) -> tuple[list[str], list]:
+    """Every check of :func:`validate_config` but the model's context: its warnings and the lengths the context
+    must hold (:func:`_context_limits`)."""
     from orchestrator.checks.schema import check_schema
 
     warnings: list[str] = check_schema(cfg)  # every key: type, range, choices; unknown keys refused
@@ -150,11 +187,4 @@ def validate_config(cfg: DictConfig) -> list[str]:
         warnings += list(chosen.validate(cfg) or [])
     except ValueError as e:
         raise ConfigError(f"engine={cfg.engine.name}: {e}") from None
-    # -- the model against the rest: every length within its context (the limits gathered above)
-    from core.models import check_context
-
-    try:
-        check_context(cfg.model, limits)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    return warnings
+    return warnings, limits

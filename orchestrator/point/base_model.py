@@ -210,7 +210,7 @@ class BaseEvaluation:
 
         chat = bool(self.cfg.model.get("chat_template", True))
         tags |= mlflow_views.parent_tags(self.exp_id, self.sweep_id, self.store) \
-            | provenance.provenance_tags(self.cfg.eval, chat_template=chat) | protocol_tags(self.protocol) \
+            | provenance.provenance_tags(provenance.eval_identity(self.cfg.eval, chat)) | protocol_tags(self.protocol) \
             | {provenance.TAG_PREFIX + "eval_identity": protocol_id(self.protocol)}
         run = self.store.create_run(self.exp_id, RUN_NAME, tags)
         # a rival job's claim made at the same moment may still wait on the store (SQLite's lock: its insert retried

@@ -138,12 +138,12 @@ def eval_identity(eval_cfg, chat_template: bool = True) -> str:
     return P.identity(eval_cfg, chat_template)
 
 
-def provenance_tags(eval_cfg=None, env: dict[str, str] | None = None, chat_template: bool = True) -> dict[str, str]:
-    """The MLflow tags ``rlvr.env.<key>`` of :func:`environment` and, given the run's ``eval`` group (and whether its
-    prompts go through the chat template), its :func:`eval_identity`."""
+def provenance_tags(identity: str | None = None, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The MLflow tags ``rlvr.env.<key>`` of :func:`environment` and, given the id of the run's evaluation protocol
+    (:func:`eval_identity`; a run gets it from :func:`orchestrator.checks.validate.check_point`), that id."""
     values = dict(env or environment())
-    if eval_cfg is not None:
-        values["eval_identity"] = eval_identity(eval_cfg, chat_template)
+    if identity is not None:
+        values["eval_identity"] = identity
     return {TAG_PREFIX + k: v for k, v in values.items()}
 
 

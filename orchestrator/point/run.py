@@ -29,7 +29,7 @@ from orchestrator.point.decision import Point, Yield, decide, earlier_runs, yiel
 from orchestrator.point.identity import config_hash, git_commit, point_name, training_hash
 from orchestrator.point.run_evaluation import evaluate_run, free_memory, record_integrity
 from orchestrator.point.signals import StopSignals
-from orchestrator.checks.validate import validate_config
+from orchestrator.checks.validate import check_point
 
 log = logging.getLogger("rlvr")
 MAX_RUN_NAME = 240
@@ -176,7 +176,8 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict:
     from core.console import once, quiet_libraries
 
     quiet_libraries()  # the libraries' output to the point's log file, not the screen (a no-op under --verbose)
-    warnings = validate_config(cfg)
+    checked = check_point(cfg)
+    warnings = checked.warnings
     for w in warnings:
         if once(w):  # once per process: pre-flight said it already, or an earlier point of this sweep
             log.warning(w)
@@ -198,7 +199,7 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict:
             T.GIT_COMMIT: git_commit(), T.SWEEP_ID: sweep_id, T.JOB_NUM: str(job_num),
             T.SLURM_JOB_ID: os.environ.get("SLURM_JOB_ID", ""),
             T.REQUEUE_COUNT: os.environ.get("SLURM_RESTART_COUNT", "0"), T.POINT: (point or name)[:4900],
-            **provenance.provenance_tags(cfg.eval, chat_template=bool(cfg.model.get("chat_template", True)))}
+            **provenance.provenance_tags(checked.eval_identity)}
     if warnings:
         tags[T.WARNINGS] = " | ".join(warnings)[:5000]
     tags |= mlflow_views.parent_tags(exp_id, sweep_id, store)  # nested under the sweep's run (a resumed run moves to this sweep)
