@@ -23,6 +23,8 @@ class RolloutBatch:
         ref_logprobs: optional (B, L) log pi_ref(y_t) (only when a KL term is used).
         correct: optional (B,) bool, verifier outcome (rewards may be shaped).
         extras: free-form per-response tensors for estimators that need them.
+        policy_version: optional (B,) long, the version of the policy that generated each response (the number of
+            training steps behind its weights; ``train.rollout.staleness``).
     """
 
     prompt_ids: torch.Tensor
@@ -36,6 +38,7 @@ class RolloutBatch:
     ref_logprobs: Optional[torch.Tensor] = None
     correct: Optional[torch.Tensor] = None
     extras: dict = field(default_factory=dict)
+    policy_version: Optional[torch.Tensor] = None
 
     @property
     def batch_size(self) -> int:
@@ -50,7 +53,7 @@ class RolloutBatch:
         return replace(
             self, **{f: mv(getattr(self, f)) for f in (
                 "prompt_ids", "prompt_mask", "response_ids", "response_mask", "old_logprobs", "rewards",
-                "group_index", "response_lengths", "ref_logprobs", "correct")},
+                "group_index", "response_lengths", "ref_logprobs", "correct", "policy_version")},
             extras={k: v.to(device) for k, v in self.extras.items()},
         )
 
@@ -84,6 +87,7 @@ class RolloutBatch:
             ref_logprobs=take(self.ref_logprobs),
             correct=take(self.correct),
             extras={k: v[index] for k, v in self.extras.items()},
+            policy_version=take(self.policy_version),
         )
 
 
@@ -160,6 +164,7 @@ def concat_batches(batches: list[RolloutBatch], pad_token_id: int = 0) -> Rollou
         old_logprobs=cat("old_logprobs", _pad_right, L), rewards=torch.cat([b.rewards for b in batches]),
         group_index=torch.cat(groups), response_lengths=torch.cat([b.response_lengths for b in batches]),
         ref_logprobs=cat("ref_logprobs", _pad_right, L), correct=cat("correct", _pad_right, L), extras=extras,
+        policy_version=cat("policy_version", _pad_right, L),
     )
 
 
@@ -167,7 +172,9 @@ def concat_batches(batches: list[RolloutBatch], pad_token_id: int = 0) -> Rollou
 class StepRollout:
     """One step's samples: ``batch`` (what the update trains on), ``sampled`` (every generation round's batch),
     ``advantages`` (B,) or (B, L) and the estimator's metrics, ``rounds`` of dynamic sampling, ``phases`` (generate,
-    reward, logprob seconds) and the whole rollout's ``seconds``."""
+    reward, logprob seconds) and the whole rollout's ``seconds``; ``version``, the policy version that generated it
+    (every round: DAPO's refills too) and ``generated``, metrics taken when it was generated (the engine-vs-trainer
+    mismatch, on the same weights), for a rollout consumed later (``train.rollout.staleness``)."""
 
     batch: object
     sampled: list
@@ -176,3 +183,5 @@ class StepRollout:
     rounds: int
     phases: dict
     seconds: float
+    version: int = 0
+    generated: dict = field(default_factory=dict)

@@ -1,5 +1,5 @@
-"""The training-inference mismatch: how far the sampler's token probabilities are from the trainer's, and its
-truncated importance-sampling (TIS) correction.
+"""The training-inference mismatch: how far the sampler's token probabilities are from the trainer's (its
+corrections: the registry :mod:`training.corrections`).
 
 When rollouts come from an inference engine (vLLM) and the loss from the trainer's own forward pass, the two
 log-probabilities of the same sampled token differ (other kernels, another precision, stale weights), so the samples
@@ -11,25 +11,19 @@ pi_rollout(y_t)`` (the trainer's old log-prob minus the sampler's, exponentiated
   (Schulman's k3; verl logs the same quantity as ``rollout_corr/k3_kl``);
 - ``mismatch_ratio_out_share``: the share of tokens whose ratio leaves [0.5, 2].
 
-Correction (``train.rollout.correction``), as verl's rollout correction (``rollout_is``: token- and sequence-level
-truncated IS weights), TRL's ``vllm_importance_sampling_correction`` and NeMo-RL's truncated importance sampling,
-after Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training" (the TIS blog):
-
-- ``token_tis``: each token's loss term weighted by ``w_t = min(r_t, C)``;
-- ``sequence_tis``: each token of response i weighted by ``w_i = min(prod_t r_t, C)`` (the product over the
-  response's tokens, computed in log space);
-- ``none``: no weight (the papers' protocols; the mismatch is still logged).
-
-The weights are constants (no gradient flows through them) and enter the loss through
-:func:`training.algorithms.aggregation.token_weights`, so every registered algorithm gets them unchanged.
+Correction (``train.rollout.correction``): the registry of rollout corrections, :mod:`training.corrections`
+(truncated IS per token or per response after Yao et al. 2025, masked IS, IcePop, geometric rejection; each checked
+against verl's ``rollout_corr_helper``; a plug-in may register its own). :func:`tis_weights` and :func:`tis_metrics`
+below are the two TIS modes' weights and metrics through that registry, kept for their callers.
 """
 from __future__ import annotations
 
 import torch
 
 from training.algorithms import masked_mean
+from training.corrections import correct
 
-CORRECTIONS = ("none", "token_tis", "sequence_tis")
+CORRECTIONS = ("none", "token_tis", "sequence_tis")  # the modes tis_weights computes; all: training.corrections
 RATIO_BAND = (0.5, 2.0)
 
 
@@ -89,7 +83,7 @@ class SyncGuard:
 
 def tis_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor, mode: str,
                 cap: float = 2.0) -> torch.Tensor | None:
-    """Truncated importance-sampling weights (module docstring), detached.
+    """Truncated importance-sampling weights (:func:`training.corrections.token_tis`, ``sequence_tis``), detached.
 
     Args:
         old_logprobs, rollout_logprobs, mask: (B, L) as :func:`mismatch_metrics`.
@@ -105,13 +99,7 @@ def tis_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask
         raise ValueError(f"train.rollout.correction_cap={cap!r}: expected a number >= 1")
     if mode == "none":
         return None
-    m = mask.to(torch.float32)
-    log_r = (old_logprobs.detach().float() - rollout_logprobs.float()) * m
-    if mode == "token_tis":
-        w = log_r.exp().clamp(max=float(cap))
-    else:
-        w = log_r.sum(-1, keepdim=True).clamp(max=torch.log(torch.tensor(float(cap)))).exp().expand_as(log_r)
-    return torch.where(m > 0, w, torch.ones_like(w)).detach()
+    return correct(mode, old_logprobs, rollout_logprobs, mask, cap=cap).weights
 
 
 def tis_metrics(weights: torch.Tensor, mask: torch.Tensor, cap: float) -> dict:

@@ -39,8 +39,11 @@ class RolloutSettings:
     sampler: str
     dtype: str
     gpu_memory_utilization: float
+    staleness: int      # k: the policy versions between the one that generated a step's samples and the one it updates
+    old_policy: str     # recompute | behaviour: what the loss's ratio divides by (docs/staleness.md)
     correction: str
     correction_cap: float
+    correction_lower: float | None  # null: 1 / correction_cap (training/corrections.py)
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,10 @@ micro-batches, their accumulated gradient, the step, the minibatch's metrics).
 
 Exactness: every normaliser a loss divides by (token count, response count, Dr. GRPO's constant) is counted over the
 whole minibatch before it is split (:func:`training.algorithms.aggregation.over_minibatch`), so the micro-batches'
-gradients add up to the one-pass gradient for every registered loss, with the KL and entropy terms and the TIS
-weights (a loss that couples responses otherwise declares it and takes the two-pass route,
-:func:`training.algorithms.registry.register_policy_loss`). The minibatch's metrics (loss terms, clip fractions,
-ratios, the gradient norm) are the whole minibatch's, not a mean of micro-batch values.
+gradients add up to the one-pass gradient for every registered loss, with the KL and entropy terms and the rollout
+correction's weights (:mod:`training.corrections`; a loss that couples responses otherwise declares it and takes the
+two-pass route, :func:`training.algorithms.registry.register_policy_loss`). The minibatch's metrics (loss terms,
+clip fractions, ratios, the gradient norm) are the whole minibatch's, not a mean of micro-batch values.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import torch
 from core.scoring import Scorer, Sequences
 from training.algorithms import BoundLoss, agg_loss, kl_k3
 from training.algorithms.aggregation import Normalisers, over_minibatch, token_weights
-from training.mismatch import tis_metrics, tis_weights
+from training.corrections import correct
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,8 @@ class UpdateSettings:
             update (default: with bf16, whose results depend on the batch shape).
         deferred_old: the rollout computed no old log-probs; the update fills them (and the rollout policy's
             entropies) the same way.
-        correction, correction_cap: the truncated importance-sampling correction (``train.rollout.correction``).
+        correction, correction_cap, correction_lower: the rollout correction (:mod:`training.corrections`) and its
+            thresholds C and lower (None: 1 / C) (``train.rollout.correction*``).
         norm_constant: ``seq-mean-token-sum-norm``'s constant where the loss sets none: the configured maximum
             response length (``train.max_new_tokens``).
         couples_rows: the policy loss reads other responses' log-probs (:func:`training.algorithms.couples_rows`):
@@ -62,6 +63,7 @@ class UpdateSettings:
     deferred_old: bool = False
     correction: str = "none"
     correction_cap: float = 2.0
+    correction_lower: float | None = None
     norm_constant: float | None = None
     couples_rows: bool = False
 
@@ -73,11 +75,15 @@ class UpdateSettings:
 
         t, conf = cfg.train, RunSettings.of(cfg)
         mb = t.minibatch_size
+        lower = conf.rollout.correction_lower
         return cls(ppo_epochs=int(t.ppo_epochs), minibatch_size=None if mb is None else int(mb),
                    max_grad_norm=float(t.max_grad_norm), beta=float(conf.terms.kl_beta),
                    entropy_coef=float(conf.terms.entropy_coef), temperature=float(t.temperature),
+                   # the ratio's denominator is the behaviour policy's, never recomputed on the update's path
+                   align_old=False if conf.rollout.old_policy == "behaviour" else None,
                    bf16=conf.bf16, deferred_old=deferred_old, correction=conf.rollout.correction,
-                   correction_cap=float(conf.rollout.correction_cap), norm_constant=float(t.max_new_tokens),
+                   correction_cap=float(conf.rollout.correction_cap),
+                   correction_lower=None if lower is None else float(lower), norm_constant=float(t.max_new_tokens),
                    couples_rows=couples_rows(str(cfg.algo.policy_loss.name)) is not None)
 
     @property
@@ -87,7 +93,7 @@ class UpdateSettings:
 
 
 def policy_objective(logprobs, entropy, batch, advantages, loss: BoundLoss, beta: float = 0.0,
-                     entropy_coef: float = 0.0, weights=None):
+                     entropy_coef: float = 0.0, weights=None, keep=None):
     """The loss one optimiser step minimises (the verl engine's adapter is tested against this).
 
     loss = policy_loss(logprobs, batch, advantages) + beta * agg(k3 KL to the reference)
@@ -99,9 +105,11 @@ def policy_objective(logprobs, entropy, batch, advantages, loss: BoundLoss, beta
             (needed when entropy_coef > 0); batch: the minibatch (``ref_logprobs`` when beta > 0);
         advantages: (B,) or (B, L).
         loss: the policy loss and its parameters (:class:`training.algorithms.BoundLoss`).
-        weights: (B, L) per-token weights of the policy loss's terms (the truncated importance-sampling correction,
-            :func:`training.mismatch.tis_weights`), applied inside its aggregation
+        weights: (B, L) per-token weights of the policy loss's terms (a rollout correction's ``weights * keep``,
+            :mod:`training.corrections`), applied inside its aggregation
             (:func:`training.algorithms.aggregation.token_weights`); None: none.
+        keep: (B, L) 0 on the tokens a rollout correction rejected: the KL and entropy terms' per-token weights (so a
+            rejected token adds nothing to any term; the denominators unchanged); None: none.
     Returns:
         (loss, policy loss term, metrics dict). Inside
         :func:`~training.algorithms.aggregation.over_minibatch` every term is its share of the minibatch's.
@@ -111,11 +119,13 @@ def policy_objective(logprobs, entropy, batch, advantages, loss: BoundLoss, beta
         pg_loss, m = loss(logprobs, batch, advantages)
     loss = pg_loss
     if entropy_coef > 0:
-        ent = agg_loss(entropy, batch.response_mask, agg_mode, norm)
+        with token_weights(keep):
+            ent = agg_loss(entropy, batch.response_mask, agg_mode, norm)
         loss = loss - entropy_coef * ent
         m["entropy_bonus"] = float(ent.detach())
     if beta > 0:
-        kl = agg_loss(kl_k3(logprobs, batch.ref_logprobs), batch.response_mask, agg_mode, norm)
+        with token_weights(keep):
+            kl = agg_loss(kl_k3(logprobs, batch.ref_logprobs), batch.response_mask, agg_mode, norm)
         loss = loss + beta * kl
         m["kl_ref"] = float(kl.detach())
     return loss, pg_loss, m
@@ -249,7 +259,8 @@ def minibatch_step(up: Updater, batch, idx, advantages, first: bool) -> dict:
 
     Returns:
         The minibatch's metrics: the loss function's (clip fractions, ratios, ...), ``policy_loss``, ``loss``,
-        ``kl_ref`` / ``entropy_bonus`` when those terms are on, ``grad_norm``, the TIS weights' with a correction,
+        ``kl_ref`` / ``entropy_bonus`` when those terms are on, ``grad_norm``, the rollout correction's
+        (``correction_*``, ``tis_*``: :mod:`training.corrections`) with one,
         ``nonfinite_skips`` (1 when a non-finite term skipped the step, :func:`nonfinite_term`; then also
         ``nonfinite_<term>`` = 1), ``micro_batches``, ``update_tokens`` and ``update_padding`` (positions computed and positions without a
         token, over the forward passes), ``update_forward_time_s``, ``update_backward_time_s``; with ``first``,
@@ -282,14 +293,18 @@ def minibatch_step(up: Updater, batch, idx, advantages, first: bool) -> dict:
         return rows, lp, ent
 
     def objective(rows_batch, lp, ent, adv):
-        weights = None
-        if s.correction != "none" and "rollout_logprobs" in rows_batch.extras:
-            weights = tis_weights(rows_batch.old_logprobs, rows_batch.extras["rollout_logprobs"],
-                                  rows_batch.response_mask, s.correction, s.correction_cap)
+        # the rollout correction (training/corrections.py) of the proximal log-probs (the ratio's old policy) against
+        # the sampler's: a rejected token weighs 0 in every term; the denominators still count it (its docstring)
+        # the sampler's (k = 0), or with staleness the behaviour policy's b (training/engines/local.py::_behaviour)
+        corr, b = None, rows_batch.extras.get("behaviour_logprobs", rows_batch.extras.get("rollout_logprobs"))
+        if s.correction != "none" and b is not None:
+            corr = correct(s.correction, rows_batch.old_logprobs, b, rows_batch.response_mask, cap=s.correction_cap,
+                           lower=s.correction_lower)
         loss, pg, m = policy_objective(lp, ent, rows_batch, adv, up.loss, beta=s.beta, entropy_coef=s.entropy_coef,
-                                       weights=weights)
-        if weights is not None:
-            m.update(tis_metrics(weights, rows_batch.response_mask, s.correction_cap))
+                                       weights=None if corr is None else corr.weights * corr.keep,
+                                       keep=None if corr is None else corr.keep)
+        if corr is not None:
+            m.update(corr.metrics)
         return loss, pg, m
 
     optimizer.zero_grad(set_to_none=True)

@@ -58,8 +58,11 @@ SCHEMA: dict[str, Spec] = {
     "train.max_new_tokens": I(1), "train.checkpoint_every": I(0), "train.save_every": I(0, null=True),
     "train.precision": S(("auto", "fp32", "bf16")), "train.gradient_checkpointing": B(), "train.keep_state": B(), "train.device": S(pattern=DEVICE),
     "train.rollout.sampler": S(pattern=r"[a-z][a-z0-9_]*"), "train.rollout.dtype": S(("auto", "float32", "bfloat16", "float16")),
-    "train.rollout.gpu_memory_utilization": F(0, 1, lo_open=True), "train.rollout.correction": S(("none", "token_tis", "sequence_tis")),
-    "train.rollout.correction_cap": F(1), "train.keep_top_k": I(1, null=True),
+    "train.rollout.gpu_memory_utilization": F(0, 1, lo_open=True), "train.rollout.staleness": I(0),
+    "train.rollout.old_policy": S(("recompute", "behaviour")), "train.rollout.correction": S(pattern=r"[a-z][a-z0-9_]*"),
+    # train.rollout.correction: its choices are the registered corrections' names (collect_specs)
+    "train.rollout.correction_cap": F(1), "train.rollout.correction_lower": F(0, 1, lo_open=True, null=True),
+    "train.keep_top_k": I(1, null=True),
     # memory (training/memory_plan.py; values the local engine's validate() checks further)
     "train.micro_batch_tokens": Spec("any"), "train.packing": S(("auto", "tree", "packed", "padded")),
     "train.memory_check": Spec("any"), "train.device_memory_gb": F(0, lo_open=True, null=True),
@@ -190,7 +193,8 @@ def collect_specs(cfg) -> dict[str, Spec]:
     seed, tracking, train, model, the evaluation protocol) and the declarations of the components the config selects
     or may select: the algorithm's functions (:func:`algorithm_specs`), the training data task's ``config``
     (``data.<key>``; a task that declares none takes any key), the engine's ``CONFIG``, every sampler's ``CONFIG``
-    and every metric table's ``knobs``. Plug-in modules named in ``plugins`` are imported first.
+    and every metric table's ``knobs``; ``train.rollout.correction``'s choices are the registered rollout
+    corrections (:mod:`training.corrections`). Plug-in modules named in ``plugins`` are imported first.
 
     Raises:
         ConfigError: a plug-in module that does not import.
@@ -216,6 +220,9 @@ def collect_specs(cfg) -> dict[str, Spec]:
     specs.update(engine_config(str(OmegaConf.select(cfg, "engine.name"))))
     for spec in SAMPLERS.values():
         specs.update(spec.config)
+    from training.corrections import CORRECTIONS  # the built-ins and the plug-ins' (imported above)
+
+    specs["train.rollout.correction"] = S(tuple(CORRECTIONS.keys()))
     for table in TABLES.values():
         specs.update(table.knobs)
     return specs

@@ -14,6 +14,16 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 
+#: keys added after runs were logged, with the value that does what the code did before them: at that value a key is
+#: left out of the identity, so a finished run stays recognised ("a key at its default does not change a run's
+#: identity"); any other value is part of it
+NEUTRAL: dict[str, object] = {
+    "train.rollout.staleness": 0,          # on-policy (issue 58)
+    "train.rollout.old_policy": "recompute",
+    "train.rollout.correction_lower": None,
+}
+
+
 def effective_config(cfg: DictConfig) -> dict:
     """The resolved config minus the keys listed in ``cfg.identity_exclude`` (and Hydra's own).
 
@@ -21,7 +31,7 @@ def effective_config(cfg: DictConfig) -> dict:
     an algorithm interpolates them (``algo.advantage.delta`` for QUATRO): GSPO at delta=0.01 and at
     delta=0.1 is the same run. Dotted keys remove one key of a group: ``train.checkpoint_every`` (how often the
     state is saved does not change what is computed, so turning checkpointing on keeps finished runs recognised).
-    ``train.lora`` counts only when its rank is above 0.
+    ``train.lora`` counts only when its rank is above 0; a key of :data:`NEUTRAL` only away from its neutral value.
     """
     container = OmegaConf.to_container(cfg, resolve=True)
     for key in list(cfg.get("identity_exclude", [])) + ["hydra"]:
@@ -31,6 +41,13 @@ def effective_config(cfg: DictConfig) -> dict:
             node = node.get(p) if isinstance(node, dict) else None
         if isinstance(node, dict):
             node.pop(leaf, None)
+    for key, neutral in NEUTRAL.items():
+        *parents, leaf = key.split(".")
+        node = container
+        for p in parents:
+            node = node.get(p) if isinstance(node, dict) else None
+        if isinstance(node, dict) and leaf in node and node[leaf] == neutral:
+            node.pop(leaf)
     train = container.get("train") if isinstance(container, dict) else None
     if isinstance(train, dict) and not ((train.get("lora") or {}).get("rank") or 0):
         train.pop("lora", None)  # LoRA off: its other keys change nothing, and full fine-tuning runs stay recognised

@@ -633,14 +633,22 @@ def test_engine_verl_accepts_every_algorithm_preset(algo):
 
 def test_every_paper_preset_with_engine_verl_composes_and_validates(tmp_path):
     """Every point of every experiment preset, with engine=verl: our validation, verl's pre-flight, and the
-    translated config composed against verl's own schema (first point of each preset)."""
+    translated config composed against verl's own schema (first point of each preset). A point with rollout
+    staleness or a rollout correction is refused at pre-flight, naming what verl would need."""
     from orchestrator.checks.validate import validate_config
+    from orchestrator.errors import ConfigError
 
     for preset in sorted(p.stem for p in (REPO / "sweeps" / "experiment").glob("*.yaml")):
         # the search agents' retrieval server (a running one: verl's tool workers call it by URL)
         points = sweep_points([f"experiment={preset}", "engine=verl", "tools.search.url=http://127.0.0.1:8000"],
                               multirun=True)
         for _, cfg in points:
+            roll = cfg.train.rollout
+            if int(roll.staleness) >= 1 or str(roll.correction) != "none":  # refused in one line (issue 58)
+                with pytest.raises(ConfigError, match=r"engine=verl: train\.rollout\.(staleness=\d+: with engine=verl "
+                                                      r"this needs verl's (one-step-off|fully-async) trainer|correction=)"):
+                    validate_config(cfg)
+                continue
             validate_config(cfg)
             assert V.check_verl_config(cfg) == [], preset
         c = V.compose_verl_config(V.verl_overrides(points[0][1], "/models/m", tmp_path / preset / "d", tmp_path / preset / "r"))

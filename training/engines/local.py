@@ -99,10 +99,20 @@ def validate(cfg) -> list[str]:
             choose_rollout_sampler(name, None)
         except ValueError as e:
             raise ValueError(str(e).replace("eval.sampler=", "train.rollout.sampler=")) from None
-    if correction != "none" and not (name in SAMPLERS and SAMPLERS[name].rollout_logprobs):
+    k, old_policy = s.rollout.staleness, s.rollout.old_policy
+    if old_policy == "behaviour" and correction != "none":
+        raise ValueError(f"train.rollout.correction={correction} with train.rollout.old_policy=behaviour: the loss's ratio "
+                         "is already pi/b and there is no proximal pass p to correct by p/b; set "
+                         "train.rollout.correction=none or train.rollout.old_policy=recompute")
+    if correction != "none" and k == 0 and not (name in SAMPLERS and SAMPLERS[name].rollout_logprobs):
         raise ValueError(f"train.rollout.correction={correction}: corrects the mismatch between the trainer and a sampler "
                          f"with log-probs of its own: set train.rollout.sampler to one of "
-                         f"{[k for k, v in SAMPLERS.items() if v.rollout_logprobs]} (it is {name})")
+                         f"{[k for k, v in SAMPLERS.items() if v.rollout_logprobs]} (it is {name}), or "
+                         "train.rollout.staleness >= 1 (then it corrects the staleness)")
+    if k >= 1 and old_policy == "recompute" and correction == "none":
+        warnings.append(f"train.rollout.staleness={k} with train.rollout.correction=none: the loss's ratio is pi/p (p: "
+                        "the policy at the step's start) and ignores that the samples came from a policy up to "
+                        f"{k} steps older; a correction (token_tis, icepop, ...) weighs them by p/b")
     if s.gradient_checkpointing:
         cls = model_class(cfg.model)
         if cls is not None and not getattr(cls, "supports_gradient_checkpointing", False):
@@ -277,6 +287,7 @@ class LocalRun:
     token_probs: TokenProbs = field(default_factory=TokenProbs)
     pending: list = field(default_factory=list)  # (step, metrics) saved with the state but not yet logged
     inflight: "InFlight | None" = None  # a step whose update a stop interrupted (resume finishes it)
+    queue: dict = field(default_factory=dict)  # step -> StepRollout generated ahead for it (train.rollout.staleness)
 
     @property
     def seed(self) -> int:
@@ -318,7 +329,9 @@ def setup(cfg, run_dir: Path, tools: dict, choices: EngineChoices | None = None)
     adv_params = _params(algo.advantage)
     # old log-probs scored inside the update, minibatch by minibatch (the first from its own forward pass), unless
     # the advantage estimator reads them or dynamic sampling keeps a subset of the sampled rows
-    defer_old = "old_logprobs" not in needs_of("advantage", algo.advantage.name, adv_params) and not conf.dynamic.enabled
+    # (with staleness or the behaviour policy's ratio, the rollout's own pass is the behaviour policy's: kept)
+    defer_old = ("old_logprobs" not in needs_of("advantage", algo.advantage.name, adv_params)
+                 and not conf.dynamic.enabled and not _off_policy(conf))
     scorer, choices.memory = open_scorer(cfg, model, tokenizer, prompts, device)
     return LocalRun(cfg, Path(run_dir), device, model, tokenizer, ref_model, optimizer, scheduler,
                     PromptOrder(prompts, int(cfg.seed)), get_advantage_fn(algo.advantage.name), adv_params,
@@ -456,6 +469,7 @@ def resume(run: LocalRun, log_metrics, logged_through: int) -> int:
         run.token_probs.load_state_dict(st["token_probs"])
     if st.get("inflight"):
         run.inflight = InFlight.from_state_dict(st["inflight"])
+    run.queue = {int(s_): rollout_from_state(d) for s_, d in (st.get("queue") or {}).items()}
     for s_, m_ in st["pending"]:
         if s_ > logged_through:
             log_metrics(m_, s_)
@@ -475,7 +489,8 @@ def save(run: LocalRun, step: int, inflight: "InFlight | None" = None) -> Path:
     return save_state(run.run_dir, {
         "model": adapter_state(run.model) if has_adapters(run.model) else run.model.state_dict(), "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
         **run.prompts.state_dict(), **RandomStates.capture().state_dict(), "step": step, "pending": run.pending,
-        "token_probs": run.token_probs.state_dict(), "inflight": inflight.state_dict() if inflight else None})
+        "token_probs": run.token_probs.state_dict(), "inflight": inflight.state_dict() if inflight else None,
+        "queue": {int(s_): rollout_state(ro) for s_, ro in run.queue.items()}})
 
 
 @dataclass
@@ -490,25 +505,47 @@ class InFlight:
     metrics: list
 
     def state_dict(self) -> dict:
-        ro = self.ro
-        return {"step": self.step, "done": self.done, "metrics": self.metrics, "batch": ro.batch.state_dict(),
-                "sampled": [b.state_dict() for b in ro.sampled], "advantages": ro.advantages,
-                "adv_metrics": dict(ro.adv_metrics), "rounds": ro.rounds, "phases": dict(ro.phases),
-                "seconds": ro.seconds}
+        return {"step": self.step, "done": self.done, "metrics": self.metrics, **rollout_state(self.ro)}
 
     @classmethod
     def from_state_dict(cls, d: dict) -> "InFlight":
-        ro = StepRollout(RolloutBatch.from_state_dict(d["batch"]), [RolloutBatch.from_state_dict(b) for b in d["sampled"]],
-                         d["advantages"], dict(d["adv_metrics"]), int(d["rounds"]), dict(d["phases"]), float(d["seconds"]))
-        return cls(int(d["step"]), ro, int(d["done"]), list(d["metrics"]))
+        return cls(int(d["step"]), rollout_from_state(d), int(d["done"]), list(d["metrics"]))
 
 
-def generate(run: LocalRun, step: int) -> StepRollout:
+def rollout_state(ro: StepRollout) -> dict:
+    """A step's rollout as tensors, numbers and strings (a saved state: :class:`InFlight`, the staleness queue)."""
+    return {"batch": ro.batch.state_dict(), "sampled": [b.state_dict() for b in ro.sampled],
+            "advantages": ro.advantages, "adv_metrics": dict(ro.adv_metrics), "rounds": ro.rounds,
+            "phases": dict(ro.phases), "seconds": ro.seconds, "version": ro.version, "generated": dict(ro.generated)}
+
+
+def rollout_from_state(d: dict) -> StepRollout:
+    """The rollout :func:`rollout_state` gave (a state saved before the queue existed has no version: 0)."""
+    return StepRollout(RolloutBatch.from_state_dict(d["batch"]), [RolloutBatch.from_state_dict(b) for b in d["sampled"]],
+                       d["advantages"], dict(d["adv_metrics"]), int(d["rounds"]), dict(d["phases"]),
+                       float(d["seconds"]), int(d.get("version", 0)), dict(d.get("generated") or {}))
+
+
+def _off_policy(conf: RunSettings) -> bool:
+    """Whether a step's samples may come from another policy than the one the step starts from, or the loss divides
+    by the generating policy's log-probs: then the rollout keeps the behaviour log-probs ``b``
+    (``extras["behaviour_logprobs"]``) and measures the engine-vs-trainer mismatch when it generates."""
+    return conf.rollout.staleness > 0 or conf.rollout.old_policy == "behaviour"
+
+
+def generate(run: LocalRun, step: int, version: int | None = None) -> StepRollout:
     """One step's generation, scoring and advantages: G responses per prompt from the current (old) policy, with
     old log-probs (unless the update fills them); rewards from the verifier (+ DAPO's overlong shaping); with dynamic
     sampling, groups that are all correct or all wrong are dropped and new prompts sampled, for at most
     max_num_gen_batches rounds. Changes no weight, so a stop request may end it at once
-    (core.lifecycle.abortable)."""
+    (core.lifecycle.abortable).
+
+    ``version``: the policy version generating (default ``step``: on-policy), tagged on every sample
+    (``batch.policy_version``). Off-policy (:func:`_off_policy`): the behaviour log-probs ``b`` (the sampler's own,
+    else the trainer's pass on the generating weights, which for the transformers sampler is the sampler itself) go to
+    ``extras["behaviour_logprobs"]``, the engine-vs-trainer mismatch is measured now (same weights on both sides:
+    ``ro.generated``), and with ``train.rollout.old_policy=behaviour`` the old log-probs are ``b`` before the
+    estimator reads them."""
     cfg, t_cfg, dyn, overlong = run.cfg, run.cfg.train, run.config.dynamic, run.config.overlong
     G, n_prompts, max_new = int(t_cfg.group_size), int(t_cfg.prompts_per_step), int(t_cfg.max_new_tokens)
     request = RolloutRequest(G, float(t_cfg.temperature), float(t_cfg.top_p), max_new, 0,
@@ -541,13 +578,63 @@ def generate(run: LocalRun, step: int) -> StepRollout:
     if dyn.enabled and batch.batch_size > n_prompts * G:
         batch = batch.select(torch.arange(n_prompts * G))
     batch = batch.to(run.device)
+    batch.policy_version = torch.full((batch.batch_size,), step if version is None else version, dtype=torch.long,
+                                      device=run.device)
+    generated = _behaviour(run, batch) if _off_policy(run.config) else {}
     if batch.batch_size == 0:
         advantages, adv_metrics = torch.zeros(0, device=run.device), {}
     else:  # the registered estimator; rewards come from the verifier in collect_rollouts
         advantages, adv_metrics = run.adv_fn(batch, **run.adv_params)
         advantages = advantages.to(run.device)
     return StepRollout(batch, sampled, advantages, adv_metrics, rounds if dyn.enabled else 0, phases,
-                       time.perf_counter() - t0)
+                       time.perf_counter() - t0, step if version is None else version, generated)
+
+
+def _behaviour(run: LocalRun, batch) -> dict:
+    """Off-policy bookkeeping of a freshly generated ``batch`` (in place; :func:`generate`): the behaviour log-probs
+    into ``extras["behaviour_logprobs"]`` (the sampler's own, which leave ``rollout_logprobs``, or the trainer's pass
+    on the generating weights), the old log-probs set to them under ``old_policy=behaviour``. Returns the
+    engine-vs-trainer mismatch on the generating weights (:func:`training.mismatch.mismatch_metrics`; {} without the
+    sampler's own log-probs), which the step logs instead of a gap that would include the intended staleness."""
+    from training.mismatch import mismatch_metrics
+
+    own = batch.extras.pop("rollout_logprobs", None)
+    out = {}
+    if own is not None and batch.batch_size:
+        out = mismatch_metrics(batch.old_logprobs, own, batch.response_mask)
+    b = own if own is not None else batch.old_logprobs.clone()
+    batch.extras["behaviour_logprobs"] = b
+    if run.config.rollout.old_policy == "behaviour":
+        batch.old_logprobs = b.to(batch.old_logprobs.dtype).clone()
+    return out
+
+
+def _consume(run: LocalRun, ro: StepRollout, step: int) -> StepRollout:
+    """The rollout step ``step`` trains on, generated by policy version ``ro.version``. Under
+    ``train.rollout.old_policy=recompute`` a stale rollout gets the proximal log-probs ``p`` (the trainer's pass with
+    the weights the step starts from) as its old log-probs, the estimator's advantages again when it reads them, and
+    ``staleness_logprob_gap`` = mean |p - b| over its tokens; ``ro`` itself is left as it was (a stop may keep it
+    queued). Under ``behaviour`` (ratio pi/b) and for a fresh rollout, ``ro`` as it is."""
+    if run.config.rollout.old_policy != "recompute" or ro.version >= step or not ro.batch.batch_size:
+        return ro
+    from training.algorithms import masked_mean
+
+    t0 = time.perf_counter()
+    b = ro.batch
+    with torch.no_grad():
+        p, _ = run.scorer.score(run.model, b.prompt_ids, b.prompt_mask, b.response_ids, b.response_mask,
+                                float(run.cfg.train.temperature), with_entropy=False, bf16=run.settings.bf16)
+    batch = replace(b, old_logprobs=p.to(b.old_logprobs.dtype), extras=dict(b.extras))
+    advantages, adv_metrics = ro.advantages, ro.adv_metrics
+    if "old_logprobs" in needs_of("advantage", run.cfg.algo.advantage.name, run.adv_params):
+        advantages, adv_metrics = run.adv_fn(batch, **run.adv_params)
+        advantages = advantages.to(run.device)
+    gap = float(masked_mean((batch.old_logprobs.float() - b.extras["behaviour_logprobs"].float()).abs(),
+                            b.response_mask.float()))
+    phases = dict(ro.phases)
+    phases["logprob_s"] = phases.get("logprob_s", 0.0) + time.perf_counter() - t0
+    return replace(ro, batch=batch, advantages=advantages, adv_metrics=adv_metrics, phases=phases,
+                   generated={**ro.generated, "staleness_logprob_gap": gap})
 
 
 def _open_rollout(run: LocalRun, steps_left: int):
@@ -689,15 +776,31 @@ def _train(run: LocalRun, log_metrics, logged_through: int) -> Path:
 def _rollout_step(run: LocalRun, step: int, flush: Callable[[], None]) -> StepRollout:
     """Step ``step``'s generation and scoring (:func:`generate`). A stop request ends them at once: the prompt order
     and random states go back to the step's start, the last completed step's state is saved (``flush`` logs its
-    metrics) and :class:`Preempted` is raised, so the resumed run redoes this step exactly."""
+    metrics) and :class:`Preempted` is raised, so the resumed run redoes this step exactly.
+
+    With ``train.rollout.staleness`` k >= 1 (sequential emulation): the current policy (version ``step``) generates
+    the rollouts of steps ``step`` .. ``step + k`` that are not queued yet (at step 0 all k + 1 of them: the warm-up
+    steps t < k train on the start policy's samples, staleness t; afterwards one per step, for step ``step + k``),
+    in step order with each target step's own sampling seeds and prompts, so the run draws what k = 0 draws; the step
+    then trains on its queued rollout (:func:`_consume`). The queue is part of the saved state."""
     order_at_start, random_at_start = run.prompts.state_dict(), RandomStates.capture()
+    k, queued = run.config.rollout.staleness, set(run.queue)
     try:
         with abortable():  # a stop request ends generation and scoring at once
-            return generate(run, step)
+            if k == 0:
+                return generate(run, step)
+            for target in range(step, min(step + k, int(run.cfg.train.steps) - 1) + 1):
+                if target not in run.queue:
+                    run.queue[target] = generate(run, target, version=step)
+            ro = _consume(run, run.queue[step], step)
+            del run.queue[step]
+            return ro
     except StepAborted:
         # the weights, optimiser and scheduler are still the last completed step's
         run.prompts.load_state_dict(order_at_start)
         random_at_start.restore()
+        for target in set(run.queue) - queued:  # what this step generated ahead is generated again
+            del run.queue[target]
         path = save(run, step - 1)
         flush()
         raise Preempted(f"stopped during step {step}'s generation on request; the state after step {step - 1} "
@@ -755,6 +858,11 @@ def _step_metrics(run: LocalRun, ro: StepRollout, step: int, update_metrics: lis
     metrics = step_metrics(ro, seen, update_metrics, times, run.scheduler.get_last_lr()[0], run.device,
                            run.config.dynamic.enabled)
     metrics["updated"] = float(bool(ro.batch.batch_size))  # 0: dynamic sampling kept nothing to learn from
+    metrics.update(ro.generated)  # off-policy: the mismatch measured on the generating weights, the p-vs-b gap
+    if run.config.rollout.staleness > 0:  # steps between the generating policy and the one updated (every sample)
+        versions = ro.batch.policy_version if ro.batch.batch_size else torch.tensor([ro.version])
+        age = (step - versions).float()
+        metrics.update(staleness_mean=float(age.mean()), staleness_max=float(age.max()))
     error = guard.check(step, metrics.get("mismatch_logprob_abs_diff"))
     if error:  # the engine samples other weights than the policy's after a sync (a stale adapter, say)
         log.error(error)

@@ -147,6 +147,21 @@ def check_verl_config(cfg) -> list[str]:
         raise ValueError(f"train.lora.dropout={lora.dropout}: verl's FSDP LoRA has no adapter dropout; set 0 with engine=verl")
     if lora.on and float(lora.alpha) != int(lora.alpha):
         raise ValueError(f"train.lora.alpha={lora.alpha}: verl takes an integer lora_alpha; set a whole number")
+    roll = t.get("rollout") or {}
+    k, old_policy = int(roll.get("staleness", 0) or 0), str(roll.get("old_policy", "recompute"))
+    if k >= 1:  # verl.experimental.one_step_off_policy (k = 1) and fully_async_policy (k >= 2) are not wired
+        raise ValueError(f"train.rollout.staleness={k}: with engine=verl this needs verl's "
+                         f"{'one-step-off' if k == 1 else 'fully-async'} trainer (verl.experimental."
+                         f"{'one_step_off_policy' if k == 1 else 'fully_async_policy'}) on a rollout pool of its own "
+                         "GPUs apart from the trainer's, which this engine does not start; use engine=local "
+                         "(sequential emulation) or staleness 0")
+    correction = str(roll.get("correction", "none"))
+    if correction != "none":  # verl's algorithm.rollout_correction is not mapped from the suite's registry yet
+        raise ValueError(f"train.rollout.correction={correction}: with engine=verl the suite's rollout corrections "
+                         "are not passed to verl's own (algorithm.rollout_correction); use engine=local or none")
+    if old_policy != "recompute":
+        raise ValueError(f"train.rollout.old_policy={old_policy}: with engine=verl the old log-probs are verl's "
+                         "recomputed ones; use engine=local")
     adv = str(algo.advantage.name)
     for field, why in needs_of("advantage", adv, _params(algo.advantage)).items():
         if field not in SUPPLIED_TO_ESTIMATORS:
