@@ -18,7 +18,7 @@ POINTS = {
     "exppo_decoding_seeds": 6, "exppo_decoding_seeds_cpu": 6, "quatro_group_size": 4, "quatro_group_size_cpu": 4,
     "trgrpo_cross_model": 6, "trgrpo_cross_model_cpu": 4, "trgrpo_math": 4, "trgrpo_math_cpu": 2,
     "quatro_code": 4, "quatro_code_cpu": 4, "trgrpo_search": 4, "trgrpo_search_cpu": 2, "verl_smoke": 4,
-    "cpu_study": 12,
+    "cpu_study": 12, "quatro_async_staleness": 72, "quatro_async_staleness_cpu": 4,
 }
 # what a user adds to a preset before it runs (a Wikipedia index for the search agents): a small index stands in
 NEEDS = {"trgrpo_search": "tools.search.index"}
@@ -42,7 +42,7 @@ def _needs(name, index) -> list[str]:
 TRAINED = {"quatro_main_cpu": 8, "quatro_staleness_cpu": 8, "quatro_log_ratio_ablation_cpu": 3,
            "exppo_core_cpu": 6, "trgrpo_kk_cpu": 6, "trgrpo_sensitivity_cpu": 9,
            "exppo_multi_answer_cpu": 6, "exppo_decoding_seeds_cpu": 6, "exppo_components_cpu": 5,
-           "cpu_study": 12}
+           "cpu_study": 12, "quatro_async_staleness_cpu": 4}
 # distinct trainings where the evaluation differs between points (identity.training_hash): eval.seed=0,1,2 trains once
 TRAININGS = {"exppo_decoding_seeds": 2, "exppo_decoding_seeds_cpu": 2}
 
@@ -268,6 +268,26 @@ def test_staleness_twin_draws_the_staleness_grid_with_its_one_learning_rate(tmp_
     out = tmp_path / "quatro_staleness_cpu" / "reports_out" / "quatro_staleness_cpu" / "latest"
     assert (out / "figures" / "staleness.png").is_file() and (out / "paper" / "staleness.pdf").is_file()
     assert "does not vary train.ppo_epochs" not in (out / "report.html").read_text()
+
+
+def test_async_staleness_twin_trains_on_stale_rollouts_and_draws_them_against_k(tmp_path):
+    """quatro_async_staleness_cpu (issue 58) on the tiny model: QUATRO and GRPO at staleness 0 and 2, three steps; the
+    k = 2 runs log train/staleness_mean 0, 1, 2 (the warm-up, then two steps old), the k = 0 runs none, and the report
+    draws the async_staleness section (run_twin checks it is present and non-empty) with its figure."""
+    from mlflow.tracking import MlflowClient
+
+    problems, trained = _run_twins_script().run_twin("quatro_async_staleness_cpu", tmp_path,
+                                                     ["model=tiny-random", "train.max_new_tokens=16",
+                                                      "eval.max_new_tokens=16", "eval.max_prompts=4"], capture=True)
+    assert problems == [] and len(trained) == TRAINED["quatro_async_staleness_cpu"]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'quatro_async_staleness_cpu'}/mlflow.db")
+    for r in trained:
+        ages = [m.value for m in sorted(client.get_metric_history(r.info.run_id, "train/staleness_mean"),
+                                        key=lambda m: m.step)]
+        assert ages == ([0.0, 1.0, 2.0] if r.data.params["train.rollout.staleness"] == "2" else []), r.data.params
+    out = tmp_path / "quatro_async_staleness_cpu" / "reports_out" / "quatro_async_staleness_cpu" / "latest"
+    html = (out / "report.html").read_text()
+    assert "Staleness k (asynchronous rollouts)" in html or "Asynchronous staleness" in html
 
 
 def test_run_twins_refuses_an_unknown_twin_before_any_work_and_names_a_bad_override(capsys, tmp_path):
