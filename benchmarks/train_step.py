@@ -82,14 +82,17 @@ def _gate(conn):
         raise _Stop()
 
 
-def _local_worker(conn, args, rollout="hf", packing="auto", lora: int = 0) -> None:
+def _local_worker(conn, args, rollout="hf", packing="auto", lora: int = 0, staleness: int | None = None) -> None:
     import tempfile
 
     from training.engines import local
 
     cfg = _compose(args, [f"train.rollout.sampler={rollout}", f"train.packing={packing}", f"train.lora.rank={lora}",
                           f"train.lora.alpha={LORA_ALPHA}"])
-    real = local.collect_rollouts
+    if staleness is not None:  # the staleness phase: k steps more, so that every timed step generates a batch
+        cfg.train.rollout.staleness = int(staleness)
+        cfg.train.steps = int(args.steps) + int(args.staleness)
+    real = local._rollout_step
     waited = [0.0]
 
     def gated(*a, **k):  # every step starts when the parent says so (the wait is not the step's time)
@@ -98,7 +101,7 @@ def _local_worker(conn, args, rollout="hf", packing="auto", lora: int = 0) -> No
         waited[0] = time.perf_counter() - t0
         return real(*a, **k)
 
-    local.collect_rollouts = gated
+    local._rollout_step = gated
 
     def report(m, step):
         conn.send(("step", {"total": m["train/step_time_s"] - waited[0], "generate": m.get("train/generate_time_s", 0.0),
@@ -120,7 +123,8 @@ def _local_worker(conn, args, rollout="hf", packing="auto", lora: int = 0) -> No
     peak_rss = _rss_gb()
     trainable = choices.memory["parameters"]["trainable"]
     raw = {}
-    if rollout == "vllm":  # raw LLM.generate when the parent says so: every other worker has finished its steps
+    if rollout == "vllm" and staleness is None:  # raw LLM.generate when the parent says so: every other worker has
+        # finished its steps (not in the staleness phase, whose workers the parent stops at a step's gate)
         conn.send(("ready", None))
         conn.recv()
         raw = _raw_vllm(cfg)
@@ -284,6 +288,8 @@ def main(argv=None) -> int:
                     help="the local engine's layouts (train.packing): one phase each, beside its own TRL process")
     ap.add_argument("--lora", type=int, default=0, help="also a phase with LoRA adapters of this rank on every linear "
                     "layer (learning rate 10x): the local engine's train.lora beside TRL's GRPOTrainer with a peft_config")
+    ap.add_argument("--staleness", type=int, default=0, help="also a phase with train.rollout.staleness=K beside K=0 "
+                    "(the local engine only, the first rollout sampler and layout; sequential emulation)")
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args(argv)
     if args.rollout is None:  # vLLM where installed (the suite's choice on the CPU), else transformers
@@ -327,6 +333,18 @@ def main(argv=None) -> int:
                         "memory_vs_full": s["peak_rss_gb"] / summary[full]["peak_rss_gb"],
                         "sync_vs_full": s["weight_sync"] / max(summary[full]["weight_sync"], 1e-9)}
         steps.update(results)
+    if args.staleness:  # rollouts K steps stale beside on-policy ones, the same work (docs/staleness.md)
+        base = f"local, {args.rollout[0]} rollouts, k=0"
+        name = f"local, {args.rollout[0]} rollouts, k={args.staleness}"
+        results, peak = _phase(args, {base: (_local_worker, (args.rollout[0], args.packing[0], 0, 0)),
+                                      name: (_local_worker, (args.rollout[0], args.packing[0], 0, args.staleness))})
+        phase = _summarise(args, results, peak)
+        summary.update(phase)
+        s, b = phase[name], phase[base]
+        ratios[name] = {"step_vs_k0": s["total"] / b["total"], "memory_vs_k0": s["peak_rss_gb"] / b["peak_rss_gb"],
+                        "generate_vs_k0": s["generate"] / max(b["generate"], 1e-9),
+                        "scoring_vs_k0": s["scoring"] / max(b["scoring"], 1e-9), "overlap_share": 0.0}
+        steps.update(results)
     print(f"\nmedian over steps 2-{args.steps} (seconds per RL step; {args.model}, 4 prompts x 8 x {args.max_new_tokens} "
           f"tokens, float32, CPU{', ' + ' '.join(args.local_overrides) if args.local_overrides else ''})")
     print(f"{'engine':<42}{'step':>8}{'generate':>10}{'scoring':>9}{'forward':>9}{'bwd+opt':>9}{'sync':>7}"
@@ -337,6 +355,11 @@ def main(argv=None) -> int:
               f"{s['peak_rss_gb']:>13.2f}{s.get('trainable_params') or 0:>13,}")
     for name, r in ratios.items():
         s = summary[name]
+        if "step_vs_k0" in r:
+            print(f"{name} / k=0: step time {r['step_vs_k0']:.3f}x, peak memory {r['memory_vs_k0']:.3f}x, generation "
+                  f"{r['generate_vs_k0']:.2f}x, scoring {r['scoring_vs_k0']:.2f}x (the proximal pass); generation and "
+                  "update overlap 0% (sequential emulation)")
+            continue
         line = (f"{name} / TRL: step time {r['step_vs_trl']:.3f}x, peak memory {r['memory_vs_trl']:.3f}x; "
                 f"padding {100 * s.get('padding_share', 0.0):.1f}% of the update's positions; "
                 f"rollout {s.get('rollout_tokens_per_s', 0):.0f} tokens/s")

@@ -21,7 +21,8 @@ from .load import BASE_LABEL
 #: training-inference mismatch with vLLM rollouts (training/mismatch.py) and its correction (tis_*)
 TRAIN_PANELS = ["train/reward_mean", "train/accuracy", "train/entropy", "train/kl_ref", "train/clip_fraction",
                 "train/ppo_kl", "train/grad_norm", "train/mismatch_kl", "train/mismatch_logprob_abs_diff",
-                "train/tis_weight_mean"]
+                "train/tis_weight_mean", "train/correction_masked_share", "train/staleness_mean",
+                "train/staleness_logprob_gap"]
 
 
 

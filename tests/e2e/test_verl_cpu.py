@@ -35,8 +35,9 @@ ALGOS = ["exppo", "dapo"]  # two of the preset's four (given on the command line
 STEPS = 3  # the first point is stopped after its first checkpoint: at least one step is left for the resumed run
 # the README's command (experiment=verl_smoke: tiny random model, toy_parity, 4 prompts x 4 samples x 16 tokens) with
 # a checkpoint every step and one step more, so that the stopped point has training left when it resumes
+# with token-level TIS (train.rollout.correction): verl's own rollout correction, its weights on the suite's loss
 COMMAND = ["-m", "experiment=verl_smoke", f"algo={','.join(ALGOS)}", f"train.steps={STEPS}", "train.checkpoint_every=1",
-           "report.enabled=false"]
+           "train.rollout.correction=token_tis", "report.enabled=false"]
 
 
 def _sweep_proc(cwd):
@@ -154,6 +155,9 @@ def test_each_algorithm_trains_through_verls_trainer(verl_sweep, algo):
     # the estimator's and the loss's own metrics, computed inside verl's Ray workers, under the local engine's names
     missing = _own_metrics(algo) - set(m)
     assert not missing, missing
+    # verl's rollout correction (train.rollout.correction=token_tis -> algorithm.rollout_correction) ran every step,
+    # its weights handed to the suite's loss (training/engines/verl.py::verl_policy_loss)
+    assert [s for s, _ in _history(client, run, "verl/rollout_corr/rollout_is_mean")] == list(range(STEPS))
     for key in _own_metrics(algo):
         assert [s for s, _ in _history(client, run, key)] == list(range(STEPS)), key
     # the exported Hugging Face checkpoint went through the usual evaluation in the same run...

@@ -634,7 +634,7 @@ def test_engine_verl_accepts_every_algorithm_preset(algo):
 def test_every_paper_preset_with_engine_verl_composes_and_validates(tmp_path):
     """Every point of every experiment preset, with engine=verl: our validation, verl's pre-flight, and the
     translated config composed against verl's own schema (first point of each preset). A point with rollout
-    staleness or a rollout correction is refused at pre-flight, naming what verl would need."""
+    staleness is refused at pre-flight, naming what verl would need."""
     from orchestrator.checks.validate import validate_config
     from orchestrator.errors import ConfigError
 
@@ -644,9 +644,9 @@ def test_every_paper_preset_with_engine_verl_composes_and_validates(tmp_path):
                               multirun=True)
         for _, cfg in points:
             roll = cfg.train.rollout
-            if int(roll.staleness) >= 1 or str(roll.correction) != "none":  # refused in one line (issue 58)
-                with pytest.raises(ConfigError, match=r"engine=verl: train\.rollout\.(staleness=\d+: with engine=verl "
-                                                      r"this needs verl's (one-step-off|fully-async) trainer|correction=)"):
+            if int(roll.staleness) >= 1:  # refused in one line, naming verl's async trainer (issue 58)
+                with pytest.raises(ConfigError, match=r"engine=verl: train\.rollout\.staleness=\d+: with engine=verl "
+                                                      r"this needs verl's (one-step-off|fully-async) trainer"):
                     validate_config(cfg)
                 continue
             validate_config(cfg)
@@ -824,3 +824,39 @@ def test_lora_settings_reach_verls_own_lora_and_compose(tmp_path):
                           (["train.lora.alpha=8.5"], "train.lora.alpha=8.5")):
         with pytest.raises(ValueError, match=needle.replace(".", r"\.")):
             V.check_verl_config(_cfg("engine=verl", "algo=grpo", "train.lora.rank=4", *extra))
+
+
+@pytest.mark.parametrize("name,cap,lower", [("token_tis", 1.5, None), ("sequence_tis", 2.0, None),
+                                            ("token_mis", 1.5, None), ("sequence_mis", 2.0, None),
+                                            ("icepop", 1.5, 0.8), ("geo_rs", 1.3, None)])
+def test_rollout_corrections_map_to_verls_own_and_weigh_the_suites_loss(name, cap, lower, tmp_path):
+    """train.rollout.correction on verl: the settings tests/training/test_corrections.py checks against the registry
+    compose against verl's schema (algorithm.rollout_correction), and verl's weights reach the suite's loss through
+    its one token-weight path: the adapter's loss with rollout_is_weights equals the registered loss under
+    token_weights (and differs from it without them)."""
+    from training.algorithms import get_policy_loss_fn
+    from training.algorithms.aggregation import token_weights
+
+    [(_, cfg)] = sweep_points(["experiment=verl_smoke", "engine=verl", "algo=grpo_verl",
+                               f"train.rollout.correction={name}", f"train.rollout.correction_cap={cap}",
+                               f"train.rollout.correction_lower={'null' if lower is None else lower}"])
+    assert V.check_verl_config(cfg) == []
+    c = V.compose_verl_config(V.verl_overrides(cfg, "/models/m", tmp_path / "d", tmp_path / "r"))
+    rc = c.algorithm.rollout_correction
+    want = V.VERL_CORRECTIONS[name](cap, 1 / cap if lower is None else lower)
+    assert {k: rc[k] for k in want} == {k: (v if not isinstance(v, float) else pytest.approx(v)) for k, v in want.items()}
+    spec = V.algo_spec(cfg)
+    g = torch.Generator().manual_seed(0)
+    B, L = 4, 5
+    mask = torch.ones(B, L)
+    old = -torch.rand(B, L, generator=g)
+    new = old + 0.1 * torch.randn(B, L, generator=g)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5]).unsqueeze(-1).expand(B, L)
+    w = torch.rand(B, L, generator=g) * 2
+    V.register_with_verl(spec)
+    got, _ = V.verl_policy_loss(old, new, adv, mask, rollout_is_weights=w)
+    plain, _ = V.verl_policy_loss(old, new, adv, mask)
+    batch = V._adapter_batch(mask, old)
+    with token_weights(w):
+        want_loss, _ = get_policy_loss_fn(spec["policy_loss"]["name"])(new, batch, adv[:, 0], **spec["policy_loss"]["params"])
+    assert float(got) == pytest.approx(float(want_loss), rel=1e-6) and abs(float(got) - float(plain)) > 1e-6

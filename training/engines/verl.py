@@ -156,9 +156,9 @@ def check_verl_config(cfg) -> list[str]:
                          "GPUs apart from the trainer's, which this engine does not start; use engine=local "
                          "(sequential emulation) or staleness 0")
     correction = str(roll.get("correction", "none"))
-    if correction != "none":  # verl's algorithm.rollout_correction is not mapped from the suite's registry yet
-        raise ValueError(f"train.rollout.correction={correction}: with engine=verl the suite's rollout corrections "
-                         "are not passed to verl's own (algorithm.rollout_correction); use engine=local or none")
+    if correction not in VERL_CORRECTIONS:  # a plug-in's: verl's rollout correction has no counterpart
+        raise ValueError(f"train.rollout.correction={correction}: verl's algorithm.rollout_correction has no "
+                         f"counterpart (it maps {sorted(VERL_CORRECTIONS)}); use engine=local")
     if old_policy != "recompute":
         raise ValueError(f"train.rollout.old_policy={old_policy}: with engine=verl the old log-probs are verl's "
                          "recomputed ones; use engine=local")
@@ -569,14 +569,14 @@ def verl_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg
         config: verl ActorConfig; its ``global_batch_info`` (dp_size, batch_num_tokens, global_batch_size)
             rescales the micro-batch loss so that the summed micro-batch gradients equal the mini-batch
             gradient of the local engine (see :func:`_global_rescale`).
+        rollout_is_weights: (B, L) verl's rollout-correction weights (``algorithm.rollout_correction``, mapped from
+            ``train.rollout.correction`` by :func:`verl_correction`), or None: applied to the loss's per-token terms
+            through the suite's one token-weight path (:func:`training.algorithms.aggregation.token_weights`), as
+            the local engine applies its own.
     Returns:
         (scalar loss, metrics prefixed ``actor/``).
-    Raises:
-        ValueError: rollout importance-sampling weights were passed (verl's rollout correction is not
-            supported by the adapters).
     """
-    if rollout_is_weights is not None:
-        raise ValueError("rollout_is_weights given: verl's algorithm.rollout_correction is not supported with the rlvr loss")
+    from training.algorithms.aggregation import token_weights
     spec = _current_spec()["policy_loss"]
     params = dict(spec["params"])
     mask = response_mask.to(log_prob.dtype)
@@ -592,7 +592,9 @@ def verl_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg
     elif "ref_logprobs" in needs_of("policy_loss", spec["name"], params):
         raise RuntimeError(f"the {spec['name']!r} loss needs the reference log-probs, and this ppo_loss call carried none "
                            "(install_loss_context wraps verl's ppo_loss; the reference policy must be on)")
-    loss, metrics = get_policy_loss_fn(spec["name"])(log_prob, batch, adv, **params)
+    weights = None if rollout_is_weights is None else rollout_is_weights.detach().to(log_prob.dtype)
+    with token_weights(weights):
+        loss, metrics = get_policy_loss_fn(spec["name"])(log_prob, batch, adv, **params)
     info = dict(getattr(config, "global_batch_info", None) or {}) if config is not None else {}
     loss = loss * _global_rescale(params.get("loss_agg_mode", "token-mean"), mask, info)
     return loss, {f"actor/{k}": float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
@@ -609,6 +611,34 @@ def verl_config_dir() -> Path:
     import verl
 
     return Path(verl.__file__).parent / "trainer" / "config"
+
+
+#: ``train.rollout.correction`` -> verl's own ``algorithm.rollout_correction`` (decoupled mode: verl recomputes the
+#: proximal old log-probs, its rollout's are b), as (C, lower) -> settings; each pair is the one
+#: tests/training/test_corrections.py checks against the suite's registry (training/corrections.py) on the same
+#: tensors. verl's rejection (``rollout_rs``) also drops the rejected tokens from its response mask, hence from the
+#: loss's denominators (the registry keeps them: its module docstring)
+VERL_CORRECTIONS: dict[str, Callable[[float, float], dict]] = {
+    "none": lambda c, lo: {},
+    "token_tis": lambda c, lo: {"rollout_is": "token", "rollout_is_threshold": c},
+    "sequence_tis": lambda c, lo: {"rollout_is": "sequence", "rollout_is_threshold": c},
+    "token_mis": lambda c, lo: {"rollout_is": "token", "rollout_is_threshold": c, "rollout_rs": "token_k1",
+                                "rollout_rs_threshold": f"{1 / c!r}_inf"},
+    "sequence_mis": lambda c, lo: {"rollout_is": "sequence", "rollout_is_threshold": c, "rollout_rs": "seq_sum_k1",
+                                   "rollout_rs_threshold": f"{1 / c!r}_inf"},
+    "icepop": lambda c, lo: {"rollout_is": "token", "rollout_is_threshold": f"{lo!r}_{c!r}"},
+    "geo_rs": lambda c, lo: {"rollout_rs": "seq_mean_k1", "rollout_rs_threshold": f"{1 / c!r}_{1 / lo!r}"},
+}
+
+
+def verl_correction(cfg) -> list[str]:
+    """verl's ``algorithm.rollout_correction`` overrides for the run's ``train.rollout.correction`` (none: [])."""
+    roll = cfg.train.get("rollout") or {}
+    cap = float(roll.get("correction_cap", 2.0))
+    lower = roll.get("correction_lower")
+    lower = 1.0 / cap if lower is None else float(lower)
+    settings = VERL_CORRECTIONS[str(roll.get("correction", "none"))](cap, lower)
+    return [f"algorithm.rollout_correction.{k}={json.dumps(v)}" for k, v in settings.items()]
 
 
 def verl_overrides(cfg, model_path: str, data_dir: Path, run_dir: Path) -> list[str]:
@@ -713,6 +743,7 @@ def verl_overrides(cfg, model_path: str, data_dir: Path, run_dir: Path) -> list[
         f"trainer.max_actor_ckpt_to_keep={'null' if save_every else int(e.get('keep_checkpoints', 2))}",
         f"trainer.device={e.device}",
     ]
+    ov += verl_correction(cfg)
     if norm is not None:
         ov.append(f"{A}.loss_scale_factor={int(norm)}")
     if lora.on:  # verl's own LoRA (FSDP, peft): its reference is the actor with the adapters off (ref_in_actor),
