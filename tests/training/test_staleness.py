@@ -33,12 +33,14 @@ def _train(cfg, run_dir, monkeypatch, logged=None, stop=None):
 
     def watch(model, opt, batch, *a, **kw):
         step = int(a[-1].generator.initial_seed() - int(cfg.seed) * 7919)  # UpdateControl's seed names the step
+        if stop == ("update", step):
+            local.STOP_REQUESTED.set()  # honoured after the update's running optimiser step
+        out = update(model, opt, batch, *a, **kw)
+        # the old log-probs as the loss's ratio divided by (the update fills p before its first optimiser step)
         seen[step] = tuple(t.clone() for t in (batch.response_ids, batch.old_logprobs,
                                                batch.extras.get("behaviour_logprobs", batch.old_logprobs),
                                                batch.policy_version))
-        if stop == ("update", step):
-            local.STOP_REQUESTED.set()  # honoured after the update's running optimiser step
-        return update(model, opt, batch, *a, **kw)
+        return out
 
     def gen(run, target, version=None):
         calls.append(target)
