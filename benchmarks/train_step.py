@@ -357,7 +357,8 @@ def main(argv=None) -> int:
         s = summary[name]
         if "step_vs_k0" in r:
             print(f"{name} / k=0: step time {r['step_vs_k0']:.3f}x, peak memory {r['memory_vs_k0']:.3f}x, generation "
-                  f"{r['generate_vs_k0']:.2f}x, scoring {r['scoring_vs_k0']:.2f}x (the proximal pass); generation and "
+                  f"{r['generate_vs_k0']:.2f}x, scoring {r['scoring_vs_k0']:.2f}x (the trainer's pass on the generating "
+                  "weights: b's mismatch on the same weights); generation and "
                   "update overlap 0% (sequential emulation)")
             continue
         line = (f"{name} / TRL: step time {r['step_vs_trl']:.3f}x, peak memory {r['memory_vs_trl']:.3f}x; "
