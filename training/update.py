@@ -93,7 +93,7 @@ class UpdateSettings:
 
 
 def policy_objective(logprobs, entropy, batch, advantages, loss: BoundLoss, beta: float = 0.0,
-                     entropy_coef: float = 0.0, weights=None, keep=None):
+                     entropy_coef: float = 0.0, weights=None):
     """The loss one optimiser step minimises (the verl engine's adapter is tested against this).
 
     loss = policy_loss(logprobs, batch, advantages) + beta * agg(k3 KL to the reference)
@@ -105,16 +105,19 @@ def policy_objective(logprobs, entropy, batch, advantages, loss: BoundLoss, beta
             (needed when entropy_coef > 0); batch: the minibatch (``ref_logprobs`` when beta > 0);
         advantages: (B,) or (B, L).
         loss: the policy loss and its parameters (:class:`training.algorithms.BoundLoss`).
-        weights: (B, L) per-token weights of the policy loss's terms (a rollout correction's ``weights * keep``,
-            :mod:`training.corrections`), applied inside its aggregation
-            (:func:`training.algorithms.aggregation.token_weights`); None: none.
-        keep: (B, L) 0 on the tokens a rollout correction rejected: the KL and entropy terms' per-token weights (so a
-            rejected token adds nothing to any term; the denominators unchanged); None: none.
+        weights: (B, L) per-token weights of the policy loss's terms, applied inside its aggregation
+            (:func:`training.algorithms.aggregation.token_weights`); or a rollout correction
+            (:class:`training.corrections.Correction`): its ``weights * keep`` on the policy loss's terms and its
+            ``keep`` (0 on the tokens it rejected) on the KL and entropy terms, so a rejected token adds nothing to
+            any term (the denominators unchanged); None: none.
     Returns:
         (loss, policy loss term, metrics dict). Inside
         :func:`~training.algorithms.aggregation.over_minibatch` every term is its share of the minibatch's.
     """
     agg_mode, norm = loss.agg_mode, loss.norm_constant
+    keep = None
+    if weights is not None and not isinstance(weights, torch.Tensor):  # a Correction
+        weights, keep = weights.weights * weights.keep, weights.keep
     with token_weights(weights):
         pg_loss, m = loss(logprobs, batch, advantages)
     loss = pg_loss
@@ -301,8 +304,7 @@ def minibatch_step(up: Updater, batch, idx, advantages, first: bool) -> dict:
             corr = correct(s.correction, rows_batch.old_logprobs, b, rows_batch.response_mask, cap=s.correction_cap,
                            lower=s.correction_lower)
         loss, pg, m = policy_objective(lp, ent, rows_batch, adv, up.loss, beta=s.beta, entropy_coef=s.entropy_coef,
-                                       weights=None if corr is None else corr.weights * corr.keep,
-                                       keep=None if corr is None else corr.keep)
+                                       weights=corr)
         if corr is not None:
             m.update(corr.metrics)
         return loss, pg, m

@@ -271,7 +271,7 @@ def test_a_rejected_token_adds_nothing_to_the_loss(tiny):
     lp, _ = compute_logprobs(model, Sequences.of(batch))
     adv = get_advantage_fn("grpo")(batch)[0]
     loss = BoundLoss.named("grpo", {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "loss_agg_mode": "token-mean"})
-    total, _, _ = policy_objective(lp, None, batch, adv, loss, beta=0.05, weights=c.weights * c.keep, keep=c.keep)
+    total, _, _ = policy_objective(lp, None, batch, adv, loss, beta=0.05, weights=c)
     total.backward()
     by_hand = torch.cat([q.grad.flatten() for q in model.parameters()])
     got = torch.cat([gr.flatten() for gr in opt.grads])
