@@ -15,7 +15,8 @@ What a local training run holds (GiB, :class:`MemoryPlan.parts`):
 - ``rollout``: on a GPU the vLLM engine's share (``train.rollout.gpu_memory_utilization`` of the device; asleep
   while the trainer updates, so it competes with the update's transients only, not adds to them); on the CPU its
   copy of the weights and its 2 GiB key/value cache, held throughout; transformers rollouts: their key/value cache
-  and one step's logits;
+  and one step's logits; with overlapped generation (``train.rollout.overlap``, staleness >= 1) one more float32 copy
+  of the weights, held (the policy the step started from, which generates during the update);
 - ``runtime``: what the process holds besides (CPU: Python, torch and the libraries, measured; GPU: the CUDA
   context and allocator slack).
 
@@ -245,6 +246,7 @@ class RunShape:
     group_size: int
     lora_rank: int = 0     # train.lora.rank (0: full fine-tuning)
     lora_targets: tuple = ()
+    generation_copy: bool = False  # train.rollout.overlap with staleness >= 1: a copy of the weights generates
 
     @classmethod
     def of(cls, cfg, device: str | None = None) -> "RunShape":
@@ -268,7 +270,8 @@ class RunShape:
                    checkpointing=bool(t.get("gradient_checkpointing", False)), rollout=str(ro.get("sampler", "auto")),
                    gpu_share=float(ro.get("gpu_memory_utilization", 0.3) or 0.3),
                    prompts_per_step=int(t.prompts_per_step), group_size=int(t.group_size),
-                   lora_rank=lora.rank, lora_targets=lora.targets() if lora.on else ())
+                   lora_rank=lora.rank, lora_targets=lora.targets() if lora.on else (),
+                   generation_copy=bool(ro.get("overlap", False)) and int(ro.get("staleness", 0) or 0) > 0)
 
     @property
     def sequence_tokens(self) -> int:
@@ -323,6 +326,8 @@ def plan_memory(shape: ModelShape, run: RunShape, budget_tokens: int | None, dev
         parts["rollout_held"] = (2.0 if run.bf16 else 4.0) * n / GIB + VLLM_CPU_KV_GB + VLLM_CPU_RUNTIME_GB
     elif run.rollout == "hf":
         parts["rollout_transient"] = hf
+    if run.generation_copy:  # overlapped generation: the weights the step started from, beside the trained ones
+        parts["rollout_held"] += 4.0 * (n + lora) / GIB
     return MemoryPlan(parts, budget, device, device_gb, per_tok / 2**20, shape.name, n,
                       sequence_tokens=run.sequence_tokens)
 

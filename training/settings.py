@@ -44,6 +44,7 @@ class RolloutSettings:
     correction: str
     correction_cap: float
     correction_lower: float | None  # null: 1 / correction_cap (training/corrections.py)
+    overlap: bool = False  # k >= 1: step t+k generated in a background thread during step t's update (docs/staleness.md)
 
 
 @dataclass(frozen=True)

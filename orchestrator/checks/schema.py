@@ -59,6 +59,7 @@ SCHEMA: dict[str, Spec] = {
     "train.precision": S(("auto", "fp32", "bf16")), "train.gradient_checkpointing": B(), "train.keep_state": B(), "train.device": S(pattern=DEVICE),
     "train.rollout.sampler": S(pattern=r"[a-z][a-z0-9_]*"), "train.rollout.dtype": S(("auto", "float32", "bfloat16", "float16")),
     "train.rollout.gpu_memory_utilization": F(0, 1, lo_open=True), "train.rollout.staleness": I(0),
+    "train.rollout.overlap": B(),
     "train.rollout.old_policy": S(("recompute", "behaviour")), "train.rollout.correction": S(pattern=r"[a-z][a-z0-9_]*"),
     # train.rollout.correction: its choices are the registered corrections' names (collect_specs)
     "train.rollout.correction_cap": F(1), "train.rollout.correction_lower": F(0, 1, lo_open=True, null=True),

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 NEUTRAL: dict[str, object] = {
     "train.rollout.staleness": 0,          # on-policy (issue 58)
     "train.rollout.old_policy": "recompute",
+    "train.rollout.overlap": False,
     "train.rollout.correction_lower": None,
 }
 

@@ -200,3 +200,19 @@ def test_declared_needs_are_read_before_any_function_is_fetched():
             "'ref_logprobs'))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["['ref_logprobs']", "kl_beta"], out.stderr[-2000:]
+
+
+def test_overlapped_generation_plans_one_more_copy_of_the_weights():
+    """train.rollout.overlap with staleness >= 1 holds the weights the step started from beside the trained ones: the
+    plan's held rollout memory grows by 4 bytes per parameter (hand computation), and not without staleness."""
+    from orchestrator.checks.preflight import sweep_points
+    from training.memory_plan import GIB, RunShape, model_shape, plan_memory
+
+    [(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke", "train.rollout.sampler=hf"])
+    shape = model_shape(cfg.model)
+    plans = {}
+    for k, overlap in ((1, False), (1, True), (0, True)):
+        c = OmegaConf.merge(cfg, {"train": {"rollout": {"staleness": k, "overlap": overlap}}})
+        plans[(k, overlap)] = plan_memory(shape, RunShape.of(c, "cpu"), None).parts["rollout_held"]
+    assert plans[(1, True)] - plans[(1, False)] == pytest.approx(4.0 * shape.n_params / GIB)
+    assert plans[(0, True)] == plans[(1, False)]

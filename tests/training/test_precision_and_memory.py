@@ -89,6 +89,20 @@ def test_gpu_train_check_script_runs_its_path_on_the_cpu(tmp_path):
     assert '"first_minibatch_ratio_dev": [0.0, 0.0]' in proc.stdout
 
 
+def test_gpu_async_check_script_runs_its_path_on_the_cpu(tmp_path):
+    """scripts/gpu_check_async.py (stale rollouts, emulated and overlapped, for a lent GPU) on the CPU with a small
+    model: its checks pass (the overlapped run draws the emulated run's samples) and the float32 CPU path gives the
+    same loss series to the bit."""
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check_async.py"), "--device", "cpu", "--hidden",
+                           "128", "--layers", "2", "--prompts", "2", "--tokens", "8", "--steps", "3", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "gpu_check_async: OK" in proc.stdout, (proc.stdout[-2000:], proc.stderr[-3000:])
+    import json
+
+    report = json.loads(proc.stdout.split("gpu_check_async: ", 1)[1].splitlines()[0])
+    assert report["overlapped_vs_emulated_max_abs_diff"] and not any(report["overlapped_vs_emulated_max_abs_diff"].values())
+
+
 def test_train_step_benchmark_runs_both_engines_on_the_same_prompts(tmp_path, tiny_cfg):
     """benchmarks/train_step.py on the tiny model (2 steps, 8 tokens): both engines step in turn, each reports
     the split and its own peak memory, with and without LoRA (--lora: the local engine's adapters beside TRL's peft); and TRL's dataset is exactly the prompt sequence the local engine draws."""

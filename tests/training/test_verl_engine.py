@@ -860,3 +860,14 @@ def test_rollout_corrections_map_to_verls_own_and_weigh_the_suites_loss(name, ca
     with token_weights(w):
         want_loss, _ = get_policy_loss_fn(spec["policy_loss"]["name"])(new, batch, adv[:, 0], **spec["policy_loss"]["params"])
     assert float(got) == pytest.approx(float(want_loss), rel=1e-6) and abs(float(got) - float(plain)) > 1e-6
+
+
+@pytest.mark.parametrize("override, match", [
+    ("train.rollout.overlap=true", r"^train\.rollout\.overlap=true: the local engine's overlapped generation"),
+    ("train.rollout.old_policy=behaviour", r"^train\.rollout\.old_policy=behaviour: with engine=verl the old log-probs"),
+])
+def test_local_engine_rollout_keys_are_refused_on_verl_in_one_line(override, match):
+    """Issue 58's keys that only the local engine implements: refused by verl's pre-flight, naming the key."""
+    cfg = _cfg("engine=verl", override)
+    with pytest.raises(ValueError, match=match):
+        V.check_verl_config(cfg)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field, replace
@@ -85,7 +86,7 @@ def validate(cfg) -> list[str]:
     Raises:
         ValueError: gradient checkpointing asked of a model class that does not support it; a rollout sampler that is
             unknown, not installed or cannot sample a policy; a correction without a sampler that returns its own
-            log-probs (one line, naming the key).
+            log-probs; overlapped generation without staleness (one line, naming the key).
     """
     from core.models import model_class
     from core.sampling import SAMPLERS, choose_rollout_sampler, resolve_sampler
@@ -109,6 +110,10 @@ def validate(cfg) -> list[str]:
                          f"with log-probs of its own: set train.rollout.sampler to one of "
                          f"{[k for k, v in SAMPLERS.items() if v.rollout_logprobs]} (it is {name}), or "
                          "train.rollout.staleness >= 1 (then it corrects the staleness)")
+    if s.rollout.overlap and k == 0:
+        raise ValueError("train.rollout.overlap=true with train.rollout.staleness=0: a step's samples come from the "
+                         "weights its update changes, so there is nothing to generate during it; set "
+                         "train.rollout.staleness >= 1 or train.rollout.overlap=false")
     if k >= 1 and old_policy == "recompute" and correction == "none":
         warnings.append(f"train.rollout.staleness={k} with train.rollout.correction=none: the loss's ratio is pi/p (p: "
                         "the policy at the step's start) and ignores that the samples came from a policy up to "
@@ -288,6 +293,7 @@ class LocalRun:
     pending: list = field(default_factory=list)  # (step, metrics) saved with the state but not yet logged
     inflight: "InFlight | None" = None  # a step whose update a stop interrupted (resume finishes it)
     queue: dict = field(default_factory=dict)  # step -> StepRollout generated ahead for it (train.rollout.staleness)
+    ahead: "Ahead | None" = None  # train.rollout.overlap: the generation running during an update
 
     @property
     def seed(self) -> int:
@@ -544,7 +550,18 @@ def _off_policy(conf: RunSettings) -> bool:
     return conf.rollout.staleness > 0 or conf.rollout.old_policy == "behaviour"
 
 
-def generate(run: LocalRun, step: int, version: int | None = None) -> StepRollout:
+@dataclass(frozen=True)
+class GenerationSide:
+    """What a generation samples and scores with: the policy (its trainer pass gives the old, or behaviour,
+    log-probs), the rollout sampler and the reference policy. The run's own (:func:`generate`'s default), or a copy of
+    the weights for a generation that runs during an update (:class:`Ahead`)."""
+
+    model: object
+    rollout: object
+    ref_model: object
+
+
+def generate(run: LocalRun, step: int, version: int | None = None, side: GenerationSide | None = None) -> StepRollout:
     """One step's generation, scoring and advantages: G responses per prompt from the current (old) policy, with
     old log-probs (unless the update fills them); rewards from the verifier (+ DAPO's overlong shaping); with dynamic
     sampling, groups that are all correct or all wrong are dropped and new prompts sampled, for at most
@@ -556,7 +573,8 @@ def generate(run: LocalRun, step: int, version: int | None = None) -> StepRollou
     else the trainer's pass on the generating weights, which for the transformers sampler is the sampler itself) go to
     ``extras["behaviour_logprobs"]``, the engine-vs-trainer mismatch is measured now (same weights on both sides:
     ``ro.generated``), and with ``train.rollout.old_policy=behaviour`` the old log-probs are ``b`` before the
-    estimator reads them."""
+    estimator reads them. ``side``: the policy, sampler and reference it generates with (default: the run's)."""
+    side = side or GenerationSide(run.model, run.rollout, run.ref_model)
     cfg, t_cfg, dyn, overlong = run.cfg, run.cfg.train, run.config.dynamic, run.config.overlong
     G, n_prompts, max_new = int(t_cfg.group_size), int(t_cfg.prompts_per_step), int(t_cfg.max_new_tokens)
     request = RolloutRequest(G, float(t_cfg.temperature), float(t_cfg.top_p), max_new, 0,
@@ -566,9 +584,9 @@ def generate(run: LocalRun, step: int, version: int | None = None) -> StepRollou
     kept, sampled, n_kept, rounds, phases = [], [], 0, 0, {}
     while True:
         batch, _texts = collect_rollouts(
-            run.model, run.tokenizer, run.prompts.next_rows(n_prompts),
-            replace(request, seed=run.seed * 1_000_003 + step * 1_009 + rounds), ref_model=run.ref_model,
-            timings=phases, rollout=run.rollout, scorer=run.scorer)
+            side.model, run.tokenizer, run.prompts.next_rows(n_prompts),
+            replace(request, seed=run.seed * 1_000_003 + step * 1_009 + rounds), ref_model=side.ref_model,
+            timings=phases, rollout=side.rollout, scorer=run.scorer)
         rounds += 1
         if overlong.enabled:
             batch.rewards = batch.rewards + overlong_penalty(
@@ -618,6 +636,76 @@ def _behaviour(run: LocalRun, batch) -> dict:
     if run.config.rollout.old_policy == "behaviour":
         batch.old_logprobs = b.to(batch.old_logprobs.dtype).clone()
     return out
+
+
+class Ahead:
+    """``train.rollout.overlap`` (k >= 1): step t+k's rollout generated in a background thread while step t's update
+    runs, by policy version t as in the emulation: a copy of the weights the step starts from (refreshed at each
+    start; its pass gives the behaviour log-probs and the mismatch, and with transformers it is the sampler), vLLM's
+    engine holding them already (synced after step t-1; the sync after step t waits for this generation). The same
+    prompts, seeds and order as the emulation (the update draws no prompt and nothing from the global random
+    generator), so the same numbers; memory: one more copy of the weights (the memory plan's ``rollout_held``).
+
+    A stop during the update waits for the generation to finish and saves its rollout with the queue (the weights
+    that generated it exist no more once the update has moved on)."""
+
+    def __init__(self, run: LocalRun):
+        from core.sampling import HFRollout
+
+        self.copy = copy.deepcopy(run.model).requires_grad_(False)
+        rollout = run.rollout if run.rollout.name != "hf" else HFRollout(self.copy, run.tokenizer,
+                                                                         run.rollout.token_budget)
+        self.side = GenerationSide(self.copy, rollout, self.copy if run.ref_model is run.model else run.ref_model)
+        self.thread: threading.Thread | None = None
+        self.result: tuple = ()
+        self.waited = 0.0  # seconds the last update waited for the generation (logged: train/overlap_wait_s)
+
+    def start(self, run: LocalRun, step: int) -> bool:
+        """Start generating step ``step + k``'s rollout (when the run has that step and it is not queued) with the
+        weights the step starts from. Returns whether it started."""
+        target = step + run.config.rollout.staleness
+        if target >= int(run.cfg.train.steps) or target in run.queue:
+            return False
+        with torch.no_grad():
+            for mine, theirs in zip(self.copy.state_dict().values(), run.model.state_dict().values()):
+                mine.copy_(theirs)
+        stream = None
+        if run.device.type == "cuda":  # its own CUDA stream (on the update's, the two would run in turn), after the copy
+            stream = torch.cuda.Stream(run.device)
+            stream.wait_stream(torch.cuda.current_stream(run.device))
+
+        def work():
+            try:
+                if stream is None:
+                    ro = generate(run, target, version=step, side=self.side)
+                else:
+                    with torch.cuda.stream(stream):
+                        ro = generate(run, target, version=step, side=self.side)
+                    stream.synchronize()  # its tensors complete before the training thread reads them
+                self.result = (target, ro)
+            except BaseException as e:  # raised in the training thread by join()
+                self.result = (target, e)
+
+        self.thread = threading.Thread(target=work, name=f"rollout-step-{target}", daemon=True)
+        self.thread.start()
+        return True
+
+    def join(self, run: LocalRun) -> None:
+        """Wait for the generation started (if any) and queue its rollout; ``waited``: the seconds waited.
+
+        Raises:
+            Exception: what the generation raised.
+        """
+        t0 = time.perf_counter()
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+            target, out = self.result
+            self.result = ()
+            if isinstance(out, BaseException):
+                raise out
+            run.queue[target] = out
+        self.waited = time.perf_counter() - t0
 
 
 def _consume(run: LocalRun, ro: StepRollout, step: int) -> StepRollout:
@@ -712,6 +800,7 @@ def _train(run: LocalRun, log_metrics, logged_through: int) -> Path:
     n_steps, every, save_every = int(cfg.train.steps), run.config.checkpoint_every, run.config.save_every
     t_open = time.perf_counter()
     run.rollout = _open_rollout(run, n_steps - start_step)
+    run.ahead = Ahead(run) if run.config.rollout.overlap and run.config.rollout.staleness else None
     sampled_s = time.perf_counter() - t_open  # the sampler's start (vLLM's engine), then each step's generation
 
     def save_hf(path: Path) -> None:
@@ -794,7 +883,8 @@ def _rollout_step(run: LocalRun, step: int, flush: Callable[[], None]) -> StepRo
         with abortable():  # a stop request ends generation and scoring at once
             if k == 0:
                 return generate(run, step)
-            for target in range(step, min(step + k, int(run.cfg.train.steps) - 1) + 1):
+            last = step + k - (run.ahead is not None)  # with overlap, step + k is generated during the update
+            for target in range(step, min(last, int(run.cfg.train.steps) - 1) + 1):
                 if target not in run.queue:
                     run.queue[target] = generate(run, target, version=step)
             ro = _consume(run, run.queue[step], step)
@@ -823,7 +913,8 @@ def _update_step(run: LocalRun, ro: StepRollout, step: int, inflight: "InFlight 
             rollout and the update so far (:class:`InFlight`), which the resumed run finishes.
     """
     t_update = time.perf_counter()
-    run.rollout.sleep()  # on a GPU the vLLM engine's memory goes back to the trainer during the update
+    if run.ahead is None or not run.ahead.start(run, step):  # overlap: step + k generated during the update
+        run.rollout.sleep()  # on a GPU the vLLM engine's memory goes back to the trainer during the update
     done, done_metrics = (inflight.done, inflight.metrics) if inflight is not None else (0, None)
     try:
         update_metrics = update_policy(
@@ -831,6 +922,8 @@ def _update_step(run: LocalRun, ro: StepRollout, step: int, inflight: "InFlight 
             UpdateControl(torch.Generator().manual_seed(run.seed * 7919 + step), STOP_REQUESTED.is_set, done,
                           done_metrics)) if ro.batch.batch_size else []
     except UpdateStopped as e:
+        if run.ahead is not None:  # the rollout generating ahead is saved with the queue
+            run.ahead.join(run)
         path = save(run, step - 1, InFlight(step, ro, e.done, e.metrics))
         flush()
         raise Preempted(f"stopped during step {step}'s update on request, after {e.done} of its {e.total} "
@@ -845,11 +938,15 @@ def _update_step(run: LocalRun, ro: StepRollout, step: int, inflight: "InFlight 
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
             run.scheduler.step()
+    waited = 0.0
+    if run.ahead is not None:  # the engine keeps the generating weights until the generation is done
+        run.ahead.join(run)
+        waited = run.ahead.waited
     sync_s = run.rollout.sync(run.model)  # the sampler takes the new weights (vLLM: in place, from memory)
     t_old = sum(m.pop("update_old_logprob_time_s", 0.0) for m in update_metrics)
     ro.phases["logprob_s"] = ro.phases.get("logprob_s", 0.0) + t_old  # the old-log-prob pass is log-prob time
     times = StepTimes(step=time.perf_counter() - t_step, rollout=ro.seconds,
-                      update=time.perf_counter() - t_update - t_old - sync_s,
+                      update=time.perf_counter() - t_update - t_old - sync_s - waited,
                       sync=sync_s if run.rollout.name != "hf" else None, phases=ro.phases)
     return update_metrics, times
 
@@ -864,6 +961,8 @@ def _step_metrics(run: LocalRun, ro: StepRollout, step: int, update_metrics: lis
                            run.config.dynamic.enabled)
     metrics["updated"] = float(bool(ro.batch.batch_size))  # 0: dynamic sampling kept nothing to learn from
     metrics.update(ro.generated)  # off-policy: the mismatch measured on the generating weights, the p-vs-b gap
+    if run.ahead is not None:  # the update's wait for the generation running beside it (0: fully hidden)
+        metrics["overlap_wait_s"] = run.ahead.waited
     if run.config.rollout.staleness > 0:  # steps between the generating policy and the one updated (every sample)
         versions = ro.batch.policy_version if ro.batch.batch_size else torch.tensor([ro.version])
         age = (step - versions).float()

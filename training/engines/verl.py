@@ -155,6 +155,9 @@ def check_verl_config(cfg) -> list[str]:
                          f"{'one_step_off_policy' if k == 1 else 'fully_async_policy'}) on a rollout pool of its own "
                          "GPUs apart from the trainer's, which this engine does not start; use engine=local "
                          "(sequential emulation) or staleness 0")
+    if bool(roll.get("overlap", False)):
+        raise ValueError("train.rollout.overlap=true: the local engine's overlapped generation; verl overlaps only in "
+                         "its async trainers (not wired: see train.rollout.staleness); use engine=local")
     correction = str(roll.get("correction", "none"))
     if correction not in VERL_CORRECTIONS:  # a plug-in's: verl's rollout correction has no counterpart
         raise ValueError(f"train.rollout.correction={correction}: verl's algorithm.rollout_correction has no "
