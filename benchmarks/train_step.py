@@ -82,7 +82,8 @@ def _gate(conn):
         raise _Stop()
 
 
-def _local_worker(conn, args, rollout="hf", packing="auto", lora: int = 0, staleness: int | None = None) -> None:
+def _local_worker(conn, args, rollout="hf", packing="auto", lora: int = 0, staleness: int | None = None,
+                  overlap: bool = False) -> None:
     import tempfile
 
     from training.engines import local
@@ -92,6 +93,7 @@ def _local_worker(conn, args, rollout="hf", packing="auto", lora: int = 0, stale
     if staleness is not None:  # the staleness phase: k steps more, so that every timed step generates a batch
         cfg.train.rollout.staleness = int(staleness)
         cfg.train.steps = int(args.steps) + int(args.staleness)
+        cfg.train.rollout.overlap = bool(overlap)
     real = local._rollout_step
     waited = [0.0]
 
@@ -110,6 +112,7 @@ def _local_worker(conn, args, rollout="hf", packing="auto", lora: int = 0, stale
                             "backward_optimiser": m.get("train/update_backward_time_s", 0.0),
                             "weight_sync": m.get("train/weight_sync_time_s", 0.0),
                             "padding_share": m.get("train/padding_share", 0.0),
+                            "overlap_wait": m.get("train/overlap_wait_s", 0.0),
                             "generated_tokens": m["train/response_length_mean"] * m["train/batch_responses"],
                             "reward_mean": m["train/reward_mean"], "peak_rss_gb": _rss_gb()}))
     run_dir = tempfile.mkdtemp(prefix="rlvr-bench-")
@@ -290,6 +293,8 @@ def main(argv=None) -> int:
                     "layer (learning rate 10x): the local engine's train.lora beside TRL's GRPOTrainer with a peft_config")
     ap.add_argument("--staleness", type=int, default=0, help="also a phase with train.rollout.staleness=K beside K=0 "
                     "(the local engine only, the first rollout sampler and layout; sequential emulation)")
+    ap.add_argument("--overlap", action="store_true", help="with --staleness: also a phase with train.rollout.overlap="
+                    "true beside the emulation at the same K (step K's generation in a thread during the update)")
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args(argv)
     if args.rollout is None:  # vLLM where installed (the suite's choice on the CPU), else transformers
@@ -345,6 +350,21 @@ def main(argv=None) -> int:
                         "generate_vs_k0": s["generate"] / max(b["generate"], 1e-9),
                         "scoring_vs_k0": s["scoring"] / max(b["scoring"], 1e-9), "overlap_share": 0.0}
         steps.update(results)
+    if args.staleness and args.overlap:  # the same K, generated during the update beside generated before it
+        base = f"local, {args.rollout[0]} rollouts, k={args.staleness}"
+        name = f"local, {args.rollout[0]} rollouts, k={args.staleness} overlapped"
+        results, peak = _phase(args, {f"{base} (2nd)": (_local_worker, (args.rollout[0], args.packing[0], 0,
+                                                                         args.staleness)),
+                                      name: (_local_worker, (args.rollout[0], args.packing[0], 0, args.staleness,
+                                                             True))})
+        phase = _summarise(args, results, peak)
+        summary.update(phase)
+        s, b = phase[name], phase[f"{base} (2nd)"]
+        # the share of the generation hidden behind the update: 1 - the update's wait for it / its own time
+        ratios[name] = {"step_vs_emulated": s["total"] / b["total"], "memory_vs_emulated": s["peak_rss_gb"] / b["peak_rss_gb"],
+                        "generate_vs_emulated": s["generate"] / max(b["generate"], 1e-9),
+                        "overlap_share": max(0.0, 1.0 - s["overlap_wait"] / max(s["generate"], 1e-9))}
+        steps.update(results)
     print(f"\nmedian over steps 2-{args.steps} (seconds per RL step; {args.model}, 4 prompts x 8 x {args.max_new_tokens} "
           f"tokens, float32, CPU{', ' + ' '.join(args.local_overrides) if args.local_overrides else ''})")
     print(f"{'engine':<42}{'step':>8}{'generate':>10}{'scoring':>9}{'forward':>9}{'bwd+opt':>9}{'sync':>7}"
@@ -355,6 +375,11 @@ def main(argv=None) -> int:
               f"{s['peak_rss_gb']:>13.2f}{s.get('trainable_params') or 0:>13,}")
     for name, r in ratios.items():
         s = summary[name]
+        if "step_vs_emulated" in r:
+            print(f"{name} / emulated: step time {r['step_vs_emulated']:.3f}x, peak memory {r['memory_vs_emulated']:.3f}x,"
+                  f" generation {r['generate_vs_emulated']:.2f}x its time in turn (it shares the cores with the update); "
+                  f"{100 * r['overlap_share']:.0f}% of it hidden behind the update")
+            continue
         if "step_vs_k0" in r:
             print(f"{name} / k=0: step time {r['step_vs_k0']:.3f}x, peak memory {r['memory_vs_k0']:.3f}x, generation "
                   f"{r['generate_vs_k0']:.2f}x, scoring {r['scoring_vs_k0']:.2f}x (the trainer's pass on the generating "
@@ -384,7 +409,7 @@ def _summarise(args, results: dict, peak: dict) -> dict:
     for name, rows in timed.items():
         summary[name] = {k: statistics.median(r.get(k, 0.0) for r in rows)
                          for k in ("total", "generate", "scoring", "forward", "backward_optimiser", "weight_sync",
-                                   "padding_share")}
+                                   "padding_share", "overlap_wait")}
         done = peak.get(name)
         done = done if isinstance(done, dict) else {"peak_rss_gb": done}
         summary[name]["peak_rss_gb"] = done.get("peak_rss_gb") or max(r["peak_rss_gb"] for r in results[name])
