@@ -17,7 +17,9 @@ forward (and backward) pass holds at most ``budget`` token positions, padding in
 Segments (a prompt and the responses that follow it, at most ``row_tokens`` positions) go into decoder rows padded
 to the widest: as many rows as minimise the positions computed plus attention's share, which grows with a row's width
 (sdpa computes the masked scores too; :func:`balanced_rows`), each row filled to nearly the same width (longest
-segment first into the least-filled row). Rows go into micro-batches; the micro-batches are ordered largest first,
+segment first into the least-filled row); in the tree layout, when it costs less, a prompt's group is cut where a
+row is full and goes on in the next behind its prompt again (:func:`poured_rows`: rows of nearly equal width at the
+price of a repeated prompt, where whole groups of unequal sizes leave padding). Rows go into micro-batches; the micro-batches are ordered largest first,
 so the first pass of a step is its peak (an out-of-memory error shows at step 0). The budget is a hard cap: no micro-batch computes more positions than it (unlike verl's balancing,
 which can overshoot, verl #7272).
 
@@ -147,6 +149,10 @@ def plan(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_mask: tor
     cap = max(longest, int(row_tokens) if budget is None else min(int(row_tokens), int(budget)))
     segs = sorted(_segments(range(B), p, r, keys, cap, layout == "tree"), key=lambda s: (-s.length, s.prompt_row))
     rows, fill = balanced_rows(segs, cap, attention_width if layout == "tree" else float("inf"))
+    if layout == "tree":  # a prompt's group may also be cut between rows (its prompt repeated) to even the rows out
+        poured = poured_rows(range(B), p, r, keys, cap, attention_width)
+        if poured is not None and _row_cost(poured[1], attention_width) < _row_cost(fill, attention_width):
+            rows, fill = poured
     order = sorted(range(len(rows)), key=lambda j: -fill[j])
     out, cur, cur_w = [], [], 0
     for j in order:
@@ -203,6 +209,83 @@ def balanced_rows(segs: list[Segment], cap: int, attention_width: float = ATTENT
     if best is None:  # not reached: one segment per row always fits the cap
         return [[x] for x in segs], [x.length for x in segs]
     return best[1], best[2]
+
+
+def _row_cost(fill: list[int], attention_width: float) -> float:
+    """:func:`balanced_rows`'s estimated cost of rows with these fills: R W (1 + W / ``attention_width``)."""
+    width = max(fill)
+    return len(fill) * width * (1 + width / attention_width)
+
+
+def poured_rows(rows, p: list[int], r: list[int], keys: list[int], cap: int, attention_width: float = ATTENTION_WIDTH
+                ) -> tuple[list[list[Segment]], list[int]] | None:
+    """Tree rows of nearly equal width, the alternative to :func:`balanced_rows` that cuts a prompt's group where a
+    row is full: the groups (largest first, each one's responses longest first) are poured into R rows of at most T
+    positions, a group continuing in the next row behind its prompt again (the repeat is computed, and counted as a
+    computed position, not padding). For each R from the fewest rows that can hold the batch (then 5% more at a
+    time), the smallest T that holds everything (bisection); the R of the lowest cost R T' (1 + T' /
+    ``attention_width``), T' the widest row, searched until it has risen three times. None when no R fits ``cap``.
+
+    Args:
+        rows: the batch rows; p, r: their prompt and response lengths; keys: their prompt identities
+            (:func:`prompt_keys`); cap: the widest a row may be.
+    """
+    import math
+
+    groups: dict[int, list[int]] = {}
+    for i in rows:
+        groups.setdefault(keys[i], []).append(i)
+    order = sorted((sorted(m, key=lambda i: (-r[i], i)) for m in groups.values()),
+                   key=lambda m: (-(p[m[0]] + sum(r[i] for i in m)), m[0]))
+    total = sum(p[m[0]] + sum(r[i] for i in m) for m in order)
+    longest = max(p[i] + r[i] for m in order for i in m)
+    best, rising, n_rows = None, 0, sum(len(m) for m in order)
+    R = max(1, math.ceil(total / cap))
+    while R <= n_rows and rising < 3:
+        lo, hi = max(longest, math.ceil(total / R)), cap  # the smallest width that holds it all (pouring into wider
+        poured = _pour(order, p, r, R, hi) if lo <= hi else None  # rows never needs more of them: bisection)
+        while poured is not None and lo < hi:
+            mid = (lo + hi) // 2
+            tried = _pour(order, p, r, R, mid)
+            if tried is None:
+                lo = mid + 1
+            else:
+                hi, poured = mid, tried
+        if poured is not None:
+            cost = _row_cost(poured[1], attention_width)
+            if best is None or cost < best[0]:
+                best, rising = (cost, *poured), 0
+            else:
+                rising += 1
+        R = max(R + 1, int(R * 1.05))
+    return None if best is None else (best[1], best[2])
+
+
+def _pour(groups: list[list[int]], p: list[int], r: list[int], R: int, width: int
+          ) -> tuple[list[list[Segment]], list[int]] | None:
+    """The groups poured into at most ``R`` rows of at most ``width`` positions (:func:`poured_rows`), or None."""
+    out: list[list[Segment]] = [[]]
+    fill = [0]
+    for members in groups:
+        cur: list[int] = []
+        size = 0
+        for i in members:
+            add = r[i] + (0 if cur else p[i])
+            if fill[-1] + size + add > width:  # the row is full: the group goes on in the next, behind its prompt
+                if cur:
+                    out[-1].append(Segment(cur[0], tuple(cur), size))
+                    fill[-1] += size
+                    cur, size, add = [], 0, r[i] + p[i]
+                if len(out) == R or add > width:
+                    return None
+                out.append([])
+                fill.append(0)
+            cur.append(i)
+            size += add
+        if cur:
+            out[-1].append(Segment(cur[0], tuple(cur), size))
+            fill[-1] += size
+    return out, fill
 
 
 def _largest_first(mbs: list["MicroBatch"]) -> list["MicroBatch"]:

@@ -168,8 +168,33 @@ def test_tree_rows_compute_fewer_positions_than_padded_ones(model64):
     tree = plan(batch.prompt_ids, batch.prompt_mask, batch.response_mask, None, "tree", 512)
     padded = plan(batch.prompt_ids, batch.prompt_mask, batch.response_mask, None, "padded")
     per_group = sum(int(p[k * 8]) + int(r[k * 8:(k + 1) * 8].sum()) for k in range(4))
-    assert sum(m.real for m in tree) == per_group
+    segments = [seg for m in tree for row in m.packed_rows for seg in row]
+    repeats = len(segments) - 4  # a group cut between rows repeats its prompt (core.packing.poured_rows)
+    assert sum(m.real for m in tree) == per_group + sum(int(p[s.prompt_row]) for s in segments) - int(p[::8].sum()) \
+        and repeats >= 0
+    assert all(s.length == int(p[s.prompt_row]) + int(r[list(s.responses)].sum()) for s in segments)
     assert sum(m.tokens for m in tree) < sum(m.tokens for m in padded)
+
+
+def test_poured_rows_cut_a_group_to_even_the_rows_by_hand():
+    """Two prompts of 10 tokens, one with three responses of 40, one with one (180 positions). With attention as dear
+    as the rest of a token's work at 100 positions a row, a plan costs R W (1 + W / 100). Whole groups
+    (core.packing.balanced_rows) give one row of 180 (cost 504) or rows of 130 and 50 (598). Cutting the first group
+    (core.packing.poured_rows, its prompt repeated): two rows of 90 and 100 (400), or four of 50, each response
+    behind its prompt (200 positions, none of them padding: 300), which the plan takes."""
+    from core.packing import poured_rows
+
+    p, r, keys = [10, 10, 10, 10], [40, 40, 40, 40], [1, 1, 1, 2]
+    rows, fill = poured_rows(range(4), p, r, keys, cap=1000, attention_width=100)
+    assert fill == [50, 50, 50, 50]
+    assert sorted((s.responses, s.length) for row in rows for s in row) == [((i,), 50) for i in range(4)]
+    rows2, fill2 = poured_rows(range(4), p, r, keys, cap=100, attention_width=float("inf"))  # positions only:
+    assert fill2 == [90, 100]  # the fewest rows of at most 100 that hold it: two, the first group cut after two
+    assert [[(s.responses, s.length) for s in row] for row in rows2] == [[((0, 1), 90)], [((2,), 50), ((3,), 50)]]
+    prompt_ids = torch.tensor([[5, 5], [5, 5], [5, 5], [6, 6]]).repeat_interleave(5, 1)
+    mbs = plan(prompt_ids, torch.ones(4, 10, dtype=torch.long), torch.ones(4, 40, dtype=torch.long), None, "tree",
+               1000, 100)
+    assert [(m.tokens, m.real, len(m.packed_rows)) for m in mbs] == [(200, 200, 4)]
 
 
 def test_packed_log_probs_equal_one_sequence_at_a_time(model64):
