@@ -334,6 +334,24 @@ class VLLMEngine:
             torch.cuda.empty_cache()
 
 
+KV = "kv_cache_memory_bytes"  # the one engine argument a running engine may differ in and still serve (serves())
+
+
+def serves(engine: "VLLMEngine | None", model_path, dtype: str, kwargs: dict, any_cache: bool = False) -> bool:
+    """Whether the running ``engine`` serves a request for (``model_path``'s architecture, ``dtype``, ``kwargs``):
+    the same key (:func:`engine_key`), except that its key/value cache (``kv_cache_memory_bytes``) may be larger than
+    asked for, or of any size with ``any_cache`` (a caller that did not size it: the evaluation, whose requests vLLM
+    schedules in waves when they do not all fit)."""
+    if engine is None or engine.llm is None:
+        return False
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    mine, theirs = dict(engine.kwargs), dict(kwargs)
+    have, want = mine.pop(KV, None), theirs.pop(KV, None)
+    if engine_key(engine.model_path, engine.dtype, mine) != engine_key(model_path, dtype, theirs):
+        return False
+    return any_cache or have == want or (have is not None and want is not None and int(have) >= int(want))
+
+
 def engine_key(model_path, dtype: str, kwargs: dict) -> str:
     """The sharing key of an engine: architecture and tokenizer (:func:`architecture_key`), dtype, engine arguments."""
     args = json.dumps({k: v for k, v in sorted(kwargs.items()) if v is not None}, sort_keys=True, default=str)
@@ -343,18 +361,18 @@ def engine_key(model_path, dtype: str, kwargs: dict) -> str:
 _SHARED: dict[str, VLLMEngine] = {}
 
 
-def shared_engine(model_path, dtype: str = "float32", kwargs: dict | None = None) -> VLLMEngine:
+def shared_engine(model_path, dtype: str = "float32", kwargs: dict | None = None, any_cache: bool = False) -> VLLMEngine:
     """This process's engine for ``model_path``'s architecture, dtype and engine arguments, holding ``model_path``'s
     weights: the running one with the weights loaded in place when it matches (:func:`engine_key`), else a new one
-    (an engine that does not match is stopped first: one engine per process).
+    (an engine that does not match is stopped first: one engine per process). A running engine with a larger
+    key/value cache than ``kwargs`` asks for, or any with ``any_cache``, serves too (:func:`serves`).
 
     Raises:
         ImportError: vLLM is not installed; FileNotFoundError: a checkpoint without safetensors weights.
     """
     kwargs = {k: v for k, v in (kwargs or {}).items() if v is not None}
-    key = engine_key(model_path, dtype, kwargs)
     engine = _SHARED.get("engine")
-    if engine is not None and engine.key == key and engine.llm is not None:
+    if serves(engine, model_path, dtype, kwargs, any_cache):
         engine.wake_up()
         engine.load_folder(model_path)
         return engine

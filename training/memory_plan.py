@@ -14,7 +14,8 @@ What a local training run holds (GiB, :class:`MemoryPlan.parts`):
   positions x vocabulary);
 - ``rollout``: on a GPU the vLLM engine's share (``train.rollout.gpu_memory_utilization`` of the device; asleep
   while the trainer updates, so it competes with the update's transients only, not adds to them); on the CPU its
-  copy of the weights and its 2 GiB key/value cache, held throughout; transformers rollouts: their key/value cache
+  copy of the weights and its key/value cache (sized for one generation call of the step, at most 2 GiB:
+  :func:`core.sampling.vllm.kv_cache_bytes`), held throughout; transformers rollouts: their key/value cache
   and one step's logits; with overlapped generation (``train.rollout.overlap``, staleness >= 1) one more float32 copy
   of the weights, held (the policy the step started from, which generates during the update);
 - ``runtime``: what the process holds besides (CPU: Python, torch and the libraries, measured; GPU: the CUDA
@@ -47,8 +48,7 @@ GIB = float(2**30)
 CPU_RUNTIME_GB = 1.3
 #: the CUDA context and the caching allocator's slack on a GPU
 GPU_RUNTIME_GB = 1.5
-#: the vLLM CPU engine's key/value cache (core.sampling.vllm_engine_defaults) and its runtime
-VLLM_CPU_KV_GB = 2.0
+#: the vLLM CPU engine's runtime (its key/value cache: sized for the step, core.sampling.vllm.kv_cache_bytes)
 VLLM_CPU_RUNTIME_GB = 1.0
 #: activation floats kept per token and decoder layer, in units of (7 h + 2 kv + 4 i) (see
 #: :func:`activation_bytes_per_token`); fitted to the measured slopes of benchmarks.memory
@@ -317,13 +317,18 @@ def plan_memory(shape: ModelShape, run: RunShape, budget_tokens: int | None, dev
     rows = run.prompts_per_step * run.group_size
     kv_cache = rows * (run.sequence_tokens) * shape.layers * 2 * shape.kv_heads * shape.head_dim * 4.0 / GIB
     hf = kv_cache + 4.0 * rows * shape.vocab / GIB
+    from core.sampling.vllm import kv_cache_bytes
+
+    # the CPU engine's cache, sized for one generation call of the step (training.engines.local._cpu_engine_cache)
+    per_position = 2 * shape.layers * shape.kv_heads * shape.head_dim * (2 if run.bf16 else 4)
+    engine_kv = kv_cache_bytes(per_position, rows, run.sequence_tokens, shape.context or run.sequence_tokens) / GIB
     if run.rollout == "vllm" or (run.rollout == "auto" and device == "cuda"):
         if device == "cuda":
             parts["rollout_transient"] = run.gpu_share * (device_gb or 0.0)
         else:
-            parts["rollout_held"] = (2.0 if run.bf16 else 4.0) * n / GIB + VLLM_CPU_KV_GB + VLLM_CPU_RUNTIME_GB
+            parts["rollout_held"] = (2.0 if run.bf16 else 4.0) * n / GIB + engine_kv + VLLM_CPU_RUNTIME_GB
     elif run.rollout == "auto":  # the CPU's choice is made at start: plan for the larger of the two
-        parts["rollout_held"] = (2.0 if run.bf16 else 4.0) * n / GIB + VLLM_CPU_KV_GB + VLLM_CPU_RUNTIME_GB
+        parts["rollout_held"] = (2.0 if run.bf16 else 4.0) * n / GIB + engine_kv + VLLM_CPU_RUNTIME_GB
     elif run.rollout == "hf":
         parts["rollout_transient"] = hf
     if run.generation_copy:  # overlapped generation: the weights the step started from, beside the trained ones

@@ -28,13 +28,32 @@ def _vllm_missing() -> str | None:
     return None
 
 
+CPU_KV_CACHE_BYTES = 2 << 30  # the CPU engine's key/value cache unless sized (kv_cache_bytes) or set by the user
+CPU_KV_BLOCK = 128  # positions per block of vLLM's CPU cache (vllm.platforms.cpu: block_size 128)
+KV_MARGIN = 1.25
+
+
+def kv_cache_bytes(per_position: int, sequences: int, positions: int, context: int) -> int:
+    """The vLLM CPU engine's key/value cache for one generation call of ``sequences`` sequences of at most
+    ``positions`` positions each (prompt and response), in whole blocks of :data:`CPU_KV_BLOCK` positions, times
+    :data:`KV_MARGIN`; at least one sequence of the whole ``context`` plus a block (vLLM refuses a cache that cannot
+    hold one request of its ``max_model_len``), at most :data:`CPU_KV_CACHE_BYTES` (the fixed reserve it replaces)
+    unless that floor needs more. ``per_position``: 2 (key and value) x layers x key/value heads x head dimension x
+    bytes per number. Bytes."""
+    blocks = lambda n: -(-int(n) // CPU_KV_BLOCK)  # noqa: E731
+    need = int(KV_MARGIN * int(sequences) * blocks(positions) * CPU_KV_BLOCK * int(per_position))
+    floor = (blocks(context) + 1) * CPU_KV_BLOCK * int(per_position)
+    return int(max(min(need, CPU_KV_CACHE_BYTES), floor))
+
+
 def vllm_engine_defaults(on_gpu: bool) -> dict:
     """``vllm.LLM`` keyword arguments this suite sets unless ``eval.vllm`` overrides them.
 
     On a GPU: none (vLLM's own defaults). On the CPU (vLLM's CPU build):
     - ``enforce_eager=True``: no compilation; the engine starts in about 25 s;
     - ``kv_cache_memory_bytes`` 2 GiB: an explicit KV budget in RAM (``gpu_memory_utilization`` is a share
-      of RAM there, and the default 0.92 fails on a shared machine);
+      of RAM there, and the default 0.92 fails on a shared machine); a training run sizes it for its step instead
+      (:func:`kv_cache_bytes`, ``RolloutOptions.engine``);
     - ``enable_chunked_prefill=False``: with chunked prefill, vLLM 0.32's CPU runner rewinds the per-request
       seeded generator of a partially prefilled prompt with ``Generator.set_offset``, which CPU generators do
       not support ("CPU Generator does not use offset"); whole-prompt prefill never takes that path.
@@ -43,7 +62,7 @@ def vllm_engine_defaults(on_gpu: bool) -> dict:
     """
     if on_gpu:
         return {}
-    return {"enforce_eager": True, "kv_cache_memory_bytes": 2 << 30, "enable_chunked_prefill": False}
+    return {"enforce_eager": True, "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES, "enable_chunked_prefill": False}
 
 
 @register_sampler("vllm", missing=_vllm_missing,
@@ -103,7 +122,10 @@ class VLLMSampler:
             engine = dict(engine or {})
             dtype_name = engine.pop("dtype", None) or _DTYPE_NAMES[self.dtype]
             kwargs = {**vllm_engine_defaults(torch.cuda.is_available()), **{k: v for k, v in engine.items() if v is not None}}
-            self.engine = shared_engine(self.model_path, dtype_name, kwargs)
+            # a running engine serves whatever its cache (a training run's, sized for its step): vLLM schedules an
+            # evaluation's requests in waves when they do not fit at once; unless eval.vllm sets the cache
+            self.engine = shared_engine(self.model_path, dtype_name, kwargs,
+                                        any_cache=engine.get("kv_cache_memory_bytes") is None)
             llm = self.engine.llm
         self.llm = llm
         self.tokenizer = llm.get_tokenizer()

@@ -166,3 +166,39 @@ def test_auto_rollout_sampler_weighs_engine_start_against_faster_sampling():
                                "train.rollout.correction=token_tis"])
     with pytest.raises(ValueError, match="train.rollout.correction=token_tis"):
         validate(cfg)
+
+
+def test_the_cpu_engine_cache_is_sized_for_the_step_by_hand():
+    """Issue 59: the vLLM CPU engine's key/value cache holds one generation call of the step (whole 128-position
+    blocks, x 1.25), at least one sequence of the model's context plus a block, at most the 2 GiB it replaces; the
+    README main job's shape on SmolLM2-135M (30 layers, 3 key/value heads of 64, float32: 46,080 bytes a position;
+    32 sequences of 76 + 48 positions; context 8192): 32 x 1 block x 128 x 46,080 x 1.25 = 235,929,600 bytes, below
+    the floor of 65 blocks x 128 x 46,080 = 383,385,600."""
+    from core.sampling.vllm import CPU_KV_CACHE_BYTES, kv_cache_bytes
+
+    per = 2 * 30 * 3 * 64 * 4
+    assert per == 46_080
+    assert kv_cache_bytes(per, 32, 76 + 48, 8192) == 65 * 128 * 46_080 == 383_385_600
+    assert kv_cache_bytes(per, 64, 300, 8192) == int(1.25 * 64 * 3 * 128 * 46_080) == 1_415_577_600  # 3 blocks each
+    assert kv_cache_bytes(per, 4096, 300, 8192) == CPU_KV_CACHE_BYTES  # capped at the old reserve
+    assert kv_cache_bytes(per, 1, 10, 128 * 400) == 401 * 128 * 46_080 > CPU_KV_CACHE_BYTES  # vLLM's floor wins
+
+
+def test_a_running_engine_serves_a_request_for_a_smaller_cache_or_any_when_unsized():
+    """core.vllm_engine.serves: the same architecture, dtype and arguments, except the key/value cache, which may be
+    larger than asked (a training run's sized engine serves a later, smaller need), or anything for a caller that
+    did not size it (the evaluation); a larger request, or another argument, needs a new engine."""
+    from types import SimpleNamespace
+
+    from core import vllm_engine
+
+    path = "tiny-model-id"  # a hub id: its key is the id
+    engine = SimpleNamespace(llm=object(), model_path=path, dtype="float32",
+                             kwargs={"enforce_eager": True, "kv_cache_memory_bytes": 1000})
+    ok = lambda kw, **a: vllm_engine.serves(engine, path, "float32", kw, **a)  # noqa: E731
+    assert ok({"enforce_eager": True, "kv_cache_memory_bytes": 1000})
+    assert ok({"enforce_eager": True, "kv_cache_memory_bytes": 600})
+    assert not ok({"enforce_eager": True, "kv_cache_memory_bytes": 1001})
+    assert ok({"enforce_eager": True, "kv_cache_memory_bytes": 5000}, any_cache=True)
+    assert not ok({"enforce_eager": False, "kv_cache_memory_bytes": 600})
+    assert not vllm_engine.serves(engine, path, "bfloat16", {"enforce_eager": True, "kv_cache_memory_bytes": 600})

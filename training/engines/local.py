@@ -741,10 +741,33 @@ def _open_rollout(run: LocalRun, steps_left: int):
     name, reason, estimate = rollout_choice(run.cfg, sum(p.numel() for p in run.model.parameters()), gpu, steps_left)
     run.choices.rollout = RolloutChoice(name, reason, estimate, gpu,
                                         calibration_factor(name, gpu) if estimate is not None else None)
-    options = RolloutOptions(dtype=_rollout_dtype(run.config, run.device), token_budget=run.scorer.rollout_budget,
+    dtype = _rollout_dtype(run.config, run.device)
+    options = RolloutOptions(dtype=dtype, token_budget=run.scorer.rollout_budget,
                              engine={"gpu_memory_utilization": run.config.rollout.gpu_memory_utilization}
-                             if gpu else {})
+                             if gpu else _cpu_engine_cache(run, dtype))
     return build_rollout(name, run.model, run.tokenizer, model_path(run.cfg.model), options)
+
+
+def _cpu_engine_cache(run: LocalRun, dtype: str) -> dict:
+    """The vLLM CPU engine's key/value cache for this run (``kv_cache_memory_bytes``): ``eval.vllm``'s when the user
+    sets it (the engine is the process's, shared with the evaluation), else sized for one generation call of the
+    step (prompts x group size sequences of the longest training prompt plus ``train.max_new_tokens``:
+    :func:`core.sampling.vllm.kv_cache_bytes`) instead of the fixed 2 GiB; with tool calls (episodes whose length
+    the observations set) the fixed reserve."""
+    from core.sampling.vllm import CPU_KV_CACHE_BYTES, kv_cache_bytes
+    from training.memory_plan import model_shape
+
+    ev = OmegaConf.select(run.cfg, "eval.vllm") or {}
+    if ev.get("kv_cache_memory_bytes") is not None:
+        return {"kv_cache_memory_bytes": int(ev.get("kv_cache_memory_bytes"))}
+    if run.tools:
+        return {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES}
+    t, shape = run.cfg.train, model_shape(run.cfg.model)
+    per_position = 2 * shape.layers * shape.kv_heads * shape.head_dim * (4 if dtype == "float32" else 2)
+    positions = int(run.choices.memory.get("longest_prompt") or run.config.max_prompt_tokens) + int(t.max_new_tokens)
+    context = int(ev.get("max_model_len") or shape.context or positions)
+    return {"kv_cache_memory_bytes": kv_cache_bytes(per_position, int(t.prompts_per_step) * int(t.group_size),
+                                                    positions, context)}
 
 
 def _rollout_dtype(conf: RunSettings, device) -> str:
@@ -778,8 +801,8 @@ def rollout_choice(cfg, n_params: int, gpu: bool, steps: int | None = None) -> t
         if engine is not None:
             kwargs = {**vllm_engine_defaults(gpu), **({"gpu_memory_utilization": conf.rollout.gpu_memory_utilization}
                                                       if gpu else {})}
-            ready = engine.key == vllm_engine.engine_key(model_path(cfg.model), _rollout_dtype(conf, torch.device(
-                "cuda" if gpu else "cpu")), {k: v for k, v in kwargs.items() if v is not None})
+            ready = vllm_engine.serves(engine, model_path(cfg.model), _rollout_dtype(conf, torch.device(
+                "cuda" if gpu else "cpu")), kwargs, any_cache=True)  # (a cache of another size: still no start)
     except (ImportError, OSError):
         ready = False
     plan = RolloutPlan(steps=int(steps if steps is not None else t.steps),
