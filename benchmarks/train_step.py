@@ -21,8 +21,10 @@ suite's from its step metrics. TRL runs with its defaults otherwise (gradient ch
 ``--rollout`` runs the local engine once per rollout sampler (``train.rollout.sampler``: ``vllm``, the process's vLLM
 engine taking the policy's weights in place after each step; ``hf``, transformers ``generate`` on the policy), each in
 its own process beside TRL's. For vLLM it also reports the weight sync's seconds per step and, after the last step,
-raw ``vllm.LLM.generate`` on the same engine, prompts and sampling settings (n = 8 per prompt, temperature 1,
-48 tokens; detokenised, as a user of ``LLM.generate`` gets it): the rollout's generated tokens/s against raw vLLM's.
+raw ``vllm.LLM.generate`` on the same engine doing the work of the rollout's last call (the same token ids, one
+seeded request per prompt with log-probs, no detokenisation: the same samples; each call from an empty prefix cache,
+as a step's is), that call redone, and raw as a user writes it (one unseeded ``SamplingParams``, detokenised): the
+rollout's generated tokens/s in its steps against raw vLLM's on the same work (issue 59's measure).
 TRL's ``use_vllm`` colocate mode is not in the table: on vLLM's CPU build it fails at its first weight sync (the
 docs/performance.md says why).
 """
@@ -104,9 +106,38 @@ def _local_worker(conn, args, rollout="hf", packing="auto", lora: int = 0, stale
         return real(*a, **k)
 
     local._rollout_step = gated
+    last, replays = {}, []  # the rollout's last engine call (vLLM), for raw vLLM to redo after the steps; per step
+    if rollout == "vllm":  # ... and in the main phase, raw vLLM on that step's requests right after them, timed apart
+        from core.sampling.rollout import VLLMRollout
+
+        real_generate = VLLMRollout.generate
+
+        def recorded(self, *a):
+            last.update(rollout=self, args=a)
+            if staleness is not None:
+                return real_generate(self, *a)
+            # raw before the call on every other step, after it on the others: neither side always runs on the
+            # caches the update left (each from an empty prefix cache)
+            first = len(replays) % 2 == 0
+            t0 = time.perf_counter()
+            speed = _raw_same_work(self, a) if first else None
+            replay_s = time.perf_counter() - t0
+            self.engine.llm.reset_prefix_cache()
+            out = real_generate(self, *a)
+            if not first:
+                t0 = time.perf_counter()
+                speed = _raw_same_work(self, a)
+                replay_s = time.perf_counter() - t0
+            replays.append((speed, replay_s))
+            return out
+
+        VLLMRollout.generate = recorded
 
     def report(m, step):
-        conn.send(("step", {"total": m["train/step_time_s"] - waited[0], "generate": m.get("train/generate_time_s", 0.0),
+        raw_speed, replay_s = replays[-1] if replays else (None, 0.0)  # (its time left out of the step's)
+        conn.send(("step", {"total": m["train/step_time_s"] - waited[0] - replay_s,
+                            "generate": m.get("train/generate_time_s", 0.0) - replay_s,
+                            **({"raw_same_work_tokens_per_s": raw_speed} if raw_speed else {}),
                             "scoring": m.get("train/reward_time_s", 0.0) + m.get("train/logprob_time_s", 0.0),
                             "forward": m.get("train/update_forward_time_s", 0.0),
                             "backward_optimiser": m.get("train/update_backward_time_s", 0.0),
@@ -130,32 +161,51 @@ def _local_worker(conn, args, rollout="hf", packing="auto", lora: int = 0, stale
         # finished its steps (not in the staleness phase, whose workers the parent stops at a step's gate)
         conn.send(("ready", None))
         conn.recv()
-        raw = _raw_vllm(cfg)
+        VLLMRollout.generate = real_generate
+        raw = _raw_vllm(last)
     conn.send(("done", {"peak_rss_gb": peak_rss, "trainable_params": trainable, **raw}))
 
 
-def _raw_vllm(cfg, repeats: int = 3) -> dict:
-    """Raw ``vllm.LLM.generate`` on the engine the rollouts used (holding the final policy), on the run's last step's
-    prompts with its sampling settings: generated tokens/s, median of ``repeats`` calls."""
+def _raw_same_work(ro, args) -> float:
+    """Raw ``vllm.LLM.generate`` on a rollout call's requests (:meth:`VLLMRollout.requests`), on the same weights
+    (right after the call, before the update) and from an empty prefix cache, as the call ran: generated tokens/s of
+    the same samples."""
+    ids, params = ro.requests(*args)
+    ro.engine.llm.reset_prefix_cache()
+    t0 = time.perf_counter()
+    outs = ro.engine.llm.generate([{"prompt_token_ids": x} for x in ids], params, use_tqdm=False)
+    return sum(len(c.token_ids) for o in outs for c in o.outputs) / (time.perf_counter() - t0)
+
+
+def _raw_vllm(last: dict, repeats: int = 3) -> dict:
+    """Raw ``vllm.LLM.generate`` doing the work of the run's last rollout call, on the same engine (holding the final
+    policy): the same prompt token ids, one request per prompt with the rollout's seed, the sampled tokens'
+    log-probs, no detokenisation (:meth:`core.sampling.rollout.VLLMRollout.requests`: the same samples); beside it
+    that call itself (``VLLMRollout.generate``: tokenisation, the requests, tensors and texts) and raw as a user writes
+    it (one ``SamplingParams`` for all prompts, no seed, detokenised). Alternating, each call from an empty prefix
+    cache (a step's prompts are new and a sync empties it); medians of ``repeats``: generated tokens/s."""
     from vllm import SamplingParams
 
-    from core import vllm_engine
-    from core.models import load_tokenizer
-    from core.sampling import prompt_texts
+    ro, args = last["rollout"], last["args"]
+    _texts, n, temperature, top_p, max_new, _seed = args
+    llm = ro.engine.llm
+    ids, params = ro.requests(*args)
+    prompts = [{"prompt_token_ids": x} for x in ids]
+    plain = SamplingParams(n=int(n), temperature=float(temperature), top_p=float(top_p), max_tokens=int(max_new))
 
-    engine = vllm_engine.current_engine()
-    t = cfg.train
-    rows = prompt_sequence(cfg)[-int(t.prompts_per_step):]
-    texts = prompt_texts(load_tokenizer(cfg.model), [r["prompt"] for r in rows], True)
-    speeds = []
-    for i in range(repeats):
-        params = SamplingParams(n=int(t.group_size), temperature=float(t.temperature), top_p=float(t.top_p),
-                                max_tokens=int(t.max_new_tokens), seed=1000 + i)
-        t0 = time.perf_counter()
-        outs = engine.llm.generate(texts, params, use_tqdm=False)
-        dt = time.perf_counter() - t0
-        speeds.append(sum(len(c.token_ids) for o in outs for c in o.outputs) / dt)
-    return {"raw_vllm_tokens_per_s": statistics.median(speeds)}
+    def tokens(params_):
+        return sum(len(c.token_ids) for o in llm.generate(prompts, params_, use_tqdm=False) for c in o.outputs)
+
+    calls = {"raw_vllm": lambda: tokens(params), "rollout_call": lambda: int(ro.generate(*args).response_lengths.sum()),
+             "raw_plain": lambda: tokens([plain] * len(prompts))}
+    times, counts = {k: [] for k in calls}, {}
+    for _ in range(repeats):
+        for k, fn in calls.items():
+            llm.reset_prefix_cache()
+            t0 = time.perf_counter()
+            counts[k] = fn()
+            times[k].append(time.perf_counter() - t0)
+    return {f"{k}_tokens_per_s": counts[k] / statistics.median(times[k]) for k in calls}
 
 
 def _trl_worker(conn, args, lora: int = 0) -> None:
@@ -322,7 +372,10 @@ def main(argv=None) -> int:
                                 "memory_vs_trl": s["peak_rss_gb"] / trl["peak_rss_gb"],
                                 "sync_share_of_step": s["weight_sync"] / s["total"]}
             if "raw_vllm_tokens_per_s" in s:
-                r["rollout_vs_raw_vllm"] = s["rollout_tokens_per_s"] / s["raw_vllm_tokens_per_s"]
+                r["rollout_vs_raw_vllm"] = s.get("rollout_vs_raw_same_work",
+                                                 s["rollout_tokens_per_s"] / s["raw_vllm_tokens_per_s"])
+                r["rollout_call_vs_raw_vllm"] = s["rollout_call_tokens_per_s"] / s["raw_vllm_tokens_per_s"]
+                r["raw_vllm_vs_plain"] = s["raw_vllm_tokens_per_s"] / s["raw_plain_tokens_per_s"]
         steps.update({f"{k} (packing {packing})" if k == TRL else k: v for k, v in results.items()})
     if args.lora:  # LoRA: the local engine's adapters beside TRL's, on the first layout and rollout sampler
         full = f"local, {args.rollout[0]} rollouts, packing {args.packing[0]}"
@@ -393,7 +446,12 @@ def main(argv=None) -> int:
             line += (f"; against full fine-tuning: step time {r['step_vs_full']:.3f}x, peak memory "
                      f"{r['memory_vs_full']:.3f}x, weight sync {r['sync_vs_full']:.2f}x")
         if "rollout_vs_raw_vllm" in r:
-            line += (f", raw vLLM {s['raw_vllm_tokens_per_s']:.0f} tokens/s ({r['rollout_vs_raw_vllm']:.2f}x); "
+            line += (f"; {r['rollout_vs_raw_vllm']:.2f}x raw vLLM on each step's requests beside them (median of "
+                     f"{s.get('rollout_vs_raw_steps')}) "
+                     f"(after the steps on the last one's: raw {s['raw_vllm_tokens_per_s']:.0f} tokens/s, the rollout's "
+                     f"call redone {r['rollout_call_vs_raw_vllm']:.2f}x; "
+                     f"raw as a user writes it, unseeded and detokenised, {s['raw_plain_tokens_per_s']:.0f} tokens/s on "
+                     "its own samples); "
                      f"weight sync {100 * r['sync_share_of_step']:.1f}% of the step")
         print(line)
     if args.json:
@@ -418,8 +476,13 @@ def _summarise(args, results: dict, peak: dict) -> dict:
         if rows and "generated_tokens" in rows[0]:
             summary[name]["rollout_tokens_per_s"] = statistics.median(r["generated_tokens"] / max(r["generate"], 1e-9)
                                                                       for r in rows)
-        if "raw_vllm_tokens_per_s" in done:
-            summary[name]["raw_vllm_tokens_per_s"] = done["raw_vllm_tokens_per_s"]
+        if rows and all("raw_same_work_tokens_per_s" in r for r in rows):  # step by step: the same samples
+            per_step = [r["generated_tokens"] / max(r["generate"], 1e-9) / r["raw_same_work_tokens_per_s"] for r in rows]
+            summary[name]["rollout_vs_raw_same_work"] = statistics.median(per_step)
+            summary[name]["rollout_vs_raw_steps"] = [round(x, 3) for x in per_step]
+        for k in ("raw_vllm_tokens_per_s", "rollout_call_tokens_per_s", "raw_plain_tokens_per_s"):
+            if k in done:
+                summary[name][k] = done[k]
     return summary
 
 

@@ -289,14 +289,20 @@ class VLLMRollout:
     def _token_logprobs(c) -> list[float]:
         return [float(d[t].logprob) if d and t in d else 0.0 for t, d in zip(c.token_ids, c.logprobs or [])]
 
+    def requests(self, texts: Sequence[str], n: int, temperature: float, top_p: float, max_new_tokens: int,
+                 seed: int) -> tuple[list[list[int]], list]:
+        """The engine requests :meth:`generate` makes: each text's token ids and its ``SamplingParams`` (``n``
+        samples, seeded from (``seed``, i), the sampled token's log-prob, no detokenisation, stop at EOS)."""
+        ids = [self.tokenizer(t, add_special_tokens=False).input_ids for t in texts]
+        return ids, [self._params(n, temperature, top_p, max_new_tokens, seed * 1_000_003 + i * 10_007)
+                     for i in range(len(ids))]
+
     def generate(self, texts: Sequence[str], n: int, temperature: float, top_p: float, max_new_tokens: int,
                  seed: int) -> Generation:
         """``n`` samples per text, as :func:`generate_responses` lays them out (prompt-major, left-padded prompts,
         right-padded responses, the mask through the first EOS), with ``logprobs`` (B, L)."""
         self.engine.wake_up()
-        ids = [self.tokenizer(t, add_special_tokens=False).input_ids for t in texts]
-        params = [self._params(n, temperature, top_p, max_new_tokens, seed * 1_000_003 + i * 10_007)
-                  for i in range(len(ids))]
+        ids, params = self.requests(texts, n, temperature, top_p, max_new_tokens, seed)
         outs = self.engine.llm.generate([{"prompt_token_ids": x} for x in ids], params, use_tqdm=False)
         greedy = float(temperature) == 0.0
         rows, lps = [], []

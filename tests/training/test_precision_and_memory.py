@@ -129,8 +129,10 @@ def test_train_step_benchmark_runs_both_engines_on_the_same_prompts(tmp_path, ti
     assert 0 <= s["padding_share"] < 0.5  # the tree layout: only the rows' tails are padding
     assert s["rollout_tokens_per_s"] > 0 and r["step_vs_trl"] == pytest.approx(s["total"] / res["summary"][trl_name]["total"])
     if rollout == "vllm":  # the same engine's raw LLM.generate, and the weight sync's share of the step
-        assert s["raw_vllm_tokens_per_s"] > 0 and s["weight_sync"] > 0
-        assert r["rollout_vs_raw_vllm"] == pytest.approx(s["rollout_tokens_per_s"] / s["raw_vllm_tokens_per_s"])
+        assert s["raw_vllm_tokens_per_s"] > 0 and s["weight_sync"] > 0 and s["rollout_call_tokens_per_s"] > 0
+        # issue 59: raw vLLM on each step's own requests right after them (the same samples), step by step
+        assert r["rollout_vs_raw_vllm"] == pytest.approx(s["rollout_vs_raw_same_work"]) and r["rollout_vs_raw_vllm"] > 0
+        assert r["raw_vllm_vs_plain"] > 0
         assert r["sync_share_of_step"] == pytest.approx(s["weight_sync"] / s["total"])
     # LoRA beside TRL's peft LoRA: the same adapters (rank 4 on every linear layer) counted by two trainers, a small
     # share of what full fine-tuning trains; the ratios against full fine-tuning from the same run
@@ -240,3 +242,18 @@ def test_a_dapo_step_that_keeps_no_group_says_so_and_leaves_the_weights(tmp_path
     start, _ = load_policy(cfg.model)
     after, _ = load_checkpoint(ckpt)
     assert all(torch.equal(a, b) for a, b in zip(start.state_dict().values(), after.state_dict().values()))
+
+
+def test_gpu_rollout_check_script_runs_its_path_on_the_cpu(tmp_path):
+    """scripts/gpu_check_rollout.py (benchmarks.sampling --breakdown on a 1.5B-shaped model, for a GPU with vLLM) on
+    vLLM's CPU build with a small model: the rows that make the suite's requests draw the same samples, and the
+    breakdown's table and ratio come out."""
+    from core.sampling import SAMPLERS
+
+    if SAMPLERS["vllm"].missing() is not None:
+        pytest.skip("vLLM is not installed (scripts/install.sh installs its CPU build)")
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check_rollout.py"), "--hidden", "128", "--layers",
+                           "2", "--prompts", "4", "--n", "2", "--max-new-tokens", "8", "--repeats", "1", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0 and "gpu_check_rollout: OK" in proc.stdout, (proc.stdout[-2000:], proc.stderr[-3000:])
+    assert "the suite's rollout / raw vLLM on the same requests: " in proc.stdout
