@@ -116,11 +116,22 @@ method = rec.entropy_method
 forced = VLLMSampler(model_path(cfg), llm=engine.llm, with_entropy=True).sample(prompts, 4, [5, 6, 7], s1)
 print("ENTROPY " + json.dumps([method, [[x["response"], x["mean_token_entropy"]] for g in recorded for x in g],
                                 [[x["response"], x["mean_token_entropy"]] for g in forced for x in g]]))
+# the reproduce promise (issue 59): a prompt's samples depend on its own seed only, not on the batch around it
+comp = VLLMSampler(model_path(cfg), llm=engine.llm, with_entropy=False)
+alone = [comp.sample([p], 4, [sd], s1)[0] for p, sd in zip(prompts, [5, 6, 7])]
+mixed = comp.sample([prompts[2], "Say hi.", prompts[0], prompts[1], "Count to three."], 4, [7, 11, 5, 6, 12], s1)
+other = comp.sample(prompts, 4, [8, 9, 10], s1)
+resp = lambda groups: [[x["response"] for x in g] for g in groups]
+print("COMPOSITION " + json.dumps([resp(recorded), resp(alone), resp([mixed[2], mixed[3], mixed[0]]), resp(other)]))
 # then training rollouts from a policy in memory, on the same engine
 model, tok = load_policy(cfg)
 texts = prompt_texts(tok, ["Compute 1 + 1.", "Compute 20 + 22.", "Name a prime number."], True)
 rollout = build_rollout("vllm", model, tok, model_path(cfg), RolloutOptions(dtype="float32"))
 print("SAME_ENGINE", rollout.engine is engine)
+# the rollout's requests are seeded from (call seed, position): the first prompt's samples whatever follows it
+first = [rollout.generate(texts[:1] + extra, 3, 1.0, 1.0, 8, seed=4).response_ids[:3].tolist()
+         for extra in ([], texts[1:], texts[2:] * 3)]
+print("ROLLOUT_COMPOSITION", all(f == first[0] for f in first))
 enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
 
 
@@ -183,7 +194,8 @@ def test_vllm_greedy_then_rollout_weights_follow_the_policy_after_each_optimiser
     reuses that engine and takes the policy's weights in place after each optimiser step: its greedy continuations
     equal transformers' on the updated policy token for token (float32), its log-probs of those tokens agree to
     1e-4, and the updates (AdamW, lr 1e-2) changed the argmax somewhere, so a stale engine would fail. The same for a
-    LoRA policy on that engine (merged weights pushed after each step)."""
+    LoRA policy on that engine (merged weights pushed after each step). The reproduce promise (issue 59): a prompt's
+    samples do not depend on the batch around it, for the evaluation sampler and the training rollout."""
     import json
 
     import torch
@@ -201,6 +213,11 @@ def test_vllm_greedy_then_rollout_weights_follow_the_policy_after_each_optimiser
     for group in a:
         assert len(group) == 3 and all(x == group[0] for x in group) and 1 <= group[0][1] <= 8
     assert "SAME_ENGINE True" in proc.stdout
+    # the reproduce promise: each prompt's samples the same alone, in a batch of three and mixed into a batch of five
+    # with other prompts in another order (its seed travels with it); other seeds give other samples
+    batch3, alone, mixed, other = json.loads(proc.stdout.split("COMPOSITION ", 1)[1].splitlines()[0])
+    assert alone == batch3 and mixed == batch3 and other != batch3
+    assert "ROLLOUT_COMPOSITION True" in proc.stdout
     method, recorded, forced = json.loads(proc.stdout.split("ENTROPY ", 1)[1].splitlines()[0])
     assert method.endswith("vLLM sampled from (a logits processor; no second pass)")
     assert [r for r, _ in recorded] == [r for r, _ in forced] and len(recorded) == 12  # the same samples
