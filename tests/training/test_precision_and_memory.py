@@ -92,7 +92,8 @@ def test_gpu_train_check_script_runs_its_path_on_the_cpu(tmp_path):
 def test_gpu_async_check_script_runs_its_path_on_the_cpu(tmp_path):
     """scripts/gpu_check_async.py (stale rollouts, emulated and overlapped, for a lent GPU) on the CPU with a small
     model: its checks pass (the overlapped run draws the emulated run's samples) and the float32 CPU path gives the
-    same loss series to the bit."""
+    same loss and gradient-norm series to float tolerance (the update runs beside the generation thread: a CI run's
+    grad norms differed by 6e-10)."""
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check_async.py"), "--device", "cpu", "--hidden",
                            "128", "--layers", "2", "--prompts", "2", "--tokens", "8", "--steps", "3", "--out",
                            str(tmp_path)], capture_output=True, text=True, timeout=600)
@@ -100,7 +101,8 @@ def test_gpu_async_check_script_runs_its_path_on_the_cpu(tmp_path):
     import json
 
     report = json.loads(proc.stdout.split("gpu_check_async: ", 1)[1].splitlines()[0])
-    assert report["overlapped_vs_emulated_max_abs_diff"] and not any(report["overlapped_vs_emulated_max_abs_diff"].values())
+    diffs = report["overlapped_vs_emulated_max_abs_diff"]
+    assert diffs and all(v < 1e-5 for v in diffs.values()), diffs
 
 
 def test_train_step_benchmark_runs_both_engines_on_the_same_prompts(tmp_path, tiny_cfg):
