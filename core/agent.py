@@ -57,14 +57,16 @@ def call_text(turn: str, tool) -> str:
     return head.strip()
 
 
-def hf_continuation(model, tokenizer, temperature: float, top_p: float, stops: Sequence[str]):
+def hf_continuation(model, tokenizer, temperature: float, top_p: float, stops: Sequence[str], seed: int | None = None):
     """A continuation function for :func:`run_episodes` that samples with transformers ``generate`` on ``model``:
-    ``fn(seqs, budgets, turn) -> [(new tokens, None), ...]`` (no log-probs), stopping at ``stops`` or EOS."""
+    ``fn(seqs, budgets, turn) -> [(new tokens, None), ...]`` (no log-probs), stopping at ``stops`` or EOS. Every turn
+    draws from one generator seeded with ``seed`` (:func:`core.sampling.generate.seeded_decoding`), never from
+    torch's global one."""
+    from .sampling.generate import seeded_decoding
+
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id
-    greedy = float(temperature) == 0.0
-    decoding = (dict(do_sample=False, temperature=None, top_p=None, top_k=None) if greedy else
-                dict(do_sample=True, temperature=float(temperature), top_p=float(top_p), top_k=0))
+    decoding = seeded_decoding(temperature, top_p, seed)
 
     @torch.no_grad()
     def cont(seqs: list[list[int]], budgets: list[int], turn: int):
@@ -94,7 +96,7 @@ def model_eos_ids(model, tokenizer) -> list[int]:
 def generate_with_tools(model, tokenizer, texts: Sequence[str], n: int, settings: SamplingSettings, seed: int | None,
                         use: ToolUse) -> Generation:
     """Sample ``n`` episodes per input text with transformers ``generate`` on ``model``, calling ``tools`` along the way
-    (:func:`run_episodes` with :func:`hf_continuation`; ``seed`` seeds torch's generator once).
+    (:func:`run_episodes` with :func:`hf_continuation`; ``seed`` seeds the episodes' one generator).
 
     Args:
         texts: rendered model inputs (:func:`core.sampling.prompt_texts`).
@@ -107,10 +109,8 @@ def generate_with_tools(model, tokenizer, texts: Sequence[str], n: int, settings
     Raises:
         core.tools.ToolUnavailable: a tool's service is gone.
     """
-    if seed is not None:
-        torch.manual_seed(int(seed))
     stops = [t.close_tag for t in use.tools.values()] + [ANSWER_CLOSE]
-    cont = hf_continuation(model, tokenizer, settings.temperature, settings.top_p, stops)
+    cont = hf_continuation(model, tokenizer, settings.temperature, settings.top_p, stops, seed)
     return run_episodes(cont, tokenizer, model_eos_ids(model, tokenizer), texts, n, settings.max_new_tokens, use,
                         device=next(model.parameters()).device)
 

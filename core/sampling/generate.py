@@ -52,6 +52,54 @@ def _shared_prefill(model, input_ids, attention_mask, n: int):
     return cache
 
 
+def seeded_decoding(temperature: float, top_p: float, seed: int | None) -> dict:
+    """The keyword arguments of transformers ``generate`` that sample from a generator of the call's own.
+
+    ``generate`` draws its samples with ``torch.multinomial`` on torch's global generator, which every thread of the
+    process shares: another thread that reseeds it, draws from it or sets its state (a gradient-checkpointed
+    backward's recompute does, twice) changes the samples, as the update beside an overlapped rollout did
+    (``train.rollout.overlap``). So generation runs greedy over scores that :class:`SeededDraw` has made one-hot on
+    its own draw: the same warpers (temperature, then top-p), the same softmax and the same ``multinomial`` on a
+    ``torch.Generator`` seeded with ``seed``, so the draws equal ``generate``'s own after ``torch.manual_seed(seed)``
+    (tests/core/test_models_scoring_sampling.py). Temperature 0 is plain greedy decoding.
+
+    Args:
+        temperature: >= 0 (0 is greedy); top_p: in (0, 1]; seed: None takes a seed drawn from torch's global
+            generator (reproducible after ``torch.manual_seed``, as ``generate`` without a seed is).
+    Returns:
+        ``do_sample``, ``temperature``, ``top_p``, ``top_k`` and, when sampling, ``logits_processor``.
+    """
+    greedy = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+    if float(temperature) == 0.0:
+        return greedy
+    from transformers import LogitsProcessorList
+
+    return {**greedy, "logits_processor": LogitsProcessorList([SeededDraw(temperature, top_p, seed)])}
+
+
+class SeededDraw:
+    """A transformers logits processor that samples the next token itself (see :func:`seeded_decoding`): scores
+    (B, V) -> scores that are 0 at the drawn token and -inf elsewhere, so greedy decoding takes the draw."""
+
+    def __init__(self, temperature: float, top_p: float, seed: int | None):
+        from transformers import TemperatureLogitsWarper, TopPLogitsWarper
+
+        self.warpers = ([TemperatureLogitsWarper(float(temperature))] if float(temperature) != 1.0 else []) + \
+                       ([TopPLogitsWarper(float(top_p))] if float(top_p) < 1.0 else [])
+        # no seed: one drawn from torch's global generator (reproducible under torch.manual_seed, as generate is)
+        self.seed = int(torch.randint(0, 2**62, (1,))) if seed is None else int(seed)
+        self.generator = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.generator is None:  # on the scores' device (where generate keeps its tokens)
+            self.generator = torch.Generator(device=scores.device).manual_seed(self.seed)
+        for warp in self.warpers:
+            scores = warp(input_ids, scores)
+        probs = torch.nn.functional.softmax(scores, dim=-1)
+        token = torch.multinomial(probs, num_samples=1, generator=self.generator)
+        return torch.full_like(scores, float("-inf")).scatter_(1, token, 0.0)
+
+
 @torch.no_grad()
 def generate_responses(model, tokenizer, texts: Sequence[str], n: int, settings: SamplingSettings = SamplingSettings(),
                        seed: int | None = None, with_entropy: bool = False) -> Generation:
@@ -81,21 +129,17 @@ def generate_responses(model, tokenizer, texts: Sequence[str], n: int, settings:
     greedy = float(temperature) == 0.0
     device = next(model.parameters()).device
     enc = tokenizer(list(texts), return_tensors="pt", padding=True, add_special_tokens=False).to(device)
-    if seed is not None:
-        torch.manual_seed(int(seed))
     was_training = model.training
     model.eval()
     inputs = dict(enc)
-    cache = None if greedy else _shared_prefill(model, enc["input_ids"], enc["attention_mask"], int(n))
-    if cache is not None:  # each prompt's prefill once, its cache repeated for the n samples
-        inputs = {"input_ids": enc["input_ids"].repeat_interleave(n, 0),
-                  "attention_mask": enc["attention_mask"].repeat_interleave(n, 0), "past_key_values": cache}
-    decoding = (dict(do_sample=False, temperature=None, top_p=None, top_k=None) if greedy else
-                dict(do_sample=True, temperature=float(temperature), top_p=float(top_p), top_k=0))
+    if not greedy:  # n rows per prompt, prompt-major (as num_return_sequences would lay them out)
+        inputs = {k: v.repeat_interleave(n, 0) for k, v in enc.items()}
+        cache = _shared_prefill(model, enc["input_ids"], enc["attention_mask"], int(n))
+        if cache is not None:  # each prompt's prefill once, its cache repeated for the n samples
+            inputs["past_key_values"] = cache
+    decoding = seeded_decoding(temperature, top_p, seed)
     out = model.generate(
-        **inputs, **decoding, max_new_tokens=int(max_new_tokens),
-        num_return_sequences=1 if cache is not None or greedy else int(n),
-        pad_token_id=tokenizer.pad_token_id, output_logits=with_entropy, return_dict_in_generate=with_entropy,
+        **inputs, **decoding, max_new_tokens=int(max_new_tokens), pad_token_id=tokenizer.pad_token_id, output_logits=with_entropy, return_dict_in_generate=with_entropy,
     )
     model.train(was_training)
     entropy = None

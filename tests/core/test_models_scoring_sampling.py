@@ -198,3 +198,44 @@ def test_each_model_family_runs_the_shared_prompt_scoring_path(family):
             logits = model(input_ids=torch.cat([p, r])[None]).logits[0, len(p) - 1:-1].float()
             want = torch.log_softmax(logits, -1).gather(-1, r[:, None])[:, 0]
             assert torch.allclose(lp[i, :len(r)], want, atol=1e-5), (family, i)
+
+
+def test_transformers_sampling_draws_from_its_own_generator_not_torch_global_one(tiny_policy, monkeypatch):
+    """generate_responses draws from a generator of its own, seeded with the call's seed: its samples equal
+    transformers' own sampling after ``torch.manual_seed(seed)`` (the second method: generate's multinomial on the
+    global generator, the shared prefill off), and they stay the same while another thread reseeds and draws from
+    torch's global generator and runs a gradient-checkpointed backward (its recompute sets the global state back and
+    forth: the update beside an overlapped rollout, train.rollout.overlap; a CI run drew other samples that way)."""
+    import threading
+
+    import core.sampling as cs
+
+    model, tok = tiny_policy
+    texts = cs.prompt_texts(tok, [r["prompt"] for r in ROWS])
+    settings = cs.SamplingSettings(1.0, 0.9, 12)
+    monkeypatch.setattr(cs.generate, "_shared_prefill", lambda *a: None)
+    alone = cs.generate_responses(model, tok, texts, 4, settings, seed=7)
+    enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    torch.manual_seed(7)
+    own = model.generate(**enc, do_sample=True, temperature=1.0, top_p=0.9, top_k=0, max_new_tokens=12,
+                         num_return_sequences=4, pad_token_id=tok.pad_token_id)[:, enc["input_ids"].shape[1]:]
+    assert torch.equal(alone.response_ids, own[:, : alone.response_ids.shape[1]])
+
+    import copy
+
+    from torch.utils.checkpoint import checkpoint
+
+    other = copy.deepcopy(model).train()
+    x = torch.randint(0, 100, (2, 16))
+    box = {}
+    thread = threading.Thread(target=lambda: box.update(g=cs.generate_responses(model, tok, texts, 4, settings, seed=7)))
+    thread.start()
+    i = 0
+    while thread.is_alive():
+        torch.manual_seed(i)
+        torch.rand(1000)
+        out = checkpoint(lambda ids: other(input_ids=ids).logits.float().mean(), x, use_reentrant=False)
+        out.backward()
+        i += 1
+    thread.join()
+    assert i > 0 and torch.equal(box["g"].response_ids, alone.response_ids) and box["g"].texts == alone.texts
