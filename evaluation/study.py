@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from evaluation.metrics.diversity import ucc_at_k
-from evaluation.metrics.modes import paired_bootstrap_ci, paired_bootstrap_ci_over_seeds
+from evaluation.metrics.modes import holm, paired_bootstrap_ci, paired_bootstrap_ci_over_seeds
 from evaluation.metrics.passk import pass_at_k
 
 Z_975 = 1.959963984540054  # standard normal quantiles: two-sided 95%
@@ -147,7 +147,9 @@ def compare_methods(samples: dict, methods: dict, baseline: str, metrics, n_boot
         and ``seed_share`` (its share of the variance), ``prompts_needed`` and ``seeds_needed`` (:func:`prompts_needed`,
         :func:`seeds_needed`: the prompts, or the seeds per method, that would resolve the difference at 80% power,
         the other kept), ``scale_needed`` (m = ((z_0.975 + z_0.8) se / |diff|)^2: prompts and seeds both multiplied
-        by m would), ``n_prompts``, ``n_seeds_a``, ``n_seeds_b``.
+        by m would), ``n_prompts``, ``n_seeds_a``, ``n_seeds_b``, ``p_value`` (two-sided bootstrap p of no
+        difference), ``p_holm`` and ``resolved_holm`` (Holm-Bonferroni over every row of the table: the family is
+        all methods x metrics compared, ``family`` of them; :func:`with_holm`).
     Raises:
         KeyError: an unknown baseline or a run without samples.
     """
@@ -165,7 +167,17 @@ def compare_methods(samples: dict, methods: dict, baseline: str, metrics, n_boot
     out = pd.DataFrame.from_dict(rows, orient="index")
     if len(out):
         out.index = pd.MultiIndex.from_tuples(out.index, names=["method", "metric"])
-    return out
+    return with_holm(out)
+
+
+def with_holm(table: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
+    """``table`` (rows: one family of comparisons, each with a ``p_value``) with ``p_holm`` (Holm-adjusted over all its
+    rows, :func:`evaluation.metrics.modes.holm`), ``resolved_holm`` (p_holm < alpha) and ``family`` (the number of
+    comparisons corrected for)."""
+    if not len(table):
+        return table
+    adj, rejected = holm(table["p_value"].to_numpy(), alpha)
+    return table.assign(p_holm=adj, resolved_holm=rejected, family=int(np.isfinite(table["p_value"]).sum()))
 
 
 def base_curves(samples: dict, methods: dict, base_label: str, ks, n_boot: int = 10_000, seed: int = 0) -> pd.DataFrame:
@@ -174,7 +186,7 @@ def base_curves(samples: dict, methods: dict, base_label: str, ks, n_boot: int =
     Returns:
         index (method, k); columns ``mean`` (the method's pass@k over seeds and prompts), ``base``, ``diff``,
         ``ci_low``, ``ci_high``, ``resolved`` and the other columns of :func:`compare_methods` (the base model is
-        one "seed": evaluated once).
+        one "seed": evaluated once; the Holm family: every method x k of the table).
     Raises:
         KeyError: the base label or a run without samples.
     """
@@ -188,7 +200,7 @@ def base_curves(samples: dict, methods: dict, base_label: str, ks, n_boot: int =
     out = pd.DataFrame.from_dict(rows, orient="index")
     if len(out):
         out.index = pd.MultiIndex.from_tuples(out.index, names=["method", "k"])
-    return out
+    return with_holm(out)
 
 
 def crossings(curves: pd.DataFrame) -> pd.DataFrame:
@@ -275,7 +287,8 @@ def read_manifest(path) -> tuple[dict, dict]:
 
 def formatted(comparisons: pd.DataFrame, baseline: str) -> pd.DataFrame:
     """:func:`compare_methods`' table as the report and docs/study.md show it (strings, 4 decimals): method mean,
-    baseline mean, difference with its 95% CI, resolved, and for an unresolved difference what would resolve it at
+    baseline mean, difference with its 95% CI, resolved, resolved after Holm's correction over the table's
+    comparisons (with the adjusted p), and for an unresolved difference what would resolve it at
     80% power: the prompts with the same seeds, or the seeds per method with the same prompts, or, where the other
     part of the variance alone is too large for either, both scaled together; seeds."""
     c = comparisons
@@ -283,6 +296,9 @@ def formatted(comparisons: pd.DataFrame, baseline: str) -> pd.DataFrame:
         "method mean": c["mean"].map("{:.4f}".format), f"{baseline} mean": c["baseline_mean"].map("{:.4f}".format),
         "difference [95% CI]": [f"{d:+.4f} [{lo:+.4f}, {hi:+.4f}]" for d, lo, hi in zip(c["diff"], c["ci_low"], c["ci_high"])],
         "resolved": c["resolved"].map({True: "yes", False: "no"}),
+        **({f"Holm ({int(c['family'].iloc[0])} comparisons)": [f"{'yes' if r else 'no'} (p={p:.3g})" for r, p in
+                                                               zip(c["resolved_holm"], c["p_holm"])]}
+           if "p_holm" in c and len(c) else {}),
         "to resolve at 80% power": [_to_resolve(r) for _, r in c.iterrows()],
         "seeds": [f"{a} vs {b}" for a, b in zip(c["n_seeds_a"], c["n_seeds_b"])]}, index=c.index)
 
@@ -308,13 +324,15 @@ def _to_resolve(r) -> str:
 
 def formatted_curves(curves: pd.DataFrame) -> pd.DataFrame:
     """:func:`base_curves`' table as shown: rows methods, one column per k, each ``pass@k (difference from the base
-    model [95% CI])``; a first row with the base model's pass@k."""
+    model [95% CI])``, `` *`` where the difference stays resolved after Holm's correction over the table's methods x
+    k; a first row with the base model's pass@k."""
     ks = sorted(set(curves.index.get_level_values("k")))
     rows = {"base model": {f"pass@{k}": f"{curves.xs(k, level='k')['base'].iloc[0]:.4f}" for k in ks}}
     for method in dict.fromkeys(curves.index.get_level_values("method")):
         g = curves.xs(method, level="method")
         rows[method] = {f"pass@{k}": f"{g.loc[k, 'mean']:.4f} ({g.loc[k, 'diff']:+.4f} [{g.loc[k, 'ci_low']:+.4f}, "
-                                      f"{g.loc[k, 'ci_high']:+.4f}])" for k in ks}
+                                      f"{g.loc[k, 'ci_high']:+.4f}]){' *' if g.get('resolved_holm', {}).get(k) else ''}"
+                        for k in ks}
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis("method")
 
 

@@ -104,7 +104,8 @@ def paired_bootstrap_ci_over_seeds(a, b, n_boot: int = 10_000, alpha: float = 0.
     Args:
         a, b: (S_a, P) and (S_b, P) per-prompt values, one row per training seed, columns aligned by prompt.
     Returns:
-        {"diff", "ci_low", "ci_high", "n_prompts", "n_seeds_a", "n_seeds_b"}.
+        {"diff", "ci_low", "ci_high", "n_prompts", "n_seeds_a", "n_seeds_b", "p_value"} (p_value:
+        :func:`bootstrap_p_value` of the replicates).
     Raises:
         ValueError: not two 2-D arrays with the same prompts, or no prompts or seeds.
     """
@@ -122,7 +123,37 @@ def paired_bootstrap_ci_over_seeds(a, b, n_boot: int = 10_000, alpha: float = 0.
     mb = b[sb[:, :, None], idx[:, None, :]].mean(axis=(1, 2))
     lo, hi = np.quantile(ma - mb, [alpha / 2, 1 - alpha / 2])
     return {"diff": float(a.mean() - b.mean()), "ci_low": float(lo), "ci_high": float(hi), "n_prompts": int(P),
-            "n_seeds_a": int(a.shape[0]), "n_seeds_b": int(b.shape[0])}
+            "n_seeds_a": int(a.shape[0]), "n_seeds_b": int(b.shape[0]), "p_value": bootstrap_p_value(ma - mb)}
+
+
+def bootstrap_p_value(replicates) -> float:
+    """Two-sided bootstrap p-value of "no difference" from the replicates of a difference: 2 min(share <= 0,
+    share >= 0), at most 1 (the smallest alpha whose percentile interval excludes 0, up to the quantiles'
+    interpolation; Efron & Tibshirani 1993, sec. 16.4). With B replicates it is no smaller than about 2 / B."""
+    d = np.asarray(replicates, dtype=np.float64)
+    return float(min(1.0, 2.0 * min((d <= 0).mean(), (d >= 0).mean())))
+
+
+def holm(p_values, alpha: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
+    """Holm-Bonferroni step-down correction over one family of m tests (Holm 1979): sort the p-values
+    p_(1) <= ... <= p_(m); the adjusted p_(i) = max_{j <= i} min(1, (m - j + 1) p_(j)); reject where it is < alpha.
+    Controls the family-wise error rate at alpha under any dependence.
+
+    Args:
+        p_values: (m,) p-values (NaN: not a test of the family; kept NaN, not counted in m).
+    Returns:
+        (adjusted p-values, rejected) as arrays of the input's shape.
+    """
+    p = np.asarray(p_values, dtype=np.float64)
+    adj = np.full(p.shape, np.nan)
+    ok = np.flatnonzero(~np.isnan(p))
+    m = len(ok)
+    order = ok[np.argsort(p[ok], kind="stable")]
+    running = 0.0
+    for i, j in enumerate(order):
+        running = max(running, min(1.0, (m - i) * p[j]))
+        adj[j] = running
+    return adj, np.where(np.isnan(adj), False, adj < alpha)
 
 
 def shared_set_disagreement(samples_by_run: dict, baseline: str, same_by_benchmark: dict | None = None,

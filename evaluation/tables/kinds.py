@@ -21,5 +21,5 @@ def kind_table(passk: pd.DataFrame, kinds: dict) -> pd.DataFrame:
 
 
 register_table(MetricTable("kinds", lambda samples, s: kind_table(s.tables["passk"], s.kinds) if s.kinds else None,
-               section="By task kind", columns=("benchmarks", "pass@{k}", "avg@{n}"), rows="kind/{kind}",
-               per_group=False, doc="pass@k and avg@n averaged over the benchmarks of each task kind (unweighted)."))
+               section="By task kind", columns=("benchmarks", "pass@{k}", "avg@{n}", "maj@{k}"), rows="kind/{kind}",
+               per_group=False, doc="pass@k, avg@n and maj@k averaged over the benchmarks of each task kind (unweighted)."))

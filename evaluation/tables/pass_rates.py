@@ -1,8 +1,9 @@
-"""The ``passk`` table: unbiased pass@k and avg@n per benchmark; per-prompt values for paired bootstraps."""
+"""The ``passk`` table: unbiased pass@k, avg@n and maj@k per benchmark; per-prompt values for paired bootstraps."""
 from __future__ import annotations
 
 import pandas as pd
 
+from ..metrics.majority import majority_table
 from ..metrics.passk import pass_at_k, passk_table
 from ..metrics.table_registry import TableSettings, MetricTable, register_table
 
@@ -20,9 +21,15 @@ def per_prompt_values(samples: pd.DataFrame, metric: str = "accuracy") -> pd.Ser
 
 def _passk(samples, s: TableSettings) -> pd.DataFrame:
     table = passk_table(samples, list(s.ks)).rename(columns={"avg@n": f"avg@{s.n}"})
+    if len(table):
+        maj = majority_table(samples, list(s.ks), s.same_answer)
+        maj.loc["mean"] = maj.mean(axis=0)
+        table = table.join(maj)
     table.index.name = "benchmark"
     return table
 
 
-register_table(MetricTable("passk", _passk, section="pass@k", columns=("pass@{k}", "avg@{n}"), summary=("pass@1",),
-               doc="Unbiased pass@k (k in eval.ks) and avg@n (mean accuracy over the n samples) per benchmark."))
+register_table(MetricTable("passk", _passk, section="pass@k", columns=("pass@{k}", "avg@{n}", "maj@{k}"),
+               summary=("pass@1",),
+               doc="Unbiased pass@k (k in eval.ks), avg@n (mean accuracy over the n samples) and maj@k (majority vote "
+                   "over k samples, exact over the k-subsets; evaluation.metrics.majority) per benchmark."))

@@ -49,6 +49,9 @@ def _show(ctx, page) -> None:
     shown_cmp = S.formatted(comp, study_base)
     page.markdown(f"**Against `{study_base}`** ({int(comp['n_prompts'].iloc[0])} prompts; entropy in nats per token):")
     page.table(shown_cmp, "study_comparisons")
+    if "family" in comp:
+        page.note(f"Holm: Holm-Bonferroni over the table's {int(comp['family'].iloc[0])} comparisons (the family: every "
+                  f"method x metric against {study_base}), family-wise error 5%; 'resolved' is each CI alone.")
     if study["base_curves"].empty:
         page.note("No base-model run with samples: no comparison with the base model.")
     else:
@@ -90,7 +93,8 @@ def _base_curves(ctx, page, S, study, methods) -> None:
     page.markdown("Each method's pass@k minus the base model's (paired prompt-bootstrap 95% CI over prompts "
                   "and seeds); below 0 at large k means the curves cross (Yue et al. 2025):")
     page.table(study["crossings"], "study_crossings")
-    page.markdown("pass@k (difference from the base model [95% CI]):")
+    page.markdown("pass@k (difference from the base model [95% CI]; * resolved after Holm-Bonferroni over the "
+                  "table's methods x k):")
     page.table(S.formatted_curves(curves), "study_base_curves")
 
 
@@ -129,7 +133,7 @@ register_section(
     doc="For sweeps that train each method with several seeds (`experiment=cpu_study`, docs/study.md): each method's "
         "mean over seeds and prompts, its difference from the baseline method with a paired prompt-bootstrap 95% CI "
         "pooled over the seeds (prompts resampled together, each method's seeds on their own), whether the CI excludes "
-        "0, and the prompts that would resolve the difference at 80% power with the same seeds (from the prompt part of "
+        "0 and whether it still does after Holm-Bonferroni over the table's comparisons, and the prompts that would resolve the difference at 80% power with the same seeds (from the prompt part of "
         "the spread); then each method's pass@k against the base model's at every k (does the curve cross it, Yue et "
         "al. 2025), and the KL to the reference and the training-inference mismatch over training (mean over seeds, "
         "band: min to max). Every number here is recomputed from the samples by "

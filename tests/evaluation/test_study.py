@@ -156,3 +156,30 @@ def test_the_shown_tables_format_the_numbers_they_are_given(tmp_path, capsys):
     fc = S.formatted_curves(curves)
     assert fc.loc["base model"].tolist() == ["0.4000", "0.9500"]
     assert fc.loc["grpo", "pass@4"] == "0.9000 (-0.0500 [-0.1000, +0.0000])"
+
+
+def test_holm_adjusts_by_hand_and_the_study_table_corrects_over_its_rows():
+    """Holm-Bonferroni by hand: p = (0.01, 0.04, 0.03, 0.005), m = 4; sorted 0.005 x 4 = 0.02, 0.01 x 3 = 0.03,
+    0.03 x 2 = 0.06, 0.04 x 1 = 0.04 -> running max 0.06; so adjusted (0.03, 0.06, 0.06, 0.02) and at 0.05 only the
+    first and last are rejected (raw, all four are). The bootstrap p of replicates (-1, 1, 2, 3): 2 min(1/4, 3/4).
+    The study table's p_holm is Holm over its rows' p-values, its family their number, and its shown column says
+    so."""
+    from evaluation.metrics.modes import bootstrap_p_value, holm
+
+    adj, rej = holm([0.01, 0.04, 0.03, 0.005])
+    assert np.allclose(adj, [0.03, 0.06, 0.06, 0.02]) and rej.tolist() == [True, False, False, True]
+    adj, rej = holm([0.2, np.nan, 0.01])  # NaN is not a test: m = 2
+    assert np.allclose(adj[[0, 2]], [0.2, 0.02]) and np.isnan(adj[1]) and rej.tolist() == [False, False, True]
+    assert bootstrap_p_value([-1, 1, 2, 3]) == 0.5 and bootstrap_p_value([1, 2]) == 0.0
+
+    rng = np.random.default_rng(3)
+    samples = {lab: _samples(rng.integers(0, 2, size=(12, 4)) | (rng.random((12, 4)) < bias))
+               for lab, bias in [("grpo 0", 0), ("grpo 1", 0), ("a 0", 0.6), ("a 1", 0.6), ("b 0", 0.05), ("b 1", 0.05)]}
+    methods = {"grpo": ["grpo 0", "grpo 1"], "a": ["a 0", "a 1"], "b": ["b 0", "b 1"]}
+    comp = S.compare_methods(samples, methods, "grpo", ["pass@1", "pass@2"], n_boot=400)
+    adj, rej = holm(comp["p_value"].to_numpy())
+    assert np.allclose(comp["p_holm"], adj) and comp["resolved_holm"].tolist() == rej.tolist()
+    assert (comp["family"] == 4).all() and (comp["p_holm"] >= comp["p_value"]).all()
+    assert comp.loc[("a", "pass@1"), "resolved"] and comp.loc[("a", "pass@1"), "resolved_holm"]
+    shown = S.formatted(comp, "grpo")
+    assert shown.loc[("a", "pass@1"), "Holm (4 comparisons)"].startswith("yes (p=")
