@@ -101,13 +101,19 @@ def step_checkpoint_dir(run_dir, step: int) -> Path:
     return Path(run_dir) / "checkpoints" / f"step_{int(step)}"
 
 
-def saved_checkpoints(run_dir) -> list[tuple[int, Path]]:
+def validation_checkpoint_dir(run_dir, step: int) -> Path:
+    """``run_dir/val_checkpoints/step_<step>``: the policy after ``step`` completed steps, kept for the validation
+    along training (``train.validate_every``) only: removed once validated, never evaluated on the benchmarks."""
+    return Path(run_dir) / "val_checkpoints" / f"step_{int(step)}"
+
+
+def saved_checkpoints(run_dir, folder: str = "checkpoints") -> list[tuple[int, Path]]:
     """``[(step, path), ...]`` of the complete intermediate checkpoints of a run, by step.
 
     A folder counts once it holds ``config.json`` (a LoRA run's: ``adapter_config.json``); they are written to a
-    temporary folder and renamed.
+    temporary folder and renamed. ``folder="val_checkpoints"``: those of :func:`validation_checkpoint_dir`.
     """
-    root = Path(run_dir) / "checkpoints"
+    root = Path(run_dir) / folder
     out = []
     for d in root.glob("step_*") if root.is_dir() else []:
         try:

@@ -2,6 +2,7 @@
 
     python -m evaluation.recompute SAMPLES.parquet [--ks 1 2 4 8] [--base-samples BASE.parquet] [--out DIR]
     python -m evaluation.recompute --study reports_out/<experiment>/study/runs.json [--out DIR]
+    python -m evaluation.recompute --curves reports_out/<experiment>/curves/runs.json [--out DIR]
 
 Writes one CSV per table to a new folder, ``recomputed/<samples folder name>`` (``-2``, ``-3``, ... when that
 exists; never beside the samples, which sit in a run or MLflow artifact folder whose logged tables must stay as they
@@ -11,7 +12,9 @@ evaluated with another protocol (samples per prompt, response-length cap, prompt
 sampler, dtype and decoding settings, as the ``protocol.json`` beside each file records) is refused unless
 ``--any-protocol``. With --study, the study's comparisons (evaluation.study: every method against the baseline and
 the base model, paired prompt-bootstrap 95% CIs pooled over seeds) from the samples files the report's manifest
-names; CSVs in a new ``<manifest folder>/recomputed`` (or --out), to set beside the report's own. Bad arguments: one
+names; CSVs in a new ``<manifest folder>/recomputed`` (or --out), to set beside the report's own. With --curves, the
+compute-performance curves (evaluation.curves: each validation point's metrics, the sigmoid fits, their intervals
+and differences) from the ``validation.parquet`` files the report's curve manifest names. Bad arguments: one
 line, exit 2, before anything is computed.
 """
 from __future__ import annotations
@@ -30,7 +33,8 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("samples", nargs="?", default=None)
     ap.add_argument("--study", default=None, help="a study manifest (runs.json, written by the report)")
-    ap.add_argument("--n-boot", type=int, default=10_000, help="bootstrap replicates (--study)")
+    ap.add_argument("--curves", default=None, help="a curve manifest (curves/runs.json, written by the report)")
+    ap.add_argument("--n-boot", type=int, default=10_000, help="bootstrap replicates (--study; --curves: the manifest's)")
     ap.add_argument("--markdown", action="store_true", help="--study: also print the tables as docs/study.md shows them")
     ap.add_argument("--ks", type=int, nargs="+", default=None, help="pass@k values (default: powers of two up to n)")
     ap.add_argument("--base-samples", default=None)
@@ -62,6 +66,8 @@ def main(argv=None) -> int:
         return 2
     if args.study:
         return _study(args)
+    if args.curves:
+        return _curves(args)
     if args.samples is None:
         ap.error("give a samples file or --study MANIFEST")
     try:
@@ -159,6 +165,40 @@ def _study(args) -> int:
         if len(tables["base_curves"]):
             print(to_markdown(formatted_curves(tables["base_curves"])) + "\n")
             print(to_markdown(tables["crossings"]) + "\n")
+    return 0
+
+
+def _curves(args) -> int:
+    """The curve section's tables from its manifest, and each validation point's metric tables (``val_metrics.csv``:
+    one row per run and step, the columns the run logged as ``val/<task>/<metric>``)."""
+    import json
+
+    from .curves import curve_tables
+
+    path = Path(args.curves)
+    try:
+        man = json.loads(path.read_text())
+        frames = {lab: pd.read_parquet(path.parent / f) for lab, f in man["validation"].items()}
+    except (OSError, ValueError, KeyError) as e:
+        print(f"error: --curves {args.curves}: not a readable curve manifest ({type(e).__name__}: {e})", file=sys.stderr)
+        return 2
+    tables = curve_tables(frames, man["methods"], man.get("baseline"), man["n_boot"], man["seed"], man["skip"])
+    rows = {}
+    for lab, df in frames.items():
+        for step, g in df.groupby("step", sort=True):
+            n = int(g.groupby(["benchmark", "prompt_id"]).size().min())
+            ks = sorted({1, *[k for k in (2 ** i for i in range(12)) if k <= n]})
+            _, metrics = compute_tables(g.drop(columns=["step", "compute_flops"]), ks)
+            rows[(lab, int(step))] = {"compute_flops": float(g["compute_flops"].iloc[0]),
+                                      **{"val/" + k.removeprefix("eval/"): v for k, v in metrics.items()}}
+    tables["val_metrics"] = pd.DataFrame.from_dict(rows, orient="index").rename_axis(["run", "step"])
+    out = Path(args.out) if args.out else new_folder(path.parent / "recomputed")
+    out.mkdir(parents=True, exist_ok=True)
+    for name, table in tables.items():
+        if name.startswith("_"):
+            continue
+        table.to_csv(out / f"{name}.csv")
+        print(f"== {name}\n{table.round(4).to_string() if len(table) else '(empty)'}\n")
     return 0
 
 

@@ -184,7 +184,8 @@ def run_table(runs: pd.DataFrame, tracking_uri: str | None = None) -> pd.DataFra
 
 
 
-COST_KEYS = ["train/step_time_s", "train/samples_per_s", "train/peak_memory_gb", "train/peak_reserved_gb", "train/gpus"]
+COST_KEYS = ["train/step_time_s", "train/samples_per_s", "train/peak_memory_gb", "train/peak_reserved_gb", "train/gpus",
+             "train/flops", "time/val_s"]
 
 
 
@@ -192,7 +193,8 @@ def cost_table(runs: pd.DataFrame, hist: dict) -> pd.DataFrame:
     """What each run cost (ExPPO's Table 7, TR-GRPO's Table 8): wall time (training and evaluation, s), GPUs, GPU-hours
     (GPUs x wall hours), training steps/s and samples/s (over all logged steps: steps and responses per second of
     step time), peak allocated and peak reserved memory (GiB; on the CPU the process's peak resident set, no
-    reserved figure). ``hist`` holds :data:`COST_KEYS` from :func:`histories`. GPUs: the run's ``train/gpus``
+    reserved figure), the training compute (the sum of ``train/flops``, :mod:`training.compute`) and the validation
+    along training's wall time (the sum of ``time/val_s``; ``train.validate_every``). ``hist`` holds :data:`COST_KEYS` from :func:`histories`. GPUs: the run's ``train/gpus``
     (local engine), else ``engine.n_gpus_per_node x engine.nnodes`` for verl runs. Runs that evaluated another run's
     checkpoint (``rlvr.trained_in``) show their own wall time and no training figures. Empty without trained runs."""
     rows = {}
@@ -210,6 +212,8 @@ def cost_table(runs: pd.DataFrame, hist: dict) -> pd.DataFrame:
         _, alloc = series("train/peak_memory_gb")
         _, reserved = series("train/peak_reserved_gb")
         _, gpus_logged = series("train/gpus")
+        _, flops = series("train/flops")
+        _, val_t = series("time/val_s")
         if gpus_logged is not None and len(gpus_logged):
             gpus = float(np.max(gpus_logged))
         elif params.get("engine.name") == "verl":
@@ -226,6 +230,8 @@ def cost_table(runs: pd.DataFrame, hist: dict) -> pd.DataFrame:
             "samples/s": round(samples / total_t, 2) if total_t == total_t and total_t > 0 else np.nan,
             "peak allocated (GiB)": round(float(np.max(alloc)), 2) if alloc is not None and len(alloc) else np.nan,
             "peak reserved (GiB)": round(float(np.max(reserved)), 2) if reserved is not None and len(reserved) else np.nan,
+            "training FLOPs (est.)": float(np.sum(flops)) if flops is not None and len(flops) else np.nan,
+            "validation (s)": round(float(np.sum(val_t)), 1) if val_t is not None and len(val_t) else np.nan,
             "trained in": str(r["tags"].get(T.TRAINED_IN, ""))[:8] or None,
         }
     table = pd.DataFrame.from_dict(rows, orient="index")
@@ -640,6 +646,22 @@ def study_baseline(methods: dict, trained: pd.DataFrame, baseline: str | None) -
                     return method
     return None
 
+
+
+def eval_seed_note(runs: pd.DataFrame) -> str | None:
+    """A note naming the evaluation (decoding) seeds when the runs compared were evaluated with more than one
+    (``eval.seed``: not part of the protocol, so such runs are compared, each on its own draw); None when all share
+    one (or none is recorded)."""
+    seeds: dict = {}
+    for lab, params in zip(runs["label"], runs["params"]) if len(runs) else []:
+        seed = (params or {}).get("eval.seed")
+        if seed is not None:
+            seeds.setdefault(str(seed), []).append(str(lab))
+    if len(seeds) < 2:
+        return None
+    parts = "; ".join(f"eval.seed={s}: {', '.join(labs)}" for s, labs in sorted(seeds.items()))
+    return (f"The runs compared were evaluated with different decoding seeds ({parts}): their samples are different "
+            "draws, so a difference between them includes the seed's.")
 
 
 def seed_band(hist: dict, methods: dict, key: str) -> dict:

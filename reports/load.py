@@ -243,6 +243,22 @@ def download_samples(tracking_uri: str, runs: pd.DataFrame, dst: Path, problems:
 
 
 
+def download_validation(tracking_uri: str, runs: pd.DataFrame, dst: Path) -> dict:
+    """{run label: path of its ``validation.parquet``} for runs that logged the validation along training
+    (``train.validate_every``, :func:`orchestrator.point.run_evaluation.validate_along`); others left out."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri)
+    out = {}
+    for _, r in runs.iterrows():
+        try:
+            out[r["label"]] = Path(mlflow.artifacts.download_artifacts(
+                run_id=r["run_id"], artifact_path="validation.parquet", dst_path=str(Path(dst) / r["run_id"])))
+        except Exception:
+            continue
+    return out
+
+
 def token_prob_table(tracking_uri: str, runs: pd.DataFrame, top: int = 20) -> pd.DataFrame:
     """TR-GRPO's Fig. 1 as a table: for each run that logged ``token_probs.csv`` (the local engine's per-token
     counts over all training rollouts, :mod:`training.token_probs`), its ``top`` most frequent sampled tokens ranked

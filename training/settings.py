@@ -122,6 +122,7 @@ class RunSettings:
     warmup_steps: int
     checkpoint_every: int
     save_every: int
+    validate_every: int
     max_nonfinite_steps: int
     chat_template: bool
     rollout: RolloutSettings
@@ -147,6 +148,7 @@ class RunSettings:
                    device_memory_gb=None if t.device_memory_gb is None else float(t.device_memory_gb),
                    max_prompt_tokens=int(t.max_prompt_tokens), warmup_steps=int(t.warmup_steps),
                    checkpoint_every=int(t.checkpoint_every or 0), save_every=int(t.save_every or 0),
+                   validate_every=int(t.validate_every or 0),
                    max_nonfinite_steps=int(t.max_nonfinite_steps), chat_template=bool(cfg.model.chat_template),
                    rollout=_record(RolloutSettings, t.rollout),
                    dynamic=_record(DynamicSampling, cfg.algo.get("dynamic_sampling")),

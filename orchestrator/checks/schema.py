@@ -56,6 +56,7 @@ SCHEMA: dict[str, Spec] = {
     "train.betas": L(F(0, 1), min_len=2, max_len=2), "train.weight_decay": F(0), "train.warmup_steps": I(0),
     "train.max_grad_norm": F(0, lo_open=True), "train.max_nonfinite_steps": I(1), "train.temperature": F(0, 10, lo_open=True), "train.top_p": F(0, 1, lo_open=True),
     "train.max_new_tokens": I(1), "train.checkpoint_every": I(0), "train.save_every": I(0, null=True),
+    "train.validate_every": I(0),
     "train.precision": S(("auto", "fp32", "bf16")), "train.gradient_checkpointing": B(), "train.keep_state": B(), "train.device": S(pattern=DEVICE),
     "train.rollout.sampler": S(pattern=r"[a-z][a-z0-9_]*"), "train.rollout.dtype": S(("auto", "float32", "bfloat16", "float16")),
     "train.rollout.gpu_memory_utilization": F(0, 1, lo_open=True), "train.rollout.staleness": I(0),

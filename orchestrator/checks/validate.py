@@ -163,6 +163,12 @@ def _component_checks(cfg) -> tuple[list[str], list]:
         _require(cfg.eval.get("checkpoints", "final") != "all",
                  "eval.select_on=validation with eval.checkpoints=all: the run's benchmark metrics would mix the "
                  "chosen checkpoint's with later ones'; use one or the other")
+    validate_every = int(cfg.train.get("validate_every") or 0)
+    _require(not validate_every or n_val > 0,
+             f"train.validate_every={validate_every}: no validation split; set data.validation_prompts=N (N >= 1 "
+             "training prompts held out of training, a split apart from the evaluation's)")
+    _require(not validate_every or int(cfg.eval.validation.k) <= int(cfg.eval.validation.n),
+             f"eval.validation.k={cfg.eval.validation.k}: larger than eval.validation.n={cfg.eval.validation.n}")
     _require(not cfg.train.get("keep_top_k") or select_on == "validation",
              f"train.keep_top_k={cfg.train.get('keep_top_k')}: checkpoints are ranked on the validation split; set "
              "eval.select_on=validation")

@@ -22,6 +22,7 @@ NEUTRAL: dict[str, object] = {
     "train.rollout.old_policy": "recompute",
     "train.rollout.overlap": False,
     "train.rollout.correction_lower": None,
+    "train.validate_every": 0,             # no validation along training (issue 60)
 }
 
 

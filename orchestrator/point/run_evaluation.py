@@ -126,6 +126,82 @@ def select_on_validation(cfg, run_dir: Path, final: Path, store: tracking.Store 
     return best_step, Path(best)
 
 
+VALIDATION_SERIES = "validation.parquet"
+
+
+def _compute_before(store: tracking.Store, steps) -> dict[int, float]:
+    """{step: the training compute spent before the policy of ``step`` (the sum of ``train/flops`` of the steps
+    before it, from the active run's history)}."""
+    import mlflow
+
+    hist = store.metric_history(mlflow.active_run().info.run_id, "train/flops")
+    per_step = {int(m.step): float(m.value) for m in hist}
+    return {s: float(sum(v for st, v in per_step.items() if st < s)) for s in steps}
+
+
+def validate_along(cfg, run_dir: Path, final: Path, store: tracking.Store | None = None) -> Path | None:
+    """The validation along training (``train.validate_every = N > 0``, docs/curves.md): the policy at steps 0 (the
+    starting model), N, 2N, ... and the final one, each evaluated on the validation split
+    (``data.validation_prompts`` training prompts held out of training) with ``eval.validation.n`` samples per prompt,
+    ks 1 and ``eval.validation.k``, by the evaluation's sampler and seed (the sweep's protocol; the training's own
+    random streams are untouched: it runs after training, on the policies the local engine kept in
+    ``run_dir/val_checkpoints``, each removed once validated). Each point's metrics are logged at its step as
+    ``val/<task>/<metric>`` (``pass_at_1``, ``maj_at_k``, ...) with ``val/compute_flops`` (the training compute spent
+    before it, :mod:`training.compute`) and ``time/val_s``; every point's samples, with ``step`` and
+    ``compute_flops`` columns, go to one ``validation.parquet`` artifact (the report's curve section and
+    ``python -m evaluation.recompute --curves`` read it). Resumable: a point whose metrics were logged is not logged
+    again.
+
+    Returns:
+        the ``validation.parquet`` path, or None when the key is 0.
+    """
+    import time
+
+    import pandas as pd
+
+    from core.lifecycle import saved_checkpoints
+    from core.models import model_path
+    from core.tasks import load_prompts
+    from evaluation.pipeline import EvalJob, evaluate_checkpoint
+
+    every = int(cfg.train.get("validate_every") or 0)
+    if not every:
+        return None
+    store = store or tracking.Store()
+    steps, n, k = int(cfg.train.steps), int(cfg.eval.validation.n), int(cfg.eval.validation.k)
+    task = str(cfg.data.name)
+    rows = {task: load_prompts(cfg.data, "validation")}
+    vcfg = OmegaConf.merge(cfg.eval, {"benchmarks": [task], "n": n, "ks": sorted({1, k}), "decoding": None,
+                                      "extra_temperatures": [], "entropy": False, "max_prompts": None})
+    kept = dict(saved_checkpoints(run_dir)) | dict(saved_checkpoints(run_dir, "val_checkpoints"))
+    points = [(0, Path(model_path(cfg.model)))] + [(s, kept.get(s)) for s in range(every, steps, every)] + [(steps, Path(final))]
+    compute = _compute_before(store, [s for s, _ in points])
+    chat = bool(cfg.model.get("chat_template", True))
+    frames = []
+    for step, path in points:
+        out_dir = run_dir / "validation" / f"step_{step}"
+        done = out_dir / ".val_logged"
+        if path is None and not done.exists():
+            log.warning("validation: no policy kept for step %d (%s): the point is left out", step, run_dir)
+            continue
+        if not done.exists():
+            t0 = time.time()
+            job = EvalJob(vcfg, chat_template=chat, tools_cfg=cfg.get("tools"), rows=rows)
+            metrics, _, _ = evaluate_checkpoint(path, job, out_dir, temperatures=False)
+            val = {"val/" + key.removeprefix("eval/"): v for key, v in metrics.items() if key.startswith("eval/")}
+            store.log_metrics(val | {"val/compute_flops": compute[step], "time/val_s": time.time() - t0}, step)
+            done.write_text(str(step))
+            log.info("validation: step %d pass@1 %.4f (%d prompts x %d samples, %.3g FLOPs before it)", step,
+                     val.get(f"val/{task}/pass_at_1", float("nan")), len(rows[task]), n, compute[step])
+        if path is not None and path.parent.name == "val_checkpoints":
+            shutil.rmtree(path, ignore_errors=True)
+        frames.append(pd.read_parquet(out_dir / "samples.parquet").assign(step=step, compute_flops=compute[step]))
+    series = run_dir / VALIDATION_SERIES
+    pd.concat(frames, ignore_index=True).to_parquet(series)
+    store.log_artifact(series)
+    return series
+
+
 def _log_files(store: tracking.Store, files: dict, prefix: str | None) -> None:
     for rel, f in files.items():
         sub = str(Path(rel).parent)
@@ -154,6 +230,7 @@ def evaluate_run(cfg, run_dir: Path, final: Path, heldout, base=None, store: tra
     store = store or tracking.Store()
     final_metrics, evaluated = {}, []
     final_step, protocol = None, None
+    validate_along(cfg, run_dir, final, store)
     if str(cfg.eval.get("select_on", "final")) == "validation":
         final_step, final = select_on_validation(cfg, run_dir, final, store)
     for step, path, out_dir, is_final in checkpoints_to_evaluate(cfg, run_dir, final, final_step):

@@ -35,8 +35,9 @@ from tqdm.auto import trange
 
 from core.lora import LoraSettings, adapter_state, attach, has_adapters, save_adapter, trainable_count
 from core.lifecycle import (STOP_REQUESTED, Preempted, StepAborted, abortable, final_checkpoint_dir, save_atomically,
-                            step_checkpoint_dir)
+                            step_checkpoint_dir, validation_checkpoint_dir)
 from core.models import load_policy
+from training.compute import ComputeModel
 from core.progress import LineProgress
 from core.scoring import Scorer, Sequences, choose_layout
 from core.tasks import load_prompts
@@ -294,6 +295,7 @@ class LocalRun:
     inflight: "InFlight | None" = None  # a step whose update a stop interrupted (resume finishes it)
     queue: dict = field(default_factory=dict)  # step -> StepRollout generated ahead for it (train.rollout.staleness)
     ahead: "Ahead | None" = None  # train.rollout.overlap: the generation running during an update
+    compute: ComputeModel | None = None  # the step's estimated FLOPs (training/compute.py)
 
     @property
     def seed(self) -> int:
@@ -342,10 +344,12 @@ def setup(cfg, run_dir: Path, tools: dict, choices: EngineChoices | None = None)
     settings = UpdateSettings.from_config(cfg, defer_old)
     if _proximal_in_update(conf, "old_logprobs" in needs_of("advantage", algo.advantage.name, adv_params)):
         settings = replace(settings, align_old=True)  # p: the update's own passes before its first optimiser step
+    compute = ComputeModel(sum(p.numel() for p in model.parameters()), lora.on, conf.gradient_checkpointing,
+                           int(t_cfg.ppo_epochs))
     return LocalRun(cfg, Path(run_dir), device, model, tokenizer, ref_model, optimizer, scheduler,
                     PromptOrder(prompts, int(cfg.seed)), get_advantage_fn(algo.advantage.name), adv_params,
                     BoundLoss.named(algo.policy_loss.name, _params(algo.policy_loss)),
-                    settings, scorer, conf, choices, tools=tools)
+                    settings, scorer, conf, choices, tools=tools, compute=compute)
 
 
 def _proximal_in_update(conf: RunSettings, estimator_reads_old: bool) -> bool:
@@ -821,6 +825,7 @@ def _train(run: LocalRun, log_metrics, logged_through: int) -> Path:
     cfg = run.cfg
     start_step = resume(run, log_metrics, logged_through)
     n_steps, every, save_every = int(cfg.train.steps), run.config.checkpoint_every, run.config.save_every
+    validate_every = run.config.validate_every
     t_open = time.perf_counter()
     run.rollout = _open_rollout(run, n_steps - start_step)
     run.ahead = Ahead(run) if run.config.rollout.overlap and run.config.rollout.staleness else None
@@ -868,6 +873,8 @@ def _train(run: LocalRun, log_metrics, logged_through: int) -> Path:
         # ---- checkpoints and state: the kept policy first, then the state (with these metrics), then the tracker
         if save_every and (step + 1) % save_every == 0 and step + 1 < n_steps:  # a trajectory point (the last is final)
             save_atomically(step_checkpoint_dir(run.run_dir, step + 1), save_hf)
+        elif validate_every and (step + 1) % validate_every == 0 and step + 1 < n_steps:  # validated, then removed
+            save_atomically(validation_checkpoint_dir(run.run_dir, step + 1), save_hf)
         stop = STOP_REQUESTED.is_set()
         saved = stop or (every and ((step + 1) % every == 0 or step == n_steps - 1))
         if saved:
@@ -983,6 +990,10 @@ def _step_metrics(run: LocalRun, ro: StepRollout, step: int, update_metrics: lis
     metrics = step_metrics(ro, seen, update_metrics, times, run.scheduler.get_last_lr()[0], run.device,
                            run.config.dynamic.enabled)
     metrics["updated"] = float(bool(ro.batch.batch_size))  # 0: dynamic sampling kept nothing to learn from
+    proximal = (run.config.rollout.old_policy == "recompute" and ro.version < step
+                and "old_logprobs" in needs_of("advantage", run.cfg.algo.advantage.name, run.adv_params))
+    metrics["flops"] = run.compute.step_flops(  # the step's estimated compute (training/compute.py)
+        ro.sampled, ro.batch, int(not run.settings.deferred_old) + int(run.ref_model is not None) + int(proximal))
     metrics.update(ro.generated)  # off-policy: the mismatch measured on the generating weights, the p-vs-b gap
     if run.ahead is not None:  # the update's wait for the generation running beside it (0: fully hidden)
         metrics["overlap_wait_s"] = run.ahead.waited

@@ -147,6 +147,10 @@ def check_verl_config(cfg) -> list[str]:
         raise ValueError(f"train.lora.dropout={lora.dropout}: verl's FSDP LoRA has no adapter dropout; set 0 with engine=verl")
     if lora.on and float(lora.alpha) != int(lora.alpha):
         raise ValueError(f"train.lora.alpha={lora.alpha}: verl takes an integer lora_alpha; set a whole number")
+    if int(t.get("validate_every") or 0):
+        raise ValueError(f"train.validate_every={t.validate_every}: the validation along training needs the local "
+                         "engine's kept policies and compute count (verl's own periodic validation, trainer.test_freq, "
+                         "is not wired); use engine=local")
     roll = t.get("rollout") or {}
     k, old_policy = int(roll.get("staleness", 0) or 0), str(roll.get("old_policy", "recompute"))
     if k >= 1:  # verl.experimental.one_step_off_policy (k = 1) and fully_async_policy (k >= 2) are not wired
