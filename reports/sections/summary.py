@@ -56,6 +56,9 @@ def summary_table(ctx) -> tuple[pd.DataFrame, list[str]]:
         for run, b in diffs.attrs.get("refused", {}).items():
             notes.append(f"{run} is not compared with {b}: evaluated under another protocol "
                          f"({R.protocol_difference(ctx.runs, run, b)}).")
+    seeds = R.eval_seed_note(shown)
+    if seeds:
+        notes.append(seeds)
     return table, notes
 
 

@@ -123,6 +123,19 @@ mixed = comp.sample([prompts[2], "Say hi.", prompts[0], prompts[1], "Count to th
 other = comp.sample(prompts, 4, [8, 9, 10], s1)
 resp = lambda groups: [[x["response"] for x in g] for g in groups]
 print("COMPOSITION " + json.dumps([resp(recorded), resp(alone), resp([mixed[2], mixed[3], mixed[0]]), resp(other)]))
+# the evaluation seed reaches vLLM through the evaluation's path (eval.seed -> each prompt's seed -> its request)
+import tempfile
+from pathlib import Path
+from evaluation.pipeline import Draw, sample_benchmarks
+rows = {"arithmetic": [{"id": "a", "prompt": "Compute 3 + 4.", "gold": "7", "task": "arithmetic"},
+                       {"id": "b", "prompt": "Compute 12 + 30.", "gold": "42", "task": "arithmetic"}]}
+tmp = Path(tempfile.mkdtemp())
+evals = []
+for i, seed in enumerate((0, 0, 1)):
+    (tmp / str(i)).mkdir()
+    df = sample_benchmarks(comp, rows, Draw(4, seed, 4, s1), tmp / str(i) / "samples.parquet")
+    evals.append(df.sort_values(["prompt_id", "sample_idx"])["response"].tolist())
+print("EVAL_SEED " + json.dumps([evals[0] == evals[1], evals[0] != evals[2], len(evals[0])]))
 # then training rollouts from a policy in memory, on the same engine
 model, tok = load_policy(cfg)
 texts = prompt_texts(tok, ["Compute 1 + 1.", "Compute 20 + 22.", "Name a prime number."], True)
@@ -195,7 +208,8 @@ def test_vllm_greedy_then_rollout_weights_follow_the_policy_after_each_optimiser
     equal transformers' on the updated policy token for token (float32), its log-probs of those tokens agree to
     1e-4, and the updates (AdamW, lr 1e-2) changed the argmax somewhere, so a stale engine would fail. The same for a
     LoRA policy on that engine (merged weights pushed after each step). The reproduce promise (issue 59): a prompt's
-    samples do not depend on the batch around it, for the evaluation sampler and the training rollout."""
+    samples do not depend on the batch around it, for the evaluation sampler and the training rollout; through the
+    evaluation's path, the same eval.seed draws the same samples from vLLM and another seed other ones (issue 60)."""
     import json
 
     import torch
@@ -218,6 +232,7 @@ def test_vllm_greedy_then_rollout_weights_follow_the_policy_after_each_optimiser
     batch3, alone, mixed, other = json.loads(proc.stdout.split("COMPOSITION ", 1)[1].splitlines()[0])
     assert alone == batch3 and mixed == batch3 and other != batch3
     assert "ROLLOUT_COMPOSITION True" in proc.stdout
+    assert json.loads(proc.stdout.split("EVAL_SEED ", 1)[1].splitlines()[0]) == [True, True, 8]  # eval.seed reaches vLLM
     method, recorded, forced = json.loads(proc.stdout.split("ENTROPY ", 1)[1].splitlines()[0])
     assert method.endswith("vLLM sampled from (a logits processor; no second pass)")
     assert [r for r, _ in recorded] == [r for r, _ in forced] and len(recorded) == 12  # the same samples
