@@ -16,7 +16,8 @@ from tests.e2e.test_presets import _run_twins_script
 
 TWIN = ["model=tiny-random", "study_arm=grpo,quatro_d0.1", "train.steps=2", "train.save_every=1",
         "train.prompts_per_step=2", "train.group_size=4", "train.minibatch_size=8", "train.max_new_tokens=16",
-        "eval.max_prompts=4", "eval.n=4", "eval.ks=[1,2,4]", "eval.flip_k=2", "eval.max_new_tokens=16"]
+        "eval.max_prompts=4", "eval.n=4", "eval.ks=[1,2,4]", "eval.flip_k=2", "eval.max_new_tokens=16",
+        "train.validate_every=1", "data.validation_prompts=4", "eval.validation.n=2", "eval.validation.k=2"]
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +37,11 @@ def test_the_twin_trains_each_method_with_two_seeds_and_reports_the_study(twin):
         assert (study / name).is_file(), name
     html = (cwd / "reports_out" / "cpu_study" / "latest" / "report.html").read_text()
     assert "Study: methods over seeds against the baseline and the base model" in html
+    assert "Holm (4 comparisons)" in html  # QUATRO x 4 metrics against GRPO: one family (issue 60)
+    # the preset validates along training: each run's validation at steps 0, 1, 2, drawn against compute
+    assert "Compute-performance curves (validation along training)" in html
+    curves = json.loads((cwd / "reports_out" / "cpu_study" / "latest" / "curves" / "runs.json").read_text())
+    assert curves["methods"] == {"grpo": ["grpo seed=0", "grpo seed=1"], "quatro": ["quatro seed=0", "quatro seed=1"]}
     # the preset's paper tables (run_twin checked each is non-empty): titled, first
     assert html.index('id="paper-training_seeds"') < html.index("Study: methods over seeds")
     assert (cwd / "reports_out" / "cpu_study" / "latest" / "figures" / "study_base_crossing.png").is_file()
