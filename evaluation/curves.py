@@ -381,7 +381,8 @@ def write_manifest(path, files: dict, methods: dict, baseline: str | None, n_boo
 def curve_tables(frames: dict, methods: dict, baseline: str | None, n_boot: int = 200, seed: int = 0,
                  skip: float = SKIP) -> dict:
     """Everything the report's curve section shows, from the runs' validation samples: ``points`` (per run and step:
-    compute, pass@1 and its per-prompt standard error), ``fits`` (:func:`fit_table`), ``differences``
+    compute, pass@1 and its per-prompt standard error), ``fits`` (:func:`fit_table`: one row per method, its seeds
+    pooled), ``run_fits`` (one row per run of the methods with several seeds; empty otherwise), ``differences``
     (:func:`compare_fits` against ``baseline``; empty without one or without two fits) and the :class:`Fit` objects
     (``_fits``)."""
     series = validation_series(frames)
@@ -389,5 +390,8 @@ def curve_tables(frames: dict, methods: dict, baseline: str | None, n_boot: int 
                                                         se=("value", lambda v: v.std(ddof=1) / np.sqrt(len(v))),
                                                         prompts=("value", "size"))
     fits = fit_methods(series, methods, n_boot, seed, skip)
+    runs = {run: [run] for labels in methods.values() if len(labels) > 1 for run in labels}
+    run_fits = fit_table(fit_methods(series, runs, n_boot, seed, skip)) if runs else pd.DataFrame()
     diffs = compare_fits(fits, baseline) if baseline in fits else pd.DataFrame()
-    return {"points": pts, "fits": fit_table(fits), "differences": diffs, "_fits": fits}
+    return {"points": pts, "fits": fit_table(fits), "run_fits": run_fits.rename_axis("run"), "differences": diffs,
+            "_fits": fits}

@@ -37,7 +37,7 @@ def _show(ctx, page) -> None:
     out = Path(ctx.work_dir) / "curves"
     K.write_manifest(out / "runs.json", files, methods, baseline)
     tables = K.curve_tables(frames, methods, baseline)
-    for name in ("points", "fits", "differences"):
+    for name in ("points", "fits", "run_fits", "differences"):
         tables[name].to_csv(out / f"{name}.csv")
     seeds = R.eval_seed_note(ctx.done[ctx.done["label"].isin(list(frames))])
     if seeds:
@@ -56,6 +56,13 @@ def _show(ctx, page) -> None:
                   "prompt and seed bootstrap 95% intervals; the extrapolation check fits the first half of the compute "
                   "and predicts the second):")
     page.table(shown, "curve_fits")
+    if len(tables["run_fits"]):
+        runs = tables["run_fits"]
+        page.markdown("Each run on its own (its seed's points only):")
+        page.table(pd.DataFrame({"A [95% CI]": [_ci(r, "A", "{:.3f}") for _, r in runs.iterrows()],
+                                 "B [95% CI]": [_ci(r, "B", "{:.2f}") for _, r in runs.iterrows()],
+                                 "C_mid (FLOPs) [95% CI]": [_ci(r, "C_mid", "{:.3g}") for _, r in runs.iterrows()],
+                                 "note": runs["note"]}, index=runs.index), "curve_run_fits")
     diffs = tables["differences"]
     if len(diffs):
         page.markdown(f"Against `{baseline}` (paired over the validation prompts; 95% intervals):")

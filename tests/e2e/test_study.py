@@ -42,6 +42,9 @@ def test_the_twin_trains_each_method_with_two_seeds_and_reports_the_study(twin):
     assert "Compute-performance curves (validation along training)" in html
     curves = json.loads((cwd / "reports_out" / "cpu_study" / "latest" / "curves" / "runs.json").read_text())
     assert curves["methods"] == {"grpo": ["grpo seed=0", "grpo seed=1"], "quatro": ["quatro seed=0", "quatro seed=1"]}
+    fits = pd.read_csv(cwd / "reports_out" / "cpu_study" / "latest" / "curves" / "run_fits.csv", index_col=0)
+    assert sorted(fits.index) == ["grpo seed=0", "grpo seed=1", "quatro seed=0", "quatro seed=1"]  # each run alone too
+    assert fits["note"].str.startswith("too few points: 2").all()  # steps 1 and 2 after step 0: no line drawn
     # the preset's paper tables (run_twin checked each is non-empty): titled, first
     assert html.index('id="paper-training_seeds"') < html.index("Study: methods over seeds")
     assert (cwd / "reports_out" / "cpu_study" / "latest" / "figures" / "study_base_crossing.png").is_file()

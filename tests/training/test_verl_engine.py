@@ -634,7 +634,8 @@ def test_engine_verl_accepts_every_algorithm_preset(algo):
 def test_every_paper_preset_with_engine_verl_composes_and_validates(tmp_path):
     """Every point of every experiment preset, with engine=verl: our validation, verl's pre-flight, and the
     translated config composed against verl's own schema (first point of each preset). A point with rollout
-    staleness is refused at pre-flight, naming what verl would need."""
+    staleness is refused at pre-flight, naming what verl would need, and one that validates along training
+    (cpu_study) naming the local engine."""
     from orchestrator.checks.validate import validate_config
     from orchestrator.errors import ConfigError
 
@@ -647,6 +648,11 @@ def test_every_paper_preset_with_engine_verl_composes_and_validates(tmp_path):
             if int(roll.staleness) >= 1:  # refused in one line, naming verl's async trainer (issue 58)
                 with pytest.raises(ConfigError, match=r"engine=verl: train\.rollout\.staleness=\d+: with engine=verl "
                                                       r"this needs verl's (one-step-off|fully-async) trainer"):
+                    validate_config(cfg)
+                continue
+            if int(cfg.train.validate_every):  # cpu_study: refused in one line, naming the local engine (issue 60)
+                with pytest.raises(ConfigError, match=r"engine=verl: train\.validate_every=\d+: the validation along "
+                                                      r"training needs the local engine"):
                     validate_config(cfg)
                 continue
             validate_config(cfg)
