@@ -74,6 +74,7 @@ class Fit:
 
     @property
     def ok(self) -> bool:
+        """Whether a fit was made (no refusal)."""
         return self.reason is None
 
     def predict(self, compute):
@@ -240,12 +241,15 @@ class Draws:
 
     @classmethod
     def of(cls, pts: Points, n_boot: int, seed: int, max_seeds: int | None = None) -> "Draws":
+        """``n_boot`` draws for ``pts``' P prompts (with replacement) and up to ``max_seeds`` seeds (default: its S),
+        from ``numpy.random.default_rng(seed)``."""
         rng = np.random.default_rng(seed)
         P = pts.values.shape[-1]
         S = max_seeds or pts.values.shape[0]
         return cls(rng.integers(0, P, size=(n_boot, P)), rng.random(size=(n_boot, S)))
 
     def seeds_for(self, i: int, pts: Points) -> np.ndarray:
+        """Replicate ``i``'s seed indices for a series of S seeds: (S,) ints in [0, S), with replacement."""
         S = pts.values.shape[0]
         return np.minimum((self.seed_draw[i, :S] * S).astype(int), S - 1)
 

@@ -77,6 +77,18 @@ def checkpoints_to_evaluate(cfg, run_dir: Path, final: Path, final_step: int | N
     return out + [(step, Path(final), run_dir / "eval", True)]
 
 
+def validation_job(cfg, ks) -> tuple[str, dict, object]:
+    """(the training task, {task: its validation split's rows}, the ``eval`` config that samples them: the split's
+    benchmark only, ``eval.validation.n`` samples, ``ks``, the main temperature, no entropy) for
+    :func:`select_on_validation` and :func:`validate_along`, which share the folders it samples into."""
+    from core.tasks import load_prompts
+
+    task = str(cfg.data.name)
+    vcfg = OmegaConf.merge(cfg.eval, {"benchmarks": [task], "n": int(cfg.eval.validation.n), "ks": list(ks),
+                                      "decoding": None, "extra_temperatures": [], "entropy": False, "max_prompts": None})
+    return task, {task: load_prompts(cfg.data, "validation")}, vcfg
+
+
 def select_on_validation(cfg, run_dir: Path, final: Path, store: tracking.Store | None = None) -> tuple[int, Path]:
     """The checkpoint the benchmarks evaluate under ``eval.select_on=validation``: every kept checkpoint
     (``train.save_every``) and the final one are sampled ``eval.validation.n`` times on each prompt of the
@@ -93,14 +105,10 @@ def select_on_validation(cfg, run_dir: Path, final: Path, store: tracking.Store 
     """
     store = store or tracking.Store()
     from core.lifecycle import saved_checkpoints
-    from core.tasks import load_prompts
     from evaluation.pipeline import EvalJob, evaluate_checkpoint
 
     steps, n, k = int(cfg.train.steps), int(cfg.eval.validation.n), int(cfg.eval.validation.k)
-    task = str(cfg.data.name)
-    rows = {task: load_prompts(cfg.data, "validation")}
-    vcfg = OmegaConf.merge(cfg.eval, {"benchmarks": [task], "n": n, "ks": [k], "decoding": None,
-                                      "extra_temperatures": [], "entropy": False, "max_prompts": None})
+    task, rows, vcfg = validation_job(cfg, [k])
     chat = bool(cfg.model.get("chat_template", True))
     cands = [(s, p) for s, p in saved_checkpoints(run_dir) if s < steps] + [(steps, Path(final))]
     scores = {}
@@ -161,7 +169,6 @@ def validate_along(cfg, run_dir: Path, final: Path, store: tracking.Store | None
 
     from core.lifecycle import saved_checkpoints
     from core.models import model_path
-    from core.tasks import load_prompts
     from evaluation.pipeline import EvalJob, evaluate_checkpoint
 
     every = int(cfg.train.get("validate_every") or 0)
@@ -169,10 +176,7 @@ def validate_along(cfg, run_dir: Path, final: Path, store: tracking.Store | None
         return None
     store = store or tracking.Store()
     steps, n, k = int(cfg.train.steps), int(cfg.eval.validation.n), int(cfg.eval.validation.k)
-    task = str(cfg.data.name)
-    rows = {task: load_prompts(cfg.data, "validation")}
-    vcfg = OmegaConf.merge(cfg.eval, {"benchmarks": [task], "n": n, "ks": sorted({1, k}), "decoding": None,
-                                      "extra_temperatures": [], "entropy": False, "max_prompts": None})
+    task, rows, vcfg = validation_job(cfg, sorted({1, k}))
     kept = dict(saved_checkpoints(run_dir)) | dict(saved_checkpoints(run_dir, "val_checkpoints"))
     points = [(0, Path(model_path(cfg.model)))] + [(s, kept.get(s)) for s in range(every, steps, every)] + [(steps, Path(final))]
     compute = _compute_before(store, [s for s, _ in points])
