@@ -42,7 +42,7 @@ def _synthetic(n: int, prompt_tokens: int, response_tokens: int, vocab: int, see
     return RolloutBatch(prompt_ids=prompt_ids, prompt_mask=torch.ones_like(prompt_ids), response_ids=response_ids,
                         response_mask=response_mask, old_logprobs=nan.clone(), rewards=rewards,
                         group_index=torch.arange(prompts).repeat_interleave(group), response_lengths=lengths,
-                        correct=rewards > 0, extras={"entropy": nan.clone()})
+                        correct=rewards > 0, entropy=nan.clone())
 
 
 def _measure(conn, model_name: str, n: int, budget, prompt_tokens: int, response_tokens: int, checkpointing: bool,
@@ -54,7 +54,8 @@ def _measure(conn, model_name: str, n: int, budget, prompt_tokens: int, response
     from core.scoring import Scorer
     from orchestrator.checks.preflight import sweep_points
     from training.algorithms import BoundLoss, get_advantage_fn
-    from training.engines.local import load_policy
+    from core.models import load_policy
+    from training.settings import OldLogprobs
     from training.update import UpdateControl, UpdateSettings, update_policy
 
     [(_, cfg)] = sweep_points([f"model={model_name}", "eval=smoke"], multirun=False)
@@ -65,7 +66,8 @@ def _measure(conn, model_name: str, n: int, budget, prompt_tokens: int, response
     opt = torch.optim.AdamW(model.parameters(), lr=1e-7)
     batch = _synthetic(n, prompt_tokens, response_tokens, int(model.config.vocab_size))
     adv, _ = get_advantage_fn("grpo")(batch)
-    settings = UpdateSettings(minibatch_size=batch.batch_size, deferred_old=True, norm_constant=response_tokens)
+    settings = UpdateSettings(minibatch_size=batch.batch_size, old_logprobs=OldLogprobs.DEFERRED,
+                              norm_constant=response_tokens)
     t0 = time.perf_counter()
     metrics = update_policy(model, opt, batch, adv, BoundLoss.named("grpo"), settings,
                             Scorer(budget, layout).for_model(model), UpdateControl(torch.Generator().manual_seed(0)))

@@ -89,6 +89,7 @@ def _local_worker(conn, args, rollout="hf", packing="auto", lora: int = 0, stale
     import tempfile
 
     from training.engines import local
+    from training.engines.local import local_loop
 
     cfg = _compose(args, [f"train.rollout.sampler={rollout}", f"train.packing={packing}", f"train.lora.rank={lora}",
                           f"train.lora.alpha={LORA_ALPHA}"])
@@ -96,7 +97,7 @@ def _local_worker(conn, args, rollout="hf", packing="auto", lora: int = 0, stale
         cfg.train.rollout.staleness = int(staleness)
         cfg.train.steps = int(args.steps) + int(args.staleness)
         cfg.train.rollout.overlap = bool(overlap)
-    real = local._rollout_step
+    real = local_loop.step_rollout
     waited = [0.0]
 
     def gated(*a, **k):  # every step starts when the parent says so (the wait is not the step's time)
@@ -105,7 +106,7 @@ def _local_worker(conn, args, rollout="hf", packing="auto", lora: int = 0, stale
         waited[0] = time.perf_counter() - t0
         return real(*a, **k)
 
-    local._rollout_step = gated
+    local_loop.step_rollout = gated
     last, replays = {}, []  # the rollout's last engine call (vLLM), for raw vLLM to redo after the steps; per step
     if rollout == "vllm":  # ... and in the main phase, raw vLLM on that step's requests right after them, timed apart
         from core.sampling.rollout import VLLMRollout

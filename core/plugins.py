@@ -20,12 +20,14 @@ class Registry(Generic[T]):
     """Named plug-ins of one kind (``kind`` names it in errors: ``"task"``, ``"engine"``, ...).
 
     ``packages``: the packages :func:`discover` scans (their built-in plug-ins) the first time a name is looked up,
-    so importing the registry alone stays cheap.
+    so importing the registry alone stays cheap; ``subpackages``: the scan imports their sub-packages too (a plug-in
+    that is a package of modules, such as a training engine).
     """
 
-    def __init__(self, kind: str, packages: tuple[str, ...] = ()):
+    def __init__(self, kind: str, packages: tuple[str, ...] = (), subpackages: bool = False):
         self.kind = kind
         self.packages = packages
+        self.subpackages = subpackages
         self._items: dict[str, T] = {}
         self._discovered = not packages
 
@@ -47,7 +49,7 @@ class Registry(Generic[T]):
         if not self._discovered:
             self._discovered = True
             for p in self.packages:
-                discover(p)
+                discover(p, self.subpackages)
 
     def get(self, name: str) -> T:
         """The plug-in registered as ``name``.
@@ -102,9 +104,9 @@ def _origin(item) -> str:
     return f"{mod}.{getattr(item, '__qualname__', type(item).__qualname__)}"
 
 
-def discover(package: str) -> list[str]:
-    """Import every module in the folder of ``package`` (not sub-packages, not names starting with ``_``), so that
-    their registration calls run. Returns the imported module names.
+def discover(package: str, subpackages: bool = False) -> list[str]:
+    """Import every module in the folder of ``package`` (and with ``subpackages`` every sub-package; never names
+    starting with ``_``), so that their registration calls run. Returns the imported module names.
 
     Raises:
         ImportError: a module of the package fails to import (a broken built-in is an error, not a silent gap).
@@ -112,7 +114,7 @@ def discover(package: str) -> list[str]:
     pkg = importlib.import_module(package)
     out = []
     for m in pkgutil.iter_modules(pkg.__path__):
-        if m.name.startswith("_") or m.ispkg:
+        if m.name.startswith("_") or (m.ispkg and not subpackages):
             continue
         importlib.import_module(f"{package}.{m.name}")
         out.append(f"{package}.{m.name}")

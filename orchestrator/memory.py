@@ -51,6 +51,7 @@ def preset_plan(name: str, device_gb: float = 80.0, lora: bool = False) -> dict:
     from omegaconf import OmegaConf
 
     from training.memory_plan import advice, auto_budget, model_shape, plan_memory, RunShape
+    from training.settings import RunSettings
 
     points = _points(name)
     worst, engines = None, set()
@@ -61,7 +62,7 @@ def preset_plan(name: str, device_gb: float = 80.0, lora: bool = False) -> dict:
         if str(cfg.engine.name) != "local":
             continue
         cfg = OmegaConf.merge(cfg, {"train": {"micro_batch_tokens": "auto"}})
-        shape, run = model_shape(cfg.model), RunShape.of(cfg, "cuda")
+        shape, run = model_shape(cfg.model), RunShape.of(RunSettings.of(cfg, "cuda"))
         budget = auto_budget(shape, run, "cuda", device_gb)
         plan = plan_memory(shape, run, budget, "cuda", device_gb)
         if worst is None or plan.total_gb > worst[0].total_gb:

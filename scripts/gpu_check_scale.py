@@ -51,6 +51,7 @@ def main(argv=None) -> int:
     from training.algorithms import BoundLoss, get_advantage_fn
     from training.batch import RolloutBatch
     from training.memory_plan import ModelShape, RunShape, auto_budget, device_memory_gb, plan_memory
+    from training.settings import OldLogprobs
     from training.update import UpdateControl, UpdateSettings, update_policy
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -93,7 +94,7 @@ def main(argv=None) -> int:
     batch = RolloutBatch(prompt_ids=prompt_ids, prompt_mask=torch.ones_like(prompt_ids), response_ids=response_ids,
                          response_mask=response_mask, old_logprobs=nan.clone(), rewards=rewards,
                          group_index=torch.arange(args.prompts).repeat_interleave(args.group),
-                         response_lengths=lengths, correct=rewards > 0, extras={"entropy": nan.clone()}).to(device)
+                         response_lengths=lengths, correct=rewards > 0, entropy=nan.clone()).to(device)
     scorer = Scorer(budget, layout).for_model(model)
     with torch.no_grad():  # the reference pass, as the engine's rollout does it
         batch.ref_logprobs, _ = scorer.score(ref, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
@@ -102,7 +103,7 @@ def main(argv=None) -> int:
     adv, _ = get_advantage_fn("quatro")(batch, delta=0.1)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
     before = [p.detach()[:1].clone() for p in model.parameters()]
-    settings = UpdateSettings(minibatch_size=n, beta=0.001, bf16=bf16, deferred_old=True,
+    settings = UpdateSettings(minibatch_size=n, beta=0.001, bf16=bf16, old_logprobs=OldLogprobs.DEFERRED,
                               norm_constant=args.response_tokens)
     failures = []
     if device.type == "cuda":

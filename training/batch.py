@@ -8,23 +8,62 @@ import torch
 
 
 @dataclass
+class ToolTrace:
+    """What tool calls did in each response of a multi-turn rollout (``Task.tools``: search QA).
+
+    Attributes:
+        calls: (B,) long, tool calls per response.
+        tokens: (B,) long, the tool's tokens inside the response (observations; masked out of every loss).
+        answered: (B,) bool, whether the response ended with an answer.
+    """
+
+    calls: torch.Tensor
+    tokens: torch.Tensor
+    answered: torch.Tensor
+
+    def select(self, index) -> "ToolTrace":
+        return ToolTrace(self.calls[index], self.tokens[index], self.answered[index])
+
+    def to(self, device) -> "ToolTrace":
+        return ToolTrace(self.calls.to(device), self.tokens.to(device), self.answered.to(device))
+
+
+#: the optional per-response tensors of a :class:`RolloutBatch`, each (B,) or (B, L)
+OPTIONAL = ("ref_logprobs", "correct", "policy_version", "entropy", "finished", "format_miss", "echo",
+            "rollout_logprobs", "behaviour_logprobs")
+#: every per-response tensor, in field order
+TENSORS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "old_logprobs", "rewards", "group_index",
+           "response_lengths", *OPTIONAL)
+
+
+@dataclass
 class RolloutBatch:
-    """B responses to a set of prompts, G responses per prompt (one *group* per prompt).
+    """B responses to a set of prompts, G responses per prompt (one *group* per prompt): the update's whole data
+    contract, every field named (no free-form dict).
 
     Attributes:
         prompt_ids: (B, P) left-padded prompt token ids.
         prompt_mask: (B, P) 1 on real prompt tokens.
         response_ids: (B, L) right-padded response token ids.
         response_mask: (B, L) 1 on generated tokens (including the EOS token when emitted).
-        old_logprobs: (B, L) log pi_old(y_t) of the sampled tokens under the rollout policy.
+        old_logprobs: (B, L) log pi_old(y_t) of the sampled tokens: the ratio's denominator (NaN until the update fills
+            them on the deferred path, :class:`training.settings.OldLogprobs`).
         rewards: (B,) scalar verifiable rewards.
         group_index: (B,) long, which prompt (group) each response belongs to.
         response_lengths: (B,) long, number of generated tokens.
         ref_logprobs: optional (B, L) log pi_ref(y_t) (only when a KL term is used).
         correct: optional (B,) bool, verifier outcome (rewards may be shaped).
-        extras: free-form per-response tensors for estimators that need them.
         policy_version: optional (B,) long, the version of the policy that generated each response (the number of
             training steps behind its weights; ``train.rollout.staleness``).
+        entropy: optional (B, L), the rollout policy's next-token entropy (filled with the old log-probs).
+        finished: optional (B,) bool, the response ended with EOS (with tools: EOS or an answer).
+        format_miss: optional (B,) bool, no answer in the form the task asks for.
+        echo: optional (B,) bool, the answer was refused as a restatement of the prompt.
+        rollout_logprobs: optional (B, L), the sampler's own log-probs (vLLM): the training-inference mismatch and
+            its correction (:mod:`training.mismatch`, :mod:`training.corrections`).
+        behaviour_logprobs: optional (B, L), b: the generating policy's log-probs, kept for an off-policy step (the
+            sampler's own, or the trainer's pass on the generating weights).
+        tools: optional :class:`ToolTrace` of a multi-turn rollout.
     """
 
     prompt_ids: torch.Tensor
@@ -37,8 +76,14 @@ class RolloutBatch:
     response_lengths: torch.Tensor
     ref_logprobs: Optional[torch.Tensor] = None
     correct: Optional[torch.Tensor] = None
-    extras: dict = field(default_factory=dict)
     policy_version: Optional[torch.Tensor] = None
+    entropy: Optional[torch.Tensor] = None
+    finished: Optional[torch.Tensor] = None
+    format_miss: Optional[torch.Tensor] = None
+    echo: Optional[torch.Tensor] = None
+    rollout_logprobs: Optional[torch.Tensor] = None
+    behaviour_logprobs: Optional[torch.Tensor] = None
+    tools: Optional[ToolTrace] = None
 
     @property
     def batch_size(self) -> int:
@@ -46,49 +91,34 @@ class RolloutBatch:
 
     def to(self, device) -> "RolloutBatch":
         """The same batch with every tensor on ``device``."""
-
-        def mv(t):
-            return None if t is None else t.to(device)
-
-        return replace(
-            self, **{f: mv(getattr(self, f)) for f in (
-                "prompt_ids", "prompt_mask", "response_ids", "response_mask", "old_logprobs", "rewards",
-                "group_index", "response_lengths", "ref_logprobs", "correct", "policy_version")},
-            extras={k: v.to(device) for k, v in self.extras.items()},
-        )
+        return replace(self, **{f: None if getattr(self, f) is None else getattr(self, f).to(device) for f in TENSORS},
+                       tools=None if self.tools is None else self.tools.to(device))
 
     def state_dict(self) -> dict:
-        """Its tensors by field name (None where absent), for a saved training state (tensors only)."""
-        from dataclasses import fields
-
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """Its tensors by field name (None where absent; the tool trace as a dict), for a saved training state
+        (tensors only)."""
+        out = {f: getattr(self, f) for f in TENSORS}
+        out["tools"] = None if self.tools is None else {"calls": self.tools.calls, "tokens": self.tools.tokens,
+                                                         "answered": self.tools.answered}
+        return out
 
     @classmethod
     def from_state_dict(cls, d: dict) -> "RolloutBatch":
-        """The batch :meth:`state_dict` gave."""
-        return cls(**{k: (dict(v) if k == "extras" else v) for k, v in d.items()})
+        """The batch :meth:`state_dict` gave (a state saved before the fields were typed keeps its per-response
+        tensors in ``extras``: read into their fields)."""
+        d = dict(d)
+        extras = dict(d.pop("extras", None) or {})
+        tools = d.pop("tools", None)
+        if "tool_calls" in extras:
+            tools = {"calls": extras.pop("tool_calls"), "tokens": extras.pop("tool_tokens"),
+                     "answered": extras.pop("answered")}
+        d.update({k: v for k, v in extras.items() if k in OPTIONAL})
+        return cls(**{k: v for k, v in d.items() if k in TENSORS}, tools=None if tools is None else ToolTrace(**tools))
 
     def select(self, index: torch.Tensor) -> "RolloutBatch":
         """The sub-batch of rows ``index`` (a minibatch), every per-response tensor sliced alike."""
-
-        def take(t):
-            return None if t is None else t[index]
-
-        return replace(
-            self,
-            prompt_ids=self.prompt_ids[index],
-            prompt_mask=self.prompt_mask[index],
-            response_ids=self.response_ids[index],
-            response_mask=self.response_mask[index],
-            old_logprobs=self.old_logprobs[index],
-            rewards=self.rewards[index],
-            group_index=self.group_index[index],
-            response_lengths=self.response_lengths[index],
-            ref_logprobs=take(self.ref_logprobs),
-            correct=take(self.correct),
-            extras={k: v[index] for k, v in self.extras.items()},
-            policy_version=take(self.policy_version),
-        )
+        return replace(self, **{f: None if getattr(self, f) is None else getattr(self, f)[index] for f in TENSORS},
+                       tools=None if self.tools is None else self.tools.select(index))
 
 
 def to_groups(values: torch.Tensor, group_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,7 +167,8 @@ def concat_batches(batches: list[RolloutBatch], pad_token_id: int = 0) -> Rollou
     """Concatenate rollout batches (e.g. DAPO's refill rounds) into one.
 
     Prompts are re-padded on the left and responses on the right to the longest; group indices
-    are renumbered so that groups of different batches stay distinct.
+    are renumbered so that groups of different batches stay distinct; an optional field is kept when every batch has
+    it.
     """
     if len(batches) == 1:
         return batches[0]
@@ -149,23 +180,22 @@ def concat_batches(batches: list[RolloutBatch], pad_token_id: int = 0) -> Rollou
         groups.append(inverse + offset)
         offset += int(inverse.max()) + 1 if inverse.numel() else 0
 
-    def cat(name, pad_fn, length, value=0):
+    def cat(name, pad_fn=_pad_right, length=L, value=0):
         parts = [getattr(b, name) for b in batches]
         if any(p is None for p in parts):
             return None
         return torch.cat([pad_fn(p, length, value) for p in parts], dim=0)
 
-    extras = {}
-    for key in batches[0].extras:
-        extras[key] = torch.cat([_pad_right(b.extras[key], L) for b in batches], dim=0)
+    traces = [b.tools for b in batches]
+    tools = None if any(t is None for t in traces) else ToolTrace(
+        torch.cat([t.calls for t in traces]), torch.cat([t.tokens for t in traces]),
+        torch.cat([t.answered for t in traces]))
     return RolloutBatch(
         prompt_ids=cat("prompt_ids", _pad_left, P, pad_token_id), prompt_mask=cat("prompt_mask", _pad_left, P),
-        response_ids=cat("response_ids", _pad_right, L, pad_token_id), response_mask=cat("response_mask", _pad_right, L),
-        old_logprobs=cat("old_logprobs", _pad_right, L), rewards=torch.cat([b.rewards for b in batches]),
+        response_ids=cat("response_ids", value=pad_token_id), response_mask=cat("response_mask"),
+        old_logprobs=cat("old_logprobs"), rewards=torch.cat([b.rewards for b in batches]),
         group_index=torch.cat(groups), response_lengths=torch.cat([b.response_lengths for b in batches]),
-        ref_logprobs=cat("ref_logprobs", _pad_right, L), correct=cat("correct", _pad_right, L), extras=extras,
-        policy_version=cat("policy_version", _pad_right, L),
-    )
+        **{f: cat(f) for f in OPTIONAL}, tools=tools)
 
 
 @dataclass

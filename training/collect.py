@@ -9,7 +9,7 @@ import torch
 from core.sampling import prompt_texts
 from core.scoring import Scorer, autocast, compute_logprobs  # noqa: F401  (re-exported for training code)
 
-from .batch import RolloutBatch
+from .batch import RolloutBatch, ToolTrace
 from .rewards import row_rewards
 
 
@@ -23,7 +23,7 @@ class RolloutRequest:
         bf16: score (old and reference log-probs) under bfloat16 autocast.
         old_logprobs: score the samples under the rollout policy here (old log-probs and entropies); False
             leaves both NaN for :func:`training.update.update_policy` to fill minibatch by minibatch
-            (``deferred_old``), the first minibatch from its own forward pass.
+            (the DEFERRED path, :class:`training.settings.OldLogprobs`), the first minibatch from its own forward pass.
         tools: ``{name: core.tools.Tool}``: multi-turn episodes with tool calls (:func:`core.agent.run_episodes`;
             ``tools_cfg.max_turns``, ``tools_cfg.max_obs_tokens``); the response mask then marks the policy's tokens
             only, so every loss, KL and entropy skips the tool's.
@@ -58,10 +58,10 @@ def collect_rollouts(model, tokenizer, rows: list[dict], request: RolloutRequest
         scorer: the run's :class:`core.scoring.Scorer` for the old and reference passes (token budget, layout);
             None: one padded pass over the batch.
     Returns:
-        (RolloutBatch, texts): the batch's ``extras`` hold ``entropy`` (B, L), the rollout policy's
-        next-token entropy, ``finished`` (B,), whether the response ended with EOS (with tools: EOS or an answer),
-        with tools ``tool_calls`` (B,), and when the sampler returns its own log-probs (vLLM) ``rollout_logprobs``
-        (B, L), for the mismatch metrics and correction (:mod:`training.mismatch`).
+        (RolloutBatch, texts): the batch has ``entropy`` (B, L), the rollout policy's next-token entropy,
+        ``finished``, ``format_miss``, ``echo`` (B,), with tools its :class:`training.batch.ToolTrace`, and when the
+        sampler returns its own log-probs (vLLM) ``rollout_logprobs`` (B, L), for the mismatch metrics and correction
+        (:mod:`training.mismatch`).
     """
     q, t = request, {} if timings is None else timings
     group_size, temperature, bf16 = q.group_size, q.temperature, q.bf16
@@ -110,13 +110,9 @@ def collect_rollouts(model, tokenizer, rows: list[dict], request: RolloutRequest
         prompt_ids=gen.prompt_ids, prompt_mask=gen.prompt_mask, response_ids=gen.response_ids,
         response_mask=gen.response_mask, old_logprobs=old, rewards=rewards,
         group_index=torch.arange(len(rows)).repeat_interleave(group_size), response_lengths=gen.response_lengths,
-        ref_logprobs=ref_logprobs, correct=correct, extras={"entropy": entropy, "finished": gen.finished,
-                                                            "format_miss": format_miss.to(device), "echo": echo.to(device),
-                                                            **({"tool_calls": gen.tool_calls, "tool_tokens": gen.tool_tokens, "answered": answered}
-                                                               if gen.tool_calls is not None else {}),
-                                                            **({"rollout_logprobs": gen.logprobs}
-                                                               if gen.logprobs is not None else {})},
-    )
+        ref_logprobs=ref_logprobs, correct=correct, entropy=entropy, finished=gen.finished,
+        format_miss=format_miss.to(device), echo=echo.to(device), rollout_logprobs=gen.logprobs,
+        tools=None if gen.tool_calls is None else ToolTrace(gen.tool_calls, gen.tool_tokens, answered))
     return batch, gen.texts
 
 

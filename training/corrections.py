@@ -3,8 +3,8 @@ ratio divides by (``train.rollout.correction``).
 
 A correction is a registered function of the proximal log-probs ``p`` (the trainer's own pass: the policy the loss's
 ratio divides by, ``old_logprobs``) and the behaviour log-probs ``b`` (the sampler's log-probs of the sampled tokens,
-from the policy that generated them: ``extras["rollout_logprobs"]``, or with ``train.rollout.staleness`` the behaviour
-log-probs ``extras["behaviour_logprobs"]``, docs/staleness.md), both (B, L), the response mask (B, L) and its
+from the policy that generated them: ``batch.rollout_logprobs`` (the sampler's own), or with ``train.rollout.staleness`` the behaviour
+log-probs ``batch.behaviour_logprobs``, docs/staleness.md), both (B, L), the response mask (B, L) and its
 thresholds ``cap`` = C >= 1 (``train.rollout.correction_cap``) and ``lower`` in (0, 1]
 (``train.rollout.correction_lower``; null: 1 / C). It returns a :class:`Correction`: per-token ``weights`` (the
 importance weight each kept token's loss term is multiplied by; 0 on a rejected token, 1 outside the mask), ``keep``
@@ -60,18 +60,32 @@ CORRECTIONS: Registry = Registry("rollout correction")
 
 @dataclass(frozen=True)
 class Correction:
-    """What a correction returns.
+    """What a correction returns, and what every loss term of an optimiser step is weighted by
+    (:func:`training.update.policy_objective` always takes one: :meth:`none` where no correction applies).
 
     Attributes:
         weights: (B, L) float, detached: each response token's weight in the policy loss (0 on a rejected token),
-            1 outside the mask.
-        keep: (B, L) float: 1 on the response tokens that stay in the loss, 0 on rejected and padding tokens.
+            1 outside the mask; None: 1 everywhere.
+        keep: (B, L) float: 1 on the response tokens that stay in the loss, 0 on rejected and padding tokens; None:
+            every token kept.
         metrics: ``correction_*`` (and ``tis_*`` for the TIS modes) as floats.
     """
 
-    weights: torch.Tensor
-    keep: torch.Tensor
+    weights: torch.Tensor | None
+    keep: torch.Tensor | None
     metrics: dict = field(default_factory=dict)
+
+    @classmethod
+    def none(cls) -> "Correction":
+        """No correction (weight 1, every token kept, no metrics): the loss terms exactly as without one."""
+        return cls(None, None, {})
+
+    @property
+    def loss_weights(self) -> torch.Tensor | None:
+        """The policy loss's per-token weights: ``weights * keep`` (None: 1 everywhere)."""
+        if self.weights is None or self.keep is None:
+            return self.weights if self.keep is None else self.keep
+        return self.weights * self.keep
 
 
 def register_correction(name: str) -> Callable[[Callable], Callable]:

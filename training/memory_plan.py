@@ -249,29 +249,17 @@ class RunShape:
     generation_copy: bool = False  # train.rollout.overlap with staleness >= 1: a copy of the weights generates
 
     @classmethod
-    def of(cls, cfg, device: str | None = None) -> "RunShape":
-        """The shape of a composed run config; ``train.precision=auto`` as it resolves on ``device`` (default: where
-        it would train here; a GPU not visible here is assumed to compute bf16, :func:`core.precision.native_bf16`)."""
-        from core.precision import choose
-        from training.algorithms import needs_of
-
-        t, algo = cfg.train, cfg.algo
-        params = {k: v for k, v in dict(algo.policy_loss).items() if k != "name"}
-        kl = float(algo.get("kl_beta", 0.0) or 0.0) > 0 or "ref_logprobs" in needs_of(
-            "policy_loss", str(algo.policy_loss.name), params)
-        rows = int(t.prompts_per_step) * int(t.group_size)
-        ro = t.get("rollout") or {}
-        from core.lora import LoraSettings
-
-        lora = LoraSettings.of(cfg)
-        return cls(minibatch_rows=int(t.get("minibatch_size") or rows), max_prompt_tokens=int(t.get("max_prompt_tokens", 512)),
-                   max_new_tokens=int(t.max_new_tokens), kl=kl,
-                   bf16=choose(str(t.get("precision", "auto")), device or resolve_device(cfg)).bf16,
-                   checkpointing=bool(t.get("gradient_checkpointing", False)), rollout=str(ro.get("sampler", "auto")),
-                   gpu_share=float(ro.get("gpu_memory_utilization", 0.3) or 0.3),
-                   prompts_per_step=int(t.prompts_per_step), group_size=int(t.group_size),
-                   lora_rank=lora.rank, lora_targets=lora.targets() if lora.on else (),
-                   generation_copy=bool(ro.get("overlap", False)) and int(ro.get("staleness", 0) or 0) > 0)
+    def of(cls, s) -> "RunShape":
+        """The shape of a run's settings (:class:`training.settings.RunSettings`, its precision resolved on the device
+        it trains on; a GPU not visible here is assumed to compute bf16, :func:`core.precision.native_bf16`)."""
+        rows = s.rows_per_step
+        ro = s.rollout
+        return cls(minibatch_rows=int(s.minibatch_size or rows), max_prompt_tokens=s.max_prompt_tokens,
+                   max_new_tokens=s.max_new_tokens, kl=s.needs.reference, bf16=s.bf16,
+                   checkpointing=s.gradient_checkpointing, rollout=str(ro.sampler),
+                   gpu_share=float(ro.gpu_memory_utilization or 0.3), prompts_per_step=s.prompts_per_step,
+                   group_size=s.group_size, lora_rank=s.lora.rank, lora_targets=s.lora.targets() if s.lora.on else (),
+                   generation_copy=bool(ro.overlap) and ro.staleness > 0)
 
     @property
     def sequence_tokens(self) -> int:
@@ -390,40 +378,32 @@ def device_memory_gb(device: str) -> float | None:
     return min(total, limit or total) * 1024 / GIB
 
 
-def resolve_device(cfg) -> str:
-    """``cuda`` or ``cpu``: where ``cfg`` trains when it runs on this machine (``train.device``)."""
-    import torch
-
-    want = str(cfg.train.get("device", "auto"))
-    return "cuda" if (want.startswith("cuda") or (want == "auto" and torch.cuda.is_available())) else "cpu"
-
-
-def plan_for(cfg, device: str | None = None, device_gb: float | None = None, detect: bool = True,
-             longest_prompt: int | None = None) -> MemoryPlan:
-    """The plan of a composed run config on ``device`` (default: where it would train here) with ``device_gb``
-    (default: ``train.device_memory_gb``, else this machine's when ``detect``, else unknown), at its
-    ``train.micro_batch_tokens`` (``auto``: the largest that fits, :func:`auto_budget`). ``longest_prompt``: the
-    longest training prompt in tokens when known (the run plans with it; else ``train.max_prompt_tokens``, an upper
-    bound: 512 by default, which planned 13.1 GiB for the main job whose run planned 8.7 and peaked at 10.5).
+def plan_for(s, device_gb: float | None = None, detect: bool = True, longest_prompt: int | None = None) -> MemoryPlan:
+    """The plan of a run's settings (:class:`training.settings.RunSettings`) on the device it trains on
+    (``s.device_type``) with ``device_gb`` (default: ``train.device_memory_gb``, else this machine's when ``detect``,
+    else unknown), at its ``train.micro_batch_tokens`` (``auto``: the largest that fits, :func:`auto_budget`).
+    ``longest_prompt``: the longest training prompt in tokens when known (the run plans with it; else
+    ``train.max_prompt_tokens``, an upper bound: 512 by default, which planned 13.1 GiB for the main job whose run
+    planned 8.7 and peaked at 10.5).
 
     Raises:
         ValueError: the model's shape is not known here (:func:`model_shape`).
     """
-    shape = model_shape(cfg.model)
-    device = device or resolve_device(cfg)
-    run = RunShape.of(cfg, device)
+    shape = model_shape(s.model)
+    device = s.device_type
+    run = RunShape.of(s)
     if longest_prompt:
         import dataclasses
 
         run = dataclasses.replace(run, max_prompt_tokens=min(int(longest_prompt), run.max_prompt_tokens))
     if device_gb is None:
-        given = cfg.train.get("device_memory_gb")
+        given = s.device_memory_gb
         device_gb = float(given) if given is not None else (device_memory_gb(device) if detect else None)
-    budget = cfg.train.get("micro_batch_tokens", None)
+    budget = s.micro_batch_tokens
     if budget == "auto":  # on a device of unknown size (a cluster node seen from the login node): the least it takes
         budget = auto_budget(shape, run, device, device_gb) if device_gb is not None else run.sequence_tokens
     plan = plan_memory(shape, run, None if budget is None else int(budget), device, device_gb)
-    if device_gb is None and cfg.train.get("micro_batch_tokens", None) == "auto":
+    if device_gb is None and s.micro_batch_tokens == "auto":
         plan.notes.append("train.micro_batch_tokens=auto is chosen on the training device")
     if not plan.fits:
         plan.notes.append(advice(shape, run, device, device_gb, plan))

@@ -2,6 +2,8 @@
 overlong shaping."""
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
 import torch
 
 from core.tasks import score_responses
@@ -58,15 +60,51 @@ def overlong_penalty(lengths: torch.Tensor, max_length: int, buffer: int, factor
     return factor * torch.clamp(-excess / buffer, max=0.0)
 
 
+@dataclass(frozen=True)
+class OverlongShaping:
+    """``algo.overlong_buffer`` (DAPO's overlong reward shaping, Yu et al. 2025 eq. 13): a penalty growing linearly
+    over the last ``length`` tokens (or ``fraction`` of ``train.max_new_tokens``) before the maximum length. Off for
+    algorithms that do not set it."""
+
+    enabled: bool = False
+    fraction: float | None = 0.2
+    length: int | None = None
+    penalty_factor: float = 1.0
+
+    def buffer_length(self, max_new_tokens: int) -> int:
+        """The buffer B in tokens: ``length`` when set, else ``fraction`` (0.2 when null: DAPO's 4,096 of 20,480) of
+        ``max_new_tokens``, rounded, at least 1.
+
+        Raises:
+            ValueError: a fraction outside (0, 1] or a length outside [1, max_new_tokens] (names the key).
+        """
+        length = self.length
+        if length is None:
+            fraction = float(OverlongShaping.fraction if self.fraction is None else self.fraction)
+            if not 0 < fraction <= 1:
+                raise ValueError(f"algo.overlong_buffer.fraction={fraction!r}: must be in (0, 1]")
+            length = max(1, round(fraction * int(max_new_tokens)))
+        if not (int(length) == length and 1 <= length <= int(max_new_tokens)):
+            raise ValueError(f"algo.overlong_buffer.length={length!r}: expected an integer in [1, train.max_new_tokens="
+                             f"{int(max_new_tokens)}]")
+        return int(length)
+
+    @classmethod
+    def of(cls, node) -> "OverlongShaping":
+        """The record of an ``algo.overlong_buffer`` node (None: off); keys it does not name are ignored."""
+        from omegaconf import DictConfig, OmegaConf
+
+        d = {} if node is None else OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
+
 def overlong_buffer_length(overlong, max_new_tokens: int) -> int:
     """DAPO's overlong buffer B in tokens for an ``algo.overlong_buffer`` config node
-    (:meth:`training.settings.OverlongShaping.buffer_length`, which owns the rule and its errors).
+    (:meth:`OverlongShaping.buffer_length`, which owns the rule and its errors).
 
     Raises:
         ValueError: a fraction outside (0, 1] or a length outside [1, max_new_tokens] (names the key).
     """
-    from training.settings import OverlongShaping
-
     shaping = overlong if isinstance(overlong, OverlongShaping) else OverlongShaping.of(overlong)
     return shaping.buffer_length(max_new_tokens)
 

@@ -52,21 +52,22 @@ def response_metrics(seen) -> dict:
     out = {
         "reward_mean": float(seen.rewards.mean()),
         "accuracy": float(seen.correct.float().mean()),
-        "entropy": float(masked_mean(seen.extras["entropy"], seen.response_mask)),
+        "entropy": float(masked_mean(seen.entropy, seen.response_mask)),
         "response_length_mean": float(seen.response_lengths.float().mean()),
         "response_length_max": float(seen.response_lengths.max()),
-        "truncated_share": float((~seen.extras["finished"]).float().mean()),
+        "truncated_share": float((~seen.finished).float().mean()),
     }
-    for key in ("format_miss", "echo"):  # no answer in the asked form; an answer refused as an echo of the prompt
-        if key in seen.extras:
-            out[{"echo": "echo_share"}.get(key, key)] = float(seen.extras[key].float().mean())
-    if "tool_calls" in seen.extras:
-        tool = int(seen.extras["tool_tokens"].sum())
-        out.update(tool_calls_mean=float(seen.extras["tool_calls"].float().mean()),
-                   no_answer_share=float((~seen.extras["answered"].bool()).float().mean()),
+    # no answer in the asked form; an answer refused as an echo of the prompt
+    for key, value in (("format_miss", seen.format_miss), ("echo_share", seen.echo)):
+        if value is not None:
+            out[key] = float(value.float().mean())
+    if seen.tools is not None:
+        tool = int(seen.tools.tokens.sum())
+        out.update(tool_calls_mean=float(seen.tools.calls.float().mean()),
+                   no_answer_share=float((~seen.tools.answered.bool()).float().mean()),
                    tool_token_share=float(tool / max(1, tool + int(seen.response_mask.sum()))))
-    if "rollout_logprobs" in seen.extras and seen.batch_size:  # the trainer's old log-probs against the sampler's
-        out.update(mismatch_metrics(seen.old_logprobs, seen.extras["rollout_logprobs"], seen.response_mask))
+    if seen.rollout_logprobs is not None and seen.batch_size:  # the trainer's old log-probs against the sampler's
+        out.update(mismatch_metrics(seen.old_logprobs, seen.rollout_logprobs, seen.response_mask))
     return out
 
 

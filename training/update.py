@@ -4,8 +4,15 @@ accumulation.
 
 Read top to bottom: :class:`UpdateSettings` (what the config decides), :func:`policy_objective` (the loss of one
 batch of rows, with the policy loss bound once to its parameters: :class:`training.algorithms.BoundLoss`),
-:func:`update_policy` (epochs and minibatches), :class:`Updater` and :func:`minibatch_step` (one optimiser step: the
+:func:`update_policy` (epochs and minibatches), :class:`Updater` and :class:`MinibatchPass` (one optimiser step: the
 micro-batches, their accumulated gradient, the step, the minibatch's metrics).
+
+The loss contract: a registered policy loss aggregates every per-token term with
+:func:`training.algorithms.agg_loss`; the trainer hands it two things through that one function rather than through
+the loss's arguments, so no loss has to know about them: the minibatch's normalisers
+(:func:`~training.algorithms.aggregation.over_minibatch`, while a micro-batch runs) and the rollout correction's
+per-token weights (:func:`~training.algorithms.aggregation.token_weights`, while the loss is called). Both are context
+variables set only here and by the verl adapter, each for the duration of one call.
 
 Exactness: every normaliser a loss divides by (token count, response count, Dr. GRPO's constant) is counted over the
 whole minibatch before it is split (:func:`training.algorithms.aggregation.over_minibatch`), so the micro-batches'
@@ -25,12 +32,13 @@ import torch
 from core.scoring import Scorer, Sequences
 from training.algorithms import BoundLoss, agg_loss, kl_k3
 from training.algorithms.aggregation import Normalisers, over_minibatch, token_weights
-from training.corrections import correct
+from training.corrections import Correction, correct
+from training.settings import OldLogprobs
 
 
 @dataclass(frozen=True)
 class UpdateSettings:
-    """The update's settings (``train.*`` and ``algo.*`` keys; :meth:`from_config`).
+    """The update's settings (``train.*`` and ``algo.*`` keys; :meth:`of`).
 
     Attributes:
         ppo_epochs: passes over the rollout batch (``train.ppo_epochs``).
@@ -40,10 +48,9 @@ class UpdateSettings:
         entropy_coef: entropy bonus (``algo.entropy_coef``; GRPO-H).
         temperature: the sampling temperature the logits are divided by (``train.temperature``).
         bf16: bf16 autocast (``train.precision=bf16``).
-        align_old: recompute the old log-probs minibatch by minibatch on the update's own path before the first
-            update (default: with bf16, whose results depend on the batch shape).
-        deferred_old: the rollout computed no old log-probs; the update fills them (and the rollout policy's
-            entropies) the same way.
+        old_logprobs: the path the old log-probs take (:class:`training.settings.OldLogprobs`): kept as the rollout
+            gave them, recomputed on the update's own path before its first optimiser step (ALIGNED), or filled
+            there with the rollout policy's entropies (DEFERRED).
         correction, correction_cap, correction_lower: the rollout correction (:mod:`training.corrections`) and its
             thresholds C and lower (None: 1 / C) (``train.rollout.correction*``).
         norm_constant: ``seq-mean-token-sum-norm``'s constant where the loss sets none: the configured maximum
@@ -59,8 +66,7 @@ class UpdateSettings:
     entropy_coef: float = 0.0
     temperature: float = 1.0
     bf16: bool = False
-    align_old: bool | None = None
-    deferred_old: bool = False
+    old_logprobs: OldLogprobs = OldLogprobs.KEPT
     correction: str = "none"
     correction_cap: float = 2.0
     correction_lower: float | None = None
@@ -68,32 +74,24 @@ class UpdateSettings:
     couples_rows: bool = False
 
     @classmethod
-    def from_config(cls, cfg, deferred_old: bool) -> "UpdateSettings":
-        """The settings of a composed run config."""
-        from training.algorithms import couples_rows
-        from training.settings import RunSettings
-
-        t, conf = cfg.train, RunSettings.of(cfg)
-        mb = t.minibatch_size
-        lower = conf.rollout.correction_lower
-        return cls(ppo_epochs=int(t.ppo_epochs), minibatch_size=None if mb is None else int(mb),
-                   max_grad_norm=float(t.max_grad_norm), beta=float(conf.terms.kl_beta),
-                   entropy_coef=float(conf.terms.entropy_coef), temperature=float(t.temperature),
-                   # the ratio's denominator is the behaviour policy's, never recomputed on the update's path
-                   align_old=False if conf.rollout.old_policy == "behaviour" else None,
-                   bf16=conf.bf16, deferred_old=deferred_old, correction=conf.rollout.correction,
-                   correction_cap=float(conf.rollout.correction_cap),
-                   correction_lower=None if lower is None else float(lower), norm_constant=float(t.max_new_tokens),
-                   couples_rows=couples_rows(str(cfg.algo.policy_loss.name)) is not None)
+    def of(cls, s) -> "UpdateSettings":
+        """The update's settings of a run (:class:`training.settings.RunSettings`)."""
+        lower = s.rollout.correction_lower
+        return cls(ppo_epochs=s.ppo_epochs, minibatch_size=s.minibatch_size, max_grad_norm=s.max_grad_norm,
+                   beta=float(s.terms.kl_beta), entropy_coef=float(s.terms.entropy_coef), temperature=s.temperature,
+                   bf16=s.bf16, old_logprobs=s.needs.old_logprobs, correction=s.rollout.correction,
+                   correction_cap=float(s.rollout.correction_cap),
+                   correction_lower=None if lower is None else float(lower), norm_constant=float(s.max_new_tokens),
+                   couples_rows=s.needs.couples_rows)
 
     @property
-    def aligned(self) -> bool:
-        """Whether the old log-probs are (re)computed on the update's own path before the first update."""
-        return bool(self.bf16 if self.align_old is None else self.align_old) or self.deferred_old
+    def deferred(self) -> bool:
+        """The rollout scored nothing: the update fills the old log-probs and the rollout policy's entropies."""
+        return self.old_logprobs is OldLogprobs.DEFERRED
 
 
 def policy_objective(logprobs, entropy, batch, advantages, loss: BoundLoss, beta: float = 0.0,
-                     entropy_coef: float = 0.0, weights=None):
+                     entropy_coef: float = 0.0, correction: Correction = Correction.none()):
     """The loss one optimiser step minimises (the verl engine's adapter is tested against this).
 
     loss = policy_loss(logprobs, batch, advantages) + beta * agg(k3 KL to the reference)
@@ -105,20 +103,17 @@ def policy_objective(logprobs, entropy, batch, advantages, loss: BoundLoss, beta
             (needed when entropy_coef > 0); batch: the minibatch (``ref_logprobs`` when beta > 0);
         advantages: (B,) or (B, L).
         loss: the policy loss and its parameters (:class:`training.algorithms.BoundLoss`).
-        weights: (B, L) per-token weights of the policy loss's terms, applied inside its aggregation
-            (:func:`training.algorithms.aggregation.token_weights`); or a rollout correction
-            (:class:`training.corrections.Correction`): its ``weights * keep`` on the policy loss's terms and its
-            ``keep`` (0 on the tokens it rejected) on the KL and entropy terms, so a rejected token adds nothing to
-            any term (the denominators unchanged); None: none.
+        correction: the rollout correction (:class:`training.corrections.Correction`; :meth:`Correction.none`: none):
+            its ``weights * keep`` on the policy loss's terms and its ``keep`` (0 on the tokens it rejected) on the KL
+            and entropy terms, so a rejected token adds nothing to any term (the denominators unchanged); the weights
+            enter through the one aggregation every loss shares (the loss contract, module docstring).
     Returns:
         (loss, policy loss term, metrics dict). Inside
         :func:`~training.algorithms.aggregation.over_minibatch` every term is its share of the minibatch's.
     """
     agg_mode, norm = loss.agg_mode, loss.norm_constant
-    keep = None
-    if weights is not None and not isinstance(weights, torch.Tensor):  # a Correction
-        weights, keep = weights.weights * weights.keep, weights.keep
-    with token_weights(weights):
+    keep = correction.keep
+    with token_weights(correction.loss_weights):
         pg_loss, m = loss(logprobs, batch, advantages)
     loss = pg_loss
     if entropy_coef > 0:
@@ -200,14 +195,14 @@ class UpdateStopped(Exception):
 def update_policy(model, optimizer, batch, advantages, loss: BoundLoss, settings: UpdateSettings = UpdateSettings(),
                   scorer: Scorer | None = None, control: UpdateControl | None = None) -> list[dict]:
     """``settings.ppo_epochs`` passes over ``batch`` in shuffled minibatches, one AdamW step per minibatch
-    (:func:`minibatch_step`).
+    (:class:`MinibatchPass`).
 
-    With ``settings.aligned`` the old log-probabilities are recomputed before the first update, without gradients,
-    minibatch by minibatch in the first epoch's order: the same rows, passes and precision path as the updates' own
-    forward passes, so the first minibatch's ratio is exactly 1 in bf16 too. The first minibatch needs no such pass:
-    before any update its own forward pass *is* the rollout policy, so its old log-probs are that pass's values,
-    detached. With ``deferred_old`` the rollout computed no old log-probs at all: they, and the rollout policy's
-    entropies (``batch.extras["entropy"]``), are filled here the same way.
+    When ``settings.old_logprobs`` is recomputed (ALIGNED or DEFERRED) the old log-probabilities are computed before
+    the first update, without gradients, minibatch by minibatch in the first epoch's order: the same rows, passes and
+    precision path as the updates' own forward passes, so the first minibatch's ratio is exactly 1 in bf16 too. The
+    first minibatch needs no such pass: before any update its own forward pass *is* the rollout policy, so its old
+    log-probs are that pass's values, detached. DEFERRED: the rollout computed no old log-probs at all: they, and the
+    rollout policy's entropies (``batch.entropy``), are filled here the same way.
 
     Args:
         batch: RolloutBatch of B responses (with ``ref_logprobs`` when beta > 0);
@@ -218,7 +213,7 @@ def update_policy(model, optimizer, batch, advantages, loss: BoundLoss, settings
         control: the shuffles' generator, the stop check and where a stopped update continues
             (:class:`UpdateControl`; None: a fresh update that never stops early).
     Returns:
-        One metrics dict per optimiser step (:func:`minibatch_step`); the first also has
+        One metrics dict per optimiser step (:meth:`MinibatchPass.run`); the first also has
         ``update_old_logprob_time_s``, the seconds of the old-log-prob pass.
     Raises:
         UpdateStopped: ``should_stop`` said so.
@@ -229,22 +224,22 @@ def update_policy(model, optimizer, batch, advantages, loss: BoundLoss, settings
     mb_size = int(s.minibatch_size or B)
     perms = [torch.randperm(B, generator=c.generator).to(advantages.device) for _ in range(s.ppo_epochs)]
     t_old = time.perf_counter()
-    if s.aligned and c.start == 0:  # a continued update's batch has them already
+    if s.old_logprobs.recomputed and c.start == 0:  # a continued update's batch has them already
         with torch.no_grad():
             for i in range(mb_size, B, mb_size):  # every minibatch but the first, before any update
                 idx = perms[0][i:i + mb_size]
                 mb = batch.select(idx)
                 lp, ent = scorer.score(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
-                                       s.temperature, with_entropy=s.deferred_old, bf16=s.bf16)
+                                       s.temperature, with_entropy=s.deferred, bf16=s.bf16)
                 batch.old_logprobs[idx] = lp
-                if s.deferred_old:
-                    batch.extras["entropy"][idx] = ent
+                if s.deferred:
+                    batch.entropy[idx] = ent
     t_old = time.perf_counter() - t_old
     out = list(c.done_metrics or [])
     steps = [perm[i:i + mb_size] for perm in perms for i in range(0, B, mb_size)]
     for k in range(c.start, len(steps)):
         idx = steps[k]
-        out.append(minibatch_step(up, batch, idx, advantages[idx], k == 0))
+        out.append(MinibatchPass(up, batch, idx, advantages[idx], k == 0).run())
         if k == 0:
             out[0]["update_old_logprob_time_s"] = t_old
         if c.should_stop is not None and k + 1 < len(steps) and c.should_stop():
@@ -253,126 +248,142 @@ def update_policy(model, optimizer, batch, advantages, loss: BoundLoss, settings
 
 
 def minibatch_step(up: Updater, batch, idx, advantages, first: bool) -> dict:
+    """One optimiser step of ``up`` on the rows ``idx`` of ``batch``: :meth:`MinibatchPass.run`."""
+    return MinibatchPass(up, batch, idx, advantages, first).run()
+
+
+class MinibatchPass:
     """One optimiser step of ``up`` (:class:`Updater`) on the rows ``idx`` of ``batch`` (``advantages``: theirs, (b,)
     or (b, L)): their micro-batches (``scorer.plan``), each forward and backward with the minibatch's normalisers, so
-    the accumulated gradient is the minibatch's; gradient clipping to ``max_grad_norm``; the step.
+    the accumulated gradient is the minibatch's; gradient clipping to ``max_grad_norm``; the step (:meth:`run`).
 
-    With ``first`` and ``s.aligned`` the forward passes (before any update) give the rows' old log-probs (and with
-    ``deferred_old`` their entropies), written back to ``batch``.
+    With ``first`` and recomputed old log-probs the forward passes (before any update) give the rows' old log-probs
+    (DEFERRED: also their entropies), written back to ``batch``. ``lp_all`` and ``ent_all`` (b, L) collect the passes'
+    log-probs and entropies (detached), for the whole minibatch's metrics; ``times`` their forward and backward
+    seconds."""
 
-    Returns:
-        The minibatch's metrics: the loss function's (clip fractions, ratios, ...), ``policy_loss``, ``loss``,
-        ``kl_ref`` / ``entropy_bonus`` when those terms are on, ``grad_norm``, the rollout correction's
-        (``correction_*``, ``tis_*``: :mod:`training.corrections`) with one,
-        ``nonfinite_skips`` (1 when a non-finite term skipped the step, :func:`nonfinite_term`; then also
-        ``nonfinite_<term>`` = 1), ``micro_batches``, ``update_tokens`` and ``update_padding`` (positions computed and positions without a
-        token, over the forward passes), ``update_forward_time_s``, ``update_backward_time_s``; with ``first``,
-        ``first_minibatch_ratio_dev`` = max |pi_theta / pi_old - 1| over its tokens before any update.
-    """
-    model, optimizer, s, scorer = up.model, up.optimizer, up.settings, up.scorer
-    mb = batch.select(idx)
-    B, L = mb.response_ids.shape
-    plan = scorer.plan(mb.prompt_ids, mb.prompt_mask, mb.response_mask)
-    set_old = first and s.aligned
-    want_entropy = s.entropy_coef > 0 or (set_old and s.deferred_old)
-    norms = Normalisers.of(mb.response_mask, s.norm_constant)
-    dtype = torch.float64 if next(model.parameters()).dtype == torch.float64 else torch.float32
-    lp_all = torch.zeros((B, L), dtype=dtype, device=mb.response_ids.device)
-    ent_all = torch.zeros_like(lp_all) if want_entropy else None
-    times = {"forward": 0.0, "backward": 0.0}
+    def __init__(self, up: Updater, batch, idx, advantages, first: bool):
+        self.up, self.s, self.batch, self.idx, self.advantages, self.first = up, up.settings, batch, idx, advantages, first
+        self.mb = batch.select(idx)
+        B, L = self.mb.response_ids.shape
+        self.set_old = first and self.s.old_logprobs.recomputed
+        self.want_entropy = self.s.entropy_coef > 0 or (self.set_old and self.s.deferred)
+        dtype = torch.float64 if next(up.model.parameters()).dtype == torch.float64 else torch.float32
+        self.lp_all = torch.zeros((B, L), dtype=dtype, device=self.mb.response_ids.device)
+        self.ent_all = torch.zeros_like(self.lp_all) if self.want_entropy else None
+        self.times = {"forward": 0.0, "backward": 0.0}
 
-    def forward(micro):
+    def forward(self, micro):
+        """One micro-batch's forward pass: (its rows in the minibatch, log-probs (r, L), entropies or None), the
+        detached values kept in ``lp_all``/``ent_all`` (and, on the first minibatch of a recomputing update, as the
+        rows' old log-probs and entropies)."""
+        s, mb = self.s, self.mb
         t0 = time.perf_counter()
-        lp, ent = scorer.forward(model, micro, Sequences.of(mb), s.temperature, with_entropy=want_entropy, bf16=s.bf16)
-        rows = micro.rows.to(lp_all.device)
-        lp_all[rows] = lp.detach()
-        if want_entropy:
-            ent_all[rows] = ent.detach()
-        if set_old:  # before any update this pass is the rollout policy: its own old log-probs
+        lp, ent = self.up.scorer.forward(self.up.model, micro, Sequences.of(mb), s.temperature,
+                                         with_entropy=self.want_entropy, bf16=s.bf16)
+        rows = micro.rows.to(self.lp_all.device)
+        self.lp_all[rows] = lp.detach()
+        if self.want_entropy:
+            self.ent_all[rows] = ent.detach()
+        if self.set_old:  # before any update this pass is the rollout policy: its own old log-probs
             mb.old_logprobs[rows] = lp.detach()
-            if s.deferred_old:
-                mb.extras["entropy"][rows] = ent.detach()
-        times["forward"] += time.perf_counter() - t0
+            if s.deferred:
+                mb.entropy[rows] = ent.detach()
+        self.times["forward"] += time.perf_counter() - t0
         return rows, lp, ent
 
-    def objective(rows_batch, lp, ent, adv):
-        # the rollout correction (training/corrections.py) of the proximal log-probs (the ratio's old policy) against
-        # the sampler's: a rejected token weighs 0 in every term; the denominators still count it (its docstring)
-        # the sampler's (k = 0), or with staleness the behaviour policy's b (training/engines/local.py::_behaviour)
-        corr, b = None, rows_batch.extras.get("behaviour_logprobs", rows_batch.extras.get("rollout_logprobs"))
+    def objective(self, rows_batch, lp, ent, adv):
+        """The loss of ``rows_batch`` (:func:`policy_objective`) with the rollout correction
+        (:mod:`training.corrections`) of the proximal log-probs (the ratio's old policy) against the sampler's
+        (k = 0), or with staleness the behaviour policy's b: a rejected token weighs 0 in every term; the
+        denominators still count it. Returns (loss, policy loss term, metrics)."""
+        s = self.s
+        b = rows_batch.behaviour_logprobs if rows_batch.behaviour_logprobs is not None else rows_batch.rollout_logprobs
+        corr = Correction.none()
         if s.correction != "none" and b is not None:
             corr = correct(s.correction, rows_batch.old_logprobs, b, rows_batch.response_mask, cap=s.correction_cap,
                            lower=s.correction_lower)
-        loss, pg, m = policy_objective(lp, ent, rows_batch, adv, up.loss, beta=s.beta, entropy_coef=s.entropy_coef,
-                                       weights=corr)
-        if corr is not None:
-            m.update(corr.metrics)
+        loss, pg, m = policy_objective(lp, ent, rows_batch, adv, self.up.loss, beta=s.beta,
+                                       entropy_coef=s.entropy_coef, correction=corr)
+        m.update(corr.metrics)
         return loss, pg, m
 
-    optimizer.zero_grad(set_to_none=True)
-    if len(plan) > 1:  # the gradients exist from the first pass on, so the first (largest) pass is the step's peak
-        for p in model.parameters():
-            if p.requires_grad:
-                p.grad = torch.zeros_like(p)
-    if s.couples_rows and len(plan) > 1:
-        loss, pg, m = _coupled_backward(plan, forward, objective, mb, advantages, lp_all, ent_all, times)
-    else:
-        with over_minibatch(norms):
+    def accumulate(self, plan):
+        """Each micro-batch forward and backward inside the minibatch's normalisers; the whole minibatch's (loss,
+        policy loss, metrics), from the log-probs the passes computed when there was more than one."""
+        mb, advantages = self.mb, self.advantages
+        with over_minibatch(Normalisers.of(mb.response_mask, self.s.norm_constant)):
             for micro in plan:
-                rows, lp, ent = forward(micro)
-                sub = mb.select(rows)
-                loss, pg, m = objective(sub, lp, ent, advantages[rows])
+                rows, lp, ent = self.forward(micro)
+                loss, pg, m = self.objective(mb.select(rows), lp, ent, advantages[rows])
                 t0 = time.perf_counter()
                 loss.backward()
-                times["backward"] += time.perf_counter() - t0
+                self.times["backward"] += time.perf_counter() - t0
             if len(plan) != 1:  # the whole minibatch's metrics, from the log-probs the passes computed
                 with torch.no_grad():
-                    loss, pg, m = objective(mb, lp_all, ent_all, advantages)
-    if set_old:
-        batch.old_logprobs[idx] = mb.old_logprobs
-        if s.deferred_old:
-            batch.extras["entropy"][idx] = mb.extras["entropy"]
-    t0 = time.perf_counter()
-    grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], s.max_grad_norm)
-    fault = nonfinite_term(advantages, mb.response_mask, pg, m, grad_norm)
-    if fault is None:
-        optimizer.step()
-    else:  # a non-finite term: the step is skipped, weights and optimiser state untouched (verl and Megatron-LM too)
-        m[f"nonfinite_{fault}"] = 1.0
-    m["nonfinite_skips"] = float(fault is not None)
-    optimizer.zero_grad(set_to_none=True)  # gradients freed until the next step (memory for generation)
-    times["backward"] += time.perf_counter() - t0
-    m.update(policy_loss=float(pg.detach()), loss=float(loss.detach()), grad_norm=float(grad_norm),
-             micro_batches=len(plan), update_tokens=sum(x.tokens for x in plan),
-             update_padding=sum(x.padding for x in plan),
-             update_forward_time_s=times["forward"], update_backward_time_s=times["backward"])
-    if first:  # before any update the ratio must be exactly 1 on every token
-        keep = mb.response_mask.bool()
-        dev = ((lp_all - mb.old_logprobs).exp() - 1).abs()
-        m["first_minibatch_ratio_dev"] = float(dev[keep].max()) if keep.any() else 0.0
-    return m
+                    loss, pg, m = self.objective(mb, self.lp_all, self.ent_all, advantages)
+        return loss, pg, m
 
-
-def _coupled_backward(plan, forward, objective, mb, advantages, lp_all, ent_all, times: dict):
-    """The backward pass of a loss that reads other responses' log-probs (:func:`training.algorithms.couples_rows`)
-    over several micro-batches: the loss's gradient w.r.t. the minibatch's log-probs (and entropies) first, from
-    passes without gradients, then back-propagated through each micro-batch's forward pass again. ``forward(micro)``
-    -> (rows, log-probs, entropies) fills ``lp_all``/``ent_all`` (B, L); ``objective`` is the minibatch's loss.
-    Returns the minibatch's (loss, policy loss, metrics)."""
-    want_entropy = ent_all is not None
-    with torch.no_grad():
+    def coupled(self, plan):
+        """The backward pass of a loss that reads other responses' log-probs (:func:`training.algorithms.couples_rows`)
+        over several micro-batches: the loss's gradient w.r.t. the minibatch's log-probs (and entropies) first, from
+        passes without gradients, then back-propagated through each micro-batch's forward pass again. Returns the
+        minibatch's (loss, policy loss, metrics)."""
+        want_entropy = self.ent_all is not None
+        with torch.no_grad():
+            for micro in plan:
+                self.forward(micro)
+        lp_leaf = self.lp_all.clone().requires_grad_(True)
+        ent_leaf = self.ent_all.clone().requires_grad_(True) if want_entropy else None
+        loss, pg, m = self.objective(self.mb, lp_leaf, ent_leaf, self.advantages)
+        leaves = [lp_leaf] + ([ent_leaf] if want_entropy else [])
+        grads = torch.autograd.grad(loss, leaves, allow_unused=True)
         for micro in plan:
-            forward(micro)
-    lp_leaf = lp_all.clone().requires_grad_(True)
-    ent_leaf = ent_all.clone().requires_grad_(True) if want_entropy else None
-    loss, pg, m = objective(mb, lp_leaf, ent_leaf, advantages)
-    leaves = [lp_leaf] + ([ent_leaf] if want_entropy else [])
-    grads = torch.autograd.grad(loss, leaves, allow_unused=True)
-    for micro in plan:
-        rows, lp, ent = forward(micro)
+            rows, lp, ent = self.forward(micro)
+            t0 = time.perf_counter()
+            outs = [lp] + ([ent] if want_entropy else [])
+            pairs = [(o, g[rows]) for o, g in zip(outs, grads) if g is not None]
+            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+            self.times["backward"] += time.perf_counter() - t0
+        return loss, pg, m
+
+    def run(self) -> dict:
+        """The optimiser step. Returns the minibatch's metrics: the loss function's (clip fractions, ratios, ...),
+        ``policy_loss``, ``loss``, ``kl_ref`` / ``entropy_bonus`` when those terms are on, ``grad_norm``, the rollout
+        correction's (``correction_*``, ``tis_*``: :mod:`training.corrections`) with one, ``nonfinite_skips`` (1 when
+        a non-finite term skipped the step, :func:`nonfinite_term`; then also ``nonfinite_<term>`` = 1),
+        ``micro_batches``, ``update_tokens`` and ``update_padding`` (positions computed and positions without a token,
+        over the forward passes), ``update_forward_time_s``, ``update_backward_time_s``; on the first minibatch,
+        ``first_minibatch_ratio_dev`` = max |pi_theta / pi_old - 1| over its tokens before any update."""
+        up, s, mb = self.up, self.s, self.mb
+        model, optimizer = up.model, up.optimizer
+        plan = up.scorer.plan(mb.prompt_ids, mb.prompt_mask, mb.response_mask)
+        optimizer.zero_grad(set_to_none=True)
+        if len(plan) > 1:  # the gradients exist from the first pass on, so the first (largest) pass is the step's peak
+            for p in model.parameters():
+                if p.requires_grad:
+                    p.grad = torch.zeros_like(p)
+        loss, pg, m = (self.coupled if s.couples_rows and len(plan) > 1 else self.accumulate)(plan)
+        if self.set_old:
+            self.batch.old_logprobs[self.idx] = mb.old_logprobs
+            if s.deferred:
+                self.batch.entropy[self.idx] = mb.entropy
         t0 = time.perf_counter()
-        outs = [lp] + ([ent] if want_entropy else [])
-        pairs = [(o, g[rows]) for o, g in zip(outs, grads) if g is not None]
-        torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
-        times["backward"] += time.perf_counter() - t0
-    return loss, pg, m
+        grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], s.max_grad_norm)
+        fault = nonfinite_term(self.advantages, mb.response_mask, pg, m, grad_norm)
+        if fault is None:
+            optimizer.step()
+        else:  # a non-finite term: the step is skipped, weights and optimiser state untouched (verl and Megatron-LM too)
+            m[f"nonfinite_{fault}"] = 1.0
+        m["nonfinite_skips"] = float(fault is not None)
+        optimizer.zero_grad(set_to_none=True)  # gradients freed until the next step (memory for generation)
+        self.times["backward"] += time.perf_counter() - t0
+        m.update(policy_loss=float(pg.detach()), loss=float(loss.detach()), grad_norm=float(grad_norm),
+                 micro_batches=len(plan), update_tokens=sum(x.tokens for x in plan),
+                 update_padding=sum(x.padding for x in plan),
+                 update_forward_time_s=self.times["forward"], update_backward_time_s=self.times["backward"])
+        if self.first:  # before any update the ratio must be exactly 1 on every token
+            keep = mb.response_mask.bool()
+            dev = ((self.lp_all - mb.old_logprobs).exp() - 1).abs()
+            m["first_minibatch_ratio_dev"] = float(dev[keep].max()) if keep.any() else 0.0
+        return m

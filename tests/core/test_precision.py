@@ -92,14 +92,15 @@ def test_auto_trains_in_the_precision_the_cpu_computes_and_says_why(monkeypatch,
     bf16 units; the engine's record (tagged on the run by the orchestrator) holds the choice and its reason."""
     from orchestrator.checks.preflight import sweep_points
     from training.engines import EngineChoices, local
+    from training.engines.local import local_step
 
     monkeypatch.setenv("RLVR_CPU_FLAGS", flags)
     [(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke", "train.rollout.sampler=hf"], multirun=False)
     assert cfg.train.precision == "auto"
     cfg = OmegaConf.merge(cfg, {"train": {"steps": 1, "prompts_per_step": 1, "group_size": 2, "max_new_tokens": 4}})
     seen = []
-    real = local.update_policy
-    monkeypatch.setattr(local, "update_policy", lambda *a, **k: seen.append(a[5].bf16) or real(*a, **k))
+    real = local_step.update_policy
+    monkeypatch.setattr(local_step, "update_policy", lambda *a, **k: seen.append(a[5].bf16) or real(*a, **k))
     choices = EngineChoices()
     local.train(cfg, tmp_path, choices=choices)
     info = choices.precision

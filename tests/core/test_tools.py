@@ -138,7 +138,8 @@ def test_tool_tokens_get_no_gradient_in_any_loss_term(algo, tiny_policy, tiny_cf
     from orchestrator.checks.preflight import sweep_points
     from training.algorithms import BoundLoss, get_advantage_fn
     from training.batch import RolloutBatch
-    from training.engines.local import _params, policy_objective
+    from training.settings import RunSettings
+    from training.update import policy_objective
     from core.scoring import Sequences, compute_logprobs
 
     model, tok = tiny_policy
@@ -157,8 +158,9 @@ def test_tool_tokens_get_no_gradient_in_any_loss_term(algo, tiny_policy, tiny_cf
                          response_mask=mask, old_logprobs=old - 0.02, rewards=torch.tensor([1.0, 0, 0, 1, 1, 0, 1, 0]),
                          group_index=torch.tensor([0] * 4 + [1] * 4), response_lengths=mask.sum(-1), ref_logprobs=ref,
                          correct=torch.tensor([1, 0, 0, 1, 1, 0, 1, 0], dtype=torch.bool))
-    adv, _ = get_advantage_fn(cfg.algo.advantage.name)(batch, **_params(cfg.algo.advantage))
-    bound = BoundLoss.named(cfg.algo.policy_loss.name, _params(cfg.algo.policy_loss))
+    algo = RunSettings.of(cfg).algo
+    adv, _ = get_advantage_fn(algo.advantage)(batch, **algo.advantage_params)
+    bound = BoundLoss.named(algo.policy_loss, algo.policy_loss_params)
 
     def loss_and_grad(lp_values, entropy_values, b):
         lp = lp_values.clone().requires_grad_(True)

@@ -156,7 +156,7 @@ def test_each_algorithm_trains_through_verls_trainer(verl_sweep, algo):
     missing = _own_metrics(algo) - set(m)
     assert not missing, missing
     # verl's rollout correction (train.rollout.correction=token_tis -> algorithm.rollout_correction) ran every step,
-    # its weights handed to the suite's loss (training/engines/verl.py::verl_policy_loss)
+    # its weights handed to the suite's loss (training/engines/verl/verl_adapters.py::verl_policy_loss)
     assert [s for s, _ in _history(client, run, "verl/rollout_corr/rollout_is_mean")] == list(range(STEPS))
     for key in _own_metrics(algo):
         assert [s for s, _ in _history(client, run, key)] == list(range(STEPS)), key

@@ -196,8 +196,7 @@ def tiny():
                          rewards=torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0]),
                          group_index=torch.tensor([0, 0, 0, 1, 1, 1]), response_lengths=response_mask.sum(-1),
                          ref_logprobs=lp - 0.05, correct=torch.tensor([True, False, True, False, False, True]),
-                         extras={"entropy": torch.zeros(rows, L),
-                                 "rollout_logprobs": lp + torch.randn(rows, L, generator=g) * 0.4})
+                         entropy=torch.zeros(rows, L), rollout_logprobs=lp + torch.randn(rows, L, generator=g) * 0.4)
     return model, batch
 
 
@@ -235,7 +234,7 @@ def test_all_tokens_rejected_gives_a_zero_gradient_not_nan(tiny, name):
     """Every ratio e^3 = 20 > C: each masking correction rejects every token, so the policy loss and the KL term
     weigh nothing: a finite loss of 0 and a zero gradient."""
     model, batch = tiny[0], copy.deepcopy(tiny[1])
-    batch.extras["rollout_logprobs"] = batch.old_logprobs - 3.0
+    batch.rollout_logprobs = batch.old_logprobs - 3.0
     opt, m = _step(model, batch, name, Capture)
     assert m["correction_masked_share"] == 1.0 and m["loss"] == 0.0
     assert all(torch.isfinite(gr).all() and not gr.any() for gr in opt.grads)
@@ -265,13 +264,13 @@ def test_a_rejected_token_adds_nothing_to_the_loss(tiny):
 
     model, batch = tiny
     opt, m = _step(model, batch, "token_mis", Capture, max_grad_norm=1e12)  # the gradient before any clipping
-    c = correct("token_mis", batch.old_logprobs, batch.extras["rollout_logprobs"], batch.response_mask, 1.5)
+    c = correct("token_mis", batch.old_logprobs, batch.rollout_logprobs, batch.response_mask, 1.5)
     assert 0 < m["correction_masked_share"] < 1
     model.zero_grad(set_to_none=True)
     lp, _ = compute_logprobs(model, Sequences.of(batch))
     adv = get_advantage_fn("grpo")(batch)[0]
     loss = BoundLoss.named("grpo", {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "loss_agg_mode": "token-mean"})
-    total, _, _ = policy_objective(lp, None, batch, adv, loss, beta=0.05, weights=c)
+    total, _, _ = policy_objective(lp, None, batch, adv, loss, beta=0.05, correction=c)
     total.backward()
     by_hand = torch.cat([q.grad.flatten() for q in model.parameters()])
     got = torch.cat([gr.flatten() for gr in opt.grads])

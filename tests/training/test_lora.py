@@ -10,6 +10,10 @@ from omegaconf import OmegaConf
 
 from core.lora import ADAPTER_CONFIG, LoraSettings, attach, evaluable, trainable_count
 from training.engines import EngineChoices, local
+from core.models import load_policy
+from training.engines.local import local_generation, local_setup
+from training.settings import RunSettings
+from training.update import UpdateControl, update_policy
 
 
 def _cfg(extra=()):
@@ -143,12 +147,12 @@ def test_the_memory_plan_counts_the_adapters_peft_makes(tiny_cfg):
     shape = ModelShape.from_config(model.config)
     assert shape.lora_params(4, LoraSettings(rank=4).targets()) == trainable == total - before
     cfg = _cfg()
-    run = RunShape.of(cfg)
+    run = RunShape.of(RunSettings.of(cfg))
     assert run.lora_rank == 4 and run.kl
     plan = plan_memory(shape, run, 512)
     assert plan.parts["optimizer"] == pytest.approx(8.0 * trainable / GIB)
     assert plan.parts["gradients"] == pytest.approx(4.0 * trainable / GIB) and plan.parts["reference"] == 0.0
-    full = plan_memory(shape, RunShape.of(OmegaConf.merge(cfg, {"train": {"lora": {"rank": 0}}})), 512)
+    full = plan_memory(shape, RunShape.of(RunSettings.of(OmegaConf.merge(cfg, {"train": {"lora": {"rank": 0}}}))), 512)
     assert full.parts["reference"] > 0 and full.parts["optimizer"] == pytest.approx(8.0 * before / GIB)
 
 
@@ -173,13 +177,13 @@ def test_smollm2_with_rank_8_trains_under_5_percent_keeps_the_base_and_scores_th
     [(_, cfg)] = sweep_points(["train.lora.rank=8", "algo=grpo", "algo.kl_beta=0.04", "train.rollout.sampler=hf",
                                "train.prompts_per_step=2", "train.group_size=2", "train.max_new_tokens=12",
                                "train.minibatch_size=4"])
-    run = local.setup(cfg, tmp_path, {})
+    run = local_setup.setup(RunSettings.of(cfg), tmp_path, {})
     trainable, total = trainable_count(run.model)
     assert run.ref_model is run.model and trainable / total < 0.05
-    ro = local.generate(run, 0)
-    local.update_policy(run.model, run.optimizer, ro.batch, ro.advantages, run.loss, run.settings, run.scorer,
-                        local.UpdateControl(torch.Generator().manual_seed(0)))
-    base, _ = local.load_policy(cfg.model)
+    ro = local_generation.generate(run, 0)
+    update_policy(run.model, run.optimizer, ro.batch, ro.advantages, run.loss, run.update, run.scorer,
+                  UpdateControl(torch.Generator().manual_seed(0)))
+    base, _ = load_policy(cfg.model)
     names = {k.replace(".base_layer", ""): v for k, v in run.model.state_dict().items() if "lora_" not in k}
     assert sorted(names) == sorted(base.state_dict())
     assert all(torch.equal(names[k], v) for k, v in base.state_dict().items())
@@ -230,11 +234,11 @@ def test_lora_gradients_are_the_same_with_checkpointing_micro_batches_and_bf16(t
                         ("checkpointed micro-batches", {"micro_batch_tokens": 64, "gradient_checkpointing": True}),
                         ("bf16", {"micro_batch_tokens": None, "precision": "bf16"})):
         cfg = OmegaConf.merge(_cfg(), {"train": {"minibatch_size": 4, **extra}})
-        run = local.setup(cfg, tmp_path / name.replace(" ", "_"), {})
-        batch = batch or local.generate(run, 0)
+        run = local_setup.setup(RunSettings.of(cfg), tmp_path / name.replace(" ", "_"), {})
+        batch = batch or local_generation.generate(run, 0)
         cap = Capture(run.model)
-        local.update_policy(run.model, cap, batch.batch, batch.advantages, run.loss, run.settings, run.scorer,
-                            local.UpdateControl(torch.Generator().manual_seed(0)))
+        update_policy(run.model, cap, batch.batch, batch.advantages, run.loss, run.update, run.scorer,
+                      UpdateControl(torch.Generator().manual_seed(0)))
         grads[name] = cap.grads
     one, split, bf16 = grads["one pass"], grads["checkpointed micro-batches"], grads["bf16"]
     assert one.keys() == split.keys() == bf16.keys() and all("lora_" in k for k in one)

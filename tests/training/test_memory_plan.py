@@ -53,11 +53,12 @@ def test_every_preset_is_planned_offline():
     from orchestrator.memory import paper_presets, preset_plan, presets_table
     from orchestrator.checks.preflight import CONFIG_DIR, sweep_points
     from training.memory_plan import plan_for
+    from training.settings import RunSettings
 
     assert os.environ.get("HF_HUB_OFFLINE") == "1"
     for path in sorted((CONFIG_DIR / "experiment").glob("*.yaml")):  # each preset's own settings (the twins too)
         (_, cfg) = sweep_points([f"experiment={path.stem}"])[0]  # the sweep's first point (composed once per worker)
-        plan = plan_for(cfg, device="cuda", device_gb=80.0)
+        plan = plan_for(RunSettings.of(cfg, "cuda"), device_gb=80.0)
         assert plan.total_gb > plan.parts["weights"] > 0, path.stem
     main = preset_plan("quatro_main")
     assert main["params_b"] == pytest.approx(1.54, abs=0.01) and main["verdict"].startswith("fits as is")
@@ -135,13 +136,14 @@ from orchestrator.checks.preflight import sweep_points
 from training.engines import EngineChoices
 from training.engines.local import train
 from training.memory_plan import plan_for
+from training.settings import RunSettings
 [(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke", "algo=gspo", "train.prompts_per_step=256",
     "train.group_size=8", "train.minibatch_size=2048", "train.max_new_tokens=4", "train.steps=1",
     "train.micro_batch_tokens=4096", "train.rollout.sampler=hf", "train.device=cpu"], multirun=False)
 logged, choices = [], EngineChoices()
 train(cfg, {str(tmp_path / 'run')!r}, lambda m, s: logged.append(m), choices=choices)
 print(json.dumps({{"peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "metrics": logged[-1],
-                  "plan_gb": plan_for(cfg).total_gb, "memory": choices.memory}}))
+                  "plan_gb": plan_for(RunSettings.of(cfg)).total_gb, "memory": choices.memory}}))
 """
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=900,
                           env=dict(os.environ, HF_HUB_OFFLINE="1"))
@@ -207,12 +209,13 @@ def test_overlapped_generation_plans_one_more_copy_of_the_weights():
     plan's held rollout memory grows by 4 bytes per parameter (hand computation), and not without staleness."""
     from orchestrator.checks.preflight import sweep_points
     from training.memory_plan import GIB, RunShape, model_shape, plan_memory
+    from training.settings import RunSettings
 
     [(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke", "train.rollout.sampler=hf"])
     shape = model_shape(cfg.model)
     plans = {}
     for k, overlap in ((1, False), (1, True), (0, True)):
         c = OmegaConf.merge(cfg, {"train": {"rollout": {"staleness": k, "overlap": overlap}}})
-        plans[(k, overlap)] = plan_memory(shape, RunShape.of(c, "cpu"), None).parts["rollout_held"]
+        plans[(k, overlap)] = plan_memory(shape, RunShape.of(RunSettings.of(c, "cpu")), None).parts["rollout_held"]
     assert plans[(1, True)] - plans[(1, False)] == pytest.approx(4.0 * shape.n_params / GIB)
     assert plans[(0, True)] == plans[(1, False)]

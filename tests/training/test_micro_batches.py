@@ -73,8 +73,8 @@ def _batch(model, prompts=4, group=4, seed=0):
                          response_mask=response_mask, old_logprobs=(lp + noise(0.2)).float().double(),
                          rewards=rewards, group_index=torch.arange(prompts).repeat_interleave(group),
                          response_lengths=response_mask.sum(-1), ref_logprobs=lp + noise(0.3),
-                         correct=rewards > 0, extras={"entropy": torch.zeros(B, L, dtype=torch.float64),
-                                                      "rollout_logprobs": lp + noise(0.1)})
+                         correct=rewards > 0, entropy=torch.zeros(B, L, dtype=torch.float64),
+                         rollout_logprobs=lp + noise(0.1))
     return batch
 
 

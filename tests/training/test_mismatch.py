@@ -43,7 +43,7 @@ def _batch(old):
     return RolloutBatch(prompt_ids=torch.ones(2, 1, dtype=torch.long), prompt_mask=torch.ones(2, 1, dtype=torch.long),
                         response_ids=torch.ones(2, 3, dtype=torch.long), response_mask=MASK, old_logprobs=old,
                         rewards=torch.tensor([1.0, 0.0]), group_index=torch.tensor([0, 0]),
-                        response_lengths=MASK.sum(-1), extras={"rollout_logprobs": ROLL})
+                        response_lengths=MASK.sum(-1), rollout_logprobs=ROLL)
 
 
 def test_token_tis_changes_the_grpo_loss_as_its_formula_says():
@@ -51,7 +51,8 @@ def test_token_tis_changes_the_grpo_loss_as_its_formula_says():
     tokens. With token_tis each token's term is multiplied by w_t = min(pi_old / pi_vllm, 2):
     loss = -(A_1 (e^0.5 + e^-1 + 1) + A_2 (1 + 2)) / 5, and its gradient with respect to each log-prob is -A_i w_t / 5."""
     from training.algorithms import BoundLoss
-    from training.engines.local import policy_objective
+    from training.corrections import Correction
+    from training.update import policy_objective
 
     adv = torch.tensor([1.0, -1.0])
     loss = BoundLoss.named("grpo", {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "loss_agg_mode": "token-mean"})
@@ -59,7 +60,7 @@ def test_token_tis_changes_the_grpo_loss_as_its_formula_says():
     plain, _, _ = policy_objective(lp, None, _batch(OLD), adv, loss)
     assert float(plain.detach()) == pytest.approx(-(1.0 * 3 - 1.0 * 2) / 5)
     w = tis_weights(OLD, ROLL, MASK, "token_tis", 2.0)
-    weighted, _, _ = policy_objective(lp, None, _batch(OLD), adv, loss, weights=w)
+    weighted, _, _ = policy_objective(lp, None, _batch(OLD), adv, loss, correction=Correction(w, None))
     by_hand = -(1.0 * (math.exp(0.5) + math.exp(-1.0) + 1.0) - 1.0 * (1.0 + 2.0)) / 5
     assert float(weighted) == pytest.approx(by_hand, abs=1e-6)  # float32 sums
     weighted.backward()
@@ -78,13 +79,13 @@ def test_sequence_weights_scale_every_registered_loss(name):
     adv = torch.tensor([1.0, -0.5])
     batch = _batch(OLD)
     batch.ref_logprobs = OLD - 0.1
-    batch.extras["entropy"] = torch.ones(2, 3)
+    batch.entropy = torch.ones(2, 3)
     plain, _ = loss_fn(OLD, batch, adv)
     with token_weights(torch.full((2, 3), 2.0)):
         doubled, _ = loss_fn(OLD, batch, adv)
     assert float(doubled) == pytest.approx(2 * float(plain), rel=1e-5)
     first_only = _batch(OLD)
-    first_only.ref_logprobs, first_only.extras["entropy"] = batch.ref_logprobs, batch.extras["entropy"]
+    first_only.ref_logprobs, first_only.entropy = batch.ref_logprobs, batch.entropy
     with token_weights(torch.tensor([[1.0] * 3, [0.0] * 3])):
         dropped, _ = loss_fn(OLD, batch, adv)
     assert float(plain) != pytest.approx(float(dropped))

@@ -10,6 +10,9 @@ from omegaconf import OmegaConf
 from core.scoring import Sequences, compute_logprobs
 from tests.conftest import REPO
 from training.engines import local
+from training.engines.local import local_generation
+from training.settings import OldLogprobs
+from training.update import UpdateControl, UpdateSettings, update_policy
 
 
 def _cfg(tiny_cfg, **train):
@@ -152,22 +155,22 @@ def test_train_step_benchmark_runs_both_engines_on_the_same_prompts(tmp_path, ti
         model, steps, max_new_tokens, local_overrides = "tiny-random", 2, 8, []
     cfg = _compose(A)
     seen = []
-    real = local.collect_rollouts
+    real = local_generation.collect_rollouts
 
     def spy(model, tok, rows, *a, **k):
         seen.extend(r["prompt"] for r in rows)
         return real(model, tok, rows, *a, **k)
-    local.collect_rollouts = spy
+    local_generation.collect_rollouts = spy
     try:
         local.train(cfg, tmp_path / "run")
     finally:
-        local.collect_rollouts = real
+        local_generation.collect_rollouts = real
     assert seen == [r["prompt"] for r in prompt_sequence(cfg)]
 
 
 @pytest.mark.parametrize("epochs,minibatch", [(1, 4), (2, 3), (1, None)])
 def test_deferred_old_log_probs_equal_the_rollout_pass(tiny_policy, epochs, minibatch):
-    """With ``deferred_old`` the rollout scores nothing and the update fills the old log-probs and entropies,
+    """On the DEFERRED path the rollout scores nothing and the update fills the old log-probs and entropies,
     minibatch by minibatch, the first from its own forward pass. Second method: the eager rollout pass over the
     same samples (same seed). Old log-probs and entropies agree to float rounding, every row is filled, the
     first minibatch's ratio is exactly 1, and the updated weights agree with the eager run's."""
@@ -184,18 +187,19 @@ def test_deferred_old_log_probs_equal_the_rollout_pass(tiny_policy, epochs, mini
         model = copy.deepcopy(base).train()
         batch, _ = collect_rollouts(model, tok, rows, RolloutRequest(4, 1.0, 1.0, 6, seed=11, old_logprobs=not deferred))
         assert torch.isnan(batch.old_logprobs).all() == deferred
-        eager = batch.old_logprobs.clone(), batch.extras["entropy"].clone()
+        eager = batch.old_logprobs.clone(), batch.entropy.clone()
         adv, _ = get_advantage_fn("grpo")(batch)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        ms = local.update_policy(model, opt, batch, adv, BoundLoss.named("grpo"),
-                                 local.UpdateSettings(ppo_epochs=epochs, minibatch_size=minibatch, deferred_old=deferred),
-                                 control=local.UpdateControl(torch.Generator().manual_seed(3)))
+        path = OldLogprobs.DEFERRED if deferred else OldLogprobs.KEPT
+        ms = update_policy(model, opt, batch, adv, BoundLoss.named("grpo"),
+                           UpdateSettings(ppo_epochs=epochs, minibatch_size=minibatch, old_logprobs=path),
+                           control=UpdateControl(torch.Generator().manual_seed(3)))
         out[deferred] = (batch, eager, ms, [p.detach().clone() for p in model.parameters()])
     (b0, (old0, ent0), ms0, w0), (b1, _, ms1, w1) = out[False], out[True]
     m = b0.response_mask.bool()
-    assert not torch.isnan(b1.old_logprobs[m]).any() and not torch.isnan(b1.extras["entropy"][m]).any()
+    assert not torch.isnan(b1.old_logprobs[m]).any() and not torch.isnan(b1.entropy[m]).any()
     assert torch.allclose(b1.old_logprobs[m], old0[m], atol=1e-5)
-    assert torch.allclose(b1.extras["entropy"][m], ent0[m], atol=1e-5)
+    assert torch.allclose(b1.entropy[m], ent0[m], atol=1e-5)
     assert ms1[0]["first_minibatch_ratio_dev"] == 0.0
     assert [x["loss"] for x in ms1] == pytest.approx([x["loss"] for x in ms0], rel=1e-4, abs=1e-6)
     for a, b in zip(w0, w1):

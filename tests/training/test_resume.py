@@ -3,7 +3,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from core.models import load_policy
 from training.engines import local
+from training.engines.local import local_step
 
 
 def _cfg(tiny_cfg):
@@ -35,7 +37,7 @@ def test_preempted_and_resumed_training_matches_an_uninterrupted_run(tiny_cfg, t
             local.STOP_REQUESTED.set()  # as the SIGUSR2 handler does
 
     if where == "during the update":
-        update, calls = local.update_policy, []
+        update, calls = local_step.update_policy, []
 
         def update_and_preempt(*args, **kwargs):
             calls.append(1)
@@ -43,7 +45,7 @@ def test_preempted_and_resumed_training_matches_an_uninterrupted_run(tiny_cfg, t
                 local.STOP_REQUESTED.set()
             return update(*args, **kwargs)
 
-        monkeypatch.setattr(local, "update_policy", update_and_preempt)
+        monkeypatch.setattr(local_step, "update_policy", update_and_preempt)
     try:
         with pytest.raises(local.Preempted):
             local.train(cfg, tmp_path / "b", log_and_preempt)
@@ -66,7 +68,7 @@ def test_preempted_and_resumed_training_matches_an_uninterrupted_run(tiny_cfg, t
     assert wa.keys() == wb.keys()
     for k in wa:
         assert torch.equal(wa[k], wb[k]), k
-    assert not torch.equal(wa["model.embed_tokens.weight"], local.load_policy(cfg.model)[0].state_dict()["model.embed_tokens.weight"])
+    assert not torch.equal(wa["model.embed_tokens.weight"], load_policy(cfg.model)[0].state_dict()["model.embed_tokens.weight"])
     # the sampled tokens' counts and mean probabilities (TR-GRPO's Fig. 1) survive the stop: the resumed run's file is
     # the uninterrupted one's, and its counts add up to the response tokens the steps logged (a second count)
     import pandas as pd

@@ -24,7 +24,7 @@ def test_left_padded_logprobs_equal_unpadded_per_sequence(tiny_policy):
         assert torch.allclose(batch.old_logprobs[i, :L], ref, atol=1e-4)
         # entropy from the same distribution, by its definition
         lp = torch.log_softmax(logits.float(), -1)
-        assert torch.allclose(batch.extras["entropy"][i, :L], -(lp.exp() * lp).sum(-1), atol=1e-4)
+        assert torch.allclose(batch.entropy[i, :L], -(lp.exp() * lp).sum(-1), atol=1e-4)
 
 
 def test_group_samples_differ_and_rollouts_are_reproducible(tiny_policy):
@@ -70,7 +70,7 @@ def test_one_update_moves_logprobs_in_the_direction_of_the_advantage(tiny_policy
     import copy
 
     from training.algorithms import BoundLoss
-    from training.engines.local import update_policy
+    from training.update import update_policy
 
     from orchestrator.checks.preflight import sweep_points
 

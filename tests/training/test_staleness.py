@@ -12,6 +12,9 @@ from safetensors.torch import load_file
 
 from core.lifecycle import step_checkpoint_dir
 from training.engines import local
+from training.engines.local import local_generation, local_queue, local_setup, local_step
+from training.settings import RunSettings
+from pathlib import Path
 
 K, STEPS = 2, 5
 THREADS = []  # (target step, the thread that generated its rollout)
@@ -31,7 +34,7 @@ def _cfg(**rollout):
 def _train(cfg, run_dir, monkeypatch, logged=None, stop=None):
     """Train; returns {step: (response_ids, old_logprobs, behaviour_logprobs, policy_version)} as each update saw
     them. ``stop``: (phase, step) to request a stop in ("update" of step, "generate" of target step)."""
-    seen, update, generate, calls = {}, local.update_policy, local.generate, []
+    seen, update, generate, calls = {}, local_step.update_policy, local_queue.generate, []
     logged = [] if logged is None else logged
 
     def watch(model, opt, batch, *a, **kw):
@@ -41,7 +44,7 @@ def _train(cfg, run_dir, monkeypatch, logged=None, stop=None):
         out = update(model, opt, batch, *a, **kw)
         # the old log-probs as the loss's ratio divided by (the update fills p before its first optimiser step)
         seen[step] = tuple(t.clone() for t in (batch.response_ids, batch.old_logprobs,
-                                               batch.extras.get("behaviour_logprobs", batch.old_logprobs),
+                                               batch.behaviour_logprobs if batch.behaviour_logprobs is not None else batch.old_logprobs,
                                                batch.policy_version))
         return out
 
@@ -54,8 +57,8 @@ def _train(cfg, run_dir, monkeypatch, logged=None, stop=None):
             request_stop()  # inside the abortable phase: StepAborted at once
         return generate(run, target, version, side)
 
-    monkeypatch.setattr(local, "update_policy", watch)
-    monkeypatch.setattr(local, "generate", gen)
+    monkeypatch.setattr(local_step, "update_policy", watch)
+    monkeypatch.setattr(local_queue, "generate", gen)
     try:
         local.train(cfg, run_dir, lambda m, s: logged.append((s, m)), max([s for s, _ in logged], default=-1))
     finally:
@@ -90,8 +93,8 @@ def test_k2_samples_come_from_the_policy_three_steps_back_and_the_ratio_divides_
 
     # a second method: a fresh run with the weights after step t-k-1 (kept checkpoint t-k), the prompt order at
     # step t and t's sampling seeds generates the same samples; the proximal pass is the weights after step t-1
-    run = local.setup(cfg, tmp_path / "rebuild", tools={})
-    run.rollout = local._open_rollout(run, 1)
+    run = local_setup.setup(RunSettings.of(cfg), tmp_path / "rebuild", tools={})
+    run.rollout = local_setup.open_rollout(run, 1)
     t = 3
     for _ in range(t):
         run.prompts.next_rows(int(cfg.train.prompts_per_step))
@@ -100,7 +103,7 @@ def test_k2_samples_come_from_the_policy_three_steps_back_and_the_ratio_divides_
     ids, old, behaviour, _ = seen[t]
     assert torch.equal(again.batch.response_ids, ids)
     mask = again.batch.response_mask.bool()
-    assert torch.allclose(again.batch.extras["behaviour_logprobs"][mask], behaviour[mask], atol=1e-6)
+    assert torch.allclose(again.batch.behaviour_logprobs[mask], behaviour[mask], atol=1e-6)
     _weights(run, step_checkpoint_dir(tmp_path / "run", t))
     b = again.batch
     with torch.no_grad():
@@ -111,7 +114,7 @@ def test_k2_samples_come_from_the_policy_three_steps_back_and_the_ratio_divides_
 
 
 def generate_plain(run, step):
-    return local.generate(run, step, version=step - K)
+    return local_generation.generate(run, step, version=step - K)
 
 
 def test_behaviour_divides_by_the_generating_policy(tmp_path, monkeypatch):
@@ -122,10 +125,10 @@ def test_behaviour_divides_by_the_generating_policy(tmp_path, monkeypatch):
     t = 3
     ids, old, behaviour, _ = seen[t]
     assert torch.equal(old, behaviour)
-    run = local.setup(cfg, tmp_path / "rebuild", tools={})
+    run = local_setup.setup(RunSettings.of(cfg), tmp_path / "rebuild", tools={})
     for _ in range(t):
         run.prompts.next_rows(int(cfg.train.prompts_per_step))
-    run.rollout = local._open_rollout(run, 1)
+    run.rollout = local_setup.open_rollout(run, 1)
     _weights(run, step_checkpoint_dir(tmp_path / "run", t - K))
     b = generate_plain(run, t).batch
     assert torch.equal(b.response_ids, ids)
@@ -173,7 +176,7 @@ def test_k0_is_the_on_policy_loop(tmp_path, monkeypatch):
     assert not any("staleness" in k for _, m in logged for k in m)
 
 
-ALGOS = sorted(p.stem for p in (local.Path(__file__).resolve().parents[2] / "sweeps" / "algo").glob("*.yaml"))
+ALGOS = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "sweeps" / "algo").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("algo", ALGOS)
@@ -233,6 +236,43 @@ def test_overlapped_generation_gives_the_emulated_run(tmp_path, monkeypatch, sto
         assert _close([m.get(k) for _, m in overlapped], [m.get(k) for _, m in emulated]), k
     a, b = (load_file(str(tmp_path / d / "checkpoint" / "model.safetensors")) for d in ("a", "b"))
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
+def test_exppo_shuffle_with_overlap_and_checkpointing_gives_the_emulated_run(tmp_path, monkeypatch):
+    """ExPPO's shuffled-surprisal control (``exppo_part=shuffled``) draws its permutations in the generation, which
+    with overlap runs in a thread beside the update; with gradient checkpointing that update's backward resets torch's
+    global generator. The permutations come from a generator seeded per step (the estimator declares ``generator``),
+    so the overlapped run equals its emulation: the samples, the advantages and the ExPPO audit the estimator logs,
+    every metric series and the final weights. On ``toy_parity`` (tests/plugins/toy_tasks.py) rewards vary within a
+    group, so the permutation changes the advantages (checked: another seed, other advantages)."""
+    from core.tasks import load_plugins
+    from orchestrator.checks.preflight import sweep_points
+
+    load_plugins(["tests.plugins.toy_tasks"])
+    [(_, base)] = sweep_points(["model=tiny-random", "eval=smoke", "algo=exppo", "+exppo_part=shuffled",
+                                "train.rollout.sampler=hf", "plugins=[tests.plugins.toy_tasks]",
+                                "data.name=toy_parity", "+data.n_prompts=16", "eval.benchmarks=[toy_parity]"])
+    assert base.algo.advantage.shuffle_surprisal is True
+
+    def cfg(overlap, seed=0):
+        return OmegaConf.merge(base, {"seed": seed, "train": {
+            "steps": STEPS, "prompts_per_step": 2, "group_size": 4, "max_new_tokens": 6, "minibatch_size": 4,
+            "lr": 1e-2, "gradient_checkpointing": True,
+            "rollout": {"staleness": K, "overlap": overlap, "correction": "token_tis"}}})
+
+    series = {}
+    for name, c in (("emulated", cfg(False)), ("overlapped", cfg(True)), ("other seed", cfg(False, seed=1))):
+        logged = []
+        local.train(c, tmp_path / name.replace(" ", "_"), lambda m, s: logged.append((s, m)))
+        series[name] = logged
+    keys = sorted({k for _, m in series["emulated"] for k in m if not any(x in k for x in TIMES)})
+    assert "train/audit_correct_rare" in keys or any(k.startswith("train/audit_") for k in keys), keys
+    for k in keys:
+        assert _close([m.get(k) for _, m in series["overlapped"]], [m.get(k) for _, m in series["emulated"]]), k
+    a, b = (load_file(str(tmp_path / d / "checkpoint" / "model.safetensors")) for d in ("emulated", "overlapped"))
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    adv = [[m["train/advantage_abs_mean"] for _, m in series[n]] for n in ("emulated", "other seed")]
+    assert adv[0] != adv[1]
 
 
 OVERLAP_VLLM = """

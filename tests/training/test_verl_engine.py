@@ -29,9 +29,10 @@ from orchestrator.checks.preflight import sweep_points  # noqa: E402
 from training.algorithms import BoundLoss, get_advantage_fn  # noqa: E402
 from training.batch import RolloutBatch  # noqa: E402
 from training.engines import verl as V  # noqa: E402
+from training.engines.verl import verl_adapters as VA  # noqa: E402
 from training.engines.verl_support import verl_checkpoint as VC  # noqa: E402
 from training.engines.verl_support import verl_metrics as VM  # noqa: E402
-from training.engines.local import policy_objective  # noqa: E402
+from training.update import policy_objective  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 ALGOS = sorted(p.stem for p in (REPO / "sweeps" / "algo").glob("*.yaml"))
@@ -183,7 +184,7 @@ def test_verls_own_compute_advantage_gives_the_local_engine_advantages(algo):
         non_tensors={"uid": np.array([f"uid-{int(g)}" for g in d["group"]], dtype=object)})
     out = v1_utils.compute_advantage_for_multi_trajectories(data, batch_keys=[], adv_estimator=V.VERL_NAME, config=None)
     assert torch.allclose(out.batch["advantages"], ours.float().unsqueeze(-1) * d["mask"], atol=1e-6)
-    assert ours.abs().sum() > 0 and not V._ROLLOUT   # the context lives only for the call
+    assert ours.abs().sum() > 0 and not VA._ROLLOUT   # the context lives only for the call
     if "old_logprobs" in needs_of("advantage", spec["advantage"]["name"], spec["advantage"]["params"]):
         other = _data(seed=5)
         other["old"] = -torch.rand(d["B"], d["L"], generator=torch.Generator().manual_seed(9)) * 3
@@ -288,7 +289,7 @@ def test_registration_reaches_ray_worker_processes():
             from verl.trainer.ppo import core_algos as ca
 
             return (_os.getpid(), "rlvr" in ca.POLICY_LOSS_REGISTRY, "rlvr" in ca.ADV_ESTIMATOR_REGISTRY,
-                    __import__("training.engines.verl", fromlist=["_SPEC"])._SPEC)
+                    __import__("training.engines.verl.verl_adapters", fromlist=["_SPEC"])._SPEC)
 
         pid, has_loss, has_adv, got = ray.get(probe.remote(), timeout=120)
     finally:
@@ -616,7 +617,7 @@ def test_estimator_metrics_reach_verls_step_metrics_and_mlflow_as_train_names(al
         return batch
 
     metrics = {"timing_s/step": 1.0}
-    V._metrics_wrapper(verl_step)(None, data, metrics)
+    VA._metrics_wrapper(verl_step)(None, data, metrics)
     logged = VM.mlflow_metrics(metrics)
     for key in keys:
         assert logged[f"train/{key}"] == pytest.approx(float(local[key]), rel=1e-6), key
@@ -862,7 +863,7 @@ def test_rollout_corrections_map_to_verls_own_and_weigh_the_suites_loss(name, ca
     V.register_with_verl(spec)
     got, _ = V.verl_policy_loss(old, new, adv, mask, rollout_is_weights=w)
     plain, _ = V.verl_policy_loss(old, new, adv, mask)
-    batch = V._adapter_batch(mask, old)
+    batch = VA._adapter_batch(mask, old)
     with token_weights(w):
         want_loss, _ = get_policy_loss_fn(spec["policy_loss"]["name"])(new, batch, adv[:, 0], **spec["policy_loss"]["params"])
     assert float(got) == pytest.approx(float(want_loss), rel=1e-6) and abs(float(got) - float(plain)) > 1e-6

@@ -93,14 +93,17 @@ def exppo_advantages(rewards: torch.Tensor, surprisal: torch.Tensor, lam: float 
     return a_hat, audit
 
 
-@register_advantage("exppo", needs={"old_logprobs": "its surprisal classes"})
+@register_advantage("exppo", needs={"old_logprobs": "its surprisal classes",
+                                    "generator": ("the shuffled-surprisal control's permutations", "shuffle_surprisal")})
 def exppo_advantage(batch: RolloutBatch, lam: float = 0.2, scale: float = 1.0, rarity: bool = True,
                     pass_rate_gate: bool = True, shared_norm: bool = True, shuffle_surprisal: bool = False,
-                    base_estimator: str | None = None, **base):
+                    base_estimator: str | None = None, generator: torch.Generator | None = None, **base):
     """Registered ExPPO estimator: surprisal from the batch's old log-probs, then :func:`exppo_advantages`.
 
     Args:
         rarity, pass_rate_gate, shared_norm, shuffle_surprisal: Table 9's ablation switches (module docstring).
+        generator: the random source of ``shuffle_surprisal``'s permutations (declared: the engine hands one seeded
+            per step; None: torch's global generator).
         base_estimator: shape the advantages of this registered estimator instead of GRPO's (``algo=dapo`` with
             ``advantage.name=exppo``, ``advantage.base_estimator=grpo``: ExPPO + DAPO, the paper's Fig. 7 / Table 15);
             ``base``: its parameters (the keys this signature does not name, :func:`registry.base_params`).
@@ -124,7 +127,7 @@ def exppo_advantage(batch: RolloutBatch, lam: float = 0.2, scale: float = 1.0, r
         base_adv = to_groups(adv.double(), batch.group_index)[0]
     a_hat, audit = exppo_advantages(rewards, surprisal, lam, scale, correct, base_adv, rarity=rarity,
                                     pass_rate_gate=pass_rate_gate, shared_norm=shared_norm,
-                                    shuffle_surprisal=shuffle_surprisal)
+                                    shuffle_surprisal=shuffle_surprisal, generator=generator)
     return from_groups(a_hat, order).float(), {**audit, "zero_variance_share": zero_variance_share(rewards),
                                                **{f"base/{k}": v for k, v in base_metrics.items()}}
 

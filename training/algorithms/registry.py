@@ -10,7 +10,10 @@ from typing import Callable, Mapping
 
 from core.plugins import Registry
 
-BATCH_FIELDS = ("old_logprobs", "ref_logprobs")  # what a registered function may declare it needs
+# what a registered function may declare it needs: batch fields beyond rewards and groups, and ``generator``: a
+# torch.Generator for its random draws (passed as ``generator=``), seeded by the engine for each step, so that a draw
+# never depends on torch's global generator (which another thread, such as a checkpointed backward pass, may reset)
+BATCH_FIELDS = ("old_logprobs", "ref_logprobs", "generator")
 
 
 @dataclass(frozen=True)
@@ -355,7 +358,7 @@ def check_algorithm(algo: dict, group_size=None, max_new_tokens: int | None = No
     parameters (their signatures) and pass their registered validators (:func:`validate_params`), the estimator
     can move the policy at ``group_size`` (``train.group_size``), and DAPO's overlong buffer, when on, fits within
     the response length ``max_new_tokens`` (``train.max_new_tokens``;
-    :meth:`training.settings.OverlongShaping.buffer_length`).
+    :meth:`training.rewards.OverlongShaping.buffer_length`).
 
     Args:
         algo: the ``algo`` group as a plain dict (``advantage`` and ``policy_loss`` nodes with ``name``).
@@ -381,7 +384,7 @@ def check_algorithm(algo: dict, group_size=None, max_new_tokens: int | None = No
             raise ValueError(f"algo.{kind} ({node['name']}): {e}") from None
     adv = algo["advantage"]
     _policy_can_change(str(adv["name"]), {k: v for k, v in adv.items() if k != "name"}, group_size)
-    from training.settings import OverlongShaping
+    from training.rewards import OverlongShaping
 
     over = OverlongShaping.of(algo.get("overlong_buffer"))
     if over.enabled and max_new_tokens is not None:  # its length within the response length

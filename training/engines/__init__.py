@@ -11,8 +11,8 @@ caller probes a module. An engine whose ``train`` takes ``choices`` fills the :c
 handed (the rollout sampler, the precision, the memory plan and layout, each with its reason) as it decides, so the
 orchestrator has them whether the run returns, fails or is stopped; an engine written before this record (no
 ``choices`` parameter) keeps working, its runs untagged with them. The modules of this folder are found by a folder
-scan (:func:`core.plugins.discover`; parts that are not engines live in sub-packages), others by the ``plugins``
-config key: adding an engine is one module plus one YAML file.
+scan (:func:`core.plugins.discover`, sub-packages included: an engine may be a package of phases), others by the
+``plugins`` config key: adding an engine is one module (or package) plus one YAML file.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from typing import Callable
 
 from core.plugins import Registry
 
-ENGINES: Registry = Registry("engine", packages=(__name__,))  # name -> engine module
+ENGINES: Registry = Registry("engine", packages=(__name__,), subpackages=True)  # name -> engine module (or package)
 
 
 def register_engine(name: str, module: str | None = None) -> None:
