@@ -66,7 +66,9 @@ class SweepCallback(Callback):
     """The sweep's beginning and end, as one object that owns its state.
 
     ``on_multirun_start``: create the store and experiment once (parallel jobs creating an SQLite schema at the same
-    time can race), open the sweep's parent run, count the points, write ``rlvr_sweep.json``. ``on_multirun_end``:
+    time can race), open the sweep's parent run and keep its lease's heartbeat fresh while the sweep runs (a later run
+    of the sweep ends a parent whose heartbeat went stale: :func:`orchestrator.point.act.end_dead_sweeps`), count the
+    points, write ``rlvr_sweep.json``. ``on_multirun_end``:
     print a table of the sweep's points (point, status, MLflow run id, SLURM job id, wall time, error), build the
     report (``report``: the dotted name of a function ``(config, parent_run_id) -> report.html path or None`` that
     never raises; the config tree names ``reports.build.sweep_report``, so this layer does not import the reports
@@ -80,6 +82,11 @@ class SweepCallback(Callback):
         self.report = report
         self.parent_run_id: str | None = None
         self.expected_points: int | None = None
+        self.heartbeat = None  # the parent run's lease, kept fresh while the sweep runs (orchestrator.store.lease)
+
+    def __getstate__(self) -> dict:
+        # the heartbeat's thread stays in the sweep's process: submitit pickles the callbacks with its jobs
+        return self.__dict__ | {"heartbeat": None}
 
     def on_multirun_start(self, config, **kwargs) -> None:
         from orchestrator.point.identity import git_commit
@@ -99,6 +106,11 @@ class SweepCallback(Callback):
             self.parent_run_id = mlflow_views.open_sweep_run(exp_id, sweep_id, git_commit(), store=store)
         except Exception as e:  # the points still run; they are then top-level runs
             log.warning("could not create the sweep's parent run: %s: %s", type(e).__name__, e)
+        if self.parent_run_id is not None:  # a later run of the sweep tells a live parent from a dead one by it
+            from orchestrator.store.lease import Heartbeat
+
+            self.heartbeat = Heartbeat(store, self.parent_run_id)
+            self.heartbeat.start()
         write_sweep(sweep_dir, {"status": "running", "parent_run_id": self.parent_run_id,
                                 "expected_points": self.expected_points, "outage_s": store.wait_s})
 
@@ -115,6 +127,9 @@ class SweepCallback(Callback):
                 log.error("the report could not be built: %s: %s", type(e).__name__, e)
         status = close_parent(self.parent_run_id, summary, out_dir=sweep_dir, children=runs, report_html=report_html,
                               store=tracking.Store.of(config))
+        if self.heartbeat is not None:  # alive until its parent run is closed (the report takes a while)
+            self.heartbeat.stop.set()
+            self.heartbeat = None
         failed = [f"{rec.get('point') or job}: {rec.get('error') or rec.get('status')}" for job, rec in bad.items()]
         write_sweep(sweep_dir, {"status": status or "ended", "parent_run_id": self.parent_run_id,
                                 "expected_points": self.expected_points, "failed_points": failed,
@@ -124,16 +139,14 @@ class SweepCallback(Callback):
         """Print the sweep's summary table. Returns ``(bad, failed_base, summary, runs)``: the points that did not
         finish by job number (their outcome records), the failed base-model runs, one summary row per run and
         per point that left no run, and the sweep's MLflow runs."""
-        from mlflow.tracking import MlflowClient
-
         sweep_id = str(config.hydra.sweep.dir)
         outcomes = read_outcomes(Path(sweep_id))
         runs, store_error = [], None
         try:
+            store = tracking.Store.of(config)
             exp_id = tracking.setup_experiment(str(config.tracking.uri), str(config.experiment_name),
-                                               str(config.tracking.artifact_root), tracking.Store.of(config))
-            runs = MlflowClient().search_runs([exp_id], filter_string=f"tags.`rlvr.sweep_id` = '{sweep_id}'",
-                                              order_by=["attributes.start_time ASC"], max_results=5000)
+                                               str(config.tracking.artifact_root))
+            runs = store.search(exp_id, f"tags.`rlvr.sweep_id` = '{sweep_id}'", max_results=5000)
         except Exception as e:
             store_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             log.error("could not read the sweep's runs back from MLflow: %s", store_error)
@@ -226,7 +239,7 @@ def read_sweep(sweep_dir: Path) -> dict:
 
 
 def close_parent(parent_run_id: str | None, summary: list[dict], status: str | None = None, out_dir: Path | None = None,
-                 children=(), report_html: Path | None = None, store: tracking.Store | None = None) -> str | None:
+                 children=(), report_html: Path | None = None, *, store: tracking.Store) -> str | None:
     """End the sweep's parent run (:func:`orchestrator.store.mlflow_views.close_sweep_run`) with the report when one was built and
     the union of its ``children``'s datasets (store calls through ``store``, :class:`orchestrator.store.tracking.Store`).
     Returns the status it ended with (None when there is no parent or it could not be closed); never raises."""
@@ -237,7 +250,7 @@ def close_parent(parent_run_id: str | None, summary: list[dict], status: str | N
     except Exception as e:
         log.warning("the sweep's parent run %s: datasets not logged: %s: %s", parent_run_id, type(e).__name__, e)
     try:
-        final = mlflow_views.close_sweep_run(parent_run_id, summary, status, report_html, out_dir, store)
+        final = mlflow_views.close_sweep_run(parent_run_id, summary, status, report_html, out_dir, store=store)
         log.info("sweep run %s: %s", parent_run_id, final)
         return final
     except Exception as e:

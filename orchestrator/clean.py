@@ -49,11 +49,11 @@ class Item:
 
 
 def _runs(uri: str) -> list:
-    from mlflow.tracking import MlflowClient
+    """Every run of every experiment of the store at ``uri``."""
+    from orchestrator.store import tracking
 
-    client = MlflowClient(tracking_uri=uri)
-    exps = [e.experiment_id for e in client.search_experiments()]
-    return client.search_runs(exps, max_results=50000) if exps else []
+    store = tracking.Store.at(uri)
+    return store.all_runs(store.experiment_ids())
 
 
 TOPS = ("multirun", "outputs")  # the folders Hydra writes runs to, under the folder a sweep ran in

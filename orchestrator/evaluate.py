@@ -170,7 +170,6 @@ def _evaluate(args, cfg, base, heldout):
     """The checkpoint's evaluation in an MLflow run of its own (``--experiment``, kind ``evaluation``, provenance
     tags, the eval group as parameters, the datasets, system metrics, the samples and tables as artifacts). Returns
     (metrics, output folder)."""
-    import mlflow
     from omegaconf import OmegaConf
 
     from evaluation import protocol as P
@@ -183,23 +182,24 @@ def _evaluate(args, cfg, base, heldout):
     eval_cfg = cfg.eval
     proto = P.resolve(eval_cfg)  # prompts through the chat template, as evaluate_checkpoint renders them here
     sampler = proto["sampler"]
-    exp_id = tracking.setup_experiment(args.tracking_uri, args.experiment, "mlartifacts")
-    with mlflow.start_run(experiment_id=exp_id, run_name=args.run_name or Path(str(args.checkpoint)).name,
-                          tags={T.KIND: "evaluation", T.CHECKPOINT: str(args.checkpoint),
-                                **provenance.provenance_tags(provenance.eval_identity(eval_cfg)), **P.tags(proto),
-                                provenance.TAG_PREFIX + "eval_identity": P.protocol_id(proto)}) as run:
+    store = tracking.Store.of(cfg)  # every store call through it, waiting out an outage as a sweep's do
+    exp_id = store.open(args.tracking_uri, args.experiment, "mlartifacts")
+    with store.running(exp_id, args.run_name or Path(str(args.checkpoint)).name,
+                       {T.KIND: "evaluation", T.CHECKPOINT: str(args.checkpoint),
+                        **provenance.provenance_tags(provenance.eval_identity(eval_cfg)), **P.tags(proto),
+                        provenance.TAG_PREFIX + "eval_identity": P.protocol_id(proto)}) as run:
         out = Path(args.out or Path("eval_out") / f"{Path(str(args.checkpoint)).name}-{run.info.run_id[:12]}")
-        mlflow.set_tag(T.RUN_DIR, str(out.resolve()))
-        mlflow.log_params({f"eval.{k}": str(v)[:6000] for k, v in tracking.flatten(OmegaConf.to_container(eval_cfg, resolve=True)).items()})
-        mlflow_views.log_datasets(run.info.run_id, None, None, benchmark_rows(eval_cfg, heldout), eval_cfg)
+        store.set_tag(T.RUN_DIR, str(out.resolve()))
+        store.log_params({f"eval.{k}": str(v)[:6000] for k, v in tracking.flatten(OmegaConf.to_container(eval_cfg, resolve=True)).items()})
+        mlflow_views.log_datasets(run.info.run_id, None, None, benchmark_rows(eval_cfg, heldout), eval_cfg, store)
         with mlflow_views.system_metrics(cfg, run.info.run_id):
             metrics, files, info = evaluate_checkpoint(args.checkpoint, EvalJob(eval_cfg, heldout, base_samples=base),
                                                        out, sampler=sampler)
-        mlflow.set_tag(T.ENTROPY_METHOD, str(info["entropy_method"]))
-        mlflow.log_metrics(metrics)
+        store.set_tag(T.ENTROPY_METHOD, str(info["entropy_method"]))
+        store.log_metrics(metrics)
         for rel, path in files.items():
             sub = str(Path(rel).parent)
-            mlflow.log_artifact(str(path), None if sub == "." else sub)
+            store.log_artifact(path, None if sub == "." else sub)
     return metrics, out
 
 

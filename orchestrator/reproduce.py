@@ -32,21 +32,22 @@ def _fail(msg: str) -> None:
     raise SystemExit(2)
 
 
-def _history(client, run_id: str, key: str) -> list[tuple[int, float]]:
-    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+def _history(store, run_id: str, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in store.metric_history(run_id, key))
 
 
-def compare(client, original: str, again: str) -> tuple[list[dict], list[str]]:
-    """Every metric series of run ``original`` against run ``again``: (one row per compared series with ``key``,
-    ``points`` compared, ``differing`` points, ``max_abs_diff`` and ``identical`` (bitwise, NaN equal to NaN, the same
-    steps), the names set apart by :data:`NOT_REPRODUCIBLE`)."""
-    keys = sorted(client.get_run(original).data.metrics)
+def compare(store, original: str, again: str) -> tuple[list[dict], list[str]]:
+    """Every metric series of run ``original`` against run ``again``, read through ``store`` (an
+    :class:`orchestrator.store.tracking.Store`): (one row per compared series with ``key``, ``points`` compared,
+    ``differing`` points, ``max_abs_diff`` and ``identical`` (bitwise, NaN equal to NaN, the same steps), the names set
+    apart by :data:`NOT_REPRODUCIBLE`)."""
+    keys = sorted(store.run(original).data.metrics)
     rows, apart = [], []
     for key in keys:
         if NOT_REPRODUCIBLE.search(key):
             apart.append(key)
             continue
-        a, b = _history(client, original, key), _history(client, again, key)
+        a, b = _history(store, original, key), _history(store, again, key)
         same_steps = [s for s, _ in a] == [s for s, _ in b]
         pairs = list(zip([v for _, v in a], [v for _, v in b]))
         differing = [(x, y) for x, y in pairs if not (x == y or (math.isnan(x) and math.isnan(y)))]
@@ -72,16 +73,14 @@ def reproduce(run_id: str, tracking_uri: str, workdir: Path | None = None) -> st
     Raises:
         SystemExit(2): no such run, not a trained run, or no ``config.yaml`` artifact.
     """
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
     from omegaconf import OmegaConf, open_dict
 
     from orchestrator.point.run import run as run_point  # the function sweep.py runs for each point
+    from orchestrator.store import tracking
 
-    client = MlflowClient(tracking_uri=tracking_uri)
-    try:
-        original = client.get_run(run_id)
-    except MlflowException:
+    store = tracking.Store.at(tracking_uri)
+    original = store.find_run(run_id)
+    if original is None:
         _fail(f"RUN_ID={run_id}: no such run in {tracking_uri}")
     if original.data.tags.get(T.KIND, "trained") != "trained":
         _fail(f"RUN_ID={run_id}: a {original.data.tags.get(T.KIND)} run; only trained runs are re-run")
@@ -92,7 +91,7 @@ def reproduce(run_id: str, tracking_uri: str, workdir: Path | None = None) -> st
     setup(workdir / "reproduce.log")
     print(f"re-running run {run_id} in {workdir.resolve()} (its run folder run/, its log reproduce.log)", flush=True)
     try:
-        path = client.download_artifacts(run_id, "config.yaml", str(workdir))
+        path = store.download_artifacts(run_id, "config.yaml", str(workdir))
     except Exception:
         _fail(f"RUN_ID={run_id}: the run has no config.yaml artifact to re-run from")
     cfg = OmegaConf.load(path)
@@ -101,7 +100,7 @@ def reproduce(run_id: str, tracking_uri: str, workdir: Path | None = None) -> st
         cfg.tracking.uri = tracking_uri
     summary = run_point(cfg, run_dir=workdir / "run")
     new_id = summary["run_id"]
-    client.set_tag(new_id, T.REPRODUCES, run_id)
+    store.set_tag(T.REPRODUCES, run_id, new_id)
     return new_id
 
 
@@ -111,15 +110,15 @@ def main(argv=None) -> int:
     p.add_argument("--tracking-uri", default="sqlite:///mlflow.db", help="the store the run is in (default: %(default)s)")
     p.add_argument("--strict", action="store_true", help="exit 1 when any compared metric series differs")
     args = p.parse_args(argv)
-    from mlflow.tracking import MlflowClient
+    from orchestrator.store import tracking
 
     new_id = reproduce(args.run_id, args.tracking_uri)
-    client = MlflowClient(tracking_uri=args.tracking_uri)
-    rows, apart = compare(client, args.run_id, new_id)
+    store = tracking.Store.at(args.tracking_uri)
+    rows, apart = compare(store, args.run_id, new_id)
     same = [r for r in rows if r["identical"]]
-    print(f"re-run of {args.run_id}: run {new_id}, its folder {Path(client.get_run(new_id).data.tags.get(T.RUN_DIR, '?')).resolve()}")
-    env = provenance.differences({args.run_id: client.get_run(args.run_id).data.tags,
-                                  new_id: client.get_run(new_id).data.tags})
+    print(f"re-run of {args.run_id}: run {new_id}, its folder {Path(store.run(new_id).data.tags.get(T.RUN_DIR, '?')).resolve()}")
+    env = provenance.differences({args.run_id: store.run(args.run_id).data.tags,
+                                  new_id: store.run(new_id).data.tags})
     for key, values in env.items():
         print(f"  provenance differs: {key}: " + "; ".join(f"{v} ({', '.join(ids)})" for v, ids in values.items()))
     print(f"{len(same)} of {len(rows)} metric series identical (bitwise); {len(apart)} timing/memory series not compared")

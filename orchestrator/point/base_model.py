@@ -31,7 +31,6 @@ import traceback
 from pathlib import Path
 
 import pandas as pd
-from mlflow.entities import Param
 from omegaconf import OmegaConf
 
 from core import tags as T
@@ -92,12 +91,10 @@ class BaseEvaluation:
         root: a folder for the base run's files (a claim taken over keeps the folder of the run it takes
             over when reachable).
         heldout_rows: the held-out training split (for ``arithmetic``/``kk`` benchmarks).
-        store: the store every call goes through (:class:`orchestrator.store.tracking.Store`; default: one with the
-            default outage limit).
+        store: the store every call goes through (:class:`orchestrator.store.tracking.Store`).
     """
 
-    def __init__(self, cfg, exp_id: str, sweep_id: str, job_num, root: Path, heldout_rows=None,
-                 store: tracking.Store | None = None):
+    def __init__(self, cfg, exp_id: str, sweep_id: str, job_num, root: Path, heldout_rows, store: tracking.Store):
         from evaluation import protocol as P
 
         self.cfg, self.exp_id, self.sweep_id, self.job_num = cfg, exp_id, str(sweep_id), str(job_num)
@@ -105,8 +102,7 @@ class BaseEvaluation:
         self.sampler = self.protocol["sampler"]
         self.identity = base_identity(cfg, self.protocol)
         self.hash = base_hash(self.identity)
-        self.root, self.heldout_rows, self.store = Path(root), heldout_rows, store or tracking.Store()
-        self.client = self.store.client
+        self.root, self.heldout_rows, self.store = Path(root), heldout_rows, store
         self.run_id: str | None = None
         self._last_wait_log = 0.0
 
@@ -124,11 +120,8 @@ class BaseEvaluation:
             return pd.read_parquet(local)
         import tempfile
 
-        import mlflow
-
         dst = tempfile.mkdtemp(prefix="rlvr-base-")
-        return pd.read_parquet(mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="samples.parquet",
-                                                                   dst_path=dst))
+        return pd.read_parquet(self.store.download_artifacts(run.info.run_id, "samples.parquet", dst))
 
     # ------------------------------------------------------------------ the protocol
     def ensure(self, wait: bool) -> pd.DataFrame | None:
@@ -144,7 +137,7 @@ class BaseEvaluation:
             runs = self._runs()
             done = [r for r in runs if r.info.status == "FINISHED"]
             if done:
-                problems, _ = integrity.verify_run(self.client, done[0])
+                problems, _ = integrity.verify_run(self.store, done[0])
                 if not problems:
                     self.run_id = done[0].info.run_id
                     return self.samples(done[0])
@@ -156,7 +149,8 @@ class BaseEvaluation:
             own = [r for r in running if self._own(r)]
             if own:
                 log.info("base model: resuming this job's evaluation, MLflow run %s", own[0].info.run_id)
-                return self._evaluate(own[0].info.run_id, Path(own[0].data.tags.get(T.RUN_DIR) or self._folder()))
+                return self._evaluate(own[0].info.run_id, Path(own[0].data.tags.get(T.RUN_DIR) or self._folder()),
+                                      resume=True)
             now = time.time()
             live = [r for r in running if claim_is_live(r, now)]
             if live:
@@ -229,10 +223,12 @@ class BaseEvaluation:
         params |= {f"eval.{k}": str(v)[:6000] for k, v in tracking.flatten(self.identity["eval"]).items()}
         params |= {f"data.{k}": str(v)[:6000] for k, v in tracking.flatten(self.identity.get("data", {})).items()}
         params["algo.name"] = "base"
-        self.store.log_batch(run.info.run_id, params=[Param(k, v) for k, v in params.items()])
+        self.store.log_params(params, run.info.run_id)
         return run.info.run_id
 
-    def _evaluate(self, run_id: str, folder: Path) -> pd.DataFrame | None:
+    def _evaluate(self, run_id: str, folder: Path, resume: bool = False) -> pd.DataFrame | None:
+        """Evaluate the base model in its run ``run_id`` (``resume``: this job's own claim, started before a requeue)
+        with its files in ``folder``; the samples, or None when the evaluation failed (the run then FAILED)."""
         from core.models import model_path
         from evaluation.pipeline import EvalJob, evaluate_checkpoint
 
@@ -240,7 +236,7 @@ class BaseEvaluation:
         store = self.store
         beat = lease.Heartbeat(store, run_id, HEARTBEAT_S)
         beat.start()
-        monitor = mlflow_views.system_metrics(self.cfg, run_id).__enter__()
+        monitor = mlflow_views.system_metrics(self.cfg, run_id, resume).__enter__()
         try:
             folder.mkdir(parents=True, exist_ok=True)
             self._log_datasets(run_id)

@@ -63,8 +63,10 @@ def local_artifact_dir(run) -> Path | None:
     return None
 
 
-def load_record(client, run) -> dict | None:
-    """The run's ``integrity.json`` ({"artifacts": ..., "run_dir": ...}), or None when it has none."""
+def load_record(source, run) -> dict | None:
+    """The run's ``integrity.json`` ({"artifacts": ..., "run_dir": ...}), or None when it has none. ``source`` reads a
+    remote store's artifacts: anything with MLflow's ``download_artifacts(run_id, path, dst_path)``, the run's
+    :class:`orchestrator.store.tracking.Store` (retried) or, for the reports, an MLflow client."""
     art = local_artifact_dir(run)
     try:
         if art is not None:
@@ -72,7 +74,7 @@ def load_record(client, run) -> dict | None:
             if not path.is_file():
                 return None
         else:
-            path = Path(client.download_artifacts(run.info.run_id, RECORD, tempfile.mkdtemp(prefix="rlvr-int-")))
+            path = Path(source.download_artifacts(run.info.run_id, RECORD, tempfile.mkdtemp(prefix="rlvr-int-")))
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
@@ -89,8 +91,9 @@ def _check(path: Path, want: str) -> str | None:
         return f"unreadable ({e.strerror or e})"
 
 
-def verify_run(client, run) -> tuple[list[str], bool]:
-    """Check a finished run's files against its ``integrity.json``.
+def verify_run(source, run) -> tuple[list[str], bool]:
+    """Check a finished run's files against its ``integrity.json`` (artifacts of a remote store read through
+    ``source``, as :func:`load_record` reads them).
 
     Returns:
         (problems, checkpoint_ok): one line per bad file, naming it; ``checkpoint_ok`` is False when a file of
@@ -98,7 +101,7 @@ def verify_run(client, run) -> tuple[list[str], bool]:
         run folder that is not reachable from here (another node) are not checked; artifacts of a remote store
         are checked by downloading them.
     """
-    record = load_record(client, run)
+    record = load_record(source, run)
     if record is None:
         return [], True
     problems, ckpt_ok = [], True
@@ -115,7 +118,7 @@ def verify_run(client, run) -> tuple[list[str], bool]:
             path = art / rel
         else:
             try:
-                path = Path(client.download_artifacts(run.info.run_id, rel, tempfile.mkdtemp(prefix="rlvr-int-")))
+                path = Path(source.download_artifacts(run.info.run_id, rel, tempfile.mkdtemp(prefix="rlvr-int-")))
             except Exception:
                 path = Path("/nonexistent") / rel
         why = _check(path, want)

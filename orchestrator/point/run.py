@@ -1,10 +1,13 @@
-"""One sweep point's life: validate -> identity -> decide (skip, resume or train: :mod:`orchestrator.point.decision`) ->
-MLflow run -> train -> evaluate (:mod:`orchestrator.point.run_evaluation`) -> log.
+"""One sweep point's life: validate -> identity -> decide (skip, resume or train: :mod:`orchestrator.point.decision`,
+acted on by :mod:`orchestrator.point.act`) -> MLflow run -> train -> evaluate (:mod:`orchestrator.point.run_evaluation`)
+-> log. While the run is open, its heartbeat, metric buffer, system-metrics monitor and the stop signal handlers are
+held in one ``contextlib.ExitStack`` (:func:`_run_point`), released on every way out.
 
 A point that raises marks its run FAILED with ``traceback.txt``; re-running the sweep trains it again.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -16,7 +19,6 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-import mlflow
 from omegaconf import DictConfig, OmegaConf
 
 from core import tags as T
@@ -25,7 +27,8 @@ from orchestrator.store import lease
 from orchestrator.store import mlflow_views
 from orchestrator.point import provenance
 from orchestrator.store import tracking
-from orchestrator.point.decision import Point, Yield, decide, earlier_runs, yield_to
+from orchestrator.point.act import settle, yield_to
+from orchestrator.point.decision import Action, Point, Yield, earlier_runs
 from orchestrator.point.identity import config_hash, git_commit, point_name, training_hash
 from orchestrator.point.run_evaluation import evaluate_run, free_memory, record_integrity
 from orchestrator.point.signals import StopSignals
@@ -74,13 +77,16 @@ def estimate_check(key: str, what: str, estimate, measured, unit: str, source: s
     return tags, warning
 
 
-def _tag_choices(choices, run_dir: Path, store: tracking.Store) -> None:
-    """Tag the run with what its engine chose and why (:class:`training.engines.EngineChoices`, handed in to the
-    engine and filled as it decided): the rollout sampler (``rlvr.rollout_sampler``, ``rlvr.rollout_sampler_reason``,
-    ``auto``'s estimate against the measured time), the precision (``rlvr.precision``, ``rlvr.precision_reason``,
-    ``rlvr.rollout_dtype``) and the scoring layout and micro-batch budget (``rlvr.packing``, ``rlvr.packing_reason``,
-    ``rlvr.micro_batch_tokens``); the memory plan's parts are logged as ``memory/plan_<part>_gb`` metrics and the
-    memory record as the artifact ``memory.json`` (written here, from the record)."""
+def _tag_choices(choices, run_dir: Path, store: tracking.Store, run_id: str) -> None:
+    """Tag the run ``run_id`` (the active run) with what its engine chose and why
+    (:class:`training.engines.EngineChoices`, handed in to the engine and filled as it decided): the rollout sampler
+    (``rlvr.rollout_sampler``, ``rlvr.rollout_sampler_reason``, ``auto``'s estimate against the measured time), the
+    precision (``rlvr.precision``, ``rlvr.precision_reason``, ``rlvr.rollout_dtype``) and the scoring layout and
+    micro-batch budget (``rlvr.packing``, ``rlvr.packing_reason``, ``rlvr.micro_batch_tokens``); the memory plan's
+    parts are logged as ``memory/plan_<part>_gb`` metrics at step 0, with the model's parameter counts
+    (``model/*_params``, ``model/trainable_share``), the calibration and the measured peak (``memory/run_peak_gb``),
+    once per run: a metric the run already holds at step 0 (logged by the process that ran it before a resume) is not
+    logged again. The memory record is the artifact ``memory.json`` (written here, from the record)."""
     import json
 
     ro = choices.rollout
@@ -127,6 +133,9 @@ def _tag_choices(choices, run_dir: Path, store: tracking.Store) -> None:
         store.set_tag(T.LORA_RANK, str(params.get("lora_rank")))
     if isinstance(info.get("run_peak_gb"), (int, float)):  # beside the plan's total (memory/plan_total_gb)
         values["memory/run_peak_gb"] = float(info["run_peak_gb"])
+    if values:  # once per run, however many processes ran it
+        for key in store.held_at_step(run_id, values, 0):
+            del values[key]
     if values:
         store.log_metrics(values, 0)
     memory = Path(run_dir) / "memory.json"
@@ -149,16 +158,7 @@ def _recover_from(prior, run_dir: Path) -> None:
 
 def _copy_train_metrics(store: tracking.Store, src_run_id: str, dst_run_id: str) -> int:
     """Copy every ``train/`` metric history of ``src`` into ``dst`` (each step once); returns the last step."""
-    from mlflow.entities import Metric
-
-    last, items = -1, []
-    for key in store.client.get_run(src_run_id).data.metrics:
-        if key.startswith("train/"):
-            for m in store.metric_history(src_run_id, key):
-                items.append(Metric(key, m.value, m.timestamp, m.step))
-                last = max(last, m.step)
-    store.log_batch(dst_run_id, items)
-    return last
+    return store.copy_metrics(src_run_id, dst_run_id, "train/")
 
 
 
@@ -203,18 +203,13 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict:
     if warnings:
         tags[T.WARNINGS] = " | ".join(warnings)[:5000]
     tags |= mlflow_views.parent_tags(exp_id, sweep_id, store)  # nested under the sweep's run (a resumed run moves to this sweep)
-    signals = StopSignals()
     pt = Point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params,
                stale_s=float(cfg.tracking.get("lease_stale_s", 300)), force=bool(cfg.get("force", False)),
-               run_dir=run_dir, signals=signals, store=store)
-    signals.install()
-    try:
-        while True:  # a point whose run gave way to an identical one started first is decided again
-            out = _run_point(pt)
-            if out is not None:
-                return out
-    finally:
-        signals.restore()
+               run_dir=run_dir, signals=StopSignals(), store=store)
+    while True:  # a point whose run gave way to an identical one started first is decided again
+        out = _run_point(pt)
+        if out is not None:
+            return out
 
 
 @dataclass
@@ -231,47 +226,49 @@ class _Started:
 
 
 def _run_point(pt: Point) -> dict | None:
-    """One run of point ``pt``: decide, open its run (resume or new), train (or take a checkpoint), evaluate and
-    log. Returns the point's summary, or None when its new run gave way to an identical point's earlier run and was
-    deleted (decide again)."""
-    decision = decide(pt)
-    if decision.action == "duplicate":
-        return decision.summary
-    try:
-        st = _start_run(pt, decision)
-    except Yield as y:  # an identical point started at the same moment, and first (this run is still active)
-        return yield_to(y.run, pt, mlflow.active_run().info.run_id)
-    st.run_dir.mkdir(parents=True, exist_ok=True)
-    (st.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(
-        {k: v for k, v in OmegaConf.to_container(pt.cfg, resolve=True).items() if k != "hydra"}))
-    pt.signals.install_preemption()
-    beat = lease.Heartbeat(pt.store, st.run_id)
-    beat.start()
-    metrics_out = pt.store.metric_buffer(st.run_id, st.run_dir / UNSENT)
-    monitor = mlflow_views.system_metrics(pt.cfg, st.run_id).__enter__()
-    t0 = time.time()
+    """One run of point ``pt``: decide (:func:`orchestrator.point.act.settle`), open its run (resume or new), train (or
+    take a checkpoint), evaluate and log. Returns the point's summary, or None when its new run gave way to an
+    identical point's earlier run and was deleted (decide again).
 
-    def log_step(m, step):
-        # by run id, not the active run: MLflow's active run is per thread, and the verl engine logs from its own
-        beat.nudge()
-        if step > st.logged_through:  # a step replayed from an older saved state is not logged twice
-            metrics_out.put(m, step)  # sent in order by its own thread: training never waits on the store
+    One ``ExitStack`` holds what lives while the point is decided and its run is open: the stop signal handlers
+    (:class:`orchestrator.point.signals.StopSignals`), then the run's heartbeat (its lease), its metric buffer and its
+    system-metrics monitor; they are released, in reverse order, on every way out (the metrics still queued sent or
+    kept in ``unsent_metrics.jsonl``), before the run is ended."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(pt.signals.installed())
+        decision = settle(pt)
+        if decision.action is Action.DUPLICATE:
+            return decision.summary
+        try:
+            st = _start_run(pt, decision)
+        except Yield as y:  # an identical point started at the same moment, and first (this run is still active)
+            return yield_to(y.run, pt, pt.store.active_run_id())
+        st.run_dir.mkdir(parents=True, exist_ok=True)
+        (st.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(
+            {k: v for k, v in OmegaConf.to_container(pt.cfg, resolve=True).items() if k != "hydra"}))
+        pt.signals.install_preemption()
+        beat = stack.enter_context(lease.Heartbeat(pt.store, st.run_id))
+        # what is still queued when the stack unwinds is sent, or kept in UNSENT for the resumed run
+        metrics_out = stack.enter_context(pt.store.metric_buffer(st.run_id, st.run_dir / UNSENT))
+        stack.enter_context(mlflow_views.system_metrics(pt.cfg, st.run_id, resume=decision.action is Action.RESUME))
+        t0 = time.time()
 
-    def active_s() -> str:
-        return f"{st.active_before + time.time() - t0:.1f}"
-    first = None
-    try:
-        metrics = _train_and_evaluate(pt, decision, st, log_step, metrics_out)
-    except Yield as y:
-        beat.stop.set()
-        first = y.run
-    except BaseException as e:
-        _end_interrupted_run(pt, st, e, metrics_out, active_s, beat)
-        raise
-    finally:
-        beat.stop.set()
-        metrics_out.close()  # what is still queued is sent, or kept in UNSENT for the resumed run
-        monitor.__exit__(None, None, None)
+        def log_step(m, step):
+            # by run id, not the active run: MLflow's active run is per thread, and the verl engine logs from its own
+            beat.nudge()
+            if step > st.logged_through:  # a step replayed from an older saved state is not logged twice
+                metrics_out.put(m, step)  # sent in order by its own thread: training never waits on the store
+
+        def active_s() -> str:
+            return f"{st.active_before + time.time() - t0:.1f}"
+        first = None
+        try:
+            metrics = _train_and_evaluate(pt, decision, st, log_step, metrics_out)
+        except Yield as y:
+            first = y.run
+        except BaseException as e:
+            _end_interrupted_run(pt, st, e, metrics_out, active_s, beat)
+            raise
     if first is not None:
         log.info("point %s: run %s of the same point started first: yielding to it", pt.name, first.info.run_id)
         return yield_to(first, pt, st.run_id)
@@ -283,7 +280,7 @@ def _run_point(pt: Point) -> dict | None:
     log.info("point %s finished: MLflow run %s%s", pt.name, st.run_id,
              f" (its training state, {human(freed)}, removed)" if freed else "")
     _log_console(pt)
-    mlflow.end_run()
+    pt.store.end_run()
     return {"status": "finished", "run_id": st.run_id, "config_hash": pt.chash, "metrics": metrics}
 
 
@@ -309,14 +306,14 @@ def _start_run(pt: Point, decision) -> _Started:
         Yield: a new run found an identical point's run that started first (this run is still active).
     """
     owner = decision.owner
-    if decision.action == "resume":
+    if decision.action is Action.RESUME:
         resume = decision.run
         run_dir = Path(resume.data.tags.get(T.RUN_DIR) or pt.run_dir)
         if n := pt.store.send_unsent(resume.info.run_id, run_dir / UNSENT):
             log.info("point %s: sent %d metrics the store missed before the run stopped", pt.name, n)
         hist = pt.store.metric_history(resume.info.run_id, "train/reward_mean")
         logged_through = max((m.step for m in hist), default=-1)
-        active = mlflow.start_run(run_id=resume.info.run_id)
+        active = pt.store.start_run(run_id=resume.info.run_id)
         requeues = int(resume.data.tags.get(T.REQUEUE_COUNT, "0") or 0) + 1
         tags = pt.tags
         pt.store.set_tags({k: v for k, v in tags.items() if k != T.REQUEUE_COUNT}
@@ -327,8 +324,8 @@ def _start_run(pt: Point, decision) -> _Started:
         return _Started(active.info.run_id, run_dir, logged_through,
                         float(resume.data.tags.get(T.ACTIVE_S, "0") or 0), active=active)
     recover, reuse = decision.run, decision.reuse
-    active = mlflow.start_run(experiment_id=pt.exp_id, run_name=pt.name,
-                              tags={**pt.tags, T.KIND: "trained", T.RUN_DIR: str(pt.run_dir), **lease.owner_tags(owner)})
+    active = pt.store.start_run(experiment_id=pt.exp_id, run_name=pt.name,
+                                tags={**pt.tags, T.KIND: "trained", T.RUN_DIR: str(pt.run_dir), **lease.owner_tags(owner)})
     pt.store.log_params(pt.params)
     # an identical point may have started at the same moment, here or in another sweep: the earliest run trains
     # (or one with the same training and another evaluation: it trains, this point then evaluates its checkpoint)
@@ -397,7 +394,7 @@ def _train_and_evaluate(pt: Point, decision, st: _Started, log_step, metrics_out
     else:
         # an identical point created at the same moment may only now be visible (its row committed after this
         # one's, though started first): the earliest still trains, the other yields before training
-        earlier = [] if pt.force or decision.action != "new" else earlier_runs(pt, st.active, True)
+        earlier = [] if pt.force or decision.action is not Action.NEW else earlier_runs(pt, st.active, True)
         if earlier:
             raise Yield(earlier[0])
         TRAINING.set()
@@ -407,7 +404,7 @@ def _train_and_evaluate(pt: Point, decision, st: _Started, log_step, metrics_out
                                   choices=choices)
         finally:
             TRAINING.clear()
-            _tag_choices(choices, run_dir, store)
+            _tag_choices(choices, run_dir, store, st.run_id)
         metrics_out.flush()  # every training step's metrics are in the store before evaluation starts
         if (run_dir / TOKEN_PROBS).is_file():  # the sampled tokens' mean probabilities (TR-GRPO's Fig. 1)
             store.log_artifact(run_dir / TOKEN_PROBS)
@@ -437,7 +434,7 @@ def _end_interrupted_run(pt: Point, st: _Started, e: BaseException, metrics_out,
             return
         beat.stop.set()
         STOP_REQUESTED.clear()
-        mlflow.end_run(status="KILLED")
+        pt.store.end_run("KILLED")
         raise Interrupted(pt.signals.signum, state_saved=True, where=f"run {st.run_id}") from None
     beat.stop.set()
     metrics_out.close()
@@ -450,11 +447,11 @@ def _end_interrupted_run(pt: Point, st: _Started, e: BaseException, metrics_out,
         log.error("could not save the traceback of run %s: %s", st.run_id, e2)
     finally:
         try:
-            mlflow.set_tag(T.ACTIVE_S, active_s())
+            pt.store.set_tag(T.ACTIVE_S, active_s())
         except Exception:
             pass
         try:
-            mlflow.end_run(status="KILLED" if killed else "FAILED")
+            pt.store.end_run("KILLED" if killed else "FAILED")
         except Exception as e3:
             log.error("could not mark run %s %s: %s", st.run_id, "KILLED" if killed else "FAILED", e3)
     if isinstance(e, KeyboardInterrupt) and not isinstance(e, Interrupted):

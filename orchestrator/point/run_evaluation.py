@@ -89,7 +89,7 @@ def validation_job(cfg, ks) -> tuple[str, dict, object]:
     return task, {task: load_prompts(cfg.data, "validation")}, vcfg
 
 
-def select_on_validation(cfg, run_dir: Path, final: Path, store: tracking.Store | None = None) -> tuple[int, Path]:
+def select_on_validation(cfg, run_dir: Path, final: Path, store: tracking.Store) -> tuple[int, Path]:
     """The checkpoint the benchmarks evaluate under ``eval.select_on=validation``: every kept checkpoint
     (``train.save_every``) and the final one are sampled ``eval.validation.n`` times on each prompt of the
     validation split (``data.validation_prompts`` training prompts held out of training, :func:`core.tasks.load_prompts`);
@@ -98,12 +98,11 @@ def select_on_validation(cfg, run_dir: Path, final: Path, store: tracking.Store 
     ``run_dir/validation/step_<N>``), and the choice as the tags ``rlvr.selected_step`` and ``rlvr.selected_on``.
     With ``train.keep_top_k = K`` only the K best kept checkpoints stay on disk afterwards (the final one, which
     the run's record points to, always stays). The benchmarks never take part in the choice (understand-r1-zero#21).
-    Store calls go through ``store`` (:class:`orchestrator.store.tracking.Store`; default: one with the default limit).
+    Store calls go through ``store`` (:class:`orchestrator.store.tracking.Store`).
 
     Returns:
         (step, checkpoint folder) of the chosen checkpoint.
     """
-    store = store or tracking.Store()
     from core.lifecycle import saved_checkpoints
     from evaluation.pipeline import EvalJob, evaluate_checkpoint
 
@@ -140,14 +139,12 @@ VALIDATION_SERIES = "validation.parquet"
 def _compute_before(store: tracking.Store, steps) -> dict[int, float]:
     """{step: the training compute spent before the policy of ``step`` (the sum of ``train/flops`` of the steps
     before it, from the active run's history)}."""
-    import mlflow
-
-    hist = store.metric_history(mlflow.active_run().info.run_id, "train/flops")
+    hist = store.metric_history(store.active_run_id(), "train/flops")
     per_step = {int(m.step): float(m.value) for m in hist}
     return {s: float(sum(v for st, v in per_step.items() if st < s)) for s in steps}
 
 
-def validate_along(cfg, run_dir: Path, final: Path, store: tracking.Store | None = None) -> Path | None:
+def validate_along(cfg, run_dir: Path, final: Path, store: tracking.Store) -> Path | None:
     """The validation along training (``train.validate_every = N > 0``, docs/curves.md): the policy at steps 0 (the
     starting model), N, 2N, ... and the final one, each evaluated on the validation split
     (``data.validation_prompts`` training prompts held out of training) with ``eval.validation.n`` samples per prompt,
@@ -174,7 +171,6 @@ def validate_along(cfg, run_dir: Path, final: Path, store: tracking.Store | None
     every = int(cfg.train.get("validate_every") or 0)
     if not every:
         return None
-    store = store or tracking.Store()
     steps, n, k = int(cfg.train.steps), int(cfg.eval.validation.n), int(cfg.eval.validation.k)
     task, rows, vcfg = validation_job(cfg, sorted({1, k}))
     kept = dict(saved_checkpoints(run_dir)) | dict(saved_checkpoints(run_dir, "val_checkpoints"))
@@ -212,10 +208,10 @@ def _log_files(store: tracking.Store, files: dict, prefix: str | None) -> None:
         store.log_artifact(f, "/".join(x for x in (prefix, None if sub == "." else sub) if x))
 
 
-def evaluate_run(cfg, run_dir: Path, final: Path, heldout, base=None, store: tracking.Store | None = None) -> dict:
+def evaluate_run(cfg, run_dir: Path, final: Path, heldout, base, store: tracking.Store) -> dict:
     """Evaluate a trained run's checkpoints (:func:`checkpoints_to_evaluate`) and log each to the active MLflow
     run at its training step, so MLflow draws every evaluation metric against steps; then, with ``base`` (an
-    :class:`orchestrator.point.base_model.BaseEvaluation`), wait for the base model's samples and log every evaluation's
+    :class:`orchestrator.point.base_model.BaseEvaluation`, or None for no flip rates), wait for the base model's samples and log every evaluation's
     flip rates (``eval/<bench>/flip/<bucket>/<measure>``, ``flip_rates.csv``). Files of a non-final checkpoint
     go under ``eval/step_<N>/`` in the run's artifacts. An evaluation already logged (a marker file in its
     folder, e.g. before a requeue) is not logged twice. Store calls go through ``store``
@@ -231,7 +227,6 @@ def evaluate_run(cfg, run_dir: Path, final: Path, heldout, base=None, store: tra
 
     from evaluation import protocol as P
 
-    store = store or tracking.Store()
     final_metrics, evaluated = {}, []
     final_step, protocol = None, None
     validate_along(cfg, run_dir, final, store)
@@ -273,8 +268,7 @@ def evaluate_run(cfg, run_dir: Path, final: Path, heldout, base=None, store: tra
     return final_metrics
 
 
-def backfill_flips(cfg, exp_id: str, sweep_id: str, job_num, run_dir: Path, prior,
-                   store: tracking.Store | None = None) -> None:
+def backfill_flips(cfg, exp_id: str, sweep_id: str, job_num, run_dir: Path, prior, store: tracking.Store) -> None:
     """A finished run without flip rates (its sweep's base evaluation failed or was interrupted): evaluate the
     base model now (or wait for the job that does) and log the flip rates of each of the run's evaluations to it,
     at their steps, read back from its ``samples.parquet`` artifacts (store calls through ``store``). Never raises:
@@ -290,7 +284,6 @@ def backfill_flips(cfg, exp_id: str, sweep_id: str, job_num, run_dir: Path, prio
 
     from orchestrator.point.sweep_protocol import pinned_config
 
-    store = store or tracking.Store()
     try:
         cfg, _ = pinned_config(cfg, exp_id, sweep_id, store)  # the base model under the sweep's protocol
         base = BaseEvaluation(cfg, exp_id, sweep_id, job_num, Path(sweep_id) if sweep_id else run_dir,
@@ -313,7 +306,7 @@ def backfill_flips(cfg, exp_id: str, sweep_id: str, job_num, run_dir: Path, prio
         tmp = Path(tempfile.mkdtemp(prefix="rlvr-flips-"))
         for prefix, step in evaluations:
             local = tmp / f"step_{step}"
-            samples = pd.read_parquet(store.client.download_artifacts(rid, prefix + "samples.parquet", str(local)))
+            samples = pd.read_parquet(store.download_artifacts(rid, prefix + "samples.parquet", str(local)))
             table, flips = flip_metrics(base_samples, samples, None if flip_k is None else int(flip_k))
             store.log_metrics(flips, step, rid)
             table.to_csv(local / "flip_rates.csv")

@@ -1,6 +1,7 @@
 """A sweep point's stop signals (SIGTERM, SIGINT and, under SLURM, SIGUSR2), as one object that owns its state."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -68,7 +69,18 @@ class StopSignals:
         if callable(self.previous_usr2):
             self.previous_usr2(signal.SIGUSR2, None)
 
+    @contextlib.contextmanager
+    def installed(self):
+        """``with signals.installed():`` the stop handlers (:meth:`install`) for the block, the previous ones put back
+        on leaving it (:meth:`restore`)."""
+        self.install()
+        try:
+            yield self
+        finally:
+            self.restore()
+
     def restore(self) -> None:
+        """Put back the handlers :meth:`install` replaced."""
         for s, h in self._previous.items():
             signal.signal(s, h)
         self._previous = {}

@@ -30,7 +30,7 @@ class ProtocolMismatch(ConfigError):
     """This machine cannot evaluate under the protocol its sweep recorded (the message names the setting)."""
 
 
-def resolve_for_sweep(cfg, exp_id: str, sweep_id: str | None, store: tracking.Store | None = None):
+def resolve_for_sweep(cfg, exp_id: str, sweep_id: str | None, store: tracking.Store):
     """(``cfg.eval`` pinned to the sweep's protocol, the protocol): the sweep's recorded choices for these evaluation
     settings when it has them, else this machine's, recorded for the jobs after this one (store calls through
     ``store``, :class:`orchestrator.store.tracking.Store`).
@@ -44,7 +44,6 @@ def resolve_for_sweep(cfg, exp_id: str, sweep_id: str | None, store: tracking.St
 
     chat = bool(cfg.model.get("chat_template", True))
     local = P.resolve(cfg.eval, chat)
-    store = store or tracking.Store()
     parent = mlflow_views.sweep_parent(exp_id, sweep_id, store) if sweep_id else None
     if parent is None:
         return P.pin(cfg.eval, local), local
@@ -73,7 +72,7 @@ def resolve_for_sweep(cfg, exp_id: str, sweep_id: str | None, store: tracking.St
     return pinned, protocol
 
 
-def pinned_config(cfg, exp_id: str, sweep_id: str | None, store: tracking.Store | None = None):
+def pinned_config(cfg, exp_id: str, sweep_id: str | None, store: tracking.Store):
     """(a copy of ``cfg`` whose ``eval`` group is pinned to the sweep's protocol, the protocol): see
     :func:`resolve_for_sweep`, which raises what this raises."""
     import copy

@@ -87,13 +87,22 @@ class Heartbeat(threading.Thread):
     """Refresh ``rlvr.heartbeat`` of ``run_id`` every ``every_s`` seconds until :attr:`stop` is set.
     :meth:`beat` refreshes it at once (the training loop calls it every step). A missed beat is logged, not
     raised: a long run of them lets another process take the run over, which is what a lost store means. A beat
-    waits out an outage as its ``store`` (:class:`orchestrator.store.tracking.Store`) does."""
+    waits out an outage as its ``store`` (:class:`orchestrator.store.tracking.Store`) does. As a context manager it
+    is started on entering and stopped (:attr:`stop` set) on leaving."""
 
     def __init__(self, store: tracking.Store, run_id: str, every_s: float = HEARTBEAT_S):
         super().__init__(daemon=True, name=f"rlvr-heartbeat-{run_id[:8]}")
         self.store, self.run_id, self.every_s, self.stop = store, run_id, every_s, threading.Event()
         self._last = 0.0
         self._now = threading.Event()
+
+    def __enter__(self) -> Heartbeat:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.stop.set()
+        return False
 
     def nudge(self) -> None:
         """Ask the thread to beat now (the training loop, every step) without waiting on the store."""

@@ -7,7 +7,8 @@ run descriptions.
   id, the command line and the git commit); every point's run, the duplicate records, the base-model run and the
   report run are its children (``mlflow.parentRunId``, found by :func:`sweep_parent`). At the end it carries the
   sweep's summary (``summary.csv``, a Markdown table as its description, counts as metrics, the report HTML) and
-  ends FINISHED, FAILED or KILLED like its worst child.
+  ends FINISHED, FAILED or KILLED like its worst child. A parent whose sweep's process died (kill -9, a lost node)
+  is ended KILLED by a later run of the sweep (:func:`dead_sweep`, :func:`end_dead_sweep`).
 - :func:`log_datasets`: the training prompt set (context ``training``) and every evaluation benchmark (context
   ``evaluation``) as MLflow datasets, with MLflow's content digest, so the runs table's Dataset column shows them.
 - :class:`SystemMetrics`: MLflow's system-metrics monitor (CPU and memory through psutil; GPU utilisation and memory
@@ -26,12 +27,14 @@ from pathlib import Path
 
 from core import tags as T
 
+from orchestrator.store import lease
 from orchestrator.store import tracking
 
 log = logging.getLogger("rlvr")
 
 PARENT_TAG = "mlflow.parentRunId"
 NOTE_TAG = "mlflow.note.content"
+ENDED_BY_TAG = "rlvr.ended_by"  # on a sweep's parent run that a later run of the sweep ended: why
 SWEEP_KIND = "sweep"
 HEADLINE = ("eval/mean/pass_at_1", "eval/mean/avg_at_{n}")  # formatted with eval.n where it appears
 _STATUS_RANK = {"FINISHED": 0, "DUPLICATE": 0, "KILLED": 1, "FAILED": 2}
@@ -40,12 +43,12 @@ _STATUS_RANK = {"FINISHED": 0, "DUPLICATE": 0, "KILLED": 1, "FAILED": 2}
 _PARENTS: dict[tuple[str, str], str | None] = {}
 
 
-def sweep_parent(exp_id: str, sweep_id: str, store: tracking.Store | None = None) -> str | None:
+def sweep_parent(exp_id: str, sweep_id: str, store: tracking.Store) -> str | None:
     """The id of sweep ``sweep_id``'s parent run in experiment ``exp_id`` (None outside a multirun, or when the
     sweep made none); looked up once per process, through ``store`` (:class:`orchestrator.store.tracking.Store`)."""
     key = (str(exp_id), str(sweep_id))
     if key not in _PARENTS and sweep_id:
-        runs = (store or tracking.Store()).search(
+        runs = store.search(
             exp_id, f"tags.`{T.KIND}` = '{SWEEP_KIND}' and tags.`{T.SWEEP_ID}` = '{sweep_id}'", max_results=1)
         if not runs:
             return None  # not cached: a job that starts before the parent is visible asks again
@@ -53,27 +56,31 @@ def sweep_parent(exp_id: str, sweep_id: str, store: tracking.Store | None = None
     return _PARENTS.get(key)
 
 
-def parent_tags(exp_id: str, sweep_id: str, store: tracking.Store | None = None) -> dict:
+def parent_tags(exp_id: str, sweep_id: str, store: tracking.Store) -> dict:
     """``{mlflow.parentRunId: ...}`` for a run of this sweep, or {} when the sweep has no parent run."""
     pid = sweep_parent(exp_id, sweep_id, store)
     return {PARENT_TAG: pid} if pid else {}
 
 
-def open_sweep_run(exp_id: str, sweep_id: str, git_commit: str, argv: list[str] | None = None,
-                   store: tracking.Store | None = None) -> str:
+def open_sweep_run(exp_id: str, sweep_id: str, git_commit: str, argv: list[str] | None = None, *,
+                   store: tracking.Store) -> str:
     """Create the sweep's parent run (RUNNING), or return the one this sweep folder already has (a re-launched
-    callback). Tags: ``rlvr.kind = sweep``, ``rlvr.sweep_id``, ``rlvr.command`` (the command line),
-    ``rlvr.git_commit``; named ``sweep <folder name>``."""
-    store = store or tracking.Store()
+    callback, which takes its lease over). Tags: ``rlvr.kind = sweep``, ``rlvr.sweep_id``, ``rlvr.command`` (the
+    command line), ``rlvr.git_commit``, and the lease of the process that runs the sweep
+    (:func:`orchestrator.store.lease.owner_tags`: its host, PID and heartbeat, which the sweep's callback keeps
+    fresh, so a later run of the sweep knows a parent whose process died: :func:`end_dead_sweep`); named
+    ``sweep <folder name>``."""
+    owner = lease.owner_tags(lease.new_owner())
     existing = sweep_parent(exp_id, sweep_id, store)
     if existing:
+        store.set_tags(owner, existing)
         return existing
     argv = list(sys.argv if argv is None else argv)
     command = "python " + " ".join(shlex.quote(a) for a in argv)
     run = store.create_run(exp_id, f"sweep {Path(sweep_id).name}", {
         T.KIND: SWEEP_KIND, T.SWEEP_ID: sweep_id, T.COMMAND: command[:5000],
         T.GIT_COMMIT: git_commit, "mlflow.source.git.commit": git_commit,
-        NOTE_TAG: f"Sweep `{command}`, running: its points are the runs beneath."})
+        NOTE_TAG: f"Sweep `{command}`, running: its points are the runs beneath.", **owner})
     _PARENTS[(str(exp_id), sweep_id)] = run.info.run_id
     return run.info.run_id
 
@@ -103,7 +110,7 @@ def worst_status(statuses) -> str:
 
 
 def close_sweep_run(run_id: str, rows: list[dict], status: str | None = None, report_html: Path | None = None,
-                    out_dir: Path | None = None, store: tracking.Store | None = None) -> str:
+                    out_dir: Path | None = None, *, store: tracking.Store) -> str:
     """End the parent run with the sweep's summary.
 
     Args:
@@ -117,7 +124,6 @@ def close_sweep_run(run_id: str, rows: list[dict], status: str | None = None, re
     """
     import pandas as pd
 
-    store = store or tracking.Store()
     status = status or worst_status(r.get("status", "FAILED") for r in rows)
     table = pd.DataFrame(rows)
     folder = Path(out_dir or Path.cwd())
@@ -145,6 +151,31 @@ def close_sweep_run(run_id: str, rows: list[dict], status: str | None = None, re
     finally:
         store.terminate(run_id, status)
     return status
+
+
+def dead_sweep(parent_run_id: str, stale_s: float, store: tracking.Store):
+    """The sweep parent run ``parent_run_id`` (MLflow's ``Run``) when its sweep's process died and left it RUNNING,
+    else None: a RUNNING run of kind ``sweep`` whose lease (:func:`orchestrator.store.lease.is_live`: the heartbeat
+    of the sweep's callback, fresher than ``stale_s`` seconds; on this host, its process alive) is stale, and none of
+    whose runs beneath still holds a live lease. A live sweep, here or on another node, is never taken for dead.
+    Reads only."""
+    parent = store.run(parent_run_id)
+    if (parent.info.status != "RUNNING" or parent.data.tags.get(T.KIND) != SWEEP_KIND
+            or lease.is_live(parent, stale_s)):
+        return None
+    children = store.search(parent.info.experiment_id,
+                            f"tags.`{PARENT_TAG}` = '{parent_run_id}' and attributes.status = 'RUNNING'")
+    return None if any(lease.is_live(r, stale_s) for r in children) else parent
+
+
+def end_dead_sweep(parent, why: str, store: tracking.Store) -> None:
+    """End ``parent`` (a sweep's parent run that :func:`dead_sweep` found dead) KILLED, saying why on the run: the tag
+    ``rlvr.ended_by`` (:data:`ENDED_BY_TAG`) and its description, which keeps the sweep's command."""
+    command = parent.data.tags.get(T.COMMAND, "")
+    store.set_tags({ENDED_BY_TAG: why[:4900],
+                    NOTE_TAG: f"Sweep `{command}`: **KILLED**: {why}. Its points are the runs beneath."[:20000]},
+                   parent.info.run_id)
+    store.terminate(parent.info.run_id, "KILLED")
 
 
 def _cell(v) -> str:
@@ -219,19 +250,18 @@ def _plain(cfg) -> dict:
         return dict(cfg)
 
 
-def log_datasets(run_id: str, train_cfg, train_rows, bench_rows, eval_cfg,
-                 store: tracking.Store | None = None) -> None:
+def log_datasets(run_id: str, train_cfg, train_rows, bench_rows, eval_cfg, store: tracking.Store) -> None:
     """Log :func:`datasets` to ``run_id``. Never raises (a warning instead): datasets describe a run, the run's
     results do not depend on them."""
     try:
         inputs = datasets(train_cfg, train_rows, bench_rows, eval_cfg)
         if inputs:
-            (store or tracking.Store()).log_inputs(run_id, inputs)
+            store.log_inputs(run_id, inputs)
     except Exception as e:
         log.warning("run %s: could not log its datasets: %s: %s", run_id, type(e).__name__, e)
 
 
-def log_union_of_datasets(run_id: str, runs, store: tracking.Store | None = None) -> None:
+def log_union_of_datasets(run_id: str, runs, store: tracking.Store) -> None:
     """Log to ``run_id`` (a sweep's parent) every distinct (dataset, context) the ``runs`` (MLflow Run objects of its
     children) logged, so the parent row's Dataset column shows what the sweep trained and evaluated on."""
     seen, out = set(), []
@@ -243,16 +273,18 @@ def log_union_of_datasets(run_id: str, runs, store: tracking.Store | None = None
                 seen.add(key)
                 out.append(d)
     if out:
-        (store or tracking.Store()).log_inputs(run_id, out)
+        store.log_inputs(run_id, out)
 
 
 class SystemMetrics:
     """Context manager: MLflow's system-metrics monitor on ``run_id`` (metrics ``system/...``: CPU utilisation,
     system memory, and on NVIDIA GPUs utilisation and memory per GPU), sampled every ``interval_s`` seconds and
-    logged at once. A no-op when ``enabled`` is false or psutil is missing (a warning says so)."""
+    logged at once. With ``resume`` (a run another process started), its steps continue after the last one the run
+    holds instead of starting again at 0. A no-op when ``enabled`` is false or psutil is missing (a warning says so)."""
 
-    def __init__(self, run_id: str, enabled: bool = True, interval_s: float = 10.0):
+    def __init__(self, run_id: str, enabled: bool = True, interval_s: float = 10.0, resume: bool = False):
         self.run_id, self.enabled, self.interval_s, self.monitor = run_id, enabled, float(interval_s), None
+        self.resume = bool(resume)
 
     def __enter__(self):
         if not self.enabled:
@@ -263,7 +295,7 @@ class SystemMetrics:
 
             logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # its start/stop lines, per run
             self.monitor = SystemMetricsMonitor(self.run_id, sampling_interval=self.interval_s, samples_before_logging=1,
-                                                tracking_uri=tracking.mlflow.get_tracking_uri())
+                                                resume_logging=self.resume, tracking_uri=tracking.mlflow.get_tracking_uri())
             self.monitor.start()
         except Exception as e:
             log.warning("system metrics are off for run %s: %s: %s", self.run_id, type(e).__name__, e)
@@ -280,10 +312,12 @@ class SystemMetrics:
         return False
 
 
-def system_metrics(cfg, run_id: str) -> SystemMetrics:
-    """:class:`SystemMetrics` for ``run_id`` as ``cfg.tracking`` asks."""
+def system_metrics(cfg, run_id: str, resume: bool = False) -> SystemMetrics:
+    """:class:`SystemMetrics` for ``run_id`` as ``cfg.tracking`` asks (``resume``: the run was started by another
+    process, see :class:`SystemMetrics`)."""
     t = cfg.get("tracking", {}) or {}
-    return SystemMetrics(run_id, bool(t.get("system_metrics", True)), float(t.get("system_metrics_interval_s", 10.0)))
+    return SystemMetrics(run_id, bool(t.get("system_metrics", True)), float(t.get("system_metrics_interval_s", 10.0)),
+                         resume)
 
 
 def report_folder(experiment: str, sweep_id: str | None = None, out_dir=None) -> Path:

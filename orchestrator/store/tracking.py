@@ -16,7 +16,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import mlflow
-from mlflow.entities import Metric
+from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 from core import tags as T
@@ -298,17 +298,18 @@ KIND_TAG = "mlflow.experimentKind"
 TRAINING_KIND = "custom_model_development"
 
 
-def set_experiment_kind(client: MlflowClient, experiment, store: Store | None = None) -> None:
+def set_experiment_kind(client: MlflowClient, experiment) -> None:
     """Tag ``experiment`` (an MLflow Experiment) as model training unless it already has a kind."""
     if KIND_TAG not in (experiment.tags or {}):
-        (store or Store()).call(client.set_experiment_tag, experiment.experiment_id, KIND_TAG, TRAINING_KIND)
+        client.set_experiment_tag(experiment.experiment_id, KIND_TAG, TRAINING_KIND)
 
 
-def setup_experiment(tracking_uri: str, experiment_name: str, artifact_root: str, store: Store | None = None) -> str:
+def setup_experiment(tracking_uri: str, experiment_name: str, artifact_root: str) -> str:
     """Point MLflow at ``tracking_uri`` (creating an SQLite store with :func:`ensure_store`) and return the id of
     ``experiment_name`` (created if new, with its artifacts under ``artifact_root``/<experiment>), tagged
-    ``mlflow.experimentKind=custom_model_development`` unless it has a kind (:func:`set_experiment_kind`; its call
-    waits out an outage as ``store`` does). :meth:`Store.open` is this call, itself retried."""
+    ``mlflow.experimentKind=custom_model_development`` unless it has a kind (:func:`set_experiment_kind`). Every step
+    is idempotent: :meth:`Store.open` is this call as a whole, waiting out an outage as its store does (called here
+    directly, it is tried once)."""
     ensure_store(tracking_uri)
     mlflow.set_tracking_uri(tracking_uri)
 
@@ -324,7 +325,7 @@ def setup_experiment(tracking_uri: str, experiment_name: str, artifact_root: str
         exp = client.get_experiment_by_name(experiment_name)
         if exp is None:
             raise StoreError(f"experiment_name={experiment_name!r}: could not be created in {tracking_uri}")
-    set_experiment_kind(client, exp, store)  # an experiment made before, or by hand: the UI opens on its runs table
+    set_experiment_kind(client, exp)  # an experiment made before, or by hand: the UI opens on its runs table
     return exp.experiment_id
 
 
@@ -380,7 +381,7 @@ class MetricBuffer:
     through :func:`retry`, never reordering. :meth:`flush` waits until everything is sent. When the store stays
     unreachable past the ``store``'s outage limit (:class:`Store`), what is unsent is written to ``unsent`` (JSON
     lines: key, value, timestamp, step) for :meth:`Store.send_unsent` to deliver when the run resumes, and
-    :meth:`flush` raises :class:`StoreError`."""
+    :meth:`flush` raises :class:`StoreError`. As a context manager, it is closed (:meth:`close`) on leaving."""
 
     def __init__(self, store: Store, run_id: str, unsent: Path):
         self.store, self.run_id, self.unsent = store, run_id, Path(unsent)
@@ -431,14 +432,23 @@ class MetricBuffer:
             self._q.put(None)
             self._thread.join()
 
+    def __enter__(self) -> MetricBuffer:
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.close()  # what is still queued is sent, or kept in ``unsent`` for the resumed run
+        return False
+
 
 class Store:
     """The MLflow tracking store as the suite uses it: one client, one outage limit, and the operations the
     orchestrator performs by name (runs with a hash, tag, terminate with a reason, log an artifact, ...).
 
     Every operation goes through :meth:`call`: while the store is unreachable it is tried again, for up to
-    ``wait_s`` seconds (the config's outage limit, :meth:`of`), then it raises and the run fails, resumable. An operation given no ``run_id`` acts on this thread's active run (MLflow's fluent API); the client
-    is made on first use, so a store built before :meth:`open` talks to the store :meth:`open` pointed MLflow at.
+    ``wait_s`` seconds (the config's outage limit, :meth:`of`), then it raises and the run fails, resumable. An operation given no ``run_id`` acts on this thread's active run (MLflow's fluent API), which
+    :meth:`start_run`, :meth:`end_run` and :meth:`running` open and close; the client is made on first use, so a
+    store built before :meth:`open` talks to the store :meth:`open` pointed MLflow at. Nothing in ``orchestrator/``
+    outside ``orchestrator/store/`` calls MLflow or this client itself (tests/test_orchestrator_rules.py).
 
     Args:
         wait_s: seconds an operation waits out an unreachable store.
@@ -490,7 +500,49 @@ class Store:
 
     def open(self, tracking_uri: str, experiment_name: str, artifact_root: str) -> str:
         """Point MLflow at the store and return the experiment's id (:func:`setup_experiment`, retried)."""
-        return self.call(setup_experiment, str(tracking_uri), str(experiment_name), str(artifact_root), self)
+        return self.call(setup_experiment, str(tracking_uri), str(experiment_name), str(artifact_root))
+
+    # ---------------------------------------------------------------- this thread's active run (MLflow's fluent API)
+    def start_run(self, run_id: str | None = None, experiment_id: str | None = None, run_name: str | None = None,
+                  tags: dict | None = None):
+        """Make a run this thread's active run: ``run_id`` (an existing run, set RUNNING again: a resume), or a new run
+        of ``experiment_id`` named ``run_name`` with ``tags``. Returns MLflow's ``ActiveRun`` (a ``Run``)."""
+        return self.call(mlflow.start_run, run_id=run_id, experiment_id=experiment_id, run_name=run_name, tags=tags)
+
+    def end_run(self, status: str = "FINISHED") -> None:
+        """End this thread's active run with ``status`` (none active: nothing happens)."""
+        active = mlflow.active_run()
+        if active is None:
+            return
+        try:
+            mlflow.end_run(status)
+        except Exception:
+            # MLflow takes the run off this thread's stack before its call to the store: end it through the client
+            self.call(self.client.set_terminated, active.info.run_id, status)
+
+    @contextlib.contextmanager
+    def running(self, experiment_id: str, run_name: str, tags: dict):
+        """``with store.running(...) as run``: a new active run (:meth:`start_run`), ended FINISHED when the block
+        returns and FAILED (KILLED for Ctrl-C) when it raises, as MLflow's own ``with mlflow.start_run()`` ends it."""
+        run = self.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags)
+        try:
+            yield run
+        except BaseException as e:
+            self.end_run("KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
+            raise
+        self.end_run()
+
+    @staticmethod
+    def active_run_id() -> str | None:
+        """The id of this thread's active run, or None."""
+        active = mlflow.active_run()
+        return active.info.run_id if active is not None else None
+
+    @classmethod
+    def at(cls, tracking_uri: str, wait_s: float = DEFAULT_OUTAGE_S) -> Store:
+        """A store on ``tracking_uri`` without pointing MLflow's active-run API at it (the commands that read a store
+        they are given: ``python -m orchestrator.clean``, ``python -m orchestrator.reproduce``)."""
+        return cls(wait_s, MlflowClient(tracking_uri=str(tracking_uri)))
 
     # ---------------------------------------------------------------- writing
     def set_tags(self, tags: dict, run_id: str | None = None) -> None:
@@ -505,9 +557,12 @@ class Store:
         """Set one tag on ``run_id``, or on the active run."""
         self.set_tags({key: value}, run_id)
 
-    def log_params(self, params: dict) -> None:
-        """Log ``params`` ({name: value}) on the active run."""
-        self.call(mlflow.log_params, params)
+    def log_params(self, params: dict, run_id: str | None = None) -> None:
+        """Log ``params`` ({name: value}) on ``run_id`` (in batches of 90, :meth:`log_batch`), or on the active run."""
+        if run_id is None:
+            self.call(mlflow.log_params, params)
+        else:
+            self.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items()])
 
     def log_metrics(self, values: dict, step: int = 0, run_id: str | None = None) -> None:
         """Log ``values`` ({key: number}) at ``step`` on ``run_id`` (in batches of 500: MLflow takes at most 1,000
@@ -570,10 +625,53 @@ class Store:
         unsent.unlink()
         return len(items)
 
+    def copy_metrics(self, src_run_id: str, dst_run_id: str, prefix: str) -> int:
+        """Copy every metric history of ``src_run_id`` whose key starts with ``prefix`` into ``dst_run_id`` (each value
+        with its step and timestamp); returns the last step copied (-1 when none)."""
+        last, items = -1, []
+        for key in self.run(src_run_id).data.metrics:
+            if key.startswith(prefix):
+                for m in self.metric_history(src_run_id, key):
+                    items.append(Metric(key, m.value, m.timestamp, m.step))
+                    last = max(last, m.step)
+        self.log_batch(dst_run_id, items)
+        return last
+
     # ---------------------------------------------------------------- reading
     def run(self, run_id: str):
         """The run ``run_id`` (MLflow's ``Run``)."""
         return self.call(self.client.get_run, run_id)
+
+    def find_run(self, run_id: str):
+        """The run ``run_id``, or None when the store has no such run (a store that cannot be reached raises, after
+        waiting out the outage)."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self.run(run_id)
+        except MlflowException as e:
+            if transient(e):
+                raise
+            return None
+
+    def experiment_ids(self) -> list[str]:
+        """The ids of every experiment of the store."""
+        return [e.experiment_id for e in self.call(self.client.search_experiments)]
+
+    def all_runs(self, exp_ids: list[str], max_results: int = 50000) -> list:
+        """Every run of the experiments ``exp_ids`` (MLflow's default order)."""
+        return self.call(self.client.search_runs, list(exp_ids), max_results=max_results) if exp_ids else []
+
+    def held_at_step(self, run_id: str, keys, step: int = 0) -> set[str]:
+        """Which of the metric ``keys`` ``run_id`` already holds a value of at ``step`` (the once-per-run metrics a
+        resumed run must not log again)."""
+        held = set(self.run(run_id).data.metrics) & set(keys)
+        return {k for k in held if any(m.step == step for m in self.metric_history(run_id, k))}
+
+    def download_artifacts(self, run_id: str, path: str, dst_path: str) -> str:
+        """Download the artifact ``path`` of ``run_id`` into the folder ``dst_path``; the local path (MLflow client's
+        ``download_artifacts``, so :mod:`orchestrator.point.integrity` takes a store or a client alike)."""
+        return self.call(self.client.download_artifacts, run_id, path, dst_path)
 
     def search(self, exp_id: str, filter_string: str, max_results: int = 1000) -> list:
         """The runs of ``exp_id`` that match ``filter_string``, oldest first."""

@@ -50,7 +50,8 @@ def store(tmp_path):
 def _base(cfg, exp_id, tmp_path, job="0"):
     from core.tasks import load_prompts
 
-    return B.BaseEvaluation(cfg, exp_id, "sweep-A", job, tmp_path / "sweep", load_prompts(cfg.data, "eval"))
+    return B.BaseEvaluation(cfg, exp_id, "sweep-A", job, tmp_path / "sweep", load_prompts(cfg.data, "eval"),
+                            tracking.Store())
 
 
 def _fake_claim(client, exp_id, h, **tags):

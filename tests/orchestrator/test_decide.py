@@ -2,7 +2,8 @@
 
 Seen in CI (two identical sweeps at once): a point waiting on another sweep's live run of it looked for a finished
 run, found none, and in the next query (the unfinished runs) no longer saw the other run, which had finished in
-between; it then trained the point a second time. These tests put the other run's end exactly in that window."""
+between; it then trained the point a second time. These tests put the other run's end exactly in that window; the rules decide (orchestrator.point.decision), and
+orchestrator.point.act.settle acts on their decisions until the point is settled."""
 from pathlib import Path
 
 import mlflow
@@ -10,7 +11,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from orchestrator.point import decision, integrity
+from orchestrator.point import act, decision, integrity
 from orchestrator.store import lease, tracking
 from orchestrator.point.signals import StopSignals
 
@@ -43,7 +44,7 @@ def _point(exp_id, tmp_path):
     return decision.Point(cfg, exp_id, CHASH, "this-sweep", 1, "algo=gspo",
                       {tracking.TAG_HASH: CHASH, tracking.TAG_TRAIN_HASH: THASH, "rlvr.sweep_id": "this-sweep",
                        "rlvr.job_num": "1"}, {}, stale_s=300.0, force=False, run_dir=Path(tmp_path) / "run",
-                      signals=StopSignals())
+                      signals=StopSignals(), store=tracking.Store())
 
 
 @pytest.mark.parametrize("finishes_after", ["finished_run", "_trained_checkpoint"])
@@ -62,9 +63,9 @@ def test_a_run_finishing_between_the_decisions_queries_is_taken_as_the_points_re
         return out
 
     monkeypatch.setattr(owner, finishes_after, then_the_other_finishes)
-    decided = decision.decide(_point(store, tmp_path))
+    decided = act.settle(_point(store, tmp_path))
     assert calls["n"] >= 2  # the race happened: the point waited on the live run, then it finished mid-decision
-    assert decided.action == "duplicate" and decided.summary["duplicate_of"] == other
+    assert decided.action is decision.Action.DUPLICATE and decided.summary["duplicate_of"] == other
     trained = tracking.Store().runs_with_hash(store, CHASH)
     assert [r.info.run_id for r in trained] == [other]  # no second trained run of the point
 
@@ -76,8 +77,8 @@ def test_a_stale_run_of_another_sweep_is_taken_over_not_waited_for(store, tmp_pa
     MlflowClient().set_tag(other, "rlvr.heartbeat", "1.0")  # its owner stopped beating long ago: stale
     MlflowClient().set_tag(other, "rlvr.host", "another-host")  # (on this host a live PID would keep it)
     monkeypatch.setattr(lease, "SETTLE_S", 0.0)
-    decided = decision.decide(pt)
+    decided = act.settle(pt)
     # claimed by this process; with no run folder to resume from it is set aside and the point starts afresh
     r = MlflowClient().get_run(other)
-    assert r.data.tags["rlvr.owner"] == decided.owner and decided.action == "new" and decided.run is None
+    assert r.data.tags["rlvr.owner"] == decided.owner and decided.action is decision.Action.NEW and decided.run is None
     assert r.info.status == "KILLED" and "not resumed" in r.data.tags["rlvr.invalid"]

@@ -250,6 +250,10 @@ def test_sigterm_sigint_and_kill9_mid_training_never_log_a_step_twice(tmp_path, 
         assert steps == sorted(set(steps))  # no run holds a step twice
     assert _steps(client, runs[1]) == list(range(STEPS))
     _assert_equal_to_straight(client, runs[1], straight)
+    # issue 67: the killed sweep's parent run, left RUNNING by its dead process, was ended by the re-run, saying why
+    _, parents = _trained(tmp_path, "kill", "sweep")
+    assert [p.info.status for p in parents] == ["KILLED", "FINISHED"]
+    assert parents[0].data.tags["rlvr.ended_by"].startswith("ended by a later run of the sweep: its process died")
 
     # kill -9 with train.checkpoint_every=1: resumed from the saved state, in the same run, equal to the straight run
     rc, _ = _signal_after_two_steps(tmp_path, signal.SIGKILL, "experiment_name=killck", "train.checkpoint_every=1")

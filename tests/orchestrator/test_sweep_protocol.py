@@ -23,8 +23,9 @@ def sweep(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     exp_id = tracking.setup_experiment(uri, "protocol-test", str(tmp_path / "art"))
     sweep_id = str(tmp_path / "multirun" / "S")
-    parent = mlflow_views.open_sweep_run(exp_id, sweep_id, "abc", argv=["sweep.py"])
-    return exp_id, sweep_id, parent, MlflowClient(tracking_uri=uri)
+    store = tracking.Store()
+    parent = mlflow_views.open_sweep_run(exp_id, sweep_id, "abc", argv=["sweep.py"], store=store)
+    return exp_id, sweep_id, parent, MlflowClient(tracking_uri=uri), store
 
 
 def test_the_protocol_depends_on_evaluation_settings_and_the_machine_not_on_training():
@@ -41,35 +42,35 @@ def test_the_protocol_depends_on_evaluation_settings_and_the_machine_not_on_trai
 
 
 def test_the_first_evaluation_records_the_choice_and_later_ones_use_it(sweep):
-    exp_id, sweep_id, parent, client = sweep
+    exp_id, sweep_id, parent, client, store = sweep
     cfg = _cfg()
     key = TAG_PREFIX + P.settings_key(cfg.eval)
-    pinned, proto = resolve_for_sweep(cfg, exp_id, sweep_id)
+    pinned, proto = resolve_for_sweep(cfg, exp_id, sweep_id, store)
     assert json.loads(client.get_run(parent).data.tags[key]) == {"sampler": "hf", "dtype": "float32"}
     assert pinned.sampler == "hf" and pinned.dtype == "float32" and proto == P.resolve(cfg.eval)
     # a later job on a machine that would choose otherwise (here: its record says bfloat16) takes the sweep's choice
     client.set_tag(parent, key, json.dumps({"sampler": "hf", "dtype": "bfloat16"}))
-    pinned, proto = resolve_for_sweep(cfg, exp_id, sweep_id)
+    pinned, proto = resolve_for_sweep(cfg, exp_id, sweep_id, store)
     assert pinned.dtype == "bfloat16" and proto["dtype"] == "bfloat16" and proto["sampler"] == "hf"
     # another evaluation setting of the same sweep is its own protocol, with its own record
     other = _cfg("eval.temperature=0.7")
-    _, proto7 = resolve_for_sweep(other, exp_id, sweep_id)
+    _, proto7 = resolve_for_sweep(other, exp_id, sweep_id, store)
     assert proto7["temperature"] == 0.7 and TAG_PREFIX + P.settings_key(other.eval) in client.get_run(parent).data.tags
 
 
 def test_a_machine_that_cannot_run_the_sweeps_protocol_stops_with_one_line(sweep):
-    exp_id, sweep_id, parent, client = sweep
+    exp_id, sweep_id, parent, client, store = sweep
     cfg = _cfg()
     client.set_tag(parent, TAG_PREFIX + P.settings_key(cfg.eval), json.dumps({"sampler": "nosuch", "dtype": "float32"}))
     with pytest.raises(ProtocolMismatch) as e:
-        resolve_for_sweep(cfg, exp_id, sweep_id)
+        resolve_for_sweep(cfg, exp_id, sweep_id, store)
     msg = str(e.value)
     assert "\n" not in msg and "sampler=nosuch" in msg and "sampler: nosuch vs hf" in msg
 
 
 def test_outside_a_multirun_the_machine_decides():
     cfg = _cfg()
-    pinned, proto = resolve_for_sweep(cfg, "0", None)
+    pinned, proto = resolve_for_sweep(cfg, "0", None, tracking.Store())
     assert proto == P.resolve(cfg.eval) and pinned.sampler == "hf"
 
 
