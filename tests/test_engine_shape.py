@@ -16,7 +16,7 @@ ENTRIES = {
     "training/engines/local/__init__.py": {"train", "validate", "memory_plan"},
     "training/engines/verl/__init__.py": {"train", "validate", "check_verl_config", "verl_overrides", "algo_spec",
                                           "verl_environment"},
-    "training/settings.py": {"of"},
+    "training/settings.py": {"of", "read"},
     "training/engines/verl/verl_keys.py": {"of"},
 }
 

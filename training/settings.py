@@ -1,4 +1,5 @@
-"""A run's settings, typed and built once from the validated config and the device (:meth:`RunSettings.of`).
+"""A run's settings, typed and built once from the validated config and the device (:func:`read`, packed into a
+:class:`RunSettings` at once: ``RunSettings(**read(cfg))``, or :meth:`RunSettings.of`).
 
 Every training engine builds one :class:`RunSettings` at its entry (``train``, ``validate``, ``memory_plan``) and hands
 it to every phase; below the entry no function receives the Hydra config (tests/test_engine_shape.py checks it by
@@ -270,40 +271,48 @@ class RunSettings:
 
     @classmethod
     def of(cls, cfg, device: str | None = None) -> "RunSettings":
-        """The settings of a composed, validated run config, trained on ``device`` (``cuda`` or ``cpu``; default:
-        where it would train on this machine, :func:`resolve_device`).
+        """The settings of a composed, validated run config, trained on ``device``: ``RunSettings(**read(cfg,
+        device))`` (:func:`read`)."""
+        return cls(**read(cfg, device))
 
-        Raises:
-            omegaconf.errors.ConfigAttributeError: a ``train.*`` key the composed tree always has is missing.
-            ValueError: an unknown ``train.precision``.
-        """
-        from core.precision import choose
 
-        t, algo = cfg.train, cfg.algo
-        device_type = device or resolve_device(str(t.device))
-        choice = choose(str(t.precision), device_type)
-        spec = AlgoSpec(str(algo.name), str(algo.advantage.name), _params(algo.advantage), str(algo.policy_loss.name),
-                        _params(algo.policy_loss))
-        rollout, dynamic, terms = (_record(RolloutSettings, t.rollout), _record(DynamicSampling, algo.get("dynamic_sampling")),
-                                   _record(AlgoTerms, algo))
-        mb = t.minibatch_size
-        return cls(device=str(t.device), device_type=device_type, precision_setting=str(t.precision),
-                   precision=choice.precision, precision_reason=choice.reason, seed=int(cfg.seed), steps=int(t.steps),
-                   prompts_per_step=int(t.prompts_per_step), group_size=int(t.group_size),
-                   max_new_tokens=int(t.max_new_tokens), temperature=float(t.temperature), top_p=float(t.top_p),
-                   lr=float(t.lr), betas=tuple(float(b) for b in t.betas), weight_decay=float(t.weight_decay),
-                   ppo_epochs=int(t.ppo_epochs), minibatch_size=None if mb is None else int(mb),
-                   max_grad_norm=float(t.max_grad_norm), gradient_checkpointing=bool(t.gradient_checkpointing),
-                   micro_batch_tokens=t.micro_batch_tokens, packing=str(t.packing), memory_check=t.memory_check,
-                   device_memory_gb=None if t.device_memory_gb is None else float(t.device_memory_gb),
-                   max_prompt_tokens=int(t.max_prompt_tokens), warmup_steps=int(t.warmup_steps),
-                   checkpoint_every=int(t.checkpoint_every or 0), save_every=int(t.save_every or 0),
-                   validate_every=int(t.validate_every or 0), max_nonfinite_steps=int(t.max_nonfinite_steps),
-                   chat_template=bool(cfg.model.chat_template), rollout=rollout, dynamic=dynamic,
-                   overlong=_record(OverlongShaping, algo.get("overlong_buffer")), terms=terms,
-                   lora=LoraSettings.of(cfg), algo=spec,
-                   needs=AlgoNeeds.of(spec, terms, rollout, dynamic, choice.bf16),
-                   model=cfg.model, data=cfg.data, tools=cfg.get("tools"),
-                   eval_vllm=_plain(OmegaConf.select(cfg, "eval.vllm")),
-                   plugins=tuple(str(m) for m in (cfg.get("plugins") or [])),
-                   experiment=str(cfg.get("experiment_name", "rlvr")), engine=cfg.get("engine"))
+def read(cfg, device: str | None = None) -> dict:
+    """Every field of :class:`RunSettings` read from a composed, validated run config, trained on ``device`` (``cuda``
+    or ``cpu``; default: where it would train on this machine, :func:`resolve_device`): the one place the config's
+    ``train.*`` keys, its algorithm and its precision are read. An engine's entry packs them into the record at once
+    (``RunSettings(**read(cfg))``).
+
+    Raises:
+        omegaconf.errors.ConfigAttributeError: a ``train.*`` key the composed tree always has is missing.
+        ValueError: an unknown ``train.precision``.
+    """
+    from core.precision import choose
+
+    t, algo = cfg.train, cfg.algo
+    device_type = device or resolve_device(str(t.device))
+    choice = choose(str(t.precision), device_type)
+    spec = AlgoSpec(str(algo.name), str(algo.advantage.name), _params(algo.advantage), str(algo.policy_loss.name),
+                    _params(algo.policy_loss))
+    rollout, dynamic, terms = (_record(RolloutSettings, t.rollout), _record(DynamicSampling, algo.get("dynamic_sampling")),
+                               _record(AlgoTerms, algo))
+    mb = t.minibatch_size
+    return dict(device=str(t.device), device_type=device_type, precision_setting=str(t.precision),
+                precision=choice.precision, precision_reason=choice.reason, seed=int(cfg.seed), steps=int(t.steps),
+                prompts_per_step=int(t.prompts_per_step), group_size=int(t.group_size),
+                max_new_tokens=int(t.max_new_tokens), temperature=float(t.temperature), top_p=float(t.top_p),
+                lr=float(t.lr), betas=tuple(float(b) for b in t.betas), weight_decay=float(t.weight_decay),
+                ppo_epochs=int(t.ppo_epochs), minibatch_size=None if mb is None else int(mb),
+                max_grad_norm=float(t.max_grad_norm), gradient_checkpointing=bool(t.gradient_checkpointing),
+                micro_batch_tokens=t.micro_batch_tokens, packing=str(t.packing), memory_check=t.memory_check,
+                device_memory_gb=None if t.device_memory_gb is None else float(t.device_memory_gb),
+                max_prompt_tokens=int(t.max_prompt_tokens), warmup_steps=int(t.warmup_steps),
+                checkpoint_every=int(t.checkpoint_every or 0), save_every=int(t.save_every or 0),
+                validate_every=int(t.validate_every or 0), max_nonfinite_steps=int(t.max_nonfinite_steps),
+                chat_template=bool(cfg.model.chat_template), rollout=rollout, dynamic=dynamic,
+                overlong=_record(OverlongShaping, algo.get("overlong_buffer")), terms=terms,
+                lora=LoraSettings.of(cfg), algo=spec,
+                needs=AlgoNeeds.of(spec, terms, rollout, dynamic, choice.bf16),
+                model=cfg.model, data=cfg.data, tools=cfg.get("tools"),
+                eval_vllm=_plain(OmegaConf.select(cfg, "eval.vllm")),
+                plugins=tuple(str(m) for m in (cfg.get("plugins") or [])),
+                experiment=str(cfg.get("experiment_name", "rlvr")), engine=cfg.get("engine"))

@@ -38,7 +38,7 @@ from core.lifecycle import STOP_REQUESTED, Preempted  # noqa: F401  (what a call
 from training.engines import EngineChoices, register_engine
 from training.engines.local.local_state import NumericFault  # noqa: F401
 from training.run_state import has_state, load_state, state_paths  # noqa: F401  (the engine protocol; load_state for tests)
-from training.settings import RunSettings
+from training.settings import RunSettings, read
 
 __all__ = ["STOP_REQUESTED", "Preempted", "NumericFault", "train", "validate", "memory_plan", "has_state",
            "state_paths"]
@@ -85,7 +85,7 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
     """
     from training.engines.local.local_loop import run
 
-    settings = RunSettings.of(cfg)
+    settings = RunSettings(**read(cfg))  # the config read once, packed into the run's one settings record
     return run(settings, Path(run_dir), log_metrics, logged_through, EngineChoices() if choices is None else choices)
 
 
