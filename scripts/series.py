@@ -14,7 +14,11 @@ cores), and on the tiny random model and ``toy_parity`` (tests/plugins/toy_tasks
 sweeps the tests run in small: ``staleness`` (k = 2, token TIS, emulated and overlapped, with validation along
 training), ``lora`` (rank 4, three losses), ``dapo`` (dynamic sampling and overlong shaping, micro-batches under a
 token budget, a stop-free checkpointed run) and ``verl`` (``experiment=verl_smoke`` with ExPPO and DAPO, verl's real
-trainer on the CPU; skipped where verl or vLLM is not installed).
+trainer on the CPU; skipped where verl or vLLM is not installed). verl's trainer on the CPU does not draw the same
+samples twice (its rollout server schedules requests as they come: two runs of 147c0b6's code differed in 162 of its
+series, 2026-12-07), so for ``verl`` the comparison holds the metric names and the steps each was logged at, not the
+values (its translation into verl's overrides is pinned value for value by
+tests/training/test_verl_translation_fixture.py instead).
 """
 from __future__ import annotations
 
@@ -43,6 +47,8 @@ JOBS = {
              "train.checkpoint_every=2", "train.ppo_epochs=2"],
     "verl": ["-m", "experiment=verl_smoke", "algo=exppo,dapo", "train.steps=2", "report.enabled=false"],
 }
+#: jobs whose values differ between two runs of the same code: compared by their metric names and steps only
+STRUCTURE_ONLY = ("verl",)
 #: metric names whose values are timings, throughput, memory or machine readings: not compared
 UNSTABLE = re.compile(r"(time|_s$|_s_|seconds|per_s|throughput|/wait|memory/|_gb$|^system/|peak|perf/|timing|mfu|"
                       r"overlap_wait|estimate|calibration|_ms$)")
@@ -88,7 +94,8 @@ def read_series(db: Path) -> dict:
             kind = r.data.tags.get("rlvr.kind", "")
             if kind == "sweep":
                 continue
-            key = f"{exp.name}/{kind}/{r.info.run_name}"
+            name = "report" if kind == "report" else r.info.run_name  # (a report's name carries its time)
+            key = f"{exp.name}/{kind}/{name}"
             while key in out:  # two runs of one name (a re-run's): numbered in the store's order
                 key += "+"
             series = {}
@@ -120,6 +127,8 @@ def compare(a: dict, b: dict, rel: float = 1e-6) -> list[str]:
                     continue
                 if [s for s, _ in sa] != [s for s, _ in sb]:
                     diffs.append(f"{job} {run} {name}: steps {[s for s, _ in sa]} vs {[s for s, _ in sb]}")
+                    continue
+                if job in STRUCTURE_ONLY:
                     continue
                 for (step, x), (_, y) in zip(sa, sb):
                     same = (math.isnan(x) and math.isnan(y)) or x == y or abs(x - y) <= rel * max(abs(x), abs(y), 1e-12)
