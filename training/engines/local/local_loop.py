@@ -77,7 +77,7 @@ def train_loop(run: LocalRun, log_metrics, logged_through: int) -> Path:
 
     s = run.settings
     start_step = resume(run, log_metrics, logged_through)
-    n_steps, every, save_every, validate_every = s.steps, s.checkpoint_every, s.save_every, s.validate_every
+    n_steps = s.steps
     t_open = time.perf_counter()
     run.rollout = open_rollout(run, n_steps - start_step)
     run.ahead = Ahead(run) if s.rollout.overlap and s.rollout.staleness else None
@@ -111,28 +111,47 @@ def train_loop(run: LocalRun, log_metrics, logged_through: int) -> Path:
             log.warning("step %d: %d of its optimiser steps skipped: non-finite %s (weights and optimiser state "
                         "untouched; train/nonfinite_skips)", step, int(metrics["nonfinite_skips"]), ", ".join(terms))
 
-        # ---- checkpoints and state: the kept policy first, then the state (with these metrics), then the tracker
-        if save_every and (step + 1) % save_every == 0 and step + 1 < n_steps:  # a trajectory point (the last is final)
-            save_atomically(step_checkpoint_dir(run.run_dir, step + 1), partial(save_hf, run))
-        elif validate_every and (step + 1) % validate_every == 0 and step + 1 < n_steps:  # validated, then removed
-            save_atomically(validation_checkpoint_dir(run.run_dir, step + 1), partial(save_hf, run))
-        stop = STOP_REQUESTED.is_set()
-        saved = stop or (every and ((step + 1) % every == 0 or step == n_steps - 1))
-        if saved:
-            path = save(run, step)  # exactly-once on resume: the metrics travel with the state
-        if saved or not every:  # with checkpointing, metrics reach the tracker only together with a saved state
-            flush()
-        if stop:
-            raise Preempted(f"stopped after step {step} on request; state saved to {path}")
+        keep(run, step, flush)  # the kept policy, the saved state (with these metrics), the tracker
         if faulty >= s.max_nonfinite_steps:
             raise NumericFault(f"step {step}: non-finite {', '.join(terms)} in {faulty} steps in a row "
                                f"(train.max_nonfinite_steps={s.max_nonfinite_steps}): every update of those steps was "
                                "skipped; the run stops with its weights and last saved state finite")
 
+    finish(run, sampled_s)
+    return save_atomically(final_checkpoint_dir(run.run_dir), partial(save_hf, run))
+
+
+def keep(run: LocalRun, step: int, flush) -> None:
+    """What step ``step`` leaves behind, in this order: the kept policy (``train.save_every``, or for the validation
+    along training ``train.validate_every``; the last step's is the final checkpoint), then the full state with the
+    step's metrics (``train.checkpoint_every``, the last step, or a stop request), then the metrics to the tracker
+    (``flush``; with checkpointing only together with a saved state, so a resume logs every step exactly once).
+
+    Raises:
+        Preempted: a stop was requested (after the state is saved).
+    """
+    s = run.settings
+    n_steps, every, done = s.steps, s.checkpoint_every, step + 1
+    if s.save_every and done % s.save_every == 0 and done < n_steps:  # a trajectory point (the last is final)
+        save_atomically(step_checkpoint_dir(run.run_dir, done), partial(save_hf, run))
+    elif s.validate_every and done % s.validate_every == 0 and done < n_steps:  # validated, then removed
+        save_atomically(validation_checkpoint_dir(run.run_dir, done), partial(save_hf, run))
+    stop = STOP_REQUESTED.is_set()
+    saved = stop or (every and (done % every == 0 or step == n_steps - 1))
+    if saved:
+        path = save(run, step)  # exactly-once on resume: the metrics travel with the state
+    if saved or not every:  # with checkpointing, metrics reach the tracker only together with a saved state
+        flush()
+    if stop:
+        raise Preempted(f"stopped after step {step} on request; state saved to {path}")
+
+
+def finish(run: LocalRun, sampled_s: float) -> None:
+    """After the last step: the rollout sampler closed, the sampling time and peak memory recorded in the run's
+    choices, the sampled tokens' probabilities written."""
     run.rollout.close()  # the shared vLLM engine stays up, holding the final policy, for the run's evaluation
     run.choices.rollout.measured_s = round(float(sampled_s), 2)  # beside auto's estimate (tagged; a 3x miss warns)
     # a GPU's allocated memory, or the process's peak resident memory on the CPU (which includes what an earlier
     # point of the same process held), beside the plan
     run.choices.memory["run_peak_gb"] = round(float(peak_memory_gb(run.device)), 3)
     run.token_probs.write(run.run_dir / TOKEN_PROBS, run.tokenizer)
-    return save_atomically(final_checkpoint_dir(run.run_dir), partial(save_hf, run))

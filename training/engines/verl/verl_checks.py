@@ -64,21 +64,8 @@ def check(v: VerlSettings) -> list[str]:
     if old_policy != "recompute":
         raise ValueError(f"train.rollout.old_policy={old_policy}: with engine=verl the old log-probs are verl's "
                          "recomputed ones; use engine=local")
-    algo = s.algo
-    for need, why in needs_of("advantage", algo.advantage, algo.advantage_params).items():
-        if need not in SUPPLIED_TO_ESTIMATORS:
-            raise ValueError(
-                f"algo.advantage.name={algo.advantage!r}: needs the rollout's {need} for {why}, which the verl adapter "
-                "does not supply to estimators; use engine=local")
-    for need, why in needs_of("policy_loss", algo.policy_loss, algo.policy_loss_params).items():
-        if need not in SUPPLIED:
-            param = need_param("policy_loss", algo.policy_loss, need)
-            where = (f"algo.policy_loss.{param}={algo.policy_loss_params.get(param)!r}" if param
-                     else f"algo.policy_loss.name={algo.policy_loss!r}")
-            raise ValueError(
-                f"{where}: needs {need} for {why}, which verl's policy-loss interface does not pass; set it to 0 "
-                "(algo.kl_beta gives verl's uniform k3 KL loss) or use engine=local")
-    mode = algo.loss_agg_mode
+    check_algorithm(s.algo)
+    mode = s.algo.loss_agg_mode
     if mode not in ("token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"):
         raise ValueError(f"algo.policy_loss.loss_agg_mode={mode!r}: not supported by the verl adapter")
     G, P = s.group_size, s.prompts_per_step
@@ -99,6 +86,28 @@ def check(v: VerlSettings) -> list[str]:
                          f"{G * P} responses per step (prompts_per_step x group_size) and the "
                          f"train.minibatch_size={mb} responses per optimiser step (data-parallel split)")
     return []
+
+
+def check_algorithm(algo) -> None:
+    """The registered functions' needs are what the adapters supply (:data:`SUPPLIED_TO_ESTIMATORS`,
+    :data:`SUPPLIED`).
+
+    Raises:
+        ValueError: naming the function or its parameter, and what it needs.
+    """
+    for need, why in needs_of("advantage", algo.advantage, algo.advantage_params).items():
+        if need not in SUPPLIED_TO_ESTIMATORS:
+            raise ValueError(
+                f"algo.advantage.name={algo.advantage!r}: needs the rollout's {need} for {why}, which the verl adapter "
+                "does not supply to estimators; use engine=local")
+    for need, why in needs_of("policy_loss", algo.policy_loss, algo.policy_loss_params).items():
+        if need not in SUPPLIED:
+            param = need_param("policy_loss", algo.policy_loss, need)
+            where = (f"algo.policy_loss.{param}={algo.policy_loss_params.get(param)!r}" if param
+                     else f"algo.policy_loss.name={algo.policy_loss!r}")
+            raise ValueError(
+                f"{where}: needs {need} for {why}, which verl's policy-loss interface does not pass; set it to 0 "
+                "(algo.kl_beta gives verl's uniform k3 KL loss) or use engine=local")
 
 
 def check_device(e: EngineKeys) -> None:
