@@ -68,7 +68,6 @@ def _signame(signum: int) -> str:
 if __name__ == "__main__":
     from core.lifecycle import Interrupted
     from orchestrator import callbacks
-
     from reports.callback import check_report_baseline, check_report_config
 
     check_command_line(sys.argv[1:], checks=(check_report_config,),  # every point, before any work (exit 2)

@@ -51,10 +51,10 @@ def _measure(conn, model_name: str, n: int, budget, prompt_tokens: int, response
 
     import torch
 
+    from core.models import load_policy
     from core.scoring import Scorer
     from orchestrator.checks.preflight import sweep_points
     from training.algorithms import BoundLoss, get_advantage_fn
-    from core.models import load_policy
     from training.settings import OldLogprobs
     from training.update import UpdateControl, UpdateSettings, update_policy
 

@@ -3,7 +3,7 @@ process, its rewrites, the exact check, the cache, and plain math-verify's verdi
 and plain math-verify (``verify(parse(G), parse(response))`` in this process, ``G`` the gold as
 :func:`core.verify.gold_texts` writes it first, no cache).
 
-    python -m benchmarks.verifier [--data-dir ../shared/data/benchmarks] [--samples PATH ...] [--limit N]
+    python -m benchmarks.verifier --data-dir DIR [--samples PATH ...] [--limit N]
                                   [--adversarial-cap 60]
 
 Three measurements:
@@ -100,7 +100,7 @@ def sweep_samples(roots=(Path("multirun"), Path("outputs"))) -> list[Path]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.verifier", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data-dir", default="../shared/data/benchmarks")
+    ap.add_argument("--data-dir", required=True, help="a folder of <benchmark>/test.jsonl files")
     ap.add_argument("--samples", nargs="*", default=None,
                     help="samples.parquet files (default: every one under multirun/ and outputs/)")
     ap.add_argument("--limit", type=int, default=None, help="at most this many golds and samples (smoke runs)")

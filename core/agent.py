@@ -132,7 +132,6 @@ def run_episodes(cont, tokenizer, eos_ids: Sequence[int], texts: Sequence[str], 
     Raises:
         core.tools.ToolUnavailable: a tool's service is gone.
     """
-    pad = tokenizer.pad_token_id
     eos_ids = set(eos_ids)
     tools, max_turns, max_obs_tokens = use.tools, use.max_turns, use.max_obs_tokens
     stops = [t.close_tag for t in tools.values()] + [ANSWER_CLOSE]
@@ -182,6 +181,15 @@ def run_episodes(cont, tokenizer, eos_ids: Sequence[int], texts: Sequence[str], 
                 calls[i] += 1
                 if len(resp[i]) >= int(max_new_tokens):
                     done[i] = True
+    return _generation(tokenizer, prompts, resp, keep, lps if with_lp else None, calls, finished, device)
+
+
+def _generation(tokenizer, prompts: list, resp: list, keep: list, lps: list | None, calls: list, finished: list,
+                device) -> Generation:
+    """The episodes as a :class:`core.generation.Generation`: prompts left-padded, responses (``resp``, with
+    ``keep`` 1 on the policy's tokens) right-padded, log-probs ``lps`` (None: the continuation returned none) masked
+    to the policy's tokens, ``calls`` tool calls and ``finished`` flags per episode."""
+    pad = tokenizer.pad_token_id
     width = max(1, max(len(r) for r in resp))
     response_ids = torch.tensor([r + [pad] * (width - len(r)) for r in resp], device=device)
     response_mask = torch.tensor([k + [0] * (width - len(k)) for k in keep], device=device)
@@ -189,7 +197,7 @@ def run_episodes(cont, tokenizer, eos_ids: Sequence[int], texts: Sequence[str], 
     prompt_ids = torch.tensor([[pad] * (p_width - len(p)) + p for p in prompts], device=device)
     prompt_mask = torch.tensor([[0] * (p_width - len(p)) + [1] * len(p) for p in prompts], device=device)
     logprobs = (torch.tensor([lp + [0.0] * (width - len(lp)) for lp in lps], device=device) * response_mask
-                if with_lp else None)
+                if lps is not None else None)
     return Generation(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
                       response_mask=response_mask, response_lengths=response_mask.sum(-1),
                       finished=torch.tensor(finished, device=device),

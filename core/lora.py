@@ -30,6 +30,7 @@ from typing import Iterator
 import torch
 
 from .models import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_base, evaluable, is_adapter  # noqa: F401  (model I/O)
+
 #: ``train.lora.lr: auto`` is this multiple of ``train.lr`` (LoRA Without Regret: the optimal LoRA learning rate is
 #: about 10x full fine-tuning's, across ranks, in supervised and RL training)
 LR_MULTIPLE = 10.0

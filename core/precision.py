@@ -2,9 +2,9 @@
 
 bfloat16 halves a model's activations and doubles a matrix unit's throughput where the hardware has bf16 arithmetic:
 a GPU of compute capability 8.0 or later (A100, H100, RTX 30xx/40xx), a CPU with AMX-BF16 (Intel Sapphire Rapids and
-later) or AVX512-BF16 (Cooper Lake, AMD Zen 4), an ARM CPU with the BF16 extension. Elsewhere PyTorch emulates it:
-measured 2026-12-05 on an AMD EPYC with AVX2 only, a 2048^3 product ran at 102-124 GFLOP/s in float32 and 0.3-1.3 in
-bfloat16, and one training step of the main job took 508 s in bf16 against 31-40 s in float32. So ``auto`` (the
+later) or AVX512-BF16 (Cooper Lake, AMD Zen 4), an ARM CPU with the BF16 extension. Elsewhere PyTorch emulates it, and
+runs it tens to hundreds of times slower than float32 (a measurement on an AMD EPYC with AVX2 only is on
+docs/performance.md). So ``auto`` (the
 default of ``train.precision``, ``train.rollout.dtype`` and ``eval.dtype``) is bf16 where the device computes it
 natively and float32 elsewhere, and an explicit bf16 on a device that only emulates it is refused at pre-flight
 (:func:`refusal`), with the slowdown a sub-second probe measured (:func:`probe_slowdown`).

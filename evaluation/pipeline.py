@@ -24,14 +24,19 @@ from tqdm.auto import tqdm
 
 from core.progress import LineProgress
 from core.sampling import Sample, SamplerOptions, SamplingSettings, build_sampler
-
 from core.tasks import get_task, score_responses
 
 from . import protocol as P
+from .checks import (  # noqa: F401  (re-exported:
+    CONFIG,
+    DECODING_KEYS,
+    check_decoding,
+    check_eval,
+    decoding_plan,
+    smallest_n,  # the evaluation's keys and checks live in evaluation/checks.py)
+)
 from .protocol import evaluation_sampler  # noqa: F401  (re-exported: the sampler is part of the protocol)
 from .tables import TABLES, budget_metrics, compute_tables, metric_key  # noqa: F401  (metric_key re-exported)
-from .checks import (CONFIG, DECODING_KEYS, check_decoding, check_eval, decoding_plan,  # noqa: F401  (re-exported:
-                     smallest_n)  # the evaluation's keys and checks live in evaluation/checks.py)
 
 log = logging.getLogger("rlvr")
 
@@ -204,19 +209,10 @@ def sample_benchmarks(sampler, rows_by_bench: dict, draw: Draw, samples_path: Pa
         core.tools.ToolUnavailable: a tool's service is gone.
     """
     from core.tools import close_tools, open_tools_for, tool_names
-    n, seed, batch_prompts, settings = draw.n, draw.seed, draw.batch_prompts, draw.settings
+    n, seed, settings = draw.n, draw.seed, draw.settings
     timings = collections.Counter() if timings is None else timings
     samples_path = Path(samples_path)
-    done = pd.read_parquet(samples_path) if samples_path.exists() else pd.DataFrame(columns=SAMPLE_COLUMNS)
-    mine = done["benchmark"].isin(list(rows_by_bench))
-    others, done = done[~mine], done[mine]
-    finished = set()
-    if len(done):
-        counts = done.groupby(["benchmark", "prompt_id"]).size()
-        finished = {key for key, c in counts.items() if c >= n}
-        done = done[[(b, p) in finished for b, p in zip(done["benchmark"], done["prompt_id"])]]
-    if len(done) and "answer_status" not in done:  # drawn before answer forms (issue 55): graded again, not resampled
-        done = regrade(done, rows_by_bench)
+    others, done, finished = _resume(samples_path, rows_by_bench, n)
     todo = [(b, r) for b, rows in rows_by_bench.items() for r in rows if (b, r["id"]) not in finished]
     frames = [done] if len(done) else []
     with_tools = {b: bool(tool_names(rows[:1])) for b, rows in rows_by_bench.items()}
@@ -227,14 +223,7 @@ def sample_benchmarks(sampler, rows_by_bench: dict, draw: Draw, samples_path: Pa
                          f"samplers {tool_samplers()} run: set eval.sampler=hf (got {getattr(sampler, 'name', sampler)!r})")
     tools = open_tools_for([r for b, r in todo if with_tools[b]], tools_cfg)
     tc = tools_cfg if tools_cfg is not None else {}
-    chunks, cur = [], []
-    for item in todo:  # chunks of batch_prompts prompts, never mixing benchmarks with and without tools
-        if cur and (len(cur) >= batch_prompts or with_tools[cur[0][0]] != with_tools[item[0]]):
-            chunks.append(cur)
-            cur = []
-        cur.append(item)
-    if cur:
-        chunks.append(cur)
+    chunks = _chunks(todo, draw.batch_prompts, with_tools)
     lines = LineProgress(f"eval sampling ({getattr(sampler, 'name', 'sampler')})", len(todo), unit="prompt")
     try:
         with tqdm(total=len(todo), desc=f"eval sampling ({getattr(sampler, 'name', 'sampler')})", unit="prompt",
@@ -248,21 +237,8 @@ def sample_benchmarks(sampler, rows_by_bench: dict, draw: Draw, samples_path: Pa
                              prefixes=[r.get("response_prefix", "") for _, r in chunk]) if with_tools[chunk[0][0]] else {}
                 outs = sampler.sample([r["prompt"] for _, r in chunk], n, seeds, settings, **extra)
                 timings["sampling_s"] += time.perf_counter() - t0
-                records = []
                 t0 = time.perf_counter()
-                for (bench, row), drawn in zip(chunk, outs):
-                    samples = [Sample.of(s) for s in drawn]  # a plug-in sampler may still return dicts
-                    checks = check_rows([row] * len(samples), [s.response for s in samples])
-                    for j, (s, (correct, extracted, reference, status)) in enumerate(zip(samples, checks)):
-                        records.append({
-                            "benchmark": bench, "prompt_id": row["id"], "sample_idx": j, "prompt": row["prompt"],
-                            "gold": row["gold"], "response": s.response, "n_tokens": s.n_tokens,
-                            "finish_reason": s.finish_reason, "extracted_answer": extracted, "correct": bool(correct),
-                            "reference_correct": None if reference is None else bool(reference),
-                            "mean_token_entropy": s.mean_token_entropy,
-                            "seed": int(s.seed if s.seed is not None else seeds[0]),
-                            "subset": row.get("subset"), "tool_calls": s.tool_calls, "answer_status": status,
-                        })
+                records = _sample_records(chunk, outs, seeds)
                 timings["verify_s"] += time.perf_counter() - t0
                 frames.append(pd.DataFrame.from_records(records, columns=SAMPLE_COLUMNS))
                 pd.concat(([others] if len(others) else []) + frames, ignore_index=True).to_parquet(samples_path, index=False)
@@ -276,6 +252,56 @@ def sample_benchmarks(sampler, rows_by_bench: dict, draw: Draw, samples_path: Pa
     table = pd.concat(frames, ignore_index=True)
     table["mean_token_entropy"] = table["mean_token_entropy"].astype("float64")
     return table
+
+
+def _resume(samples_path: Path, rows_by_bench: dict, n: int) -> tuple[pd.DataFrame, pd.DataFrame, set]:
+    """(the rows of ``samples_path`` of benchmarks not in ``rows_by_bench``, kept as they are; the rows of the prompts
+    already sampled ``n`` times, graded again when drawn before answer forms; those prompts' (benchmark, prompt id))."""
+    done = pd.read_parquet(samples_path) if samples_path.exists() else pd.DataFrame(columns=SAMPLE_COLUMNS)
+    mine = done["benchmark"].isin(list(rows_by_bench))
+    others, done = done[~mine], done[mine]
+    finished = set()
+    if len(done):
+        counts = done.groupby(["benchmark", "prompt_id"]).size()
+        finished = {key for key, c in counts.items() if c >= n}
+        done = done[[(b, p) in finished for b, p in zip(done["benchmark"], done["prompt_id"])]]
+    if len(done) and "answer_status" not in done:  # drawn before answer forms (issue 55): graded again, not resampled
+        done = regrade(done, rows_by_bench)
+    return others, done, finished
+
+
+def _chunks(todo: list, batch_prompts: int, with_tools: dict) -> list[list]:
+    """``todo``'s (benchmark, row) items in chunks of ``batch_prompts`` prompts, never mixing benchmarks with and
+    without tools (``with_tools``: {benchmark: whether its task calls tools})."""
+    chunks, cur = [], []
+    for item in todo:
+        if cur and (len(cur) >= batch_prompts or with_tools[cur[0][0]] != with_tools[item[0]]):
+            chunks.append(cur)
+            cur = []
+        cur.append(item)
+    if cur:
+        chunks.append(cur)
+    return chunks
+
+
+def _sample_records(chunk: list, outs: list, seeds: list) -> list[dict]:
+    """One :data:`SAMPLE_COLUMNS` record per sample the sampler drew (``outs``) for ``chunk``'s (benchmark, row)
+    prompts, verified by the row's task (:func:`check_rows`); ``seeds``: the prompts' seeds."""
+    records = []
+    for (bench, row), drawn in zip(chunk, outs):
+        samples = [Sample.of(s) for s in drawn]  # a plug-in sampler may still return dicts
+        checks = check_rows([row] * len(samples), [s.response for s in samples])
+        for j, (s, (correct, extracted, reference, status)) in enumerate(zip(samples, checks)):
+            records.append({
+                "benchmark": bench, "prompt_id": row["id"], "sample_idx": j, "prompt": row["prompt"],
+                "gold": row["gold"], "response": s.response, "n_tokens": s.n_tokens,
+                "finish_reason": s.finish_reason, "extracted_answer": extracted, "correct": bool(correct),
+                "reference_correct": None if reference is None else bool(reference),
+                "mean_token_entropy": s.mean_token_entropy,
+                "seed": int(s.seed if s.seed is not None else seeds[0]),
+                "subset": row.get("subset"), "tool_calls": s.tool_calls, "answer_status": status,
+            })
+    return records
 
 
 def regrade(samples: pd.DataFrame, rows_by_bench: dict) -> pd.DataFrame:

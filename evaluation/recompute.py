@@ -29,6 +29,49 @@ from .tables import compute_tables
 
 
 def main(argv=None) -> int:
+    """``python -m evaluation.recompute`` (the module's docstring): 0, or 2 after one line naming a bad argument."""
+    ap = _parser()
+    args = ap.parse_args(argv)
+    error = _argument_error(args)
+    if error:
+        print(error, file=sys.stderr)
+        return 2
+    if args.study:
+        return _study(args)
+    if args.curves:
+        return _curves(args)
+    if args.samples is None:
+        ap.error("give a samples file or --study MANIFEST")
+    read = _read_samples(args)
+    if read is None:
+        return 2
+    samples, base = read
+    n = int(samples.groupby(["benchmark", "prompt_id"]).size().min())
+    ks = args.ks or [2 ** i for i in range(n.bit_length()) if 2 ** i <= n]
+    if max(ks) > n:
+        print(f"error: --ks {ks}: k={max(ks)} exceeds the n={n} samples per prompt", file=sys.stderr)
+        return 2
+    shared = total = None
+    if base is not None:
+        compared = _shared_with_base(args, samples, base)
+        if compared is None:
+            return 2
+        shared, total = compared
+    tables = _tables(args, samples, base, ks)
+    out = Path(args.out) if args.out else new_folder(Path("recomputed") / Path(args.samples).resolve().parent.name)
+    out.mkdir(parents=True, exist_ok=True)
+    if shared is not None:
+        print(f"flip rates on the {shared} of {total} prompts shared with --base-samples {args.base_samples}")
+    for name, table in tables.items():
+        if len(table):
+            table.to_csv(out / f"{name}.csv")
+            print(f"== {name}\n{table.round(4).to_string()}\n")
+    print(f"tables: {out}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The command's arguments (the module's docstring)."""
     ap = argparse.ArgumentParser(prog="python -m evaluation.recompute", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("samples", nargs="?", default=None)
@@ -44,32 +87,32 @@ def main(argv=None) -> int:
     ap.add_argument("--overwrite", action="store_true", help="write into an existing, non-empty --out")
     ap.add_argument("--any-protocol", action="store_true",
                     help="compare against --base-samples evaluated with other settings instead of refusing")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _argument_error(args) -> str | None:
+    """The line naming the first bad argument among ``--out``, ``--ks``, ``--n-boot``, ``--similarity-metric`` and
+    ``--ucc-threshold``, or None when they are fine (checked before anything is read)."""
     if args.out and Path(args.out).exists() and (not Path(args.out).is_dir() or any(Path(args.out).iterdir())) \
             and not args.overwrite:
-        print(f"error: --out={args.out}: exists and is not empty (its tables would be written over); choose another "
-              "folder, leave --out out (a new folder), or add --overwrite", file=sys.stderr)
-        return 2
+        return (f"error: --out={args.out}: exists and is not empty (its tables would be written over); choose another "
+                "folder, leave --out out (a new folder), or add --overwrite")
     if args.ks is not None and min(args.ks) < 1:
-        print(f"error: --ks {args.ks}: every k must be >= 1", file=sys.stderr)
-        return 2
+        return f"error: --ks {args.ks}: every k must be >= 1"
     if args.n_boot < 1:
-        print(f"error: --n-boot {args.n_boot}: must be >= 1", file=sys.stderr)
-        return 2
+        return f"error: --n-boot {args.n_boot}: must be >= 1"
     from .metrics.diversity import METRICS
 
     if args.similarity_metric not in METRICS:
-        print(f"error: --similarity-metric {args.similarity_metric!r}: expected one of {list(METRICS)}", file=sys.stderr)
-        return 2
+        return f"error: --similarity-metric {args.similarity_metric!r}: expected one of {list(METRICS)}"
     if not 0 <= args.ucc_threshold <= 1:
-        print(f"error: --ucc-threshold {args.ucc_threshold}: must be in [0, 1]", file=sys.stderr)
-        return 2
-    if args.study:
-        return _study(args)
-    if args.curves:
-        return _curves(args)
-    if args.samples is None:
-        ap.error("give a samples file or --study MANIFEST")
+        return f"error: --ucc-threshold {args.ucc_threshold}: must be in [0, 1]"
+    return None
+
+
+def _read_samples(args) -> tuple[pd.DataFrame, pd.DataFrame | None] | None:
+    """(the samples, the base samples or None) the arguments name, or None after one line naming a file that cannot
+    be read or is not a samples table."""
     try:
         samples = pd.read_parquet(args.samples)
         base = pd.read_parquet(args.base_samples) if args.base_samples else None
@@ -77,36 +120,41 @@ def main(argv=None) -> int:
         bad = args.base_samples if "samples" in locals() else args.samples
         print(f"error: {bad}: cannot be read as a samples table ({type(e).__name__}: "
               f"{str(e).splitlines()[0] if str(e) else ''})", file=sys.stderr)
-        return 2
+        return None
     missing = [c for c in ("benchmark", "prompt_id", "correct", "response") if c not in samples.columns]
     if missing:
         print(f"error: {args.samples}: not a samples table (columns {missing} are missing)", file=sys.stderr)
-        return 2
-    n = int(samples.groupby(["benchmark", "prompt_id"]).size().min())
-    ks = args.ks or [2 ** i for i in range(n.bit_length()) if 2 ** i <= n]
-    if max(ks) > n:
-        print(f"error: --ks {ks}: k={max(ks)} exceeds the n={n} samples per prompt", file=sys.stderr)
-        return 2
-    shared = None
-    if base is not None:
-        from .tables import protocol_differences
+        return None
+    return samples, base
 
-        from .protocol import differences as protocol_settings, read_beside
 
-        differ, shared, total = protocol_differences(samples, base)
-        mine, theirs = read_beside(args.samples), read_beside(args.base_samples)
-        if mine is not None and theirs is not None:  # each evaluation folder's protocol.json: sampler, dtype, decoding
-            differ += [f"protocol.json {d}" for d in protocol_settings(mine, theirs)]
-        if differ and not args.any_protocol:
-            print(f"error: --base-samples {args.base_samples}: evaluated with another protocol: {'; '.join(differ)} "
-                  "(flip rates would compare the protocols; add --any-protocol to compute them anyway)", file=sys.stderr)
-            return 2
-        for d in differ:
-            print(f"warning: --base-samples: {d}", file=sys.stderr)
-        if not shared:
-            print(f"error: --base-samples {args.base_samples}: shares no prompt (benchmark, prompt_id) with "
-                  f"{args.samples}", file=sys.stderr)
-            return 2
+def _shared_with_base(args, samples: pd.DataFrame, base: pd.DataFrame) -> tuple[int, int] | None:
+    """(prompts shared with the base samples, prompts in all) after a warning line per protocol difference, or None
+    after one line refusing a base of another protocol (without ``--any-protocol``) or one that shares no prompt."""
+    from .protocol import differences as protocol_settings
+    from .protocol import read_beside
+    from .tables import protocol_differences
+
+    differ, shared, total = protocol_differences(samples, base)
+    mine, theirs = read_beside(args.samples), read_beside(args.base_samples)
+    if mine is not None and theirs is not None:  # each evaluation folder's protocol.json: sampler, dtype, decoding
+        differ += [f"protocol.json {d}" for d in protocol_settings(mine, theirs)]
+    if differ and not args.any_protocol:
+        print(f"error: --base-samples {args.base_samples}: evaluated with another protocol: {'; '.join(differ)} "
+              "(flip rates would compare the protocols; add --any-protocol to compute them anyway)", file=sys.stderr)
+        return None
+    for d in differ:
+        print(f"warning: --base-samples: {d}", file=sys.stderr)
+    if not shared:
+        print(f"error: --base-samples {args.base_samples}: shares no prompt (benchmark, prompt_id) with "
+              f"{args.samples}", file=sys.stderr)
+        return None
+    return shared, total
+
+
+def _tables(args, samples: pd.DataFrame, base: pd.DataFrame | None, ks: list) -> dict:
+    """Every registered table of ``samples`` (flip rates against ``base``), pass@k for ``ks``, the command's flags as
+    the ``eval.*`` knobs they name; a line per table on stderr as it is computed."""
     from core.tasks import get_task, task_names
 
     same = {b: get_task(b).same_answer for b in samples["benchmark"].unique() if b in task_names()}
@@ -121,16 +169,7 @@ def main(argv=None) -> int:
     knobs = {k: v for k, v in (("similarity_metric", args.similarity_metric), ("ucc_threshold", args.ucc_threshold))
              if v is not None}  # the command's flags are the eval.* knobs they name
     tables, _ = compute_tables(samples, ks, base_samples=base, same_answer=same, eval_cfg=knobs)
-    out = Path(args.out) if args.out else new_folder(Path("recomputed") / Path(args.samples).resolve().parent.name)
-    out.mkdir(parents=True, exist_ok=True)
-    if shared is not None:
-        print(f"flip rates on the {shared} of {total} prompts shared with --base-samples {args.base_samples}")
-    for name, table in tables.items():
-        if len(table):
-            table.to_csv(out / f"{name}.csv")
-            print(f"== {name}\n{table.round(4).to_string()}\n")
-    print(f"tables: {out}")
-    return 0
+    return tables
 
 
 def new_folder(path: Path) -> Path:

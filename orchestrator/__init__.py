@@ -6,9 +6,9 @@ import os
 # environment, which failed a sweep job's log_batch here with KeyError('_MLFLOW_TELEMETRY_SESSION_ID'); set before
 # any module of this package imports mlflow (the client starts at import)
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+from orchestrator.checks.validate import validate_config
 from orchestrator.errors import ConfigError
 from orchestrator.point.identity import config_hash, effective_config
 from orchestrator.point.run import run
-from orchestrator.checks.validate import validate_config
 
 __all__ = ["ConfigError", "config_hash", "effective_config", "run", "validate_config"]

@@ -18,10 +18,8 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 
 from core import tags as T
-
-from orchestrator.store import tracking
-from orchestrator.store import mlflow_views
 from orchestrator.point.identity import point_name
+from orchestrator.store import mlflow_views, tracking
 
 log = logging.getLogger("rlvr")
 
@@ -89,8 +87,8 @@ class SweepCallback(Callback):
         return self.__dict__ | {"heartbeat": None}
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        from orchestrator.point.identity import git_commit
         from orchestrator.checks.preflight import count_points
+        from orchestrator.point.identity import git_commit
 
         sweep_id = str(config.hydra.sweep.dir)  # as the jobs see it (rlvr.sweep_id): they find the parent run by it
         sweep_dir = Path(sweep_id)
@@ -141,51 +139,9 @@ class SweepCallback(Callback):
         per point that left no run, and the sweep's MLflow runs."""
         sweep_id = str(config.hydra.sweep.dir)
         outcomes = read_outcomes(Path(sweep_id))
-        runs, store_error = [], None
-        try:
-            store = tracking.Store.of(config)
-            exp_id = tracking.setup_experiment(str(config.tracking.uri), str(config.experiment_name),
-                                               str(config.tracking.artifact_root))
-            runs = store.search(exp_id, f"tags.`rlvr.sweep_id` = '{sweep_id}'", max_results=5000)
-        except Exception as e:
-            store_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            log.error("could not read the sweep's runs back from MLflow: %s", store_error)
-        runs = [r for r in runs if r.data.tags.get(T.KIND) != mlflow_views.SWEEP_KIND]
-        rows, failed_base, seen_jobs, summary = [], [], set(), []
-        for r in runs:
-            kind = r.data.tags.get(T.KIND, "?")
-            status = "DUPLICATE" if kind == "duplicate" else r.info.status
-            active = r.data.tags.get(T.ACTIVE_S)
-            wall = float(active) if active else (
-                ((r.info.end_time or r.info.start_time) - r.info.start_time) / 1000 if r.info.start_time else 0.0)
-            point = "base model (Initialization)" if kind == "base" else (r.info.run_name or "")
-            job = r.data.tags.get(T.JOB_NUM, "?")
-            if kind != "base":
-                seen_jobs.add(job)
-            note = (outcomes.get(job) or {}).get("error") or "" if status not in ("FINISHED", "DUPLICATE") else ""
-            rows.append((job, point, status, r.info.run_id, r.data.tags.get(T.SLURM_JOB_ID, "") or "-",
-                         f"{wall:.1f}", note[:120]))
-            summary.append({"job": job, "point": point, "status": status, "run_id": r.info.run_id, "wall_s": round(wall, 1),
-                            "error": note[:300], **mlflow_views.headline(r.data.metrics, config.eval.get("n"))})
-            if status in ("FAILED", "KILLED") and kind == "base":
-                failed_base.append(r.info.run_name or r.info.run_id)
-        # a point that did not end FINISHED or DUPLICATE, by its own word or because it left nothing behind
-        finished_jobs = {str(r.data.tags.get(T.JOB_NUM)) for r in runs if r.data.tags.get(T.KIND) != "base"
-                         and (r.info.status == "FINISHED" or r.data.tags.get(T.KIND) == "duplicate")}
-        bad = {}
-        for job, rec in outcomes.items():
-            if rec.get("status") not in ("finished", "duplicate"):
-                bad[job] = rec
-        for r in runs:
-            job = str(r.data.tags.get(T.JOB_NUM))
-            if r.data.tags.get(T.KIND) != "base" and r.info.status in ("FAILED", "KILLED", "RUNNING") \
-                    and job not in finished_jobs:
-                bad.setdefault(job, {"job_num": job, "point": r.info.run_name, "status": r.info.status.lower()})
-        expected = self.expected_points or 0
-        for i in range(expected):
-            if str(i) not in outcomes and str(i) not in finished_jobs and str(i) not in bad:
-                bad[str(i)] = {"job_num": str(i), "point": "?", "status": "no outcome",
-                               "error": store_error or "the job ended without recording an outcome (see its log)"}
+        runs, store_error, exp_id = _sweep_runs(config, sweep_id)
+        rows, failed_base, seen_jobs, summary = _run_rows(runs, outcomes, config)
+        bad = _unfinished(runs, outcomes, self.expected_points or 0, store_error)
         for job, rec in sorted(bad.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 1 << 30):
             if job not in seen_jobs:
                 rows.append((job, rec.get("point") or "?", str(rec.get("status", "?")).upper(), rec.get("run_id") or "-",
@@ -206,6 +162,70 @@ class SweepCallback(Callback):
             print("The base model's evaluation failed (traceback.txt in its MLflow run); the trained points have no "
                   "flip rates. Re-running the same command evaluates it again.", flush=True)
         return bad, failed_base, summary, runs
+
+
+def _sweep_runs(config, sweep_id: str) -> tuple[list, str | None, str | None]:
+    """The sweep's runs read back from its MLflow experiment (the sweep's own parent run left out). Returns
+    ``(runs, store_error, experiment id)``: a store that cannot be read is logged and named in ``store_error`` (one
+    line), with no runs, so that the summary is still printed."""
+    runs, store_error, exp_id = [], None, None
+    try:
+        store = tracking.Store.of(config)
+        exp_id = tracking.setup_experiment(str(config.tracking.uri), str(config.experiment_name),
+                                           str(config.tracking.artifact_root))
+        runs = store.search(exp_id, f"tags.`rlvr.sweep_id` = '{sweep_id}'", max_results=5000)
+    except Exception as e:
+        store_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        log.error("could not read the sweep's runs back from MLflow: %s", store_error)
+    runs = [r for r in runs if r.data.tags.get(T.KIND) != mlflow_views.SWEEP_KIND]
+    return runs, store_error, exp_id
+
+
+def _run_rows(runs: list, outcomes: dict, config) -> tuple[list, list, set, list[dict]]:
+    """One summary table row and one summary record per run (its status, wall seconds, error from its job's outcome,
+    headline metrics at the config's ``eval.n`` samples). Returns ``(rows, failed_base, seen_jobs, summary)``: the failed base-model
+    runs by name and the job numbers of the points that left a run."""
+    rows, failed_base, seen_jobs, summary = [], [], set(), []
+    for r in runs:
+        kind = r.data.tags.get(T.KIND, "?")
+        status = "DUPLICATE" if kind == "duplicate" else r.info.status
+        active = r.data.tags.get(T.ACTIVE_S)
+        wall = float(active) if active else (
+            ((r.info.end_time or r.info.start_time) - r.info.start_time) / 1000 if r.info.start_time else 0.0)
+        point = "base model (Initialization)" if kind == "base" else (r.info.run_name or "")
+        job = r.data.tags.get(T.JOB_NUM, "?")
+        if kind != "base":
+            seen_jobs.add(job)
+        note = (outcomes.get(job) or {}).get("error") or "" if status not in ("FINISHED", "DUPLICATE") else ""
+        rows.append((job, point, status, r.info.run_id, r.data.tags.get(T.SLURM_JOB_ID, "") or "-",
+                     f"{wall:.1f}", note[:120]))
+        summary.append({"job": job, "point": point, "status": status, "run_id": r.info.run_id, "wall_s": round(wall, 1),
+                        "error": note[:300], **mlflow_views.headline(r.data.metrics, config.eval.get("n"))})
+        if status in ("FAILED", "KILLED") and kind == "base":
+            failed_base.append(r.info.run_name or r.info.run_id)
+    return rows, failed_base, seen_jobs, summary
+
+
+def _unfinished(runs: list, outcomes: dict, expected: int, store_error: str | None) -> dict:
+    """The points that did not end FINISHED or DUPLICATE, by job number: by their own outcome record, by their run
+    left FAILED, KILLED or RUNNING, or because job ``i < expected`` left nothing behind (its error then the store's,
+    when the runs could not be read)."""
+    finished_jobs = {str(r.data.tags.get(T.JOB_NUM)) for r in runs if r.data.tags.get(T.KIND) != "base"
+                     and (r.info.status == "FINISHED" or r.data.tags.get(T.KIND) == "duplicate")}
+    bad = {}
+    for job, rec in outcomes.items():
+        if rec.get("status") not in ("finished", "duplicate"):
+            bad[job] = rec
+    for r in runs:
+        job = str(r.data.tags.get(T.JOB_NUM))
+        if r.data.tags.get(T.KIND) != "base" and r.info.status in ("FAILED", "KILLED", "RUNNING") \
+                and job not in finished_jobs:
+            bad.setdefault(job, {"job_num": job, "point": r.info.run_name, "status": r.info.status.lower()})
+    for i in range(expected):
+        if str(i) not in outcomes and str(i) not in finished_jobs and str(i) not in bad:
+            bad[str(i)] = {"job_num": str(i), "point": "?", "status": "no outcome",
+                           "error": store_error or "the job ended without recording an outcome (see its log)"}
+    return bad
 
 
 def disk_line(sweep_dir: Path) -> str:

@@ -33,9 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core import tags as T
-
-from orchestrator.store import tracking
 from orchestrator.point.disk import human, size_bytes, state_paths
+from orchestrator.store import store_checks, tracking
 
 
 @dataclass(frozen=True)
@@ -50,8 +49,6 @@ class Item:
 
 def _runs(uri: str) -> list:
     """Every run of every experiment of the store at ``uri``."""
-    from orchestrator.store import tracking
-
     store = tracking.Store.at(uri)
     return store.all_runs(store.experiment_ids())
 
@@ -173,10 +170,10 @@ def main(argv=None) -> int:
         print(f"error: --root={args.root}: not a folder", file=sys.stderr)
         return 2
     try:
-        db = tracking.sqlite_path(args.tracking_uri) if args.tracking_uri.startswith("sqlite:") else None
+        db = store_checks.sqlite_path(args.tracking_uri) if args.tracking_uri.startswith("sqlite:") else None
         if db is None:
-            tracking.check_store(args.tracking_uri, "mlartifacts", min_free_mb=0)  # a server answers in seconds
-    except tracking.StoreError as e:
+            store_checks.check_store(args.tracking_uri, "mlartifacts", min_free_mb=0)  # a server answers in seconds
+    except store_checks.StoreError as e:
         print(f"error: {str(e).replace('tracking.uri=', '--tracking-uri=')}", file=sys.stderr)
         return 2
     if db is not None and (not db.is_file() or db.stat().st_size == 0):

@@ -4,7 +4,7 @@
         [--base-samples base/samples.parquet] [--out DIR] [--experiment NAME] [--tracking-uri URI]
 
 Overrides are Hydra-style keys of the eval group, e.g. ``n=16 'benchmarks=[math500,aime24]'
-data_dir=../shared/data/benchmarks max_prompts=20``. ``--sampler auto|hf|vllm`` (default: ``eval.sampler``,
+data_dir=/path/to/benchmarks max_prompts=20``. ``--sampler auto|hf|vllm`` (default: ``eval.sampler``,
 itself ``auto``: vLLM when installed and a CUDA GPU is visible, else transformers). Bad input exits 2
 with one line naming the value, before any model is loaded.
 
@@ -76,8 +76,27 @@ def _preflight(args):
     Raises:
         _Refused: bad input, one line.
     """
-    from hydra import compose, initialize_config_dir
+    cfg = _compose(args)
+    eval_cfg = cfg.eval
+    _check_config(cfg)
+    _check_places(args, cfg)
+    base = None
+    if args.base_samples:
+        base = _read_base(args.base_samples, eval_cfg, args.any_protocol)
+        if base is None:
+            raise _Refused(None)
+    return cfg, base, _heldout(cfg)
 
+
+def _compose(args):
+    """The run config of ``--eval``'s preset with the command line's overrides (each under ``eval.``) and
+    ``--sampler``, composed as Hydra composes a sweep's point.
+
+    Raises:
+        _Refused: no such preset, several values for one setting, or an override Hydra refuses (an unknown key named
+            with its nearest known one).
+    """
+    from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -105,11 +124,20 @@ def _preflight(args):
             unknown = _unknown_key(str(e), [f"eval={args.eval}"] + overrides,
                                    lambda o: compose("config", overrides=o))
         raise _Refused(unknown.replace("+eval.", "+") if unknown else str(e).splitlines()[0]) from None
-    eval_cfg = cfg.eval
-    from orchestrator.errors import ConfigError
+    return cfg
+
+
+def _check_config(cfg) -> None:
+    """The same checks as the sweep's pre-flight: every key's declaration, then the evaluation's own check (its
+    warnings on stderr), then an explicit precision the device cannot honour.
+
+    Raises:
+        _Refused: the first problem, one line naming the key.
+    """
     from orchestrator.checks.preflight import check_precision
     from orchestrator.checks.schema import check_schema
     from orchestrator.checks.validate import validate_eval
+    from orchestrator.errors import ConfigError
 
     try:  # the same checks as the sweep's pre-flight: every key's declaration, then the evaluation's own check
         check_schema(cfg)
@@ -118,22 +146,31 @@ def _preflight(args):
         check_precision(cfg)
     except ConfigError as e:
         raise _Refused(str(e)) from None
+
+
+def _check_places(args, cfg) -> None:
+    """The checkpoint (there, with weights), the store (``--tracking-uri``, in an existing folder) and the output
+    folder (``--out``: writable, and empty unless ``--overwrite``), checked before anything is loaded or created.
+
+    Raises:
+        _Refused: the first problem, one line naming the option.
+    """
     from core.models import check_source
 
     try:  # the checkpoint is there (a folder with config.json, or a hub id: cached when offline) before any loading
         check_source({"source": "pretrained", "path": str(args.checkpoint)})
     except ValueError as e:
         raise _Refused(f"--checkpoint: {str(e).replace('model.path=', '', 1)}") from None
-    from orchestrator.store import tracking
+    from orchestrator.store import store_checks
 
     try:  # the store and the output folder, as the sweep's pre-flight checks them (nothing is created yet)
-        tracking.check_store(args.tracking_uri, str(cfg.tracking.artifact_root), min_free_mb=0)
-        db = tracking.sqlite_path(args.tracking_uri)
+        store_checks.check_store(args.tracking_uri, str(cfg.tracking.artifact_root), min_free_mb=0)
+        db = store_checks.sqlite_path(args.tracking_uri)
         if db is not None and not db.parent.is_dir():
-            raise tracking.StoreError(f"--tracking-uri={args.tracking_uri}: the folder {db.parent} does not exist; a "
-                                      f"store is created only in an existing folder (mkdir -p {db.parent})")
-        tracking.check_writable(Path(args.out or "eval_out"), f"--out={args.out or 'eval_out'}", 0)
-    except tracking.StoreError as e:
+            raise store_checks.StoreError(f"--tracking-uri={args.tracking_uri}: the folder {db.parent} does not exist; "
+                                          f"a store is created only in an existing folder (mkdir -p {db.parent})")
+        store_checks.check_writable(Path(args.out or "eval_out"), f"--out={args.out or 'eval_out'}", 0)
+    except store_checks.StoreError as e:
         raise _Refused(str(e).replace("tracking.uri=", "--tracking-uri=")) from None
     ckpt = Path(str(args.checkpoint))
     if ckpt.is_dir() and (ckpt / "config.json").is_file() and not any(
@@ -143,16 +180,23 @@ def _preflight(args):
     if args.out and Path(args.out).exists() and any(Path(args.out).iterdir()) and not args.overwrite:
         raise _Refused(f"--out={args.out}: exists and is not empty (its results would be written over); choose another "
                        "folder, leave --out out (a new folder each time), or add --overwrite")
-    base = None
-    if args.base_samples:
-        base = _read_base(args.base_samples, eval_cfg, args.any_protocol)
-        if base is None:
-            raise _Refused(None)
+
+
+def _heldout(cfg):
+    """The rows of the held-out split a benchmark of ``eval.benchmarks`` takes from a training set (None when none
+    does), after the configured plug-ins are loaded.
+
+    Raises:
+        _Refused: a plug-in or benchmark that cannot be found, or held-out splits of two training sets.
+    """
+    from hydra import compose, initialize_config_dir
+
     from core.tasks import get_task, load_plugins, load_prompts
+    from orchestrator.checks.preflight import CONFIG_DIR
 
     try:
         load_plugins(cfg.get("plugins"))
-        held = sorted({b for b in eval_cfg.benchmarks if get_task(b).heldout_from_data})
+        held = sorted({b for b in cfg.eval.benchmarks if get_task(b).heldout_from_data})
     except (ImportError, KeyError) as e:
         raise _Refused(e.args[0]) from None
     if len(held) > 1:
@@ -163,7 +207,7 @@ def _preflight(args):
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
             data_cfg = compose("config", overrides=[f"data={held[0]}"]).data
         heldout = load_prompts(data_cfg, "eval")
-    return cfg, base, heldout
+    return heldout
 
 
 def _evaluate(args, cfg, base, heldout):
@@ -174,10 +218,8 @@ def _evaluate(args, cfg, base, heldout):
 
     from evaluation import protocol as P
     from evaluation.pipeline import EvalJob, benchmark_rows, evaluate_checkpoint
-
     from orchestrator.point import provenance
-    from orchestrator.store import tracking
-    from orchestrator.store import mlflow_views
+    from orchestrator.store import mlflow_views, tracking
 
     eval_cfg = cfg.eval
     proto = P.resolve(eval_cfg)  # prompts through the chat template, as evaluate_checkpoint renders them here

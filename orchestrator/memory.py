@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-from pathlib import Path
 
 from orchestrator.checks.preflight import CONFIG_DIR, sweep_points
 
@@ -50,7 +49,7 @@ def preset_plan(name: str, device_gb: float = 80.0, lora: bool = False) -> dict:
     """
     from omegaconf import OmegaConf
 
-    from training.memory_plan import advice, auto_budget, model_shape, plan_memory, RunShape
+    from training.memory_plan import RunShape, advice, auto_budget, model_shape, plan_memory
     from training.settings import RunSettings
 
     points = _points(name)

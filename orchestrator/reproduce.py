@@ -20,7 +20,6 @@ import sys
 from pathlib import Path
 
 from core import tags as T
-
 from orchestrator.point import provenance
 
 #: metric names that measure the machine, not the algorithm: never expected to repeat

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from core import tags as T
@@ -24,9 +25,27 @@ def _parameters_source(**params) -> str:
     return "\n".join(f"{k} = {v!r}" for k, v in params.items())
 
 
+@dataclass(frozen=True)
+class ReportOptions:
+    """How :func:`build` makes the report beside its experiment, store, baseline, folder and sweeps.
+
+    Attributes:
+        sections: the paper tables shown first (``report.sections``, :mod:`reports.sections`; None: read back from
+            the runs' config).
+        run_filter: an MLflow search filter (``params.`algo.name` = 'grpo'``) applied first.
+        progress: a line per executed cell (``python -m reports``; the sweep's own report stays quiet).
+        timeout_s: the seconds one notebook cell may run.
+    """
+
+    sections: list | None = None
+    run_filter: str = ""
+    progress: bool = False
+    timeout_s: int = 600
+
+
 def build(experiment: str, tracking_uri: str = "sqlite:///mlflow.db", baseline: str | None = None, out_dir=None,
-          log_to_mlflow: bool = True, timeout_s: int = 600, parent_run_id: str | None = None,
-          sections: list | None = None, sweeps: list | None = None, run_filter: str = "", progress: bool = False) -> dict:
+          log_to_mlflow: bool = True, parent_run_id: str | None = None, sweeps: list | None = None,
+          options: ReportOptions | None = None) -> dict:
     """Write and execute the report notebook for ``experiment``; export HTML; log both to MLflow.
 
     Args:
@@ -37,11 +56,9 @@ def build(experiment: str, tracking_uri: str = "sqlite:///mlflow.db", baseline: 
             ``reports_out/<experiment>/latest`` linked to it when it is the newest sweep (:func:`newest_sweep`),
             else ``reports_out/<experiment>/all``);
             parent_run_id: the sweep's parent run, under which the report run is nested, and whose sweep's runs
-            (``rlvr.sweep_id``) the report shows; sections: the paper tables shown first (``report.sections``,
-            :mod:`reports.sections`; None: read back from the runs' config); sweeps: the sweeps shown (their
-            folders or folder names; default: the parent run's sweep, or every run of the experiment); progress: a
-            line per executed cell (``python -m reports``; the sweep's own report stays quiet);
-            run_filter: an MLflow search filter (``params.`algo.name` = 'grpo'``) applied first.
+            (``rlvr.sweep_id``) the report shows; sweeps: the sweeps shown (their folders or folder names; default:
+            the parent run's sweep, or every run of the experiment); options: the paper tables shown first, the
+            run filter, the progress lines and the cells' timeout (:class:`ReportOptions`; default: its defaults).
     Returns:
         {"notebook": path, "html": path, "figures": [paths], "paper": [paths of the PDF/SVG figures and CSV/LaTeX
         tables under ``out_dir/paper``], "run_id": MLflow report run id or None}.
@@ -53,6 +70,7 @@ def build(experiment: str, tracking_uri: str = "sqlite:///mlflow.db", baseline: 
     from nbclient import NotebookClient
     from nbconvert import HTMLExporter
 
+    options = options or ReportOptions()
     if tracking_uri.startswith("sqlite:///") and not tracking_uri.startswith("sqlite:////"):
         tracking_uri = "sqlite:///" + str(Path(tracking_uri[len("sqlite:///"):]).resolve())
     from orchestrator.store.mlflow_views import report_folder
@@ -63,39 +81,16 @@ def build(experiment: str, tracking_uri: str = "sqlite:///mlflow.db", baseline: 
     out = report_folder(experiment, sweeps[0] if own else None, out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     nb = jupytext.read(TEMPLATE)
-    for cell in nb.cells:
-        if "parameters" in cell.get("metadata", {}).get("tags", []):
-            cell.source = _parameters_source(experiment=experiment, tracking_uri=tracking_uri, baseline=baseline,
-                                             figures_dir=str(out / "figures"), work_dir=str(out), sections=sections,
-                                             sweeps=[str(x) for x in sweeps] if sweeps else None, run_filter=run_filter)
-            break
+    _set_parameters(nb, _parameters_source(
+        experiment=experiment, tracking_uri=tracking_uri, baseline=baseline, figures_dir=str(out / "figures"),
+        work_dir=str(out), sections=options.sections, sweeps=[str(x) for x in sweeps] if sweeps else None,
+        run_filter=options.run_filter))
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.metadata["title"] = f"RLVR sweep report: {experiment}"  # the HTML page's title
-    import shutil
-    import tempfile
-
-    from jupyter_client.manager import KernelManager
-
-    sockets = tempfile.mkdtemp(prefix="rlvr-kernel-")  # IPC sockets: the kernel listens on no TCP port at all
-    km = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(sockets) / "kernel"))
-    hook = {}
-    if progress:
-        from core.progress import LineProgress
-
-        lines = LineProgress("report", len(nb.cells), unit="cell")
-        hook["on_cell_executed"] = lambda cell_index, **_: lines.update(cell_index + 1)
-    client = NotebookClient(nb, km=km, timeout=timeout_s, kernel_name="python3",
-                            resources={"metadata": {"path": str(REPO)}}, **hook)
-    try:
-        client.execute()
-    finally:  # a kernel manager passed in is not the client's to stop: its channels and kernel are stopped here, so
-        # neither "Could not destroy zmq context" nor the kernel's "Parent appears to have exited" ends the sweep
-        kc = getattr(client, "kc", None)
-        if kc is not None and kc.channels_running:
-            kc.stop_channels()
-        if km.has_kernel:
-            km.shutdown_kernel(now=True)
-        shutil.rmtree(sockets, ignore_errors=True)
+    km, sockets = _kernel_manager()
+    client = NotebookClient(nb, km=km, timeout=options.timeout_s, kernel_name="python3",
+                            resources={"metadata": {"path": str(REPO)}}, **_progress_hook(nb, options.progress))
+    _execute(client, km, sockets)
     nb_path, html_path = out / "report.ipynb", out / "report.html"
     nbformat.write(nb, nb_path)
     html, _ = HTMLExporter(exclude_input=True, template_name="offline",  # no CDN script: opens offline
@@ -106,22 +101,74 @@ def build(experiment: str, tracking_uri: str = "sqlite:///mlflow.db", baseline: 
     figures = sorted((out / "figures").glob("*.png"))
     run_id = None
     if log_to_mlflow:
-        import mlflow
-
-        from orchestrator.store import tracking
-
-        exp_id = tracking.setup_experiment(tracking_uri, experiment, "mlartifacts")
-        with mlflow.start_run(experiment_id=exp_id, run_name=f"report {time.strftime('%Y-%m-%d %H:%M')}",
-                              tags={T.KIND: "report", **({"mlflow.parentRunId": parent_run_id} if parent_run_id else {})}) as r:
-            mlflow.log_artifact(str(nb_path))
-            mlflow.log_artifact(str(html_path))
-            for f in figures:
-                mlflow.log_artifact(str(f), artifact_path="figures")
-            if (out / "paper").is_dir():  # PDF/SVG figures, CSV/LaTeX tables
-                mlflow.log_artifacts(str(out / "paper"), artifact_path="paper")
-            run_id = r.info.run_id
+        run_id = _log_report(tracking_uri, experiment, parent_run_id, out, [nb_path, html_path], figures)
     return {"notebook": nb_path, "html": html_path, "figures": figures,
             "paper": sorted((out / "paper").glob("*")) if (out / "paper").is_dir() else [], "run_id": run_id}
+
+
+def _set_parameters(nb, source: str) -> None:
+    """Replace the source of the notebook's first cell tagged ``parameters`` with ``source`` (the build's arguments)."""
+    for cell in nb.cells:
+        if "parameters" in cell.get("metadata", {}).get("tags", []):
+            cell.source = source
+            break
+
+
+def _kernel_manager():
+    """(a kernel manager, the temporary folder of its IPC sockets): the kernel listens on no TCP port at all."""
+    import tempfile
+
+    from jupyter_client.manager import KernelManager
+
+    sockets = tempfile.mkdtemp(prefix="rlvr-kernel-")
+    return KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(sockets) / "kernel")), sockets
+
+
+def _progress_hook(nb, progress: bool) -> dict:
+    """The notebook client's ``on_cell_executed`` hook printing a line per executed cell when ``progress``, else {}."""
+    hook = {}
+    if progress:
+        from core.progress import LineProgress
+
+        lines = LineProgress("report", len(nb.cells), unit="cell")
+        hook["on_cell_executed"] = lambda cell_index, **_: lines.update(cell_index + 1)
+    return hook
+
+
+def _execute(client, km, sockets: str) -> None:
+    """Execute the notebook of ``client``, then stop its kernel ``km`` and remove the ``sockets`` folder."""
+    import shutil
+
+    try:
+        client.execute()
+    finally:  # a kernel manager passed in is not the client's to stop: its channels and kernel are stopped here, so
+        # neither "Could not destroy zmq context" nor the kernel's "Parent appears to have exited" ends the sweep
+        kc = getattr(client, "kc", None)
+        if kc is not None and kc.channels_running:
+            kc.stop_channels()
+        if km.has_kernel:
+            km.shutdown_kernel(now=True)
+        shutil.rmtree(sockets, ignore_errors=True)
+
+
+def _log_report(tracking_uri: str, experiment: str, parent_run_id: str | None, out: Path, files: list,
+                figures: list) -> str:
+    """Log the report as an MLflow run of ``experiment`` (nested under ``parent_run_id`` when given): ``files`` (the
+    notebook and the HTML page), ``figures`` under ``figures/`` and ``out/paper`` under ``paper/``; returns its id."""
+    import mlflow
+
+    from orchestrator.store import tracking
+
+    exp_id = tracking.setup_experiment(tracking_uri, experiment, "mlartifacts")
+    with mlflow.start_run(experiment_id=exp_id, run_name=f"report {time.strftime('%Y-%m-%d %H:%M')}",
+                          tags={T.KIND: "report", **({"mlflow.parentRunId": parent_run_id} if parent_run_id else {})}) as r:
+        for f in files:
+            mlflow.log_artifact(str(f))
+        for f in figures:
+            mlflow.log_artifact(str(f), artifact_path="figures")
+        if (out / "paper").is_dir():  # PDF/SVG figures, CSV/LaTeX tables
+            mlflow.log_artifacts(str(out / "paper"), artifact_path="paper")
+        return r.info.run_id
 
 
 def _sweep_of(tracking_uri: str, parent_run_id: str) -> str:
@@ -244,7 +291,7 @@ def main(argv=None) -> int:
     setup()  # the progress lines (one per executed cell) on the screen; the libraries' output off it
     check_args(args)
     res = build(args.experiment, args.tracking_uri, args.baseline, args.out, log_to_mlflow=not args.no_mlflow,
-                sweeps=args.sweep or None, run_filter=args.filter, progress=True)
+                sweeps=args.sweep or None, options=ReportOptions(run_filter=args.filter, progress=True))
     print(f"report: {res['html']}")
     return 0
 

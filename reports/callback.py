@@ -18,10 +18,10 @@ def sweep_report(config, parent_run_id: str | None) -> Path | None:
     if not rep.get("enabled", True):
         return None
     try:
-        from .build import build
+        from .build import ReportOptions, build
 
         res = build(str(config.experiment_name), str(config.tracking.uri), rep.get("baseline"), rep.get("out_dir"),
-                    parent_run_id=parent_run_id, sections=list(rep.get("sections") or []))
+                    parent_run_id=parent_run_id, options=ReportOptions(sections=list(rep.get("sections") or [])))
         log.info("report: %s", res["html"])
         return Path(res["html"])
     except Exception as e:
@@ -71,12 +71,11 @@ def check_report_baseline(configs) -> list[str]:
     """
     import pandas as pd
 
+    from orchestrator.checks.preflight import CONFIG_DIR
     from orchestrator.checks.schema import leaves
 
     from .data import short_labels
     from .load import BASE_LABEL
-
-    from orchestrator.checks.preflight import CONFIG_DIR
 
     wanted = {str(b) for c in configs if (b := (c.get("report", {}) or {}).get("baseline")) not in (None, "")}
     if not wanted:

@@ -12,7 +12,6 @@ import pandas as pd
 
 from core import tags as T
 
-
 BASE_LABEL = "Initialization"  # the papers' name for the starting model's row
 
 

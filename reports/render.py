@@ -11,7 +11,6 @@ import pandas as pd
 
 from .load import BASE_LABEL
 
-
 _COUNT = re.compile(r"^(n|n_.*|.*_count|count|prompts|samples|.*_prompts|tokens|steps)$")
 
 

@@ -78,8 +78,8 @@ def main(argv=None) -> int:
                    "model.source=pretrained", f"model.path={model_dir}", "model.chat_template=false"])
     from core.models import load_checkpoint
     from core.scoring import mean_token_entropies
-    from evaluation.pipeline import EvalJob, evaluate_checkpoint
     from core.tasks import load_prompts
+    from evaluation.pipeline import EvalJob, evaluate_checkpoint
     from training.engines.local import train
 
     failures = []

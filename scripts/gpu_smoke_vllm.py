@@ -31,8 +31,8 @@ def main(argv=None) -> int:
     from omegaconf import OmegaConf
 
     from core.sampling import SamplingSettings, VLLMSampler
-    from evaluation.pipeline import EvalJob, evaluate
     from core.tasks.arithmetic import arithmetic_splits
+    from evaluation.pipeline import EvalJob, evaluate
 
     out = Path(args.out or tempfile.mkdtemp(prefix="vllm-smoke-"))
     model_dir = out / "tiny-model"

@@ -61,8 +61,8 @@ def run_twin(name: str, work: Path, overrides=(), capture: bool = False) -> tupl
     from mlflow.tracking import MlflowClient
 
     from orchestrator import ConfigError
-    from orchestrator.point.identity import config_hash
     from orchestrator.checks.preflight import sweep_points
+    from orchestrator.point.identity import config_hash
     from orchestrator.store.tracking import TAG_HASH, TAG_KIND
 
     try:

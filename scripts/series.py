@@ -16,7 +16,7 @@ training), ``lora`` (rank 4, three losses), ``dapo`` (dynamic sampling and overl
 token budget, a stop-free checkpointed run) and ``verl`` (``experiment=verl_smoke`` with ExPPO and DAPO, verl's real
 trainer on the CPU; skipped where verl or vLLM is not installed). verl's trainer on the CPU does not draw the same
 samples twice (its rollout server schedules requests as they come: two runs of 147c0b6's code differed in 162 of its
-series, 2026-12-07), so for ``verl`` the comparison holds the metric names and the steps each was logged at, not the
+series; docs/changelog.md), so for ``verl`` the comparison holds the metric names and the steps each was logged at, not the
 values (its translation into verl's overrides is pinned value for value by
 tests/training/test_verl_translation_fixture.py instead).
 """

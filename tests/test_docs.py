@@ -4,7 +4,6 @@ docstring mkdocstrings cannot read fails it), and every preset file under sweeps
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 

@@ -24,8 +24,8 @@ What a local training run holds (GiB, :class:`MemoryPlan.parts`):
 peak = weights + optimizer + reference + runtime + persistent rollout + max(gradients + activations + output head
 + autocast cache, rollout transients).
 
-Calibration: the per-token activation constant was measured on the CPU (2026-12-05, SmolLM2-135M and the tiny
-model, float32, ``benchmarks.memory``); at start-up the engine measures one forward and backward pass of the largest
+Calibration: the per-token activation constant was measured on the CPU (SmolLM2-135M and the tiny model, float32,
+``benchmarks.memory``; dated on docs/performance.md); at start-up the engine measures one forward and backward pass of the largest
 micro-batch (on a GPU; ``train.memory_check``) and logs both. Source of the accounting: the usual mixed-precision
 training budget (Rajbhandari et al. 2020, ZeRO, sec. 3.1: 16 bytes per parameter with Adam in mixed precision;
 here float32 master weights and moments make it 16 with no half-precision copy) and the per-layer activation count of
@@ -44,7 +44,7 @@ SHAPES_FILE = Path(__file__).with_name("model_shapes.json")
 GIB = float(2**30)
 
 #: bytes the CPU process holds besides the plan's parts (Python, torch, transformers, MLflow, the tokenizer),
-#: measured 2026-12-05 on 2 cores (peak RSS of a process that loaded the libraries and the tiny model)
+#: measured on 2 cores (peak RSS of a process that loaded the libraries and the tiny model; docs/performance.md)
 CPU_RUNTIME_GB = 1.3
 #: the CUDA context and the caching allocator's slack on a GPU
 GPU_RUNTIME_GB = 1.5
@@ -358,7 +358,7 @@ def device_memory_gb(device: str) -> float | None:
     container's cgroup limit when lower). A total, as on a GPU, never what is free at the moment: the budget and
     the refusal must not change with what else runs beside the sweep. Reading ``MemAvailable`` made them do so: two
     test workers' vLLM and verl processes shrank a tiny model's budget to one sequence per pass and per rollout
-    batch, and the suite ran about three times longer on a CI machine (2026-12-05)."""
+    batch, and the suite ran about three times longer on a CI machine."""
     if device == "cuda":
         import torch
 

@@ -47,7 +47,7 @@ def mismatch_metrics(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor,
 
 
 #: mean |log pi_old - log pi_rollout| above which a float32 engine is not sampling the trainer's weights: float
-#: rounding between the two kernels stays far below it (1e-7 on the tiny model, 2026-12-05, tests/e2e/test_vllm.py)
+#: rounding between the two kernels stays far below it (about 1e-7 on the tiny model: tests/e2e/test_vllm.py)
 FLOAT32_LEVEL = 1e-3
 #: in lower precision, a step whose mismatch is this many times the first step's (before any sync) is a jump
 JUMP_FACTOR = 10.0

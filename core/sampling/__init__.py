@@ -21,10 +21,31 @@ run's ``rlvr.entropy_method`` tag says which was used.
 """
 from ..generation import Generation, response_mask_from_ids  # noqa: F401  (the samplers' return type, re-exported)
 from .generate import entropy_temperature, generate_responses, prompt_texts  # noqa: F401
-from .interface import (ENTROPY_LOGITS_BUDGET, ENTROPY_METHOD, GENERATION_ENTROPY_METHOD, SAMPLERS,  # noqa: F401
-                       VLLM_ENTROPY_METHOD, Sample, Sampler, SamplerOptions, SamplerSpec, SamplingSettings, build_sampler,
-                       register_sampler, resolve_sampler, tool_samplers)
-from .rollout import (ROLLOUT_SPEED, HFRollout, RolloutOptions, RolloutPlan, VLLMRollout, build_rollout,  # noqa: F401
-                      choose_rollout_sampler, concat_generations)
 from .hf import HFSampler  # noqa: F401  (registers hf)
+from .interface import (  # noqa: F401
+                       ENTROPY_LOGITS_BUDGET,
+                       ENTROPY_METHOD,
+                       GENERATION_ENTROPY_METHOD,
+                       SAMPLERS,
+                       VLLM_ENTROPY_METHOD,
+                       Sample,
+                       Sampler,
+                       SamplerOptions,
+                       SamplerSpec,
+                       SamplingSettings,
+                       build_sampler,
+                       register_sampler,
+                       resolve_sampler,
+                       tool_samplers,
+)
+from .rollout import (  # noqa: F401
+                       ROLLOUT_SPEED,
+                       HFRollout,
+                       RolloutOptions,
+                       RolloutPlan,
+                       VLLMRollout,
+                       build_rollout,
+                       choose_rollout_sampler,
+                       concat_generations,
+)
 from .vllm import VLLMSampler, vllm_engine_defaults  # noqa: F401  (registers vllm)

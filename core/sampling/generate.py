@@ -2,18 +2,13 @@
 a sampling distribution."""
 from __future__ import annotations
 
-import collections
-import gc
-import importlib.util
-import os
-import time
-from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Sequence
 
 import torch
 
 from ..generation import Generation, response_mask_from_ids  # noqa: F401  (the samplers' return type)
 from .interface import SamplingSettings
+
 
 def prompt_texts(tokenizer, prompts: Sequence[str], chat_template: bool = True, system_prompt: str | None = None) -> list[str]:
     """Render user prompts as model input text (the tokenizer's chat template when asked)."""

@@ -2,20 +2,25 @@
 from __future__ import annotations
 
 import collections
-import gc
-import importlib.util
-import os
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Sequence
 
 import torch
 
 from ..generation import Generation
 from .generate import entropy_temperature, generate_responses, prompt_texts
-from .interface import (ENTROPY_LOGITS_BUDGET, ENTROPY_METHOD, GENERATION_ENTROPY_METHOD, Sample, SamplerOptions,
-                       SamplingSettings, _free_memory, register_sampler)
-from .rollout import HFRollout, RolloutOptions, _speed
+from .interface import (
+    ENTROPY_LOGITS_BUDGET,
+    ENTROPY_METHOD,
+    GENERATION_ENTROPY_METHOD,
+    Sample,
+    SamplerOptions,
+    SamplingSettings,
+    _free_memory,
+    register_sampler,
+)
+from .rollout import HFRollout, RolloutOptions, RolloutPlan, _speed
+
 
 @register_sampler("hf", missing=lambda: None, auto_rank=lambda: 0)
 class HFSampler:

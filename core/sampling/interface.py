@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import collections
 import gc
-import importlib.util
-import os
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
 import torch
 
 from ..plugins import Registry
+
 
 @dataclass(frozen=True)
 class SamplingSettings:

@@ -2,13 +2,9 @@
 between them for ``train.rollout.sampler=auto`` (the speed model)."""
 from __future__ import annotations
 
-import collections
-import gc
-import importlib.util
 import os
-import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Sequence
 
 import torch
 
@@ -57,7 +53,7 @@ class RolloutPlan:
 #: Sampling speeds of a training run's rollouts for a 100M-parameter model, in token budget per second (sequences x
 #: max_new_tokens over the generation's wall time; speeds scale as 1 / parameters), and vLLM's start in the training
 #: process (import and engine, seconds). CPU: measured on 2 cores (Xeon with AMX), SmolLM2-135M, float32, 4 prompts x
-#: 8 x 48 tokens, 2026-12-02 (``python -m benchmarks.train_step``: generation 9.95 s with hf, 6.92 s with vLLM per
+#: 8 x 48 tokens (``python -m benchmarks.train_step``, dated on docs/performance.md: generation 9.95 s with hf, 6.92 s with vLLM per
 #: step; the engine's start about 11 s). GPU: not measured here (no GPU was lent); vLLM's usual order of magnitude
 #: over transformers ``generate``, and a start of a minute.
 ROLLOUT_SPEED = {"cpu": {"hf": 208.0, "vllm": 300.0, "vllm_start_s": 11.0},

@@ -2,20 +2,25 @@
 from __future__ import annotations
 
 import collections
-import gc
 import importlib.util
-import os
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Sequence
 
 import torch
 
 from ..config_keys import MAP, B, F, I, S
 from .generate import entropy_temperature, prompt_texts
-from .interface import (ENTROPY_METHOD, VLLM_ENTROPY_METHOD, Sample, SamplerOptions, SamplingSettings, _free_memory,
-                       register_sampler)
-from .rollout import _DTYPE_NAMES, VLLMRollout, _eos_ids, _speed
+from .interface import (
+    ENTROPY_METHOD,
+    VLLM_ENTROPY_METHOD,
+    Sample,
+    SamplerOptions,
+    SamplingSettings,
+    _free_memory,
+    register_sampler,
+)
+from .rollout import _DTYPE_NAMES, RolloutOptions, RolloutPlan, VLLMRollout, _eos_ids, _speed
+
 
 def _vllm_missing() -> str | None:
     try:

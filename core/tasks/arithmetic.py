@@ -9,8 +9,9 @@ from __future__ import annotations
 import itertools
 import random
 
-from .base import register_task
 from core.config_keys import I, L, S
+
+from .base import register_task
 from .math import MathScored
 
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}

@@ -24,8 +24,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
-from .base import HUB_KEYS, Score, Task, read_jsonl, register_task
 from core.config_keys import L, S
+
+from .base import HUB_KEYS, Score, Task, read_jsonl, register_task
 
 HUMANEVAL_TEMPLATE = ("Complete the following Python function. Reply with the complete function in one ```python code "
                       "block.\n\n```python\n{problem}```")

@@ -17,11 +17,11 @@ from __future__ import annotations
 import itertools
 import random
 import re
-
 from pathlib import Path
 
-from .base import Score, Task, read_jsonl, register_task
 from core.config_keys import I, L, S
+
+from .base import Score, Task, read_jsonl, register_task
 
 NAMES = ["Zoey", "Oliver", "Liam", "Emma", "Noah", "Ava", "Mason", "Mia", "Lucas", "Sofia", "Ethan", "Aria",
          "James", "Chloe", "Jack", "Lily", "Owen", "Grace", "Henry", "Ella", "Samuel", "Nora", "David", "Ruby"]

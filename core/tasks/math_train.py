@@ -13,8 +13,9 @@ import random
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from .base import HUB_KEYS, read_jsonl, register_task
 from core.config_keys import I, L, S
+
+from .base import HUB_KEYS, read_jsonl, register_task
 from .math import MathScored, rows_from_records
 
 DEFAULT_TEMPLATE = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."

@@ -25,8 +25,9 @@ import re
 import string
 from pathlib import Path
 
-from .base import HUB_KEYS, Score, Task, read_jsonl, register_task
 from core.config_keys import I, L, S
+
+from .base import HUB_KEYS, Score, Task, read_jsonl, register_task
 
 SEARCH_TEMPLATE = (
     "Answer the question. Think inside <think> </think>. When you need a fact you do not know, search for it by "

@@ -22,12 +22,22 @@ import time
 import numpy as np
 import pandas as pd
 
-from ..metrics.table_registry import (TABLES, MetricName, MetricTable, TableSettings, find_table,  # noqa: F401
-                                      knob_values, metric_key, register_table)
+from ..metrics.table_registry import (  # noqa: F401
+    TABLES,
+    MetricName,
+    MetricTable,
+    TableSettings,
+    find_table,
+    knob_values,
+    metric_key,
+    register_table,
+)
 from .frames import with_mean
 
 log = logging.getLogger("rlvr.tables")
-# the built-in tables, imported (so registered) in the order of TABLES: a new one goes where it is to appear
+# the built-in tables, imported (so registered) in the order of TABLES: a new one goes where it is to appear (an
+# order, not an alphabet: the import sorter leaves the block alone)
+# isort: off
 from .pass_rates import per_prompt_values  # noqa: F401  (registers passk)
 from .solution_diversity import similarity_table, ucc_table  # noqa: F401  (registers ucc, similarity)
 from .entropy import entropy_table  # noqa: F401
@@ -38,6 +48,7 @@ from .tool_use import tool_table  # noqa: F401
 from .kinds import kind_table  # noqa: F401
 from .flip_rates import flip_metrics  # noqa: F401
 from .comparability import protocol_differences  # noqa: F401  (registers nothing)
+# isort: on
 
 
 def compute_tables(samples: pd.DataFrame, ks, base_samples: pd.DataFrame | None = None, kinds: dict | None = None,

@@ -15,7 +15,7 @@ def modes_table(samples: pd.DataFrame, ks, same_answer: dict | None = None) -> p
     unbiased pass@k of the ``passk`` table, reported beside it), response accuracy, observed and
     effective yield, correct-pair disagreement D (prompts with >= 2 correct); modes are classes of answers
     the benchmark's task calls equal (``same_answer`` {benchmark: same(a, b)}; default: normalised strings).
-    Source: ExPPO (coverage@k, yields, D); ``../shared/ALGORITHMS.md``, ExPPO metrics."""
+    Source: ExPPO (coverage@k, yields, D); docs/algorithms.md, ExPPO's metrics."""
     rows = {}
     same_answer = same_answer or {}
     for bench, _pid, grp in by_prompt(samples):

@@ -5,7 +5,7 @@ import pandas as pd
 
 from ..metrics.majority import majority_table
 from ..metrics.passk import pass_at_k, passk_table
-from ..metrics.table_registry import TableSettings, MetricTable, register_table
+from ..metrics.table_registry import MetricTable, TableSettings, register_table
 
 
 def per_prompt_values(samples: pd.DataFrame, metric: str = "accuracy") -> pd.Series:

@@ -8,7 +8,7 @@ import pandas as pd
 from core.config_keys import F, I, L, S
 
 from ..metrics.diversity import METRICS, mean_pairwise_similarity, ucc_at_k
-from ..metrics.table_registry import TableSettings, MetricTable, register_table
+from ..metrics.table_registry import MetricTable, TableSettings, register_table
 from .frames import by_prompt, with_mean
 
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..metrics.table_registry import TableSettings, MetricTable, register_table
+from ..metrics.table_registry import MetricTable, TableSettings, register_table
 from .frames import with_mean
-
 
 VERIFIER_COLUMNS = ["benchmark", "prompt_id", "sample_idx", "gold", "extracted_answer", "answer_status", "correct",
                     "reference_correct", "response_tail"]

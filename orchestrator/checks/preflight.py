@@ -49,9 +49,9 @@ def _with_sweeper_params(user: list[str], compose, *errors, config_name: str = "
                          hydra_overrides: tuple = (), search: list[str] = ()) -> list[str]:
     """``hydra.sweeper.params`` of the composed config (an experiment preset's sweep) followed by the
     command line's overrides; a key given on the command line replaces the preset's value for it."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     import re
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
 
     fixed: list[str] = []
     try:
@@ -202,18 +202,6 @@ def check_command_line(argv: list[str], checks=(), sweep_checks=()) -> int | Non
             check_single_run(overrides)
         points = sweep_points(overrides, multirun=bool(flags))
 
-        def each_point(check_one):
-            for point, cfg in points:
-                try:
-                    check_one(cfg, point)
-                except ConfigError as e:
-                    where = f" (sweep point {' '.join(point)})" if len(points) > 1 else ""
-                    raise ConfigError(f"{e}{where}") from None
-                except Exception as e:  # a config no check expected (a group removed with ~): one line, no trace
-                    first = str(e).splitlines()[0] if str(e) else ""
-                    raise ConfigError(f"the point {' '.join(point) or '(defaults)'} cannot be checked: "
-                                      f"{type(e).__name__}: {first} (a setting missing or of the wrong kind?)") from None
-
         def settings(cfg, point):
             for w in validate_config(cfg):
                 said.setdefault(w, []).append(' '.join(point) or 'defaults')
@@ -227,31 +215,65 @@ def check_command_line(argv: list[str], checks=(), sweep_checks=()) -> int | Non
             check_precision(cfg, remote)
             check_memory(cfg, remote, shown)
 
-        each_point(settings)
-        for check in sweep_checks:
-            try:
-                for w in check([cfg for _, cfg in points]) or []:
-                    said.setdefault(w, [])
-            except ValueError as e:
-                raise ConfigError(str(e)) from None
+        _each_point(points, settings)
+        _run_sweep_checks(points, sweep_checks, said)
         check_locations(points, [a for a in argv if not a.startswith("-")], multirun=bool(flags))
         check_tool_services(points)
-        each_point(machine)
+        _each_point(points, machine)
         check_inputs(points)
         create_stores(points)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)  # one line, nothing else: the plans are printed only when all passed
         sys.exit(2)
+    _print_warnings(said, len(points))
+    for line in shown:
+        print(line, file=sys.stderr)
+    return len(points)
+
+
+def _each_point(points, check_one) -> None:
+    """Run ``check_one(cfg, point)`` on every sweep point, in order, so that its one-line error names the point.
+
+    Raises:
+        ConfigError: the check's own (with the point named when the sweep has several), or one line for any other
+            exception (a config no check expected, such as a group removed with ``~``), without a traceback.
+    """
+    for point, cfg in points:
+        try:
+            check_one(cfg, point)
+        except ConfigError as e:
+            where = f" (sweep point {' '.join(point)})" if len(points) > 1 else ""
+            raise ConfigError(f"{e}{where}") from None
+        except Exception as e:  # a config no check expected (a group removed with ~): one line, no trace
+            first = str(e).splitlines()[0] if str(e) else ""
+            raise ConfigError(f"the point {' '.join(point) or '(defaults)'} cannot be checked: "
+                              f"{type(e).__name__}: {first} (a setting missing or of the wrong kind?)") from None
+
+
+def _run_sweep_checks(points, sweep_checks, said: dict) -> None:
+    """Run each check over all the points' configs; their warnings join ``said`` (said once, for the whole sweep).
+
+    Raises:
+        ConfigError: a check's ValueError, its one line.
+    """
+    for check in sweep_checks:
+        try:
+            for w in check([cfg for _, cfg in points]) or []:
+                said.setdefault(w, [])
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+
+def _print_warnings(said: dict, n_points: int) -> None:
+    """Print each warning of the points' checks once on stderr (not again by the points' runs in this process),
+    naming the points that gave it: every point, or the first three and how many more."""
     from core.console import once
 
     for w, where in said.items():
         if once(w):  # the points' runs in this process do not say it again
-            at = ("" if not where else " (every point)" if len(where) == len(points) > 1 else
+            at = ("" if not where else " (every point)" if len(where) == n_points > 1 else
                   f" ({', '.join(where[:3])}{f' and {len(where) - 3} more' if len(where) > 3 else ''})")
             print(f"WARNING{at}: {w}", file=sys.stderr)
-    for line in shown:
-        print(line, file=sys.stderr)
-    return len(points)
 
 
 def check_single_run(overrides: list[str]) -> None:
@@ -501,7 +523,7 @@ def check_locations(points, overrides: list[str], multirun: bool = True) -> None
     Raises:
         ConfigError: one line naming the setting and the cause (disk full, read-only, unknown scheme, no answer).
     """
-    from orchestrator.store import tracking
+    from orchestrator.store import store_checks
 
     seen = set()
     try:
@@ -510,15 +532,15 @@ def check_locations(points, overrides: list[str], multirun: bool = True) -> None
             if key in seen:
                 continue
             seen.add(key)
-            tracking.check_store(*key)
+            store_checks.check_store(*key)
         min_free = max((k[2] for k in seen), default=100.0)
         dir_key = "hydra.sweep.dir=" if multirun else "hydra.run.dir="
         given = next((o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith(dir_key)), None)
         if given is None:
-            tracking.check_writable(Path.cwd(), f"the working directory {Path.cwd()} (Hydra writes the sweep's "
-                                    f"folder there; run elsewhere or set {dir_key}PATH)", min_free)
+            store_checks.check_writable(Path.cwd(), f"the working directory {Path.cwd()} (Hydra writes the sweep's "
+                                        f"folder there; run elsewhere or set {dir_key}PATH)", min_free)
         else:
             fixed = given.split("${", 1)[0] or "."
-            tracking.check_writable(Path(fixed), f"{dir_key}{given}", min_free)
-    except tracking.StoreError as e:
+            store_checks.check_writable(Path(fixed), f"{dir_key}{given}", min_free)
+    except store_checks.StoreError as e:
         raise ConfigError(str(e)) from None

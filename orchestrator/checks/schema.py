@@ -21,8 +21,8 @@ import typing
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from core.config_keys import ANY, DEVICE, MAP, B, BadValue, F, I, L, S, Spec, check_value as _check_value  # noqa: F401
-
+from core.config_keys import ANY, DEVICE, MAP, B, BadValue, F, I, L, S, Spec  # noqa: F401
+from core.config_keys import check_value as _check_value
 from orchestrator.errors import ConfigError
 
 MAX_NAME = 120  # experiment_name: MLflow shows it in URLs and the report's folder name is made of it

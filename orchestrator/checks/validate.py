@@ -9,9 +9,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from training.algorithms import check_algorithm
-
 from orchestrator.errors import ConfigError
+from training.algorithms import check_algorithm
 
 
 def _require(cond: bool, msg: str) -> None:
@@ -113,19 +112,7 @@ def _component_checks(cfg) -> tuple[list[str], list]:
     from orchestrator.checks.schema import check_schema
 
     warnings: list[str] = check_schema(cfg)  # every key: type, range, choices; unknown keys refused
-    # -- algorithm: its own checks (training.algorithms.check_algorithm: registered names, parameters, validators,
-    # a policy that can change), then how it relates to the rest
-    algo = cfg.algo
-    try:
-        algo_dict = OmegaConf.to_container(algo, resolve=True)
-    except Exception as e:
-        raise ConfigError(f"algo: {e}") from None
-    try:  # (DAPO's overlong buffer within the response length among them)
-        warnings += check_algorithm(algo_dict, OmegaConf.select(cfg, "train.group_size"),
-                                    OmegaConf.select(cfg, "train.max_new_tokens"))
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-
+    warnings += _algorithm_checks(cfg)
     # -- a minibatch within the batch; the lengths the model's context must hold (checked last, after every
     # component's own check; the model's files and the data are read by orchestrator.checks.preflight.check_inputs)
     limits = _context_limits(cfg)
@@ -133,8 +120,41 @@ def _component_checks(cfg) -> tuple[list[str], list]:
     _require(mb is None or per is None or g is None or int(mb) <= int(per) * int(g),
              f"train.minibatch_size={mb}: larger than the batch (train.prompts_per_step={per} x train.group_size={g} = "
              f"{int(per or 0) * int(g or 0)} responses); null takes the whole batch in one optimiser step")
+    _data_checks(cfg)
+    # -- evaluation: its own check, then the rules that relate it to training
+    warnings += validate_eval(cfg, str(cfg.data.name))
+    _evaluation_rules(cfg)
+    _search_tool_checks(cfg)
+    warnings += _engine_checks(cfg)
+    return warnings, limits
 
-    # -- data: the training task's own checks (plug-in modules were imported by the schema)
+
+def _algorithm_checks(cfg) -> list[str]:
+    """The algorithm's own checks (:func:`training.algorithms.check_algorithm`: registered names, parameters,
+    validators, a policy that can change; DAPO's overlong buffer within the response length among them); its
+    warnings.
+
+    Raises:
+        ConfigError: ``algo`` cannot be resolved, or the algorithm's check refuses it (its one line).
+    """
+    algo = cfg.algo
+    try:
+        algo_dict = OmegaConf.to_container(algo, resolve=True)
+    except Exception as e:
+        raise ConfigError(f"algo: {e}") from None
+    try:  # (DAPO's overlong buffer within the response length among them)
+        return check_algorithm(algo_dict, OmegaConf.select(cfg, "train.group_size"),
+                               OmegaConf.select(cfg, "train.max_new_tokens"))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _data_checks(cfg) -> None:
+    """The training task's own checks (its ``validate``; plug-in modules were imported by the schema).
+
+    Raises:
+        ConfigError: an unknown task, or the task's one line on a bad ``data`` setting.
+    """
     from core.tasks import get_task
 
     try:
@@ -146,8 +166,15 @@ def _component_checks(cfg) -> tuple[list[str], list]:
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
-    # -- evaluation: its own check, then the rules that relate it to training
-    warnings += validate_eval(cfg, str(cfg.data.name))
+
+def _evaluation_rules(cfg) -> None:
+    """The rules that relate evaluation to training: checkpoint evaluation and validation-based selection need
+    kept checkpoints, validation needs a validation split with k <= n, and keeping the top k checkpoints needs
+    selection on validation.
+
+    Raises:
+        ConfigError: the first rule broken, one line naming the keys.
+    """
     save_every = cfg.train.get("save_every") or 0
     _require(cfg.eval.get("checkpoints", "final") != "all" or save_every > 0,
              "eval.checkpoints=all: no checkpoints are kept during training; set train.save_every=N (N >= 1)")
@@ -172,6 +199,16 @@ def _component_checks(cfg) -> tuple[list[str], list]:
     _require(not cfg.train.get("keep_top_k") or select_on == "validation",
              f"train.keep_top_k={cfg.train.get('keep_top_k')}: checkpoints are ranked on the validation split; set "
              "eval.select_on=validation")
+
+
+def _search_tool_checks(cfg) -> None:
+    """Tasks (training or benchmark) that search a corpus of their own need a search server or a built index.
+
+    Raises:
+        ConfigError: no ``tools.search.url`` or ``tools.search.index`` for them, or no built index at the path.
+    """
+    from core.tasks import get_task
+
     benches = list(cfg.eval.benchmarks)
     tool_tasks = [t for t in dict.fromkeys([str(cfg.data.name), *[str(b) for b in benches]])
                   if "search" in getattr(get_task(t), "tools", ()) and not getattr(get_task(t), "own_corpus", False)]
@@ -183,6 +220,14 @@ def _component_checks(cfg) -> tuple[list[str], list]:
     _require(not index or (Path(str(index)) / "meta.json").is_file(),
              f"tools.search.index={index!r}: no built index there (python -m core.retrieval build --corpus FILE "
              f"--index {index})")
+
+
+def _engine_checks(cfg) -> list[str]:
+    """The training engine's own check (its ``validate``); its warnings.
+
+    Raises:
+        ConfigError: an unknown engine, or the engine's one line naming the setting it cannot honour.
+    """
     from training.engines import engine
 
     try:
@@ -190,7 +235,6 @@ def _component_checks(cfg) -> tuple[list[str], list]:
     except KeyError as e:
         raise ConfigError(e.args[0]) from None
     try:
-        warnings += list(chosen.validate(cfg) or [])
+        return list(chosen.validate(cfg) or [])
     except ValueError as e:
         raise ConfigError(f"engine={cfg.engine.name}: {e}") from None
-    return warnings, limits

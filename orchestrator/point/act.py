@@ -14,12 +14,10 @@ import time
 from dataclasses import replace
 
 from core import tags as T
-
 from orchestrator.point import decision as D
 from orchestrator.point.decision import Action, Decision, Point
 from orchestrator.point.run_evaluation import backfill_flips
-from orchestrator.store import lease
-from orchestrator.store import mlflow_views
+from orchestrator.store import lease, mlflow_views
 
 log = logging.getLogger("rlvr")
 

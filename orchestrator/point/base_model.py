@@ -34,12 +34,8 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from core import tags as T
-
-from orchestrator.point import integrity
-from orchestrator.store import lease
-from orchestrator.point import provenance
-from orchestrator.store import tracking
-from orchestrator.store import mlflow_views
+from orchestrator.point import integrity, provenance
+from orchestrator.store import lease, mlflow_views, tracking
 
 log = logging.getLogger("rlvr")
 
@@ -200,7 +196,8 @@ class BaseEvaluation:
                 T.SLURM_JOB_ID: os.environ.get("SLURM_JOB_ID", ""),
                 "mlflow.note.content": "The starting model, evaluated with the sweep's protocol (the papers' "
                                        "'Initialization' row); every trained run's flip rates compare against it."}
-        from evaluation.protocol import protocol_id, tags as protocol_tags
+        from evaluation.protocol import protocol_id
+        from evaluation.protocol import tags as protocol_tags
 
         chat = bool(self.cfg.model.get("chat_template", True))
         tags |= mlflow_views.parent_tags(self.exp_id, self.sweep_id, self.store) \

@@ -29,11 +29,9 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from core import tags as T
-
 from orchestrator.point import integrity
-from orchestrator.store import lease
-from orchestrator.store import tracking
 from orchestrator.point.signals import StopSignals
+from orchestrator.store import lease, tracking
 
 log = logging.getLogger("rlvr")
 POLL_S = 3.0  # how often a point waits on another process that trains it

@@ -13,7 +13,6 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-
 #: keys added after runs were logged, with the value that does what the code did before them: at that value a key is
 #: left out of the identity, so a finished run stays recognised ("a key at its default does not change a run's
 #: identity"); any other value is part of it

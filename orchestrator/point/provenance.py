@@ -21,7 +21,6 @@ import subprocess
 from pathlib import Path
 
 from core import tags as T
-
 from orchestrator.point.identity import git_commit
 
 TAG_PREFIX = T.ENV_PREFIX

@@ -22,17 +22,14 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from core import tags as T
-
-from orchestrator.store import lease
-from orchestrator.store import mlflow_views
+from orchestrator.checks.validate import check_point
 from orchestrator.point import provenance
-from orchestrator.store import tracking
 from orchestrator.point.act import settle, yield_to
 from orchestrator.point.decision import Action, Point, Yield, earlier_runs
 from orchestrator.point.identity import config_hash, git_commit, point_name, training_hash
 from orchestrator.point.run_evaluation import evaluate_run, free_memory, record_integrity
 from orchestrator.point.signals import StopSignals
-from orchestrator.checks.validate import check_point
+from orchestrator.store import lease, mlflow_views, tracking
 
 log = logging.getLogger("rlvr")
 MAX_RUN_NAME = 240
@@ -346,7 +343,6 @@ def evaluation_config(pt: Point):
         orchestrator.point.sweep_protocol.ProtocolMismatch: this machine cannot evaluate under the sweep's protocol.
     """
     from evaluation import protocol as P
-
     from orchestrator.point.sweep_protocol import pinned_config
 
     cfg, proto = pinned_config(pt.cfg, pt.exp_id, pt.sweep_id, pt.store)
@@ -366,8 +362,8 @@ def _train_and_evaluate(pt: Point, decision, st: _Started, log_step, metrics_out
     from core.lifecycle import TRAINING, final_checkpoint_dir
     from core.tasks import load_prompts
     from evaluation.pipeline import benchmark_rows
-    from training.token_probs import ARTIFACT as TOKEN_PROBS
     from training.engines import EngineChoices
+    from training.token_probs import ARTIFACT as TOKEN_PROBS
 
     cfg, run_dir, store = pt.cfg, st.run_dir, pt.store
     store.log_artifact(run_dir / "config.yaml")

@@ -11,7 +11,6 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from core import tags as T
-
 from orchestrator.point import integrity
 from orchestrator.store import tracking
 
@@ -222,10 +221,9 @@ def evaluate_run(cfg, run_dir: Path, final: Path, heldout, base, store: tracking
     """
     import pandas as pd
 
+    from evaluation import protocol as P
     from evaluation.pipeline import EvalJob, evaluate_checkpoint
     from evaluation.tables import flip_metrics
-
-    from evaluation import protocol as P
 
     final_metrics, evaluated = {}, []
     final_step, protocol = None, None
@@ -277,11 +275,9 @@ def backfill_flips(cfg, exp_id: str, sweep_id: str, job_num, run_dir: Path, prio
 
     import pandas as pd
 
-    from evaluation.tables import flip_metrics
     from core.tasks import load_prompts
-
+    from evaluation.tables import flip_metrics
     from orchestrator.point.base_model import BaseEvaluation
-
     from orchestrator.point.sweep_protocol import pinned_config
 
     try:

@@ -16,10 +16,8 @@ import json
 import logging
 import time
 
-from orchestrator.store import lease
-from orchestrator.store import mlflow_views
-from orchestrator.store import tracking
 from orchestrator.errors import ConfigError
+from orchestrator.store import lease, mlflow_views, tracking
 
 log = logging.getLogger("rlvr")
 

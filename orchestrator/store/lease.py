@@ -22,7 +22,6 @@ import time
 import uuid
 
 from core import tags as T
-
 from orchestrator.store import tracking
 
 log = logging.getLogger("rlvr")

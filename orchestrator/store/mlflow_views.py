@@ -26,9 +26,7 @@ import sys
 from pathlib import Path
 
 from core import tags as T
-
-from orchestrator.store import lease
-from orchestrator.store import tracking
+from orchestrator.store import lease, tracking
 
 log = logging.getLogger("rlvr")
 

@@ -16,7 +16,8 @@ A section declares what it needs and how it builds what it shows:
   first one's ``section``, and the closing section shows every table no section claims.
 
 The report notebook (reports/templates/report.py) makes a :class:`Context` and loops over :func:`body`. Every
-builder reads only :mod:`reports.data` and :mod:`reports.load`, so a paper table's numbers are the ones the body shows.
+builder reads only :mod:`reports.data`, :mod:`reports.seed_groups` and :mod:`reports.load`, so a paper table's numbers
+are the ones the body shows.
 """
 from __future__ import annotations
 
@@ -91,9 +92,22 @@ class Context:
 
 @dataclass(frozen=True)
 class ReportSection:
-    """One part of the report (see the module's docstring): ``title`` names a paper table (a paper's table or figure
-    number) or, for a body-only section, is its heading; ``heading`` the body's heading when it differs from
-    ``title``; ``doc`` Markdown under the heading; ``needs`` what to sweep when the sweep lacks the data."""
+    """One part of the report (see the module's docstring), the record :func:`register_section` registers.
+
+    Attributes:
+        name: its registered name (``report.sections`` names a paper table by it).
+        title: a paper table's title (the paper's table or figure number) or, for a body-only section, its heading.
+        build: ``build(ctx) -> DataFrame``, its table (a section with one is a paper table).
+        show: ``show(ctx, page)``, what it writes to the report body instead of its table and figure.
+        needs: what to sweep when the sweep lacks the data.
+        order: its place in the report body (None: a paper table only).
+        heading: the body's heading when it differs from ``title``.
+        doc: Markdown under the heading.
+        tables: the registered metric tables it shows.
+        figure: ``figure(ctx, table) -> Figure | None``, its figure, drawn from its table.
+        collapsible: with nothing to show (only notes), folded into one line at the end of the report; False: shown in
+            its place even then, as the summary is.
+    """
     name: str
     title: str
     build: Callable[[Context], pd.DataFrame] | None = None
@@ -122,26 +136,42 @@ class ReportSection:
 SECTIONS: Registry[ReportSection] = Registry("report section", packages=(__name__,))
 
 
-def register_section(name: str, title: str, *, build=None, show=None, needs: str = "", order: float | None = None,
-                     heading: str | None = None, doc: str = "", tables=(), figure=None,
-                     collapsible: bool = True) -> ReportSection:
-    """Register the report section ``name`` (module docstring: what each argument declares; ``collapsible=False``: shown
-    in its place even when it has only notes, as the summary is) and return it.
+def register_section(name: str | ReportSection, title: str | None = None, **fields) -> ReportSection:
+    """Register a report section and return it: ``register_section(ReportSection(name, title, build=..., ...))``, the
+    frozen record (:class:`ReportSection`: what each field declares).
+
+    The keyword call (the one the built-in sections, the plug-ins and docs/extending.md write, kept working):
+    ``register_section(name, title, build=..., show=..., needs=..., order=..., heading=..., doc=..., tables=...,
+    figure=..., collapsible=...)`` builds the same record from its arguments (``tables`` made a tuple).
 
     Raises:
         ValueError: the name is taken, or the section has neither ``build`` nor ``show``, ``show`` without an
             ``order`` (a body section needs its place), or ``figure`` without ``build``.
+        TypeError: a record given with other arguments, a name without its title, or a field :class:`ReportSection`
+            does not have.
     """
-    if build is None and show is None:
-        raise ValueError(f"report section {name!r} needs build (its table) or show (its body)")
-    if show is not None and order is None:
-        raise ValueError(f"report section {name!r} has show= but no order= (its place in the report)")
-    if name in SECTIONS:
-        raise ValueError(f"report section {name!r} is already registered")
-    if figure is not None and build is None:
-        raise ValueError(f"report section {name!r} has figure= but no build= (the table it draws)")
-    return SECTIONS.register(name, ReportSection(name, title, build, show, needs, order, heading, doc, tuple(tables),
-                                                 figure, collapsible))
+    sec = _section_record(name, title, fields)
+    if sec.build is None and sec.show is None:
+        raise ValueError(f"report section {sec.name!r} needs build (its table) or show (its body)")
+    if sec.show is not None and sec.order is None:
+        raise ValueError(f"report section {sec.name!r} has show= but no order= (its place in the report)")
+    if sec.name in SECTIONS:
+        raise ValueError(f"report section {sec.name!r} is already registered")
+    if sec.figure is not None and sec.build is None:
+        raise ValueError(f"report section {sec.name!r} has figure= but no build= (the table it draws)")
+    return SECTIONS.register(sec.name, sec)
+
+
+def _section_record(name: str | ReportSection, title: str | None, fields: dict) -> ReportSection:
+    """The :class:`ReportSection` of :func:`register_section`'s arguments: the record itself, or the one its name,
+    title and keyword fields make (``tables`` made a tuple)."""
+    if isinstance(name, ReportSection):
+        if title is not None or fields:
+            raise TypeError(f"register_section({name.name!r}): a ReportSection record takes no other arguments")
+        return name
+    if title is None:
+        raise TypeError("register_section() missing 1 required positional argument: 'title'")
+    return ReportSection(name, title, **{**fields, "tables": tuple(fields.get("tables", ()))})
 
 
 def paper_table(name: str, title: str, needs: str):

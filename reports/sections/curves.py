@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import data as R
 from .. import load as L
+from ..seed_groups import eval_seed_note, seed_group, study_baseline
 from . import register_section
 
 
@@ -17,7 +17,7 @@ def _methods(ctx, labels) -> dict:
     methods: dict = {}
     for lab in ctx.done["label"] if len(ctx.done) else []:
         if lab in labels:
-            methods.setdefault(R.seed_group(lab), []).append(lab)
+            methods.setdefault(seed_group(lab), []).append(lab)
     return methods
 
 
@@ -33,13 +33,13 @@ def _show(ctx, page) -> None:
         return
     frames = {lab: pd.read_parquet(f) for lab, f in files.items()}
     methods = _methods(ctx, frames)
-    baseline = R.study_baseline(methods, ctx.done, ctx.baseline)
+    baseline = study_baseline(methods, ctx.done, ctx.baseline)
     out = Path(ctx.work_dir) / "curves"
     K.write_manifest(out / "runs.json", files, methods, baseline)
     tables = K.curve_tables(frames, methods, baseline)
     for name in ("points", "fits", "run_fits", "differences"):
         tables[name].to_csv(out / f"{name}.csv")
-    seeds = R.eval_seed_note(ctx.done[ctx.done["label"].isin(list(frames))])
+    seeds = eval_seed_note(ctx.done[ctx.done["label"].isin(list(frames))])
     if seeds:
         page.note(seeds)
     _figure(ctx, page, tables, methods)

@@ -16,9 +16,9 @@ import pandas as pd
 from .. import data as R
 from .. import load as L
 from .. import render as V
+from ..seed_groups import seed_aggregate
 from . import _tables as T
 from . import paper_table, register_section
-
 
 # ------------------------------------------------------------------------------------------------- QUATRO
 
@@ -93,12 +93,12 @@ def _exppo_shared_d(ctx):
 
 @paper_table("exppo_decoding_seeds", "ExPPO Table 3: mean ± std over decoding seeds", "eval.seed=0,1,2")
 def _exppo_decoding_seeds(ctx):
-    return R.seed_aggregate(R.passk_table(ctx.shown), key="eval.seed")
+    return seed_aggregate(R.passk_table(ctx.shown), key="eval.seed")
 
 
 @paper_table("training_seeds", "Mean ± std over training seeds (the papers' three-seed tables)", "seed=0,1,2")
 def _training_seeds(ctx):
-    return R.seed_aggregate(R.passk_table(ctx.shown), key="seed")
+    return seed_aggregate(R.passk_table(ctx.shown), key="seed")
 
 
 @paper_table("exppo_lambda_grid", "ExPPO Table 9: pass@k by the shaping strength lambda", "exppo_lambda")

@@ -1,6 +1,7 @@
 """Mean ± std over seeds: runs that differ only by the training ``seed``, and runs that differ only by the decoding
-seed ``eval.seed`` (:func:`reports.data.seed_aggregate`), for pass@k and ExPPO's answer-mode metrics."""
+seed ``eval.seed`` (:func:`reports.seed_groups.seed_aggregate`), for pass@k and ExPPO's answer-mode metrics."""
 from .. import data as R
+from ..seed_groups import seed_aggregate
 from . import register_section
 
 
@@ -9,7 +10,7 @@ def _show(ctx, page) -> None:
                    "answer modes": R.metric_table(ctx.shown, "modes",
                                                   columns=("observed_yield", "effective_yield", "disagreement"))}
     for key, what in (("seed", "training seeds"), ("eval.seed", "decoding seeds")):
-        aggregated = {name: R.seed_aggregate(t, key=key) for name, t in seed_tables.items()}
+        aggregated = {name: seed_aggregate(t, key=key) for name, t in seed_tables.items()}
         if all(t.empty for t in aggregated.values()):
             page.note(f"No runs differ only by `{key}`: nothing to aggregate over {what}.")
             continue

@@ -10,6 +10,7 @@ import pandas as pd
 
 from .. import data as R
 from .. import load as L
+from ..seed_groups import seed_band, study_baseline, study_methods
 from . import register_section
 
 _UCC = {"similarity_metric": "rouge_l", "threshold": 0.7}
@@ -20,8 +21,8 @@ def _show(ctx, page) -> None:
     import evaluation.study as S
 
     samples = ctx.samples
-    methods = R.study_methods(ctx.done, samples)
-    study_base = R.study_baseline(methods, ctx.done, ctx.baseline)
+    methods = study_methods(ctx.done, samples)
+    study_base = study_baseline(methods, ctx.done, ctx.baseline)
     if not methods:
         page.note("No method was trained with two or more seeds (add seed=0,1 to the sweep): no study comparison.")
         return
@@ -111,7 +112,7 @@ def _training(ctx, page, methods, out: Path) -> None:
     fig, axs = plt.subplots(1, len(kl_keys), figsize=(4.2 * len(kl_keys), 3.2), squeeze=False)
     rows_kl = {}
     for ax, key in zip(axs[0], kl_keys):
-        for m, (st, mean_, lo, hi) in R.seed_band(hist, methods, key).items():
+        for m, (st, mean_, lo, hi) in seed_band(hist, methods, key).items():
             c = ctx.color(methods[m][0])
             ax.plot(st, mean_, marker="o", ms=3, label=m, color=c)
             ax.fill_between(st, lo, hi, color=c, alpha=0.15)

@@ -7,6 +7,7 @@ import pandas as pd
 
 from .. import data as R
 from .. import load as L
+from ..seed_groups import eval_seed_note
 from . import register_section
 
 #: the table's HTML id: the report test finds it in the browser's first screen
@@ -56,7 +57,7 @@ def summary_table(ctx) -> tuple[pd.DataFrame, list[str]]:
         for run, b in diffs.attrs.get("refused", {}).items():
             notes.append(f"{run} is not compared with {b}: evaluated under another protocol "
                          f"({R.protocol_difference(ctx.runs, run, b)}).")
-    seeds = R.eval_seed_note(shown)
+    seeds = eval_seed_note(shown)
     if seeds:
         notes.append(seeds)
     return table, notes

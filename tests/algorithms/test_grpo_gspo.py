@@ -73,7 +73,7 @@ def test_gspo_value_and_gradient_by_hand():
     loss, m = get_policy_loss_fn("gspo")(new, _batch(old, mask), adv)
     loss.backward()
     s0 = math.exp((-0.0001 + 0.0003) / 2)  # 1.0001: inside [1 - 3e-4, 1 + 4e-4]
-    s1 = math.exp(0.2)  # far above 1 + 4e-4 with A > 0: clipped, no gradient
+    assert math.exp(0.2) > 1 + 4e-4  # the second response: far above the clip with A > 0: clipped, no gradient
     assert float(loss) == pytest.approx((-0.7 * s0 - 0.5 * (1 + 4e-4)) / 2, rel=1e-6)
     expect = torch.tensor([[-0.7 * s0 / 2 / 2, -0.7 * s0 / 2 / 2, 0.0], [0.0, 0.0, 0.0]])
     assert torch.allclose(new.grad, expect, atol=1e-7)

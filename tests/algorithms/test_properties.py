@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from training.algorithms import get_advantage_fn, get_policy_loss_fn, registered_advantages, validate_params
-from training.algorithms.exppo import exppo_advantages
+from training.algorithms.exppo import ExppoParts, exppo_advantages
 from training.algorithms.tr_grpo import TokenWeighting, token_weights, weight_range
 from training.batch import RolloutBatch, concat_batches
 from training.rewards import overlong_penalty
@@ -349,11 +349,11 @@ def test_exppo_ablation_switches_by_hand_and_exppo_on_another_estimator():
         ("shared_norm",): (1 + 0.2 * gate * torch.tanh(u) * sign) * a,
     }
     for off, expect in cases.items():
-        got, _ = exppo_advantages(rewards, surprisal, lam=0.2, **{k: False for k in off})
+        got, _ = exppo_advantages(rewards, surprisal, lam=0.2, parts=ExppoParts(**{k: False for k in off}))
         assert torch.allclose(got, expect, atol=1e-6), off
     assert not torch.allclose(cases[()], cases[("rarity",)]) and not torch.allclose(cases[()], cases[("shared_norm",)])
     g = torch.Generator().manual_seed(3)
-    shuffled, _ = exppo_advantages(rewards, surprisal, lam=0.2, shuffle_surprisal=True, generator=g)
+    shuffled, _ = exppo_advantages(rewards, surprisal, lam=0.2, parts=ExppoParts(shuffle_surprisal=True), generator=g)
     perm = torch.randperm(4, generator=torch.Generator().manual_seed(3))
     assert not torch.equal(perm, torch.arange(4))
     expect, _ = exppo_advantages(rewards, surprisal[:, perm], lam=0.2)

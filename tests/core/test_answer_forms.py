@@ -13,8 +13,16 @@ import pytest
 from omegaconf import OmegaConf
 
 from core.tasks import get_task, score_responses
-from core.tasks.answer_forms import (MISSING, NOT_A_VALUE, RESTATED, STATED, is_expression, numeric_operations,
-                                     restates, stated_number)
+from core.tasks.answer_forms import (
+    MISSING,
+    NOT_A_VALUE,
+    RESTATED,
+    STATED,
+    is_expression,
+    numeric_operations,
+    restates,
+    stated_number,
+)
 from core.verify import check_answer
 
 BENCHMARKS = ["gsm8k", "math500", "minerva_math", "olympiadbench", "aime24", "aime25", "amc23"]

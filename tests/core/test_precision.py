@@ -71,8 +71,8 @@ def test_preflight_refuses_an_explicit_bf16_on_a_cpu_without_bf16_units_in_secon
 
 
 def test_preflight_checks_every_precision_key_and_leaves_remote_points_to_their_node(monkeypatch):
-    from orchestrator.errors import ConfigError
     from orchestrator.checks.preflight import check_precision, sweep_points
+    from orchestrator.errors import ConfigError
 
     monkeypatch.setenv("RLVR_CPU_FLAGS", AVX2)
     [(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke"], multirun=False)

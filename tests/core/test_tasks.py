@@ -15,7 +15,6 @@ from omegaconf import OmegaConf
 from core.sandbox import run_tests, sandbox_missing
 from core.tasks import get_task, score_responses
 from core.tasks.choice import chosen_letter
-from tests.conftest import REPO
 
 needs_sandbox = pytest.mark.skipif(sandbox_missing() is not None, reason=f"no sandbox: {sandbox_missing()}")
 

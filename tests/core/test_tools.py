@@ -104,8 +104,7 @@ def test_the_multi_turn_loop_on_a_real_model_masks_exactly_the_tool_tokens(tiny_
     """The tiny model samples an episode without tools; a test tool whose closing text is a piece of that episode
     (tokens 3-4) makes the same draw stop there, take the tool's result (mask 0), and go on (mask 1)."""
     from core.agent import ToolUse, generate_with_tools
-    from core.sampling import SamplingSettings
-    from core.sampling import prompt_texts
+    from core.sampling import SamplingSettings, prompt_texts
 
     model, tok = tiny_policy
     texts = prompt_texts(tok, ["Compute 2 + 2.", "Name a colour."], True)
@@ -135,12 +134,12 @@ def test_tool_tokens_get_no_gradient_in_any_loss_term(algo, tiny_policy, tiny_cf
     entropy bonus): d loss / d log-prob is exactly 0 at every tool token and not 0 at the policy's; any values at
     the tool positions (other log-probs, other references) leave the loss and its gradient unchanged, so the loss
     depends on the tool's tokens only through the context they give the policy's tokens."""
+    from core.scoring import Sequences, compute_logprobs
     from orchestrator.checks.preflight import sweep_points
     from training.algorithms import BoundLoss, get_advantage_fn
     from training.batch import RolloutBatch
     from training.settings import RunSettings
     from training.update import policy_objective
-    from core.scoring import Sequences, compute_logprobs
 
     model, tok = tiny_policy
     [(_, cfg)] = sweep_points([f"algo={algo}", "model=tiny-random", "eval=smoke"])

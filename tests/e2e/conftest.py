@@ -3,7 +3,6 @@ evaluations on vLLM's engine where it is installed (its CPU build in CI; one eng
 import pytest
 
 from core.sampling import SAMPLERS
-
 from tests.e2e.test_sweep import TINY, _sweep
 
 ALGOS = ["grpo", "dr_grpo", "dapo", "gspo", "cispo", "gpg", "gmpo", "quatro", "tr_grpo", "tr_grpo_literal", "exppo",

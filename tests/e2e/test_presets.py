@@ -64,9 +64,9 @@ def test_every_preset_is_listed_and_every_twin_has_a_full_preset():
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_every_sweep_point_composes_and_validates(name, search_index):
-    from orchestrator.point.identity import config_hash, training_hash
     from orchestrator.checks.preflight import sweep_points
     from orchestrator.checks.validate import validate_config
+    from orchestrator.point.identity import config_hash, training_hash
 
     points = sweep_points([f"experiment={name}", *_needs(name, search_index)], multirun=True)
     assert len(points) == POINTS[name]

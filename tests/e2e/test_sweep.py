@@ -2,8 +2,8 @@
 (``mlflow server`` on 127.0.0.1) and read back over its REST API: the path the README gives cluster users. The
 SQLite path is what the other sweep tests take."""
 import json
-import re
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -587,9 +587,8 @@ def test_every_run_records_what_decides_its_numbers(sweep_dir):
 
 
 def test_the_report_warns_when_compared_runs_differ_in_versions():
-    from reports.data import provenance_warnings
-
     from orchestrator.point.provenance import changes
+    from reports.data import provenance_warnings
 
     tags = {"rlvr.env.vllm": "0.24.0", "rlvr.env.torch": "2.11.0"}
     runs = pd.DataFrame({"label": ["a", "b", "c", "d"], "kind": ["trained", "base", "trained", "duplicate"],

@@ -213,7 +213,6 @@ def test_vllm_greedy_then_rollout_weights_follow_the_policy_after_each_optimiser
     import json
 
     import torch
-
     from omegaconf import OmegaConf
 
     proc = subprocess.run([sys.executable, "-c", SYNC, json.dumps(OmegaConf.to_container(tiny_cfg.model, resolve=True))],

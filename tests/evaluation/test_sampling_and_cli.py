@@ -1,8 +1,8 @@
 """Sampling (entropy, resume) and `python -m orchestrator.evaluate` on real benchmark files with the tiny model."""
 import os
-from pathlib import Path
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -117,8 +117,8 @@ def test_cli_evaluates_two_shared_benchmarks_and_logs_every_table(tmp_path, benc
 def test_extra_temperatures_evaluate_again_with_their_own_keys_and_files(tmp_path, tiny_cfg, tiny_policy):
     from omegaconf import OmegaConf
 
-    from evaluation.pipeline import EvalJob, evaluate_temperatures
     from core.tasks import load_prompts
+    from evaluation.pipeline import EvalJob, evaluate_temperatures
 
     model, tok = tiny_policy
     sampler = HFSampler(model, tok)
@@ -137,8 +137,8 @@ def test_samples_drawn_with_other_settings_are_set_aside_not_resumed(tmp_path, t
     import pandas as pd
     from omegaconf import OmegaConf
 
-    from evaluation.pipeline import EvalJob, evaluate
     from core.tasks import load_prompts
+    from evaluation.pipeline import EvalJob, evaluate
 
     sampler = HFSampler(*tiny_policy)
     held = load_prompts(tiny_cfg.data, "eval")

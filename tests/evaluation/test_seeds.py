@@ -39,7 +39,7 @@ def test_the_evaluation_seed_reaches_the_transformers_sampler_and_the_agent_loop
 
 
 def test_the_report_says_when_the_runs_compared_were_evaluated_with_different_seeds():
-    from reports.data import eval_seed_note
+    from reports.seed_groups import eval_seed_note
 
     runs = pd.DataFrame({"label": ["Initialization", "grpo", "gspo"],
                          "params": [{"eval.seed": "0"}, {"eval.seed": "0"}, {"eval.seed": "1"}]})

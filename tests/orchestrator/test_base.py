@@ -8,9 +8,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
+from orchestrator.checks.preflight import sweep_points
 from orchestrator.point import base_model as B
 from orchestrator.store import tracking
-from orchestrator.checks.preflight import sweep_points
 
 
 def _cfg(*overrides):

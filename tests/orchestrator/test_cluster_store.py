@@ -8,7 +8,6 @@ series ends equal, value for value, to the uninterrupted sweep's: nothing lost, 
 
 PostgreSQL: the server ``.ci/run`` starts (``RLVR_TEST_POSTGRES``: its admin URI), else one this module starts
 with scripts/postgres/start.sh in a temporary folder; skipped where PostgreSQL is not installed."""
-import json
 import os
 import shutil
 import subprocess
@@ -125,9 +124,8 @@ def _read_back(uri: str, experiment: str) -> dict:
     out = {"trained": {}, "kinds": sorted(t.get("rlvr.kind", "") for t in tags)}
     for r, t in zip(runs, tags):
         if t.get("rlvr.kind") == "sweep":
-            from mlflow.tracking import MlflowClient
-
             import pandas as pd
+            from mlflow.tracking import MlflowClient
 
             path = MlflowClient(tracking_uri=uri).download_artifacts(r["info"]["run_id"], "summary.csv", str(
                 Path(os.environ.get("TMPDIR", "/tmp")) / uuid.uuid4().hex))

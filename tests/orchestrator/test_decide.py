@@ -12,8 +12,8 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 from orchestrator.point import act, decision, integrity
-from orchestrator.store import lease, tracking
 from orchestrator.point.signals import StopSignals
+from orchestrator.store import lease, tracking
 
 CHASH, THASH = "c" * 16, "t" * 16
 

@@ -342,9 +342,9 @@ def test_full_disk_and_read_only_store_fail_at_preflight_and_leave_no_half_made_
     assert not list(small_fs.glob("*.db")) and not list(small_fs.glob(".mlflow.db.creating-*"))
     # space freed: the store is created and works
     subprocess.run(["mount", "-o", "remount,size=20m", str(small_fs)], check=True)
-    from orchestrator.store import tracking
+    from orchestrator.store import store_checks, tracking
 
-    tracking.check_store(f"sqlite:///{small_fs}/mlflow.db", str(tmp_path / "art"), min_free_mb=1)
+    store_checks.check_store(f"sqlite:///{small_fs}/mlflow.db", str(tmp_path / "art"), min_free_mb=1)
     exp = tracking.setup_experiment(f"sqlite:///{small_fs}/mlflow.db", "after", str(tmp_path / "art"))
     from mlflow.tracking import MlflowClient
 

@@ -165,8 +165,8 @@ def test_clean_matches_a_moved_project_to_its_store_and_lists_nothing_from_a_sto
 
     from mlflow.tracking import MlflowClient
 
-    from orchestrator.store import tracking
     from orchestrator.clean import main as clean
+    from orchestrator.store import tracking
 
     root = tmp_path / "moved"
     named = root / "multirun" / "rlvr" / "2026-12-06_10-00-00" / "0"

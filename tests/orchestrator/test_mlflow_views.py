@@ -4,7 +4,7 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from orchestrator.store import tracking, mlflow_views
+from orchestrator.store import mlflow_views, tracking
 
 
 def test_experiment_kind_is_set_once_and_a_users_kind_is_kept(tmp_path, monkeypatch):

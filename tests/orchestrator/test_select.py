@@ -55,8 +55,9 @@ def test_the_chosen_checkpoint_is_the_best_on_held_out_training_prompts_and_only
         per = s.groupby("prompt_id")["correct"].agg(["size", "sum"])
         assert (per["size"] == N).all()
         assert value == pytest.approx(sum(_pass_at_k(N, int(c), K) for c in per["sum"]) / N_VAL, abs=1e-9)
-    from core.tasks import load_prompts
     from omegaconf import OmegaConf
+
+    from core.tasks import load_prompts
 
     data = OmegaConf.create({"name": "toy_parity", "n_prompts": N_PROMPTS, "validation_prompts": N_VAL})
     import tests.plugins.toy_tasks  # noqa: F401  (registers toy_parity)

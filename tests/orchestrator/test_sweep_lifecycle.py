@@ -1,5 +1,4 @@
 """Failure isolation, idempotent re-runs, +force, and parallel jobs on one SQLite store."""
-import json
 
 
 from tests.conftest import require_benchmarks

@@ -8,9 +8,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from evaluation import protocol as P
-from orchestrator.store import mlflow_views, tracking
 from orchestrator.checks.preflight import sweep_points
 from orchestrator.point.sweep_protocol import TAG_PREFIX, ProtocolMismatch, resolve_for_sweep
+from orchestrator.store import mlflow_views, tracking
 
 
 def _cfg(*overrides):

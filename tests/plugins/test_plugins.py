@@ -114,9 +114,9 @@ def test_one_plugin_of_every_kind_runs_through_one_sweep_point(tmp_path):
     html = (out / "report.html").read_text()
     assert 'id="paper-toy_reward_range"' in html and "Reward range over training (a plug-in section)" in html
     assert html.index('id="paper-toy_reward_range"') < html.index('id="Cost"')
-    from reports import sections as S
-
     import re
+
+    from reports import sections as S
 
     at = html.rindex("Reward range over training (a plug-in section)")  # order=500: after every built-in section shown
     heads = [re.search(rf"<h2[^>]*>{re.escape(s.body_heading())}<", html) for s in S.body() if s.order < 500 and s.body_heading()]

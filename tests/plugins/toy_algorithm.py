@@ -7,7 +7,6 @@ scaled to [-scale, scale] (ties share their mean rank), so it depends on the ord
 their spread. For a group of rewards (0, 1, 1, 0): ranks (1.5, 3.5, 3.5, 1.5) of 1..4, centred by 2.5 and divided
 by 1.5: (-2/3, 2/3, 2/3, -2/3) times ``scale``.
 """
-import torch
 
 from training.algorithms import register_advantage
 from training.algorithms.registry import register_validator

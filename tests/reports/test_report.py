@@ -8,7 +8,8 @@ import pytest
 from reports import data as R
 from reports import load as L
 from reports import render as V
-from reports.build import build
+from reports.build import ReportOptions, build
+from reports.seed_groups import seed_aggregate
 from tests.e2e.test_sweep import _assert_clean_notebook  # noqa: F401  (also used here)
 
 
@@ -89,15 +90,15 @@ def test_report_colours_seeds_and_quatro_advantages_by_hand():
     colors = V.run_colors(["Initialization", "a", "b", "a"])
     assert set(colors) == {"Initialization", "a", "b"} and colors["a"] != colors["b"]
     table = pd.DataFrame({"pass@1": [0.5, 0.7, 0.2]}, index=pd.Index(["grpo seed=0", "grpo seed=1", "quatro seed=0"], name="run"))
-    agg = R.seed_aggregate(table)
+    agg = seed_aggregate(table)
     assert agg.loc["grpo", "pass@1"] == "0.6000 ± 0.1414" and agg.loc["grpo", "seeds"] == 2   # std of 0.5, 0.7 (n - 1)
-    assert agg.loc["quatro", "pass@1"] == "0.2000" and R.seed_aggregate(table.iloc[[0, 2]]).empty
+    assert agg.loc["quatro", "pass@1"] == "0.2000" and seed_aggregate(table.iloc[[0, 2]]).empty
     # training seeds and decoding seeds (eval.seed) are told apart: each aggregates over its own axis only
     both = pd.DataFrame({"pass@1": [0.1, 0.3, 0.6, 0.8]}, index=pd.Index(
         ["grpo seed=0 eval.seed=0", "grpo seed=0 eval.seed=1", "grpo seed=1 eval.seed=0", "grpo seed=1 eval.seed=1"], name="run"))
-    dec = R.seed_aggregate(both, key="eval.seed")
+    dec = seed_aggregate(both, key="eval.seed")
     assert list(dec.index) == ["grpo seed=0", "grpo seed=1"] and dec.loc["grpo seed=0", "pass@1"] == "0.2000 ± 0.1414"
-    train = R.seed_aggregate(both)
+    train = seed_aggregate(both)
     assert list(train.index) == ["grpo eval.seed=0", "grpo eval.seed=1"] and train.loc["grpo eval.seed=1", "pass@1"] == "0.5500 ± 0.3536"
     runs = pd.DataFrame({"params": [{"algo.advantage.name": "quatro", "algo.advantage.delta": "0.1", "train.group_size": "8"},
                                     {"algo.advantage.name": "grpo", "train.group_size": "8"}]})
@@ -155,8 +156,8 @@ def test_staleness_grid_draws_with_one_learning_rate_and_every_figure_and_table_
                                         "train/reward_mean": 0.5}, step=step)
                 mlflow.log_metrics({"eval/a/pass_at_1": 0.1 * epochs, "eval/mean/pass_at_1": 0.1 * epochs})
     assert R.staleness_axes(L.load_runs(uri, "stale1")) == ([1, 2, 4, 8], [1e-5])
-    res = build("stale1", uri, out_dir=tmp_path / "out", log_to_mlflow=True,
-                sections=["quatro_staleness", "quatro_passk", "trgrpo_dynamics", "quatro_entropy", "no_such_table"])
+    res = build("stale1", uri, out_dir=tmp_path / "out", log_to_mlflow=True, options=ReportOptions(
+        sections=["quatro_staleness", "quatro_passk", "trgrpo_dynamics", "quatro_entropy", "no_such_table"]))
     _assert_clean_notebook(res["notebook"])
     html = res["html"].read_text()
     assert "does not vary train.ppo_epochs" not in html

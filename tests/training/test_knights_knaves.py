@@ -6,7 +6,13 @@ import pandas as pd
 import pytest
 
 from core.tasks.knights_knaves import (
-    evaluate, gold_string, kk_reward, kk_splits, make_kk, make_puzzle, parse_gold,
+    evaluate,
+    gold_string,
+    kk_reward,
+    kk_splits,
+    make_kk,
+    make_puzzle,
+    parse_gold,
 )
 
 

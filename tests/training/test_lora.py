@@ -9,8 +9,8 @@ import torch
 from omegaconf import OmegaConf
 
 from core.lora import ADAPTER_CONFIG, LoraSettings, attach, evaluable, trainable_count
-from training.engines import EngineChoices, local
 from core.models import load_policy
+from training.engines import EngineChoices, local
 from training.engines.local import local_generation, local_setup
 from training.settings import RunSettings
 from training.update import UpdateControl, update_policy

@@ -11,8 +11,15 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.conftest import REPO
-from training.memory_plan import (ModelShape, RunShape, auto_budget, device_memory_gb, model_shape, plan_memory,
-                                  shipped_shapes)
+from training.memory_plan import (
+    ModelShape,
+    RunShape,
+    auto_budget,
+    device_memory_gb,
+    model_shape,
+    plan_memory,
+    shipped_shapes,
+)
 
 # total parameters from each model card (Hugging Face hub pages, read 2026-12-05); the plan computes them from the
 # shipped shapes
@@ -50,8 +57,8 @@ def test_a_loaded_models_shape_and_parameter_count(tiny_cfg, tiny_policy):
 def test_every_preset_is_planned_offline():
     """Every experiment preset has a plan on an 80 GiB GPU from the shipped shapes (the suite runs offline here:
     HF_HUB_OFFLINE=1, no hub cache of these models), and every paper preset's points are in the docs' table."""
-    from orchestrator.memory import paper_presets, preset_plan, presets_table
     from orchestrator.checks.preflight import CONFIG_DIR, sweep_points
+    from orchestrator.memory import paper_presets, preset_plan, presets_table
     from training.memory_plan import plan_for
     from training.settings import RunSettings
 

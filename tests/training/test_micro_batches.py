@@ -8,14 +8,13 @@ float32 even so, and the TIS weights are float32: hence 1e-6 on the metrics).
 import pytest
 import torch
 
+import tests.plugins.toy_loss  # noqa: F401  (a plug-in loss that couples rows: the two-pass route)
 from core.packing import plan
 from core.scoring import Scorer, Sequences, choose_layout, compute_logprobs, self_test
 from training.algorithms import BoundLoss, get_advantage_fn, need_param, registered_policy_losses
 from training.algorithms.aggregation import LOSS_AGG_MODES
 from training.batch import RolloutBatch
 from training.update import Updater, UpdateSettings, minibatch_step
-
-import tests.plugins.toy_loss  # noqa: F401  (a plug-in loss that couples rows: the two-pass route)
 
 
 class Capture:

@@ -39,10 +39,9 @@ def test_group_samples_differ_and_rollouts_are_reproducible(tiny_policy):
 def test_local_engine_updates_the_policy_and_logs_every_step(tiny_cfg, tmp_path):
     from omegaconf import OmegaConf
 
-    from training.engines.local import train
-    from core.models import load_checkpoint, load_policy
-
     from core.lifecycle import saved_checkpoints
+    from core.models import load_checkpoint, load_policy
+    from training.engines.local import train
 
     cfg = OmegaConf.merge(tiny_cfg, {"train": {"steps": 2, "prompts_per_step": 2, "group_size": 4, "max_new_tokens": 6,
                                                "minibatch_size": 4, "lr": 1e-2, "save_every": 1}, "algo": {"kl_beta": 0.001}})
@@ -69,10 +68,9 @@ def test_local_engine_updates_the_policy_and_logs_every_step(tiny_cfg, tmp_path)
 def test_one_update_moves_logprobs_in_the_direction_of_the_advantage(tiny_policy, algo):
     import copy
 
+    from orchestrator.checks.preflight import sweep_points
     from training.algorithms import BoundLoss
     from training.update import update_policy
-
-    from orchestrator.checks.preflight import sweep_points
 
     [(_, cfg)] = sweep_points([f"algo={algo}"])
     params = {k: v for k, v in dict(cfg.algo.policy_loss).items() if k != "name"}

@@ -4,6 +4,7 @@ the kept checkpoints of the same run rebuild a step's samples (the weights after
 sampling seeds) and its proximal log-probs (the weights after step t-1); a stop anywhere with rollouts queued resumes
 to the uninterrupted run's series and weights."""
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +15,6 @@ from core.lifecycle import step_checkpoint_dir
 from training.engines import local
 from training.engines.local import local_generation, local_queue, local_setup, local_step
 from training.settings import RunSettings
-from pathlib import Path
 
 K, STEPS = 2, 5
 THREADS = []  # (target step, the thread that generated its rollout)

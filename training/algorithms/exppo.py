@@ -23,6 +23,8 @@ tanh temperature, in nats per token) is this suite's choice; the paper's value i
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from training.batch import RolloutBatch, from_groups, to_groups
@@ -33,10 +35,21 @@ from .registry import register_advantage, register_validator
 from .shaping import sequence_mean_logprob
 
 
+@dataclass(frozen=True)
+class ExppoParts:
+    """ExPPO's parts, each switchable for its Table 9 ablation (module docstring): the rarity term (``tanh`` of the
+    prompt-relative surprisal), the pass-rate gate, the shared normalisation of the group's |A| mass, and the control
+    that shuffles the surprisals within each group. The defaults are ExPPO itself."""
+
+    rarity: bool = True
+    pass_rate_gate: bool = True
+    shared_norm: bool = True
+    shuffle_surprisal: bool = False
+
+
 def exppo_advantages(rewards: torch.Tensor, surprisal: torch.Tensor, lam: float = 0.2, scale: float = 1.0,
                      correct: torch.Tensor | None = None, base_advantages: torch.Tensor | None = None,
-                     rarity: bool = True, pass_rate_gate: bool = True, shared_norm: bool = True,
-                     shuffle_surprisal: bool = False, generator: torch.Generator | None = None):
+                     parts: ExppoParts = ExppoParts(), generator: torch.Generator | None = None):
     """ExPPO-shaped advantages for whole groups (see the module docstring for the rule).
 
     Args:
@@ -48,9 +61,8 @@ def exppo_advantages(rewards: torch.Tensor, surprisal: torch.Tensor, lam: float 
         correct: (num_groups, G) bool; default ``rewards > 0``.
         base_advantages: (num_groups, G) advantages to shape; default GRPO's (unbiased std). Any registered
             estimator's advantages can be shaped this way (``base_estimator``: ExPPO on top of DAPO's).
-        rarity, pass_rate_gate, shared_norm, shuffle_surprisal: the ablation switches (module docstring);
-            the defaults are ExPPO itself.
-        generator: the random source of ``shuffle_surprisal`` (default: torch's global one).
+        parts: the ablation switches (:class:`ExppoParts`; the default is ExPPO itself).
+        generator: the random source of ``parts.shuffle_surprisal`` (default: torch's global one).
     Returns:
         (A_hat (num_groups, G), audit) where audit holds the four sums of A_hat - A over
         correct/wrong x rare/common (``audit_correct_rare`` ...) and ``multiplier_mean``.
@@ -64,20 +76,20 @@ def exppo_advantages(rewards: torch.Tensor, surprisal: torch.Tensor, lam: float 
     rewards, surprisal = rewards.double(), surprisal.double()
     correct = rewards > 0 if correct is None else correct.bool()
     adv = group_normalized_advantages(rewards) if base_advantages is None else base_advantages.double()
-    if shuffle_surprisal and surprisal.numel():
+    if parts.shuffle_surprisal and surprisal.numel():
         perm = torch.stack([torch.randperm(surprisal.shape[-1], generator=generator) for _ in range(surprisal.shape[0])])
         surprisal = torch.gather(surprisal, -1, perm.to(surprisal.device))
     u = surprisal - surprisal.mean(-1, keepdim=True)
     rho = correct.double().mean(-1, keepdim=True)
-    if pass_rate_gate:
+    if parts.pass_rate_gate:
         gate = torch.where(u > 0, 1.0 - rho, torch.where(u < 0, rho, torch.zeros_like(u)))
     else:
         gate = (u != 0).double()
-    term = torch.tanh(u / scale) if rarity else torch.ones_like(u)
+    term = torch.tanh(u / scale) if parts.rarity else torch.ones_like(u)
     m = 1.0 + lam * gate * term * torch.sign(adv)
     shaped = m * adv
     mass, shaped_mass = adv.abs().sum(-1, keepdim=True), shaped.abs().sum(-1, keepdim=True)
-    if shared_norm:
+    if parts.shared_norm:
         a_hat = torch.where(shaped_mass > 0, shaped * mass / shaped_mass.clamp(min=1e-300), torch.zeros_like(shaped))
     else:
         a_hat = shaped
@@ -125,9 +137,8 @@ def exppo_advantage(batch: RolloutBatch, lam: float = 0.2, scale: float = 1.0, r
         if adv.dim() != 1:
             raise ValueError(f"algo.advantage.base_estimator={base_estimator!r}: per-token advantages cannot be shaped per response")
         base_adv = to_groups(adv.double(), batch.group_index)[0]
-    a_hat, audit = exppo_advantages(rewards, surprisal, lam, scale, correct, base_adv, rarity=rarity,
-                                    pass_rate_gate=pass_rate_gate, shared_norm=shared_norm,
-                                    shuffle_surprisal=shuffle_surprisal, generator=generator)
+    a_hat, audit = exppo_advantages(rewards, surprisal, lam, scale, correct, base_adv,
+                                    ExppoParts(rarity, pass_rate_gate, shared_norm, shuffle_surprisal), generator)
     return from_groups(a_hat, order).float(), {**audit, "zero_variance_share": zero_variance_share(rewards),
                                                **{f"base/{k}": v for k, v in base_metrics.items()}}
 

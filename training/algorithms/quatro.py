@@ -8,7 +8,7 @@ convex dual
     f'(lambda) = delta - KL(softmax(R / lambda) || uniform),
 
 and the advantage A_i = R_i/lambda* - log mean_j exp(R_j/lambda*) = log(G softmax(R/lambda*)_i),
-so that mean_i exp(A_i) = 1 exactly (A is not zero-mean). See ../shared/ALGORITHMS.md, "QUATRO".
+so that mean_i exp(A_i) = 1 exactly (A is not zero-mean). See docs/algorithms.md, "QUATRO".
 
 Simplified or reconstructed here, and why:
 - The paper's dual solver is not published; this module finds the root of f'(lambda) = 0 by

@@ -5,7 +5,8 @@ training engines look it up here, so no Python code branches on algorithm names.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace as replace_
+from dataclasses import dataclass, field
+from dataclasses import replace as replace_
 from typing import Callable, Mapping
 
 from core.plugins import Registry

@@ -10,8 +10,14 @@ from pathlib import Path
 
 from tqdm.auto import trange
 
-from core.lifecycle import (STOP_REQUESTED, Preempted, final_checkpoint_dir, save_atomically, step_checkpoint_dir,
-                            validation_checkpoint_dir)
+from core.lifecycle import (
+    STOP_REQUESTED,
+    Preempted,
+    final_checkpoint_dir,
+    save_atomically,
+    step_checkpoint_dir,
+    validation_checkpoint_dir,
+)
 from core.lora import has_adapters, save_adapter
 from core.progress import LineProgress
 from training.engines import EngineChoices, PrecisionChoice

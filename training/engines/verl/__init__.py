@@ -37,16 +37,37 @@ from typing import Callable
 
 from core.config_keys import DEVICE, B, F, I, L, S
 from training.engines import register_engine
-from training.engines.verl.verl_adapters import (SETUP_HOOK, SPEC_ENV, VERL_NAME, install_advantage_context,  # noqa: F401
-                                                 install_loss_context, install_metrics_context, register_from_env,
-                                                 register_with_verl, verl_advantage, verl_policy_loss)
+from training.engines.verl.verl_adapters import (  # noqa: F401
+    SETUP_HOOK,
+    SPEC_ENV,
+    VERL_NAME,
+    install_advantage_context,
+    install_loss_context,
+    install_metrics_context,
+    register_from_env,
+    register_with_verl,
+    verl_advantage,
+    verl_policy_loss,
+)
 from training.engines.verl.verl_checks import DEVICES, SUPPLIED, SUPPLIED_TO_ESTIMATORS  # noqa: F401
 from training.engines.verl.verl_keys import VerlSettings
-from training.engines.verl.verl_launch import (hand_over, materialize_model, plugin_roots, worker_runtime_env,  # noqa: F401
-                                               write_parquet)
-from training.engines.verl.verl_translate import (OVERLONG_MANAGER, RAW_TEMPLATE, REWARD_FN, SEARCH_TOOL_FILE,  # noqa: F401
-                                                  VERL_CORRECTIONS, compose_verl_config, cpu_overrides,
-                                                  verl_config_dir)
+from training.engines.verl.verl_launch import (  # noqa: F401
+    hand_over,
+    materialize_model,
+    plugin_roots,
+    worker_runtime_env,
+    write_parquet,
+)
+from training.engines.verl.verl_translate import (  # noqa: F401
+    OVERLONG_MANAGER,
+    RAW_TEMPLATE,
+    REWARD_FN,
+    SEARCH_TOOL_FILE,
+    VERL_CORRECTIONS,
+    compose_verl_config,
+    cpu_overrides,
+    verl_config_dir,
+)
 
 register_engine("verl")
 CONFIG = {  # the engine.* keys this engine reads (sweeps/engine/verl.yaml has the defaults and a line on each)

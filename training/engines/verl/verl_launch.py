@@ -67,7 +67,9 @@ def worker_runtime_env(spec: dict, metrics_path: Path | None = None) -> dict:
     if metrics_path is not None:
         env["VERL_FILE_LOGGER_PATH"] = str(metrics_path)
     env |= {k: os.environ[k] for k in ("RLVR_SEARCH_URL", "RLVR_SEARCH_TOPK") if k in os.environ}  # the search tool
-    from training.engines.verl_support.verl_platform import CPU_ENV  # verl's external module and the CPU platform's settings
+    from training.engines.verl_support.verl_platform import (
+        CPU_ENV,  # verl's external module and the CPU platform's settings
+    )
 
     env |= {k: os.environ[k] for k in (*CPU_ENV, "PYTHONPATH") if k in os.environ}
     return {"worker_process_setup_hook": SETUP_HOOK, "env_vars": env}

@@ -234,7 +234,7 @@ def _tools(tools) -> list[str]:
 
 def cpu_overrides() -> list[str]:
     """verl overrides for ``engine.device=cpu``, besides :func:`verl_overrides`' own (seen working on a 2-core machine,
-    ``shared/reference/verl_cpu/README.md``): vLLM's CPU build in eager mode without chunked prefill (its seeded CPU
+    docs/verl.md): vLLM's CPU build in eager mode without chunked prefill (its seeded CPU
     generators cannot rewind), prefix caching, sleep mode or freeing its cache between steps; few concurrent
     sequences, one agent-loop worker, one reward worker, one storage unit, a small weight-sync bucket; Ray with one
     logical GPU (verl's resource pools ask for GPUs whatever the platform) and enough logical CPUs for verl's

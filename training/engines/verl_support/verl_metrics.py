@@ -10,7 +10,6 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-
 _BAD_CHARS = re.compile(r"[^A-Za-z0-9_\-./ ]")
 ALIASES = {  # verl metric -> this suite's standard name (the report's panels)
     "critic/score/mean": "train/reward_mean",

