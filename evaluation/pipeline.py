@@ -26,7 +26,7 @@ from core.progress import LineProgress
 from core.sampling import Sample, SamplerOptions, SamplingSettings, build_sampler
 from core.tasks import get_task, score_responses
 
-from . import protocol as P
+from . import protocol
 from .checks import (  # noqa: F401  (re-exported:
     CONFIG,
     DECODING_KEYS,
@@ -442,8 +442,8 @@ def evaluate_checkpoint(model_path, job: EvalJob, out_dir, sampler: str | None =
 
     model_path = evaluable(model_path)  # a LoRA adapter folder: its base with the adapter merged
     name = evaluation_sampler(eval_cfg, sampler)
-    proto = {**P.settings(eval_cfg, job.chat_template), "sampler": name, "dtype": P.sampler_dtype(eval_cfg, name)}
-    P.write(proto, out_dir)
+    proto = {**protocol.settings(eval_cfg, job.chat_template), "sampler": name, "dtype": protocol.sampler_dtype(eval_cfg, name)}
+    protocol.write(proto, out_dir)
     smp = build_sampler(name, model_path, sampler_options(eval_cfg, name, score_budget))
     timings["engine_start_s"] += time.time() - t0
     try:

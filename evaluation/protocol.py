@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from core import tags as T
+from core import tags as tag_names
 
 #: evaluation settings that do not change the protocol a number was measured with: the decoding seed (a replicate),
 #: whether the base model and which checkpoints are evaluated, the flip rates' k, and where and how fast it runs
@@ -29,8 +29,8 @@ NOT_PROTOCOL = ("seed", "base", "checkpoints", "flip_k", "data_dir", "batch_prom
                 "device", "vllm", "name", "select_on", "validation")
 #: what ``auto`` decides from the machine (the parts a sweep records from its first evaluation)
 RESOLVED = ("sampler", "dtype")
-TAG = T.EVAL_PROTOCOL        # the run's protocol (JSON)
-ID_TAG = T.EVAL_PROTOCOL_ID  # its hash
+TAG = tag_names.EVAL_PROTOCOL        # the run's protocol (JSON)
+ID_TAG = tag_names.EVAL_PROTOCOL_ID  # its hash
 
 
 def _container(eval_cfg) -> dict:
@@ -170,8 +170,8 @@ def tags(protocol: dict) -> dict:
     """The MLflow tags of a run evaluated under ``protocol``: the protocol (JSON), its id, ``rlvr.sampler`` and
     ``rlvr.eval_dtype``."""
     text = json.dumps(protocol, sort_keys=True, default=str)
-    return {TAG: text[:5000], ID_TAG: protocol_id(protocol), T.SAMPLER: str(protocol.get("sampler")),
-            T.EVAL_DTYPE: str(protocol.get("dtype"))}
+    return {TAG: text[:5000], ID_TAG: protocol_id(protocol), tag_names.SAMPLER: str(protocol.get("sampler")),
+            tag_names.EVAL_DTYPE: str(protocol.get("dtype"))}
 
 
 def of_tags(run_tags: dict) -> dict | None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from hydra.experimental.callback import Callback
 
-from core import tags as T
+from core import tags
 from orchestrator.point.identity import point_name
 from orchestrator.store import mlflow_views, tracking
 
@@ -177,7 +177,7 @@ def _sweep_runs(config, sweep_id: str) -> tuple[list, str | None, str | None]:
     except Exception as e:
         store_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         log.error("could not read the sweep's runs back from MLflow: %s", store_error)
-    runs = [r for r in runs if r.data.tags.get(T.KIND) != mlflow_views.SWEEP_KIND]
+    runs = [r for r in runs if r.data.tags.get(tags.KIND) != mlflow_views.SWEEP_KIND]
     return runs, store_error, exp_id
 
 
@@ -187,17 +187,17 @@ def _run_rows(runs: list, outcomes: dict, config) -> tuple[list, list, set, list
     runs by name and the job numbers of the points that left a run."""
     rows, failed_base, seen_jobs, summary = [], [], set(), []
     for r in runs:
-        kind = r.data.tags.get(T.KIND, "?")
+        kind = r.data.tags.get(tags.KIND, "?")
         status = "DUPLICATE" if kind == "duplicate" else r.info.status
-        active = r.data.tags.get(T.ACTIVE_S)
+        active = r.data.tags.get(tags.ACTIVE_S)
         wall = float(active) if active else (
             ((r.info.end_time or r.info.start_time) - r.info.start_time) / 1000 if r.info.start_time else 0.0)
         point = "base model (Initialization)" if kind == "base" else (r.info.run_name or "")
-        job = r.data.tags.get(T.JOB_NUM, "?")
+        job = r.data.tags.get(tags.JOB_NUM, "?")
         if kind != "base":
             seen_jobs.add(job)
         note = (outcomes.get(job) or {}).get("error") or "" if status not in ("FINISHED", "DUPLICATE") else ""
-        rows.append((job, point, status, r.info.run_id, r.data.tags.get(T.SLURM_JOB_ID, "") or "-",
+        rows.append((job, point, status, r.info.run_id, r.data.tags.get(tags.SLURM_JOB_ID, "") or "-",
                      f"{wall:.1f}", note[:120]))
         summary.append({"job": job, "point": point, "status": status, "run_id": r.info.run_id, "wall_s": round(wall, 1),
                         "error": note[:300], **mlflow_views.headline(r.data.metrics, config.eval.get("n"))})
@@ -210,15 +210,15 @@ def _unfinished(runs: list, outcomes: dict, expected: int, store_error: str | No
     """The points that did not end FINISHED or DUPLICATE, by job number: by their own outcome record, by their run
     left FAILED, KILLED or RUNNING, or because job ``i < expected`` left nothing behind (its error then the store's,
     when the runs could not be read)."""
-    finished_jobs = {str(r.data.tags.get(T.JOB_NUM)) for r in runs if r.data.tags.get(T.KIND) != "base"
-                     and (r.info.status == "FINISHED" or r.data.tags.get(T.KIND) == "duplicate")}
+    finished_jobs = {str(r.data.tags.get(tags.JOB_NUM)) for r in runs if r.data.tags.get(tags.KIND) != "base"
+                     and (r.info.status == "FINISHED" or r.data.tags.get(tags.KIND) == "duplicate")}
     bad = {}
     for job, rec in outcomes.items():
         if rec.get("status") not in ("finished", "duplicate"):
             bad[job] = rec
     for r in runs:
-        job = str(r.data.tags.get(T.JOB_NUM))
-        if r.data.tags.get(T.KIND) != "base" and r.info.status in ("FAILED", "KILLED", "RUNNING") \
+        job = str(r.data.tags.get(tags.JOB_NUM))
+        if r.data.tags.get(tags.KIND) != "base" and r.info.status in ("FAILED", "KILLED", "RUNNING") \
                 and job not in finished_jobs:
             bad.setdefault(job, {"job_num": job, "point": r.info.run_name, "status": r.info.status.lower()})
     for i in range(expected):

@@ -32,7 +32,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from core import tags as T
+from core import tags
 from orchestrator.point.disk import human, size_bytes, state_paths
 from orchestrator.store import store_checks, tracking
 
@@ -93,16 +93,16 @@ def find(uri: str, root: Path) -> tuple[list[Item], str | None]:
     by_id = {r.info.run_id: r for r in runs}
     named_dirs: dict[Path, list] = {}  # run folder under root -> the runs naming it
     for r in runs:
-        d = r.data.tags.get(T.RUN_DIR)
+        d = r.data.tags.get(tags.RUN_DIR)
         if d and (rd := _under_root(d, root)) is not None:
             named_dirs.setdefault(rd, []).append(r)
     referenced = set()  # run ids whose folder another run still reads from
     for r in runs:
-        for tag in (T.TRAINED_IN, T.RECOVERED_FROM):
+        for tag in (tags.TRAINED_IN, tags.RECOVERED_FROM):
             if (other := r.data.tags.get(tag)) in by_id:
                 referenced.add(other)
-    finished_hashes = {(r.info.experiment_id, r.data.tags.get(T.CONFIG_HASH)) for r in runs
-                       if r.info.status == "FINISHED" and r.data.tags.get(T.KIND) == "trained"}
+    finished_hashes = {(r.info.experiment_id, r.data.tags.get(tags.CONFIG_HASH)) for r in runs
+                       if r.info.status == "FINISHED" and r.data.tags.get(tags.KIND) == "trained"}
     items: list[Item] = []
     seen: set[Path] = set()
     for rd, owners in named_dirs.items():
@@ -122,7 +122,7 @@ def find(uri: str, root: Path) -> tuple[list[Item], str | None]:
                         items.append(Item(p, "training state of a finished run", o.info.run_id, size_bytes(p)))
                 break
         elif statuses <= {"FAILED", "KILLED"} and all(
-                (o.info.experiment_id, o.data.tags.get(T.CONFIG_HASH)) in finished_hashes
+                (o.info.experiment_id, o.data.tags.get(tags.CONFIG_HASH)) in finished_hashes
                 and o.info.run_id not in referenced for o in owners):
             items.append(Item(rd, "folder of a superseded run", owners[0].info.run_id, size_bytes(rd)))
             seen.add(rd)

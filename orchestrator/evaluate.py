@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from core import tags as T
+from core import tags
 from evaluation.tables import protocol_differences
 
 
@@ -216,28 +216,28 @@ def _evaluate(args, cfg, base, heldout):
     (metrics, output folder)."""
     from omegaconf import OmegaConf
 
-    from evaluation import protocol as P
+    from evaluation import protocol as eval_protocol
     from evaluation.pipeline import EvalJob, benchmark_rows, evaluate_checkpoint
     from orchestrator.point import provenance
     from orchestrator.store import mlflow_views, tracking
 
     eval_cfg = cfg.eval
-    proto = P.resolve(eval_cfg)  # prompts through the chat template, as evaluate_checkpoint renders them here
+    proto = eval_protocol.resolve(eval_cfg)  # prompts through the chat template, as evaluate_checkpoint renders them here
     sampler = proto["sampler"]
     store = tracking.Store.of(cfg)  # every store call through it, waiting out an outage as a sweep's do
     exp_id = store.open(args.tracking_uri, args.experiment, "mlartifacts")
     with store.running(exp_id, args.run_name or Path(str(args.checkpoint)).name,
-                       {T.KIND: "evaluation", T.CHECKPOINT: str(args.checkpoint),
-                        **provenance.provenance_tags(provenance.eval_identity(eval_cfg)), **P.tags(proto),
-                        provenance.TAG_PREFIX + "eval_identity": P.protocol_id(proto)}) as run:
+                       {tags.KIND: "evaluation", tags.CHECKPOINT: str(args.checkpoint),
+                        **provenance.provenance_tags(provenance.eval_identity(eval_cfg)), **eval_protocol.tags(proto),
+                        provenance.TAG_PREFIX + "eval_identity": eval_protocol.protocol_id(proto)}) as run:
         out = Path(args.out or Path("eval_out") / f"{Path(str(args.checkpoint)).name}-{run.info.run_id[:12]}")
-        store.set_tag(T.RUN_DIR, str(out.resolve()))
+        store.set_tag(tags.RUN_DIR, str(out.resolve()))
         store.log_params({f"eval.{k}": str(v)[:6000] for k, v in tracking.flatten(OmegaConf.to_container(eval_cfg, resolve=True)).items()})
         mlflow_views.log_datasets(run.info.run_id, None, None, benchmark_rows(eval_cfg, heldout), eval_cfg, store)
         with mlflow_views.system_metrics(cfg, run.info.run_id):
             metrics, files, info = evaluate_checkpoint(args.checkpoint, EvalJob(eval_cfg, heldout, base_samples=base),
                                                        out, sampler=sampler)
-        store.set_tag(T.ENTROPY_METHOD, str(info["entropy_method"]))
+        store.set_tag(tags.ENTROPY_METHOD, str(info["entropy_method"]))
         store.log_metrics(metrics)
         for rel, path in files.items():
             sub = str(Path(rel).parent)
@@ -258,15 +258,15 @@ def _read_base(path: str, eval_cfg, any_protocol: bool):
         print(f"error: --base-samples {path}: cannot be read as a samples table ({type(e).__name__}: "
               f"{str(e).splitlines()[0] if str(e) else ''})", file=sys.stderr)
         return None
-    from evaluation import protocol as P
+    from evaluation import protocol as eval_protocol
 
-    theirs = P.read_beside(path)  # the base's protocol.json, when its evaluation folder has one
+    theirs = eval_protocol.read_beside(path)  # the base's protocol.json, when its evaluation folder has one
     if theirs is not None:
         try:
-            mine = P.resolve(eval_cfg)
+            mine = eval_protocol.resolve(eval_cfg)
         except ValueError:
             mine = None
-        differ = [d for d in P.differences(theirs, mine) if d.split(":")[0] in P.RESOLVED] if mine else []
+        differ = [d for d in eval_protocol.differences(theirs, mine) if d.split(":")[0] in eval_protocol.RESOLVED] if mine else []
         if differ and not any_protocol:
             print(f"error: --base-samples {path}: evaluated with another protocol than this one: {'; '.join(differ)} "
                   "(its protocol.json; flip rates would compare the samplers, not the models; add --any-protocol)",

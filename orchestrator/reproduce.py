@@ -19,7 +19,7 @@ import re
 import sys
 from pathlib import Path
 
-from core import tags as T
+from core import tags
 from orchestrator.point import provenance
 
 #: metric names that measure the machine, not the algorithm: never expected to repeat
@@ -81,8 +81,8 @@ def reproduce(run_id: str, tracking_uri: str, workdir: Path | None = None) -> st
     original = store.find_run(run_id)
     if original is None:
         _fail(f"RUN_ID={run_id}: no such run in {tracking_uri}")
-    if original.data.tags.get(T.KIND, "trained") != "trained":
-        _fail(f"RUN_ID={run_id}: a {original.data.tags.get(T.KIND)} run; only trained runs are re-run")
+    if original.data.tags.get(tags.KIND, "trained") != "trained":
+        _fail(f"RUN_ID={run_id}: a {original.data.tags.get(tags.KIND)} run; only trained runs are re-run")
     workdir = Path(workdir or default_workdir(run_id))
     workdir.mkdir(parents=True, exist_ok=True)
     from core.console import setup
@@ -99,7 +99,7 @@ def reproduce(run_id: str, tracking_uri: str, workdir: Path | None = None) -> st
         cfg.tracking.uri = tracking_uri
     summary = run_point(cfg, run_dir=workdir / "run")
     new_id = summary["run_id"]
-    store.set_tag(T.REPRODUCES, run_id, new_id)
+    store.set_tag(tags.REPRODUCES, run_id, new_id)
     return new_id
 
 
@@ -115,7 +115,7 @@ def main(argv=None) -> int:
     store = tracking.Store.at(args.tracking_uri)
     rows, apart = compare(store, args.run_id, new_id)
     same = [r for r in rows if r["identical"]]
-    print(f"re-run of {args.run_id}: run {new_id}, its folder {Path(store.run(new_id).data.tags.get(T.RUN_DIR, '?')).resolve()}")
+    print(f"re-run of {args.run_id}: run {new_id}, its folder {Path(store.run(new_id).data.tags.get(tags.RUN_DIR, '?')).resolve()}")
     env = provenance.differences({args.run_id: store.run(args.run_id).data.tags,
                                   new_id: store.run(new_id).data.tags})
     for key, values in env.items():

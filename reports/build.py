@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from core import tags as T
+from core import tags
 
 TEMPLATE = Path(__file__).resolve().parent / "templates" / "report.py"
 REPO = Path(__file__).resolve().parent.parent
@@ -161,7 +161,7 @@ def _log_report(tracking_uri: str, experiment: str, parent_run_id: str | None, o
 
     exp_id = tracking.setup_experiment(tracking_uri, experiment, "mlartifacts")
     with mlflow.start_run(experiment_id=exp_id, run_name=f"report {time.strftime('%Y-%m-%d %H:%M')}",
-                          tags={T.KIND: "report", **({"mlflow.parentRunId": parent_run_id} if parent_run_id else {})}) as r:
+                          tags={tags.KIND: "report", **({"mlflow.parentRunId": parent_run_id} if parent_run_id else {})}) as r:
         for f in files:
             mlflow.log_artifact(str(f))
         for f in figures:
@@ -175,7 +175,7 @@ def _sweep_of(tracking_uri: str, parent_run_id: str) -> str:
     """The sweep folder (``rlvr.sweep_id``) of a sweep's parent run."""
     from mlflow.tracking import MlflowClient
 
-    return MlflowClient(tracking_uri=tracking_uri).get_run(parent_run_id).data.tags[T.SWEEP_ID]
+    return MlflowClient(tracking_uri=tracking_uri).get_run(parent_run_id).data.tags[tags.SWEEP_ID]
 
 
 def newest_sweep(tracking_uri: str, experiment: str, sweep: str) -> bool:
@@ -189,7 +189,7 @@ def newest_sweep(tracking_uri: str, experiment: str, sweep: str) -> bool:
     try:
         client = MlflowClient(tracking_uri=tracking_uri)
         exp = client.get_experiment_by_name(experiment)
-        last = client.search_runs([exp.experiment_id], filter_string=f"tags.`{T.KIND}` = 'sweep'",
+        last = client.search_runs([exp.experiment_id], filter_string=f"tags.`{tags.KIND}` = 'sweep'",
                                   order_by=["attributes.start_time DESC"], max_results=1) if exp else []
     except Exception:  # noqa: BLE001 -- a store that cannot say: the report's own sweep is taken as the newest
         return True
@@ -243,10 +243,10 @@ def check_args(args) -> None:
         from .load import in_sweeps
 
         exp = client.get_experiment_by_name(args.experiment)
-        known = {r.data.tags.get(T.SWEEP_ID) for r in client.search_runs([exp.experiment_id], max_results=5000)}
+        known = {r.data.tags.get(tags.SWEEP_ID) for r in client.search_runs([exp.experiment_id], max_results=5000)}
         known.discard(None)
         for sw in args.sweep:
-            if not any(in_sweeps({T.SWEEP_ID: k}, [sw]) for k in known):
+            if not any(in_sweeps({tags.SWEEP_ID: k}, [sw]) for k in known):
                 fail(f"--sweep={sw!r}: no run of experiment {args.experiment!r} has it (sweeps: "
                      f"{', '.join(sorted(Path(k).name for k in known)) or 'none'})")
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir():

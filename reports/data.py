@@ -12,7 +12,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from core import tags as T
+from core import tags as tag_names
 from evaluation.tables import TABLES, MetricTable, find_table, metric_key
 
 from .load import BASE_LABEL
@@ -54,8 +54,8 @@ def provenance_warnings(runs: pd.DataFrame, shown: int = 4) -> list[str]:
     # the runs whose numbers the report shows: finished trained, base and evaluation runs (a duplicate record
     # carries the environment of the process that recorded it, not of the run that made its numbers)
     shown_runs = runs[runs["kind"].isin(["trained", "base", "evaluation"]) & (runs["status"] == "FINISHED")]
-    lines = [f"Run {label} changed environment while it ran: {t[T.ENV_CHANGED]}."
-             for label, t in zip(shown_runs["label"], shown_runs["tags"]) if t.get(T.ENV_CHANGED)]
+    lines = [f"Run {label} changed environment while it ran: {t[tag_names.ENV_CHANGED]}."
+             for label, t in zip(shown_runs["label"], shown_runs["tags"]) if t.get(tag_names.ENV_CHANGED)]
     for key, values in differences(dict(zip(shown_runs["label"], shown_runs["tags"]))).items():
         parts = []
         for value, labels in values.items():
@@ -164,16 +164,16 @@ def run_table(runs: pd.DataFrame, tracking_uri: str | None = None) -> pd.DataFra
                    ("duplicate of " + str(d)[:8]) if k == "duplicate" else s
                    for k, s, d, u in zip(runs["kind"], runs["status"], runs["duplicate_of"], reused)],
         "steps": runs["steps"],
-        "rollout": [t.get(T.ROLLOUT_SAMPLER) for t in runs["tags"]],
-        "precision": [t.get(T.PRECISION) for t in runs["tags"]],
-        "eval sampler": [t.get(T.SAMPLER) for t in runs["tags"]],
-        "eval dtype": [t.get(T.EVAL_DTYPE) for t in runs["tags"]],
+        "rollout": [t.get(tag_names.ROLLOUT_SAMPLER) for t in runs["tags"]],
+        "precision": [t.get(tag_names.PRECISION) for t in runs["tags"]],
+        "eval sampler": [t.get(tag_names.SAMPLER) for t in runs["tags"]],
+        "eval dtype": [t.get(tag_names.EVAL_DTYPE) for t in runs["tags"]],
         "wall time (s)": runs["wall_time_s"].round(1),
     })
-    chosen = [t.get(T.SELECTED_STEP) for t in runs["tags"]]
+    chosen = [t.get(tag_names.SELECTED_STEP) for t in runs["tags"]]
     if any(chosen):  # the benchmarks evaluated this step's checkpoint, not the last (chosen on held-out prompts)
         table.insert(table.columns.get_loc("steps") + 1, "evaluated checkpoint", [
-            f"step {s} (best {t.get(T.SELECTED_ON, 'validation')})" if s else None
+            f"step {s} (best {t.get(tag_names.SELECTED_ON, 'validation')})" if s else None
             for s, t in zip(chosen, runs["tags"])])
     for col, key in PHASE_COLUMNS:  # where the time went (last step's training phases; the final evaluation's)
         values = [m.get(key) for m in runs["metrics"]]
@@ -201,7 +201,7 @@ def cost_table(runs: pd.DataFrame, hist: dict) -> pd.DataFrame:
     for _, r in runs.iterrows():
         if r["kind"] != "trained":
             continue
-        label, params, evaluation_only = r["label"], r["params"], bool(r["tags"].get(T.TRAINED_IN))
+        label, params, evaluation_only = r["label"], r["params"], bool(r["tags"].get(tag_names.TRAINED_IN))
 
         def series(key):
             got = hist.get(key, {}).get(label)
@@ -232,7 +232,7 @@ def cost_table(runs: pd.DataFrame, hist: dict) -> pd.DataFrame:
             "peak reserved (GiB)": round(float(np.max(reserved)), 2) if reserved is not None and len(reserved) else np.nan,
             "training FLOPs (est.)": float(np.sum(flops)) if flops is not None and len(flops) else np.nan,
             "validation (s)": round(float(np.sum(val_t)), 1) if val_t is not None and len(val_t) else np.nan,
-            "trained in": str(r["tags"].get(T.TRAINED_IN, ""))[:8] or None,
+            "trained in": str(r["tags"].get(tag_names.TRAINED_IN, ""))[:8] or None,
         }
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "run"
@@ -415,7 +415,7 @@ def flip_table(runs: pd.DataFrame, benchmark: str | None = "all") -> pd.DataFram
 
 def flip_rules(runs: pd.DataFrame) -> list[str]:
     """The flip-rate rules the runs were evaluated with (tag ``rlvr.flip_rule``)."""
-    return sorted({r["tags"].get(T.FLIP_RULE) for _, r in runs.iterrows() if r["tags"].get(T.FLIP_RULE)})
+    return sorted({r["tags"].get(tag_names.FLIP_RULE) for _, r in runs.iterrows() if r["tags"].get(tag_names.FLIP_RULE)})
 
 
 
@@ -432,7 +432,7 @@ def protocol_of(tags: dict) -> str | None:
     """The id of the evaluation protocol a run was evaluated under (``rlvr.eval_protocol_id``, or for runs logged
     before it the ``rlvr.env.eval_identity`` tag), None when it records neither."""
     tags = tags or {}
-    return tags.get(T.EVAL_PROTOCOL_ID) or tags.get(T.ENV_PREFIX + "eval_identity")
+    return tags.get(tag_names.EVAL_PROTOCOL_ID) or tags.get(tag_names.ENV_PREFIX + "eval_identity")
 
 
 def protocols(runs: pd.DataFrame) -> dict:

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from core import tags as T
+from core import tags as tag_names
 
 BASE_LABEL = "Initialization"  # the papers' name for the starting model's row
 
@@ -19,7 +19,7 @@ BASE_LABEL = "Initialization"  # the papers' name for the starting model's row
 def in_sweeps(tags: dict, sweeps) -> bool:
     """True when a run's ``rlvr.sweep_id`` (the sweep's folder) is one of ``sweeps``: each a folder path or its last
     part (``multirun/rlvr/2026-12-05_10-00-00-000000`` or ``2026-12-05_10-00-00-000000``)."""
-    sid = tags.get(T.SWEEP_ID)
+    sid = tags.get(tag_names.SWEEP_ID)
     if not sid:
         return False
     return any(str(s).rstrip("/") in (sid, Path(sid).name) for s in sweeps)
@@ -61,7 +61,7 @@ def load_runs(tracking_uri: str, experiment: str, sweeps=None, filter_string: st
     if sweeps:
         own = [r for r in found if in_sweeps(r.data.tags, sweeps)]
         numbers = [reused(r, by_id) or r for r in own]  # the runs whose numbers the sweep's points show
-        bases = {r.data.tags.get(T.BASE_RUN_ID) for r in numbers} - {None, ""} - {r.info.run_id for r in own}
+        bases = {r.data.tags.get(tag_names.BASE_RUN_ID) for r in numbers} - {None, ""} - {r.info.run_id for r in own}
         found = [r for r in found if r.info.run_id in bases] + own
     for r in found:
         source = reused(r, by_id)
@@ -69,23 +69,23 @@ def load_runs(tracking_uri: str, experiment: str, sweeps=None, filter_string: st
         if source is not None:  # the point's own name and parameters, the reused run's numbers
             r = source
         tags = r.data.tags
-        if tags.get(T.KIND) in ("report", "sweep"):  # the report runs and the sweeps' parent runs
+        if tags.get(tag_names.KIND) in ("report", "sweep"):  # the report runs and the sweeps' parent runs
             continue
-        if tags.get(T.REPRODUCES):  # a check of another run (orchestrator.reproduce), not a second point
+        if tags.get(tag_names.REPRODUCES):  # a check of another run (orchestrator.reproduce), not a second point
             continue
         end = r.info.end_time or r.info.start_time
-        is_base = tags.get(T.KIND) == "base"
+        is_base = tags.get(tag_names.KIND) == "base"
         params = record.data.params if source is not None else r.data.params
         rows.append({
             "run_id": r.info.run_id,
             "label": BASE_LABEL if is_base else (record.info.run_name or record.info.run_id[:8]),
             "algo": "base model" if is_base else params.get("algo.name", "?"),
-            "status": r.info.status, "kind": tags.get(T.KIND, "trained"),
-            "duplicate_of": record.data.tags.get(T.DUPLICATE_OF),
+            "status": r.info.status, "kind": tags.get(tag_names.KIND, "trained"),
+            "duplicate_of": record.data.tags.get(tag_names.DUPLICATE_OF),
             "reused_from": r.info.run_id if source is not None else None, "record_id": record.info.run_id,
-            "wall_time_s": float(tags[T.ACTIVE_S]) if tags.get(T.ACTIVE_S) else
+            "wall_time_s": float(tags[tag_names.ACTIVE_S]) if tags.get(tag_names.ACTIVE_S) else
                            (end - r.info.start_time) / 1000.0 if r.info.start_time else np.nan,
-            "steps": int(params.get("train.steps", 0) or 0) if tags.get(T.KIND) == "trained" else 0,
+            "steps": int(params.get("train.steps", 0) or 0) if tags.get(tag_names.KIND) == "trained" else 0,
             "params": dict(params), "metrics": dict(r.data.metrics), "tags": dict(tags),
         })
     return pd.DataFrame(rows, columns=cols)
@@ -96,10 +96,10 @@ def reused(run, by_id: dict):
     """The finished trained run whose numbers a duplicate record ``run`` shows (its ``rlvr.duplicate_of``), or None
     (not a duplicate, or its run is not in ``by_id`` or did not finish)."""
     tags = run.data.tags
-    if tags.get(T.KIND) != "duplicate":
+    if tags.get(tag_names.KIND) != "duplicate":
         return None
-    source = by_id.get(tags.get(T.DUPLICATE_OF) or "")
-    if source is None or source.info.status != "FINISHED" or source.data.tags.get(T.KIND) != "trained":
+    source = by_id.get(tags.get(tag_names.DUPLICATE_OF) or "")
+    if source is None or source.info.status != "FINISHED" or source.data.tags.get(tag_names.KIND) != "trained":
         return None
     return source
 
@@ -199,7 +199,7 @@ def eval_trajectories(tracking_uri: str, runs: pd.DataFrame, key: str) -> dict:
         by_step = {m.step: m.value for m in hist}  # the last value logged at a step
         if len(by_step) < 2:
             continue
-        base_v = base_values.get(r["tags"].get(T.BASE_RUN_ID))
+        base_v = base_values.get(r["tags"].get(tag_names.BASE_RUN_ID))
         if base_v is not None and 0 not in by_step:
             by_step[0] = base_v
         steps = sorted(by_step)

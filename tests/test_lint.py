@@ -102,3 +102,13 @@ def test_the_limits_refuse_a_planted_long_function_and_a_long_file(tmp_path):
     assert got["files"] == ["training/long.py (501 lines > 500)"]
     assert got["functions"] == ["training/planted.py:1 planted (61 lines)"]
     assert got["parameters"] == ["core/wide.py:1 wide (9 parameters)"]
+
+
+def test_module_aliases_are_spelled_out():
+    """No module imported under a one- or two-letter capital alias (``T`` meant core.tags in some files and a tables
+    module in others): a module keeps its name, or a descriptive one where the name is taken."""
+    alias = re.compile(r"^\s*(?:import [\w.]+|from [\w.]* import \w+) as [A-Z]{1,2}\b", re.M)
+    roots = ("core", "training", "evaluation", "orchestrator", "reports", "benchmarks", "scripts")
+    found = [f"{p.relative_to(REPO)}:{m.group(0).strip()}" for root in roots for p in sorted((REPO / root).rglob("*.py"))
+             for m in alias.finditer(p.read_text())]
+    assert found == []

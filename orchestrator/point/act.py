@@ -13,8 +13,8 @@ import logging
 import time
 from dataclasses import replace
 
-from core import tags as T
-from orchestrator.point import decision as D
+from core import tags
+from orchestrator.point import decision
 from orchestrator.point.decision import Action, Decision, Point
 from orchestrator.point.run_evaluation import backfill_flips
 from orchestrator.store import lease, mlflow_views
@@ -45,11 +45,11 @@ def settle(pt: Point) -> Decision:
     """
     from core.lifecycle import STOP_REQUESTED, Interrupted
 
-    st, store, seen = D.Deciding(lease.new_owner()), pt.store, set()
+    st, store, seen = decision.Deciding(lease.new_owner()), pt.store, set()
     while True:
         if not pt.force and STOP_REQUESTED.is_set():
             raise Interrupted(pt.signals.signum)
-        d = D.decide(pt, st)
+        d = decision.decide(pt, st)
         if d.action not in (Action.WAIT, Action.AGAIN) and d.run is not None:
             end_dead_sweeps(pt, d.run, seen)
         if d.action is Action.NEW:
@@ -78,17 +78,17 @@ def settle(pt: Point) -> Decision:
             r = d.run
             if st.waited != r.info.run_id:
                 log.info("point %s: run %s is being trained by %s (pid %s); waiting for it (its lease goes stale "
-                         "after %.0f s without a heartbeat)", pt.name, r.info.run_id, r.data.tags.get(T.HOST),
-                         r.data.tags.get(T.PID), pt.stale_s)
+                         "after %.0f s without a heartbeat)", pt.name, r.info.run_id, r.data.tags.get(tags.HOST),
+                         r.data.tags.get(tags.PID), pt.stale_s)
                 st.waited = r.info.run_id
-            time.sleep(D.POLL_S)
+            time.sleep(decision.POLL_S)
 
 
 def record_duplicate(pt: Point, of_run_id: str, why: str) -> dict:
     """Record point ``pt`` as a duplicate of run ``of_run_id`` (a new run of kind ``duplicate``, with ``why`` as its
     note, the point's parameters and datasets); the point's summary."""
     store = pt.store
-    with store.running(pt.exp_id, pt.name, {**pt.tags, T.KIND: "duplicate", T.DUPLICATE_OF: of_run_id,
+    with store.running(pt.exp_id, pt.name, {**pt.tags, tags.KIND: "duplicate", tags.DUPLICATE_OF: of_run_id,
                                             mlflow_views.NOTE_TAG: why}) as r:
         store.log_params(pt.params)
         _log_datasets(pt, r.info.run_id)
@@ -116,8 +116,8 @@ def yield_to(earlier, pt: Point, run_id: str) -> dict | None:
     same point of the same sweep (returns the point's summary), else deleted (returns None: the point is decided
     again, and then waits for ``earlier``)."""
     store = pt.store
-    if earlier.data.tags.get(T.SWEEP_ID) == pt.sweep_id and earlier.data.tags.get(T.CONFIG_HASH) == pt.chash:
-        store.set_tags({T.KIND: "duplicate", T.DUPLICATE_OF: earlier.info.run_id}, run_id)
+    if earlier.data.tags.get(tags.SWEEP_ID) == pt.sweep_id and earlier.data.tags.get(tags.CONFIG_HASH) == pt.chash:
+        store.set_tags({tags.KIND: "duplicate", tags.DUPLICATE_OF: earlier.info.run_id}, run_id)
         store.end_run()
         log.info("point %s: identical to run %s started just before: recorded as duplicate", pt.name,
                  earlier.info.run_id)
@@ -145,7 +145,7 @@ def end_dead_sweeps(pt: Point, run, seen: set) -> None:
                f"{pt.sweep_id or '(none)'}")
         mlflow_views.end_dead_sweep(parent, why, pt.store)
         log.warning("point %s: the sweep run %s (%s) was left RUNNING by a process that died: ended KILLED", pt.name,
-                    parent_id, parent.data.tags.get(T.SWEEP_ID))
+                    parent_id, parent.data.tags.get(tags.SWEEP_ID))
     except Exception as e:  # noqa: BLE001 -- a courtesy to the earlier sweep: never the point's failure
         log.warning("point %s: the sweep run %s above run %s was not looked at: %s: %s", pt.name, parent_id,
                     run.info.run_id, type(e).__name__, e)

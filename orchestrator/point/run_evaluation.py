@@ -10,7 +10,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from core import tags as T
+from core import tags
 from orchestrator.point import integrity
 from orchestrator.store import tracking
 
@@ -121,8 +121,8 @@ def select_on_validation(cfg, run_dir: Path, final: Path, store: tracking.Store)
         log.info("validation: step %d pass@%d %.4f (%d prompts x %d samples)", step, k, scores[step], len(rows[task]), n)
     ranked = sorted(cands, key=lambda c: (-scores[c[0]], c[0]))
     best_step, best = ranked[0]
-    store.set_tags({T.SELECTED_STEP: str(best_step),
-                    T.SELECTED_ON: f"validation pass@{k}: {len(rows[task])} held-out {task} prompts x {n} samples"})
+    store.set_tags({tags.SELECTED_STEP: str(best_step),
+                    tags.SELECTED_ON: f"validation pass@{k}: {len(rows[task])} held-out {task} prompts x {n} samples"})
     keep = cfg.train.get("keep_top_k")
     if keep:
         for step, path in ranked[int(keep):]:
@@ -221,7 +221,7 @@ def evaluate_run(cfg, run_dir: Path, final: Path, heldout, base, store: tracking
     """
     import pandas as pd
 
-    from evaluation import protocol as P
+    from evaluation import protocol as eval_protocol
     from evaluation.pipeline import EvalJob, evaluate_checkpoint
     from evaluation.tables import flip_metrics
 
@@ -236,7 +236,7 @@ def evaluate_run(cfg, run_dir: Path, final: Path, heldout, base, store: tracking
                                                    score_budget=_token_budget(cfg))
         if is_final:
             final_metrics, protocol = dict(metrics), info["protocol"]
-            store.set_tags(P.tags(protocol) | {T.ENTROPY_METHOD: str(info["entropy_method"])})
+            store.set_tags(eval_protocol.tags(protocol) | {tags.ENTROPY_METHOD: str(info["entropy_method"])})
         if not (out_dir / ".logged").exists():
             store.log_metrics(metrics | {"time/eval_s": info["eval_time_s"]}
                               | {f"time/eval_{k}": v for k, v in info.get("phases", {}).items()}, step)
@@ -246,12 +246,12 @@ def evaluate_run(cfg, run_dir: Path, final: Path, heldout, base, store: tracking
     base_samples = base.ensure(wait=True) if base is not None else None
     if base_samples is None:
         return final_metrics
-    differ = P.differences(base.protocol, protocol) if protocol is not None else []
+    differ = eval_protocol.differences(base.protocol, protocol) if protocol is not None else []
     if differ:  # never a pair across protocols (the base model is evaluated under the sweep's, as this run is)
         log.warning("flip rates not computed: the base model was evaluated under another protocol (%s)", "; ".join(differ))
         return final_metrics
     flip_k = cfg.eval.get("flip_k")
-    store.set_tags({T.BASE_RUN_ID: base.run_id, T.FLIP_RULE: flip_rule(flip_k)})
+    store.set_tags({tags.BASE_RUN_ID: base.run_id, tags.FLIP_RULE: flip_rule(flip_k)})
     for step, out_dir, is_final in evaluated:
         table, flips = flip_metrics(base_samples, pd.read_parquet(out_dir / "samples.parquet"),
                                     None if flip_k is None else int(flip_k))
@@ -284,9 +284,9 @@ def backfill_flips(cfg, exp_id: str, sweep_id: str, job_num, run_dir: Path, prio
         cfg, _ = pinned_config(cfg, exp_id, sweep_id, store)  # the base model under the sweep's protocol
         base = BaseEvaluation(cfg, exp_id, sweep_id, job_num, Path(sweep_id) if sweep_id else run_dir,
                               load_prompts(cfg.data, "eval"), store)
-        from evaluation import protocol as P
+        from evaluation import protocol as eval_protocol
 
-        differ = P.differences(P.of_tags(prior.data.tags) or base.protocol, base.protocol)
+        differ = eval_protocol.differences(eval_protocol.of_tags(prior.data.tags) or base.protocol, base.protocol)
         if differ:  # never a pair across protocols
             log.warning("run %s: no flip rates: it was evaluated under another protocol than the base model (%s)",
                         prior.info.run_id, "; ".join(differ))
@@ -307,7 +307,7 @@ def backfill_flips(cfg, exp_id: str, sweep_id: str, job_num, run_dir: Path, prio
             store.log_metrics(flips, step, rid)
             table.to_csv(local / "flip_rates.csv")
             store.log_artifact(local / "flip_rates.csv", prefix.rstrip("/") or None, rid)
-        store.set_tags({T.BASE_RUN_ID: base.run_id, T.FLIP_RULE: flip_rule(flip_k)}, rid)
+        store.set_tags({tags.BASE_RUN_ID: base.run_id, tags.FLIP_RULE: flip_rule(flip_k)}, rid)
         log.info("run %s: flip rates against base run %s added", rid, base.run_id)
     except Exception as e:
         log.warning("run %s: could not add flip rates against the base model: %s: %s", prior.info.run_id,

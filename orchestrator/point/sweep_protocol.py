@@ -38,31 +38,31 @@ def resolve_for_sweep(cfg, exp_id: str, sweep_id: str | None, store: tracking.St
             configuration fixes it explicitly (one line: what the sweep uses, what this machine has).
         ValueError: the configured sampler cannot run here (no record yet).
     """
-    from evaluation import protocol as P
+    from evaluation import protocol as eval_protocol
 
     chat = bool(cfg.model.get("chat_template", True))
-    local = P.resolve(cfg.eval, chat)
+    local = eval_protocol.resolve(cfg.eval, chat)
     parent = mlflow_views.sweep_parent(exp_id, sweep_id, store) if sweep_id else None
     if parent is None:
-        return P.pin(cfg.eval, local), local
-    key = TAG_PREFIX + P.settings_key(cfg.eval, chat)
-    mine = {k: local[k] for k in P.RESOLVED}
+        return eval_protocol.pin(cfg.eval, local), local
+    key = TAG_PREFIX + eval_protocol.settings_key(cfg.eval, chat)
+    mine = {k: local[k] for k in eval_protocol.RESOLVED}
     recorded = _read(store, parent, key)
     if recorded is None:
         store.set_tag(key, json.dumps(mine, sort_keys=True), parent)
         time.sleep(lease.SETTLE_S)  # another job's first evaluation may have written at the same moment
         recorded = _read(store, parent, key) or mine
     if recorded == mine:
-        return P.pin(cfg.eval, local), local
-    differ = "; ".join(P.differences(recorded, mine))
+        return eval_protocol.pin(cfg.eval, local), local
+    differ = "; ".join(eval_protocol.differences(recorded, mine))
     try:
-        pinned = P.pin(cfg.eval, recorded)
-        protocol = P.resolve(pinned, chat)
+        pinned = eval_protocol.pin(cfg.eval, recorded)
+        protocol = eval_protocol.resolve(pinned, chat)
     except ValueError as e:
         raise ProtocolMismatch(f"evaluation protocol: this sweep's evaluations use {_say(recorded)} (recorded by its "
                                f"first evaluation), which this machine cannot run ({e}); this machine would use "
                                f"{_say(mine)} ({differ})") from None
-    if {k: protocol[k] for k in P.RESOLVED} != recorded:
+    if {k: protocol[k] for k in eval_protocol.RESOLVED} != recorded:
         raise ProtocolMismatch(f"evaluation protocol: this sweep's evaluations use {_say(recorded)} (recorded by its "
                                f"first evaluation); here the settings give {_say(protocol)} ({differ})")
     log.info("evaluation protocol: %s, as this sweep's first evaluation chose (this machine alone would choose %s)",

@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 
-from core import tags as T
+from core import tags as tag_names
 from orchestrator.store import tracking
 
 log = logging.getLogger("rlvr")
@@ -52,7 +52,7 @@ def new_owner() -> str:
 
 def owner_tags(owner: str) -> dict:
     """The tags that make ``owner`` the lease holder, with a heartbeat of now."""
-    return {T.OWNER: owner, T.HOST: socket.gethostname(), T.PID: str(os.getpid()), T.HEARTBEAT: f"{time.time():.3f}"}
+    return {tag_names.OWNER: owner, tag_names.HOST: socket.gethostname(), tag_names.PID: str(os.getpid()), tag_names.HEARTBEAT: f"{time.time():.3f}"}
 
 
 def is_live(run, stale_s: float, now: float | None = None) -> bool:
@@ -61,11 +61,11 @@ def is_live(run, stale_s: float, now: float | None = None) -> bool:
     if run.info.status != "RUNNING":
         return False
     tags = run.data.tags
-    if tags.get(T.HOST) == socket.gethostname() and tags.get(T.PID, "").isdigit():
-        if int(tags[T.PID]) != os.getpid() and not pid_alive(int(tags[T.PID])):
+    if tags.get(tag_names.HOST) == socket.gethostname() and tags.get(tag_names.PID, "").isdigit():
+        if int(tags[tag_names.PID]) != os.getpid() and not pid_alive(int(tags[tag_names.PID])):
             return False
     try:
-        beat = float(tags.get(T.HEARTBEAT) or 0)
+        beat = float(tags.get(tag_names.HEARTBEAT) or 0)
     except ValueError:
         beat = 0.0
     if not beat:  # a run from before leases existed: its start time is its last sign of life
@@ -79,7 +79,7 @@ def claim(store: tracking.Store, run_id: str, owner: str | None = None) -> str |
     owner = owner or new_owner()
     store.set_tags(owner_tags(owner), run_id)
     time.sleep(SETTLE_S)
-    return owner if store.run(run_id).data.tags.get(T.OWNER) == owner else None
+    return owner if store.run(run_id).data.tags.get(tag_names.OWNER) == owner else None
 
 
 class Heartbeat(threading.Thread):
@@ -112,7 +112,7 @@ class Heartbeat(threading.Thread):
             return
         self._last = time.time()
         try:
-            self.store.set_tag(T.HEARTBEAT, f"{self._last:.3f}", self.run_id)
+            self.store.set_tag(tag_names.HEARTBEAT, f"{self._last:.3f}", self.run_id)
         except Exception as e:
             log.warning("heartbeat of run %s failed: %s", self.run_id, e)
 

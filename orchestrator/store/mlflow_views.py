@@ -25,7 +25,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from core import tags as T
+from core import tags as tag_names
 from orchestrator.store import lease, tracking
 
 log = logging.getLogger("rlvr")
@@ -47,7 +47,7 @@ def sweep_parent(exp_id: str, sweep_id: str, store: tracking.Store) -> str | Non
     key = (str(exp_id), str(sweep_id))
     if key not in _PARENTS and sweep_id:
         runs = store.search(
-            exp_id, f"tags.`{T.KIND}` = '{SWEEP_KIND}' and tags.`{T.SWEEP_ID}` = '{sweep_id}'", max_results=1)
+            exp_id, f"tags.`{tag_names.KIND}` = '{SWEEP_KIND}' and tags.`{tag_names.SWEEP_ID}` = '{sweep_id}'", max_results=1)
         if not runs:
             return None  # not cached: a job that starts before the parent is visible asks again
         _PARENTS[key] = runs[0].info.run_id
@@ -76,8 +76,8 @@ def open_sweep_run(exp_id: str, sweep_id: str, git_commit: str, argv: list[str] 
     argv = list(sys.argv if argv is None else argv)
     command = "python " + " ".join(shlex.quote(a) for a in argv)
     run = store.create_run(exp_id, f"sweep {Path(sweep_id).name}", {
-        T.KIND: SWEEP_KIND, T.SWEEP_ID: sweep_id, T.COMMAND: command[:5000],
-        T.GIT_COMMIT: git_commit, "mlflow.source.git.commit": git_commit,
+        tag_names.KIND: SWEEP_KIND, tag_names.SWEEP_ID: sweep_id, tag_names.COMMAND: command[:5000],
+        tag_names.GIT_COMMIT: git_commit, "mlflow.source.git.commit": git_commit,
         NOTE_TAG: f"Sweep `{command}`, running: its points are the runs beneath.", **owner})
     _PARENTS[(str(exp_id), sweep_id)] = run.info.run_id
     return run.info.run_id
@@ -136,7 +136,7 @@ def close_sweep_run(run_id: str, rows: list[dict], status: str | None = None, re
                   for s in ("FINISHED", "DUPLICATE", "FAILED", "KILLED")}
         store.log_metrics(counts, 0, run_id)
         run = store.run(run_id)
-        lines = [f"Sweep `{run.data.tags.get(T.COMMAND, '')}`: **{status}**", ""]
+        lines = [f"Sweep `{run.data.tags.get(tag_names.COMMAND, '')}`: **{status}**", ""]
         if len(table):
             cols = [c for c in ("point", "status", *sorted(c for c in table.columns if c.startswith("eval/")),
                                 "run_id", "error") if c in table.columns]
@@ -158,7 +158,7 @@ def dead_sweep(parent_run_id: str, stale_s: float, store: tracking.Store):
     whose runs beneath still holds a live lease. A live sweep, here or on another node, is never taken for dead.
     Reads only."""
     parent = store.run(parent_run_id)
-    if (parent.info.status != "RUNNING" or parent.data.tags.get(T.KIND) != SWEEP_KIND
+    if (parent.info.status != "RUNNING" or parent.data.tags.get(tag_names.KIND) != SWEEP_KIND
             or lease.is_live(parent, stale_s)):
         return None
     children = store.search(parent.info.experiment_id,
@@ -169,7 +169,7 @@ def dead_sweep(parent_run_id: str, stale_s: float, store: tracking.Store):
 def end_dead_sweep(parent, why: str, store: tracking.Store) -> None:
     """End ``parent`` (a sweep's parent run that :func:`dead_sweep` found dead) KILLED, saying why on the run: the tag
     ``rlvr.ended_by`` (:data:`ENDED_BY_TAG`) and its description, which keeps the sweep's command."""
-    command = parent.data.tags.get(T.COMMAND, "")
+    command = parent.data.tags.get(tag_names.COMMAND, "")
     store.set_tags({ENDED_BY_TAG: why[:4900],
                     NOTE_TAG: f"Sweep `{command}`: **KILLED**: {why}. Its points are the runs beneath."[:20000]},
                    parent.info.run_id)

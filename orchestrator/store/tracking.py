@@ -18,15 +18,15 @@ import mlflow
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
-from core import tags as T
+from core import tags as tag_names
 from orchestrator.store.store_checks import StoreError, local_path, sqlite_path
 from orchestrator.store.store_checks import check_store as check_store  # re-exported: reports/build.py calls it here
 
 log = logging.getLogger("rlvr")
 
 # the tag names the identity rules use, under their older names (orchestrator.tags holds every tag name)
-TAG_HASH, TAG_KIND, TAG_TRAIN_HASH, TAG_TRAINED_IN, TAG_DUP_OF = (T.CONFIG_HASH, T.KIND, T.TRAIN_HASH, T.TRAINED_IN,
-                                                                  T.DUPLICATE_OF)
+TAG_HASH, TAG_KIND, TAG_TRAIN_HASH, TAG_TRAINED_IN, TAG_DUP_OF = (tag_names.CONFIG_HASH, tag_names.KIND, tag_names.TRAIN_HASH, tag_names.TRAINED_IN,
+                                                                  tag_names.DUPLICATE_OF)
 
 #: seconds a store call keeps retrying while the tracking server is unreachable, unless the config says otherwise
 #: (:meth:`Store.of`). Beyond it the call raises and the run fails, resumable.
@@ -436,7 +436,7 @@ class Store:
         """End ``run_id`` with ``status``; with a ``reason``, first mark it not to be trusted (tag
         ``rlvr.invalid``: :data:`orchestrator.tags.INVALID`), so no later decision takes it as a result."""
         if reason is not None:
-            self.set_tag(T.INVALID, reason[:4900], run_id)
+            self.set_tag(tag_names.INVALID, reason[:4900], run_id)
         self.call(self.client.set_terminated, run_id, status)
 
     def delete_run(self, run_id: str) -> None:

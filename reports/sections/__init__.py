@@ -30,8 +30,7 @@ import pandas as pd
 
 from core.plugins import Registry
 
-from .. import data as R
-from .. import load as L
+from .. import data, load
 
 
 @dataclass
@@ -58,7 +57,7 @@ class Context:
     def samples(self) -> dict:
         """{run label: samples DataFrame} of the evaluated runs (:func:`reports.load.download_samples`)."""
         if self._samples is None:
-            self._samples = (L.download_samples(self.tracking_uri, self.shown, Path(self.work_dir) / "samples",
+            self._samples = (load.download_samples(self.tracking_uri, self.shown, Path(self.work_dir) / "samples",
                                                 self.sample_problems) if len(self.shown) and self.work_dir else {})
         return self._samples
 
@@ -66,15 +65,15 @@ class Context:
         """The trained runs' histories of the training panels, the cost keys and the sequence ratios (the paper
         tables' per-step metrics), fetched once."""
         if self._hist is None:
-            keys = list(dict.fromkeys(R.train_panels() + R.COST_KEYS + ["train/seq_ratio_mean", "train/seq_ratio_max"]))
-            self._hist = L.histories(self.tracking_uri, self.done, keys=keys) if len(self.done) else {}
+            keys = list(dict.fromkeys(data.train_panels() + data.COST_KEYS + ["train/seq_ratio_mean", "train/seq_ratio_max"]))
+            self._hist = load.histories(self.tracking_uri, self.done, keys=keys) if len(self.done) else {}
         return self._hist
 
     def history(self, keys) -> dict:
         """:func:`reports.load.histories` of the trained runs for ``keys``, fetched once per key list."""
         keys = tuple(keys)
         if keys not in self._histories:
-            self._histories[keys] = L.histories(self.tracking_uri, self.done, keys=list(keys)) if len(self.done) else {}
+            self._histories[keys] = load.histories(self.tracking_uri, self.done, keys=list(keys)) if len(self.done) else {}
         return self._histories[keys]
 
     def color(self, label):
@@ -84,7 +83,7 @@ class Context:
     def baseline_label(self) -> str | None:
         """The run the baseline names (``report.baseline``: a run label or an algorithm, whose first finished run is
         taken), else the base model's run; None without either."""
-        label = self.baseline or L.base_label(self.runs)
+        label = self.baseline or load.base_label(self.runs)
         if label is not None and label not in set(self.shown["label"]) and label in set(self.done["algo"]):
             label = self.done[self.done["algo"] == label]["label"].iloc[0]
         return label
@@ -129,7 +128,7 @@ class ReportSection:
         """Its heading in the report body: its first metric table's section, else ``heading``, else ``title``
         (empty: the section writes its own headings)."""
         if self.tables:
-            return R.table_entry(self.tables[0]).section
+            return data.table_entry(self.tables[0]).section
         return self.title if self.heading is None else self.heading
 
 

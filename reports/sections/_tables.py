@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .. import data as R
+from .. import data
 
 
 def mean_passk(ctx) -> pd.DataFrame:
     """pass@k (and avg@n) of the mean over benchmarks, rows = runs (the base model first)."""
-    p = R.passk_table(ctx.shown)
+    p = data.passk_table(ctx.shown)
     return p.xs("mean", level="benchmark") if len(p) and "mean" in p.index.get_level_values("benchmark") else pd.DataFrame()
 
 
 def by_benchmark(ctx) -> pd.DataFrame:
     """pass@k per benchmark side by side: rows = runs, columns (benchmark, pass@k)."""
-    p = R.passk_table(ctx.shown)
+    p = data.passk_table(ctx.shown)
     if p.empty:
         return p
     wide = p.unstack("benchmark").swaplevel(axis=1)
@@ -35,7 +35,7 @@ def with_params(table: pd.DataFrame, runs: pd.DataFrame, keys) -> pd.DataFrame:
 
 def train_means(ctx, keys) -> pd.DataFrame:
     """Rows = trained runs, columns = the mean over steps of the training metrics ``keys`` that were logged."""
-    summary = R.train_summary({k: v for k, v in ctx.hist().items() if k in keys})
+    summary = data.train_summary({k: v for k, v in ctx.hist().items() if k in keys})
     summary.index.name = "run"
     return summary
 

@@ -33,13 +33,13 @@ def ci95(values) -> tuple[float, float]:
 
 def _per_run(ctx) -> pd.DataFrame:
     """One row per trained run: algorithm, correction, k, seed and the measures of the figure."""
-    from .. import data as R
+    from .. import data
 
     runs = ctx.done
     if runs.empty or not any(K_KEY in p for p in runs["params"]):
         return pd.DataFrame()
     hist = ctx.history(tuple(_STEP_MEANS.values()))
-    passk = R.passk_table(runs)
+    passk = data.passk_table(runs)
     pass1 = {}
     if len(passk) and "pass@1" in passk.columns and "mean" in passk.index.get_level_values("benchmark"):
         pass1 = passk.xs("mean", level="benchmark")["pass@1"].to_dict()

@@ -4,7 +4,7 @@ from . import register_section
 
 
 def _show(ctx, page) -> None:
-    from .. import data as R
+    from .. import data
 
     label = ctx.baseline_label()
     if label is None or ctx.shown.empty:
@@ -16,15 +16,15 @@ def _show(ctx, page) -> None:
         bad = [p for p in ctx.sample_problems if p.startswith(f"{label} (run ")]
         page.note(f"Baseline {label!r}: " + (bad[0] if bad else "no samples.parquet among the finished runs."))
         return
-    diffs = R.baseline_differences(samples, label, protocols=R.protocols(ctx.shown),
-                                   bases=R.base_by_protocol(ctx.runs))
+    diffs = data.baseline_differences(samples, label, protocols=data.protocols(ctx.shown),
+                                   bases=data.base_by_protocol(ctx.runs))
     page.markdown(f"Per-prompt accuracy minus baseline `{label}`" + (
         " (each run against the base model evaluated under its own protocol, column `against`)"
         if "against" in diffs else "") + ":")
     page.table(diffs, "baseline_differences", fmt=".4f")
     for run, base in diffs.attrs.get("refused", {}).items():
         page.note(f"{run} is not compared with {base}: evaluated under another protocol "
-                  f"({R.protocol_difference(ctx.runs, run, base)}), and no base model was evaluated under its own.")
+                  f"({data.protocol_difference(ctx.runs, run, base)}), and no base model was evaluated under its own.")
 
 
 register_section("baseline", "Differences against the baseline (paired prompt bootstrap, 95% CI)", order=150,

@@ -2,14 +2,13 @@
 checkpoint, from the base model at step 0 (ExPPO's Fig. 1, coverage): the paper table and the body's figure."""
 import pandas as pd
 
-from .. import data as R
-from .. import load as L
+from .. import data, load
 from . import register_section
 
 
 def _trajectories(ctx) -> tuple[str | None, dict]:
-    key = R.largest_k_key(ctx.shown)
-    return key, (L.eval_trajectories(ctx.tracking_uri, ctx.runs, key) if key else {})
+    key = data.largest_k_key(ctx.shown)
+    return key, (load.eval_trajectories(ctx.tracking_uri, ctx.runs, key) if key else {})
 
 
 def _table(ctx) -> pd.DataFrame:
@@ -23,7 +22,7 @@ def _show(ctx, page) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    from .. import render as V
+    from .. import render
 
     key, traj = _trajectories(ctx)
     if not traj:
@@ -33,9 +32,9 @@ def _show(ctx, page) -> None:
     for label, (steps, values) in traj.items():
         ax.plot(steps, values, marker="o", label=label, color=ctx.color(label))
     ax.set_xlabel("training step")
-    ax.set_ylabel(R.find_table(key).column + " (mean over benchmarks)")
+    ax.set_ylabel(data.find_table(key).column + " (mean over benchmarks)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    V.legend(ax)
+    render.legend(ax)
     page.figure(fig, "checkpoint_trajectory")
     traj_table = pd.DataFrame({lab: pd.Series(v, index=st) for lab, (st, v) in traj.items()}).rename_axis("step")
     page.table(traj_table, "checkpoint_trajectory", fmt=".4f")

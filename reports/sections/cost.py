@@ -2,12 +2,12 @@
 paper table (``report.sections``: ``cost``) and the body's Cost section."""
 import pandas as pd
 
-from .. import data as R
+from .. import data
 from . import register_section
 
 
 def _table(ctx) -> pd.DataFrame:
-    return R.cost_table(ctx.done, ctx.history(R.COST_KEYS)) if len(ctx.done) else pd.DataFrame()
+    return data.cost_table(ctx.done, ctx.history(data.COST_KEYS)) if len(ctx.done) else pd.DataFrame()
 
 
 def _show(ctx, page) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import load as L
+from .. import load
 from ..seed_groups import eval_seed_note, seed_group, study_baseline
 from . import register_section
 
@@ -22,12 +22,12 @@ def _methods(ctx, labels) -> dict:
 
 
 def _show(ctx, page) -> None:
-    import evaluation.curves as K
+    import evaluation.curves as curves
 
     if not len(ctx.done) or not ctx.work_dir:
         page.note("No trained runs.")
         return
-    files = L.download_validation(ctx.tracking_uri, ctx.done, Path(ctx.work_dir) / "validation")
+    files = load.download_validation(ctx.tracking_uri, ctx.done, Path(ctx.work_dir) / "validation")
     if not files:
         page.note("No run validated along training (set train.validate_every=N with data.validation_prompts=M).")
         return
@@ -35,8 +35,8 @@ def _show(ctx, page) -> None:
     methods = _methods(ctx, frames)
     baseline = study_baseline(methods, ctx.done, ctx.baseline)
     out = Path(ctx.work_dir) / "curves"
-    K.write_manifest(out / "runs.json", files, methods, baseline)
-    tables = K.curve_tables(frames, methods, baseline)
+    curves.write_manifest(out / "runs.json", files, methods, baseline)
+    tables = curves.curve_tables(frames, methods, baseline)
     for name in ("points", "fits", "run_fits", "differences"):
         tables[name].to_csv(out / f"{name}.csv")
     seeds = eval_seed_note(ctx.done[ctx.done["label"].isin(list(frames))])
@@ -93,7 +93,7 @@ def _extrapolation(r) -> str:
 def _figure(ctx, page, tables, methods) -> None:
     import matplotlib.pyplot as plt
 
-    from .. import render as V
+    from .. import render
 
     pts = tables["points"]
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -118,7 +118,7 @@ def _figure(ctx, page, tables, methods) -> None:
                 ax.fill_between(grid, lo, hi, color=color, alpha=0.15)
     ax.set_xlabel("training compute (estimated FLOPs)")
     ax.set_ylabel("validation pass@1")
-    V.legend(ax)
+    render.legend(ax)
     page.figure(fig, "compute_curves")
 
 

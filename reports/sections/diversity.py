@@ -1,23 +1,23 @@
 """Diversity among correct answers: UCC@k and UCR (the registered ``ucc`` table), the mean pairwise similarity among
 each prompt's correct responses (``similarity``), and its spread over prompts (one box per run and metric)."""
-from .. import data as R
+from .. import data
 from . import register_section
 
 
 def _show(ctx, page) -> None:
     import matplotlib.pyplot as plt
 
-    ucc = R.metric_table(ctx.shown, "ucc")
+    ucc = data.metric_table(ctx.shown, "ucc")
     if ucc.empty:
         page.note("No UCC@k metrics were logged.")
     else:
         page.table(ucc, "ucc", fmt="best")
-    similarity = R.metric_table(ctx.shown, "similarity")
+    similarity = data.metric_table(ctx.shown, "similarity")
     if len(similarity):
         page.markdown("Mean pairwise similarity among each prompt's correct responses, per benchmark:")
         page.table(similarity, "similarity", fmt=".4f")
     samples = ctx.samples  # runs whose samples could not be read are named once, in the summary
-    sim = R.prompt_similarities(samples)
+    sim = data.prompt_similarities(samples)
     if sim.empty:
         page.note("No similarity among correct answers: no prompt has two correct responses.")
         return

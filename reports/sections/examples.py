@@ -1,11 +1,11 @@
 """Qualitative examples (the QUATRO paper's C.6): for a few prompts, each run's distinct correct answers with the end
 of a response that gives each (:func:`reports.data.qualitative_examples`)."""
-from .. import data as R
+from .. import data
 from . import register_section
 
 
 def _show(ctx, page) -> None:
-    examples = R.qualitative_examples(ctx.samples)
+    examples = data.qualitative_examples(ctx.samples)
     if examples.empty:
         page.note("No run has a correct sample.")
     else:

@@ -1,6 +1,6 @@
 """Flip rates by difficulty under the base model (the registered ``flip_rates`` table; the QUATRO paper's Fig. IV):
 per bucket of the base model's pass rate, the share of prompts flipped to solved, improved and regressed."""
-from .. import data as R
+from .. import data
 from . import register_section
 
 _MEASURES = [("solved_from_unsolved", "flipped to solved"), ("improved", "pass rate improved"),
@@ -10,14 +10,14 @@ _MEASURES = [("solved_from_unsolved", "flipped to solved"), ("improved", "pass r
 def _show(ctx, page) -> None:
     import matplotlib.pyplot as plt
 
-    from .. import render as V
+    from .. import render
 
-    flips = R.flip_table(ctx.done)
+    flips = data.flip_table(ctx.done)
     if flips.empty:
         page.note("No flip rates: the runs were evaluated without a base model (eval.base=false), or its evaluation "
                   "failed.")
         return
-    rules = R.flip_rules(ctx.done)
+    rules = data.flip_rules(ctx.done)
     page.markdown("Rule: " + "; ".join(rules) + ". All benchmarks pooled:" if rules else "All benchmarks pooled:")
     page.table(flips, "flip_rates", fmt=".3f")
     buckets = [b for b in ("very_hard", "hard", "medium", "easy") if b in flips.index.get_level_values("bucket")]
@@ -30,9 +30,9 @@ def _show(ctx, page) -> None:
         ax.set_xlabel("difficulty under the base model")
     axes[0].set_ylim(0, max(0.05, float(flips[[c for c, _ in _MEASURES]].max().max()) * 1.15))
     axes[0].set_ylabel("share of the bucket's prompts")
-    V.legend(axes[0], fig=fig)
+    render.legend(axes[0], fig=fig)
     page.figure(fig, "flip_rates")
-    per_bench = R.flip_table(ctx.done, benchmark=None)
+    per_bench = data.flip_table(ctx.done, benchmark=None)
     benches = [b for b in per_bench.index.get_level_values("benchmark").unique() if b != "all"]
     if len(benches) > 1:
         page.markdown("By benchmark:")

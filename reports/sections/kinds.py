@@ -1,10 +1,10 @@
 """pass@k averaged over the benchmarks of each task kind (the registered ``kinds`` table)."""
-from .. import data as R
+from .. import data
 from . import register_section
 
 
 def _show(ctx, page) -> None:
-    kinds = R.kind_table(ctx.shown)
+    kinds = data.kind_table(ctx.shown)
     if kinds.empty or kinds.index.get_level_values("kind").nunique() < 2:
         page.note("One task kind only: the pass@k tables above are the whole story.")
         return

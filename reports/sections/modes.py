@@ -1,12 +1,11 @@
 """ExPPO's answer modes (the registered ``modes`` table: observed and effective yield, disagreement) and its
 Table 2B, the disagreement D on the Shared set with Delta-D against the baseline."""
-from .. import data as R
-from . import _tables as T
-from . import register_section
+from .. import data
+from . import _tables, register_section
 
 
 def _show(ctx, page) -> None:
-    modes = R.metric_table(ctx.shown, "modes")
+    modes = data.metric_table(ctx.shown, "modes")
     if modes.empty:
         page.note("No answer-mode metrics were logged.")
     else:
@@ -15,7 +14,7 @@ def _show(ctx, page) -> None:
     if not ctx.samples or label not in ctx.samples:
         page.note("No disagreement on the Shared set: no baseline run with samples.")
         return
-    shared = T.shared_d(ctx)
+    shared = _tables.shared_d(ctx)
     if shared.empty:
         page.note("The Shared set is empty: no prompt has two or more correct samples in every run.")
         return

@@ -2,16 +2,16 @@
 pass@k curves of the mean against log2 k."""
 import numpy as np
 
-from .. import data as R
+from .. import data
 from . import register_section
 
 
 def _show(ctx, page) -> None:
     import matplotlib.pyplot as plt
 
-    from .. import render as V
+    from .. import render
 
-    passk = R.passk_table(ctx.shown)
+    passk = data.passk_table(ctx.shown)
     if passk.empty:
         page.note("No pass@k metrics were logged.")
         return
@@ -23,7 +23,7 @@ def _show(ctx, page) -> None:
         page.table(passk.xs(bench, level="benchmark"), f"passk_{bench}", fmt="best")
     mean = passk.xs("mean", level="benchmark") if "mean" in passk.index.get_level_values("benchmark") else None
     if mean is not None:
-        entry = R.table_entry("passk")
+        entry = data.table_entry("passk")
         ks = {c: got[1]["k"] for c in mean.columns for got in [entry.parse_column(c)] if got and got[0] == "pass@{k}"}
         fig, ax = plt.subplots(figsize=(6, 3.6))
         for label, row in mean.iterrows():
@@ -31,7 +31,7 @@ def _show(ctx, page) -> None:
                     color=ctx.color(label))
         ax.set_xlabel("log2 k")
         ax.set_ylabel("pass@k (mean over benchmarks)")
-        V.legend(ax)
+        render.legend(ax)
         page.figure(fig, "passk_curves")
 
 

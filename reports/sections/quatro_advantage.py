@@ -1,12 +1,12 @@
 """QUATRO's advantage against the number of correct answers in a group (its Fig. 2), from the closed form for each
 delta and group size of the sweep's QUATRO runs (:func:`reports.data.quatro_advantage_curves`): the paper table and
 the body's figure."""
-from .. import data as R
+from .. import data
 from . import register_section
 
 
 def _table(ctx):
-    c = R.quatro_advantage_curves(ctx.done)
+    c = data.quatro_advantage_curves(ctx.done)
     return c.set_index(["delta", "G", "correct"]) if len(c) else c
 
 
@@ -14,9 +14,9 @@ def _show(ctx, page) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    from .. import render as V
+    from .. import render
 
-    adv_curves = R.quatro_advantage_curves(ctx.done)
+    adv_curves = data.quatro_advantage_curves(ctx.done)
     if adv_curves.empty:
         page.note("No QUATRO run in this sweep.")
         return
@@ -30,7 +30,7 @@ def _show(ctx, page) -> None:
     ax.set_ylabel("advantage")
     ax.set_ylim(max(-5.0, float(adv_curves["A_wrong"].min()) * 1.1), None)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    V.legend(ax)
+    render.legend(ax)
     page.figure(fig, "quatro_advantage")
     page.table(adv_curves.set_index(["delta", "G", "correct"]), "quatro_advantage", fmt=".4f")
 

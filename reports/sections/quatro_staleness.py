@@ -1,25 +1,24 @@
 """QUATRO's staleness study (its Fig. 1 and 4): clip fraction, entropy and reward by the number of inner epochs and
 the learning rate; the paper table (means over steps) and the body's figure (a column per number of inner epochs,
 a colour per learning rate, a line style per algorithm)."""
-from .. import data as R
-from . import _tables as T
-from . import register_section
+from .. import data
+from . import _tables, register_section
 
 _PANELS = ("train/clip_fraction", "train/entropy", "train/reward_mean")
 
 
 def _table(ctx):
-    t = T.train_means(ctx, ["train/clip_fraction", "train/entropy", "train/reward_mean", "train/seq_ratio_mean"])
-    return T.with_params(t, ctx.runs, ["train.ppo_epochs", "train.lr"]).sort_values(["ppo_epochs", "lr"]) if len(t) else t
+    t = _tables.train_means(ctx, ["train/clip_fraction", "train/entropy", "train/reward_mean", "train/seq_ratio_mean"])
+    return _tables.with_params(t, ctx.runs, ["train.ppo_epochs", "train.lr"]).sort_values(["ppo_epochs", "lr"]) if len(t) else t
 
 
 def _show(ctx, page) -> None:
     import matplotlib.pyplot as plt
 
-    from .. import render as V
+    from .. import render
 
-    hist = ctx.history(R.train_panels())
-    axes_ = R.staleness_axes(ctx.done)
+    hist = ctx.history(data.train_panels())
+    axes_ = data.staleness_axes(ctx.done)
     if axes_ is None or not hist:
         page.note("The sweep does not vary train.ppo_epochs (experiment=quatro_staleness and its CPU twin do).")
         return
@@ -49,7 +48,7 @@ def _show(ctx, page) -> None:
         for h, lab in zip(*ax.get_legend_handles_labels()):
             by_label.setdefault(lab, h)
     if by_label:
-        V.legend(axs[0, -1], list(by_label.values()), list(by_label.keys()), fig=fig)
+        render.legend(axs[0, -1], list(by_label.values()), list(by_label.keys()), fig=fig)
     page.figure(fig, "staleness")
 
 

@@ -1,6 +1,6 @@
 """The run table: every run of the report with its swept settings, status, steps, wall time and where the time
 went (:func:`reports.data.run_table`)."""
-from .. import data as R
+from .. import data
 from . import register_section
 
 
@@ -8,7 +8,7 @@ def _show(ctx, page) -> None:
     if ctx.runs.empty:
         page.note("No runs.")
         return
-    table = R.run_table(ctx.runs)
+    table = data.run_table(ctx.runs)
     page.table(table, "runs")
 
 

@@ -1,13 +1,13 @@
 """Mean ± std over seeds: runs that differ only by the training ``seed``, and runs that differ only by the decoding
 seed ``eval.seed`` (:func:`reports.seed_groups.seed_aggregate`), for pass@k and ExPPO's answer-mode metrics."""
-from .. import data as R
+from .. import data
 from ..seed_groups import seed_aggregate
 from . import register_section
 
 
 def _show(ctx, page) -> None:
-    seed_tables = {"pass@k": R.passk_table(ctx.shown),
-                   "answer modes": R.metric_table(ctx.shown, "modes",
+    seed_tables = {"pass@k": data.passk_table(ctx.shown),
+                   "answer modes": data.metric_table(ctx.shown, "modes",
                                                   columns=("observed_yield", "effective_yield", "disagreement"))}
     for key, what in (("seed", "training seeds"), ("eval.seed", "decoding seeds")):
         aggregated = {name: seed_aggregate(t, key=key) for name, t in seed_tables.items()}

@@ -8,8 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import data as R
-from .. import load as L
+from .. import data, load
 from ..seed_groups import seed_band, study_baseline, study_methods
 from . import register_section
 
@@ -18,7 +17,7 @@ _TRAIN_KEYS = ("train/kl_ref", "train/mismatch_kl", "train/entropy", "train/rewa
 
 
 def _show(ctx, page) -> None:
-    import evaluation.study as S
+    import evaluation.study as study_tables
 
     samples = ctx.samples
     methods = study_methods(ctx.done, samples)
@@ -35,19 +34,19 @@ def _show(ctx, page) -> None:
                   f"never formed across protocols): {', '.join(left_out)}.")
     out = Path(ctx.work_dir) / "study"
     out.mkdir(parents=True, exist_ok=True)
-    ks = [int(c.split("@")[1]) for c in R.passk_table(ctx.shown).columns if c.startswith("pass@") and c.split("@")[1].isdigit()]
-    proto = R.protocols(ctx.shown).get(methods[study_base][0])
-    base_lab = R.base_by_protocol(ctx.runs).get(proto, L.base_label(ctx.runs)) if proto else L.base_label(ctx.runs)
+    ks = [int(c.split("@")[1]) for c in data.passk_table(ctx.shown).columns if c.startswith("pass@") and c.split("@")[1].isdigit()]
+    proto = data.protocols(ctx.shown).get(methods[study_base][0])
+    base_lab = data.base_by_protocol(ctx.runs).get(proto, load.base_label(ctx.runs)) if proto else load.base_label(ctx.runs)
     base_lab = base_lab if base_lab in samples else None
     files = {lab: Path(ctx.work_dir) / "samples" / rid / "samples.parquet"
              for lab, rid in zip(ctx.shown["label"], ctx.shown["run_id"])
              if lab in samples and (lab == base_lab or any(lab in v for v in methods.values()))}
-    S.write_manifest(out / "runs.json", files, methods, study_base, base_lab, ks, **_UCC)
-    study = S.study_tables(samples, methods, study_base, base_lab, ks, **_UCC)
+    study_tables.write_manifest(out / "runs.json", files, methods, study_base, base_lab, ks, **_UCC)
+    study = study_tables.study_tables(samples, methods, study_base, base_lab, ks, **_UCC)
     for name, table in study.items():
         table.to_csv(out / f"{name}.csv")
     comp = study["comparisons"]
-    shown_cmp = S.formatted(comp, study_base)
+    shown_cmp = study_tables.formatted(comp, study_base)
     page.markdown(f"**Against `{study_base}`** ({int(comp['n_prompts'].iloc[0])} prompts; entropy in nats per token):")
     page.table(shown_cmp, "study_comparisons")
     if "family" in comp:
@@ -56,13 +55,13 @@ def _show(ctx, page) -> None:
     if study["base_curves"].empty:
         page.note("No base-model run with samples: no comparison with the base model.")
     else:
-        _base_curves(ctx, page, S, study, methods)
+        _base_curves(ctx, page, study_tables, study, methods)
     _training(ctx, page, methods, out)
 
 
 def _one_protocol(ctx, methods: dict, baseline: str) -> tuple[dict, list]:
     """(methods with only the runs evaluated under the baseline method's protocol, the labels left out)."""
-    protocols = R.protocols(ctx.shown)
+    protocols = data.protocols(ctx.shown)
     mine = protocols.get(methods[baseline][0])
     kept, left = {}, []
     for m, labels in methods.items():
@@ -73,10 +72,10 @@ def _one_protocol(ctx, methods: dict, baseline: str) -> tuple[dict, list]:
     return kept, left
 
 
-def _base_curves(ctx, page, S, study, methods) -> None:
+def _base_curves(ctx, page, study_tables, study, methods) -> None:
     import matplotlib.pyplot as plt
 
-    from .. import render as V
+    from .. import render
 
     curves = study["base_curves"]
     fig, ax = plt.subplots(figsize=(7, 3.8))
@@ -89,23 +88,23 @@ def _base_curves(ctx, page, S, study, methods) -> None:
     ax.axhline(0, color="0.4", lw=0.8)
     ax.set_xlabel("log2 k")
     ax.set_ylabel("pass@k minus the base model's")
-    V.legend(ax)
+    render.legend(ax)
     page.figure(fig, "study_base_crossing")
     page.markdown("Each method's pass@k minus the base model's (paired prompt-bootstrap 95% CI over prompts "
                   "and seeds); below 0 at large k means the curves cross (Yue et al. 2025):")
     page.table(study["crossings"], "study_crossings")
     page.markdown("pass@k (difference from the base model [95% CI]; * resolved after Holm-Bonferroni over the "
                   "table's methods x k):")
-    page.table(S.formatted_curves(curves), "study_base_curves")
+    page.table(study_tables.formatted_curves(curves), "study_base_curves")
 
 
 def _training(ctx, page, methods, out: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    from .. import render as V
+    from .. import render
 
-    hist = ctx.history(R.train_panels())
+    hist = ctx.history(data.train_panels())
     kl_keys = [k for k in _TRAIN_KEYS if k in hist]
     if not kl_keys:
         return
@@ -122,7 +121,7 @@ def _training(ctx, page, methods, out: Path) -> None:
         ax.set_xlabel("step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fullest = max(axs[0], key=lambda a: len(a.get_lines()))  # the panel every method logged (GSPO has no KL term)
-    V.legend(fullest, fig=fig)
+    render.legend(fullest, fig=fig)
     page.figure(fig, "study_training")
     kl_table = pd.DataFrame.from_dict(rows_kl, orient="index").rename_axis("method (mean over seeds)")
     kl_table.to_csv(out / "training.csv")

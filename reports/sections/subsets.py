@@ -2,7 +2,7 @@
 people, TR-GRPO's Table 1), with the accuracy curve over subsets."""
 import re
 
-from .. import data as R
+from .. import data
 from . import register_section
 
 
@@ -10,9 +10,9 @@ def _show(ctx, page) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    from .. import render as V
+    from .. import render
 
-    subsets = R.subset_table(ctx.shown)
+    subsets = data.subset_table(ctx.shown)
     if subsets.empty:
         page.note("No per-subset metrics were logged (only K&K puzzles have subsets).")
         return
@@ -25,7 +25,7 @@ def _show(ctx, page) -> None:
     ax.set_ylabel("accuracy")
     ax.set_ylim(-0.02, 1.02)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    V.legend(ax)
+    render.legend(ax)
     page.figure(fig, "subset_accuracy")
 
 

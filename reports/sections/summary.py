@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .. import data as R
-from .. import load as L
+from .. import data, load
 from ..seed_groups import eval_seed_note
 from . import register_section
 
@@ -33,7 +32,7 @@ def summary_table(ctx) -> tuple[pd.DataFrame, list[str]]:
     shown = ctx.shown
     if shown.empty:
         return pd.DataFrame(), []
-    passk = R.passk_table(shown)
+    passk = data.passk_table(shown)
     mean = passk.xs("mean", level="benchmark") if len(passk) and "mean" in passk.index.get_level_values(
         "benchmark") else pd.DataFrame()
     table = pd.DataFrame(index=pd.Index(list(shown["label"]), name="run"))
@@ -42,21 +41,21 @@ def summary_table(ctx) -> tuple[pd.DataFrame, list[str]]:
         table[c] = [mean[c].get(lab) if lab in mean.index else None for lab in table.index]
     notes: list[str] = []
     samples = ctx.samples
-    protocols, bases = R.protocols(shown), R.base_by_protocol(ctx.runs)
+    protocols, bases = data.protocols(shown), data.base_by_protocol(ctx.runs)
     comparisons = []
     label = ctx.baseline_label()
-    base = L.base_label(ctx.runs)
+    base = load.base_label(ctx.runs)
     if label is not None and label in samples:
         comparisons.append((f"vs {label}", label))
     if base is not None and base in samples and base != label:
         comparisons.append(("vs base model", base))
     for title, ref in comparisons:
-        diffs = R.baseline_differences(samples, ref, protocols=protocols, bases=bases)
+        diffs = data.baseline_differences(samples, ref, protocols=protocols, bases=bases)
         table[f"{title} (95% CI)"] = [_ci(diffs.loc[lab]) if lab in diffs.index else None for lab in table.index]
         table[f"resolved {title}"] = [_resolved(diffs.loc[lab]) if lab in diffs.index else None for lab in table.index]
         for run, b in diffs.attrs.get("refused", {}).items():
             notes.append(f"{run} is not compared with {b}: evaluated under another protocol "
-                         f"({R.protocol_difference(ctx.runs, run, b)}).")
+                         f"({data.protocol_difference(ctx.runs, run, b)}).")
     seeds = eval_seed_note(shown)
     if seeds:
         notes.append(seeds)
@@ -107,7 +106,7 @@ def _show(ctx, page) -> None:
                           f"{n_cmp} comparisons resolved (the CI excludes 0); about {0.05 * n_cmp:.1f} would be by "
                           "chance alone at 95%. Not resolved does not mean equal: the sections below say how many "
                           "prompts or seeds would resolve a difference.")
-    for line in notes + R.provenance_warnings(runs) + R.lora_notes(runs):
+    for line in notes + data.provenance_warnings(runs) + data.lora_notes(runs):
         page.note(line)
     for problem in ctx.sample_problems:  # named once here; the per-sample sections leave the run out
         page.note(f"Left out of every per-sample section: {problem}")

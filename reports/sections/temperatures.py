@@ -1,11 +1,11 @@
 """The tables' summary columns at each evaluation temperature (:func:`reports.data.temperature_table`; QUATRO's
 Table 2 at T = 1.0 and 1.5)."""
-from .. import data as R
+from .. import data
 from . import register_section
 
 
 def _show(ctx, page) -> None:
-    temps = R.temperature_table(ctx.shown)
+    temps = data.temperature_table(ctx.shown)
     if temps.empty:
         page.note("No run was evaluated at extra temperatures (eval.extra_temperatures).")
     else:

@@ -1,6 +1,6 @@
 """Question answering with a search tool (TR-GRPO's Table 3, after Search-R1): the registered ``tools`` table and the
 tool use over training."""
-from .. import data as R
+from .. import data
 from . import register_section
 
 _KEYS = ["train/tool_calls_mean", "train/no_answer_share"]
@@ -10,9 +10,9 @@ def _show(ctx, page) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    from .. import render as V
+    from .. import render
 
-    tool_table = R.metric_table(ctx.shown, "tools")
+    tool_table = data.metric_table(ctx.shown, "tools")
     if tool_table.empty:
         page.note("No run called tools.")
         return
@@ -26,7 +26,7 @@ def _show(ctx, page) -> None:
             ax.set_title(key.split("/", 1)[1])
             ax.set_xlabel("step")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        V.legend(axs[0][0], fig=fig)
+        render.legend(axs[0][0], fig=fig)
         page.figure(fig, "tool_use")
 
 

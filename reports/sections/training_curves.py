@@ -2,7 +2,7 @@
 algorithm's declared panels, the training-inference mismatch), one line per run, and their means over steps."""
 import numpy as np
 
-from .. import data as R
+from .. import data
 from . import register_section
 
 
@@ -10,13 +10,13 @@ def _show(ctx, page) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    from .. import render as V
+    from .. import render
 
-    hist = ctx.history(R.train_panels())
+    hist = ctx.history(data.train_panels())
     if not hist:
         page.note("No per-step training metrics were logged.")
         return
-    keys = [k for k in R.train_panels() if k in hist]
+    keys = [k for k in data.train_panels() if k in hist]
     cols = min(3, len(keys))
     rows_ = int(np.ceil(len(keys) / cols))
     fig, axes = plt.subplots(rows_, cols, figsize=(4.6 * cols, 3.2 * rows_), squeeze=False)
@@ -29,9 +29,9 @@ def _show(ctx, page) -> None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     for ax in list(axes.flat)[len(keys):]:
         ax.axis("off")
-    V.legend(axes.flat[0], fig=fig if len(keys) > 1 else None)
+    render.legend(axes.flat[0], fig=fig if len(keys) > 1 else None)
     page.figure(fig, "training_curves")
-    page.table(R.train_summary(hist), "training_summary", fmt=".4g")
+    page.table(data.train_summary(hist), "training_summary", fmt=".4g")
 
 
 register_section("training_curves", "Training curves", order=40, show=_show)

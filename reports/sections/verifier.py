@@ -1,12 +1,12 @@
 """The grader audit (the registered ``verifier`` table): per benchmark, the share of samples whose verdict differs
 between this suite's verifier and plain math-verify, the share with no answer in the form the prompt asks for, the
 echoes of the prompt refused (and those plain math-verify would have paid), and any echo accepted (a leak)."""
-from .. import data as R
+from .. import data
 from . import register_section
 
 
 def _show(ctx, page) -> None:
-    verifier = R.metric_table(ctx.shown, "verifier")
+    verifier = data.metric_table(ctx.shown, "verifier")
     if verifier.empty:
         page.note("No math benchmark was graded in these runs (or they were evaluated before the audit existed).")
         return

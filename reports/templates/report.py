@@ -45,9 +45,11 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import pandas as pd  # noqa: E402
 
-from reports import data as R  # noqa: E402
-from reports import load as L  # noqa: E402
-from reports import sections as S  # noqa: E402
+from reports import (
+    data,  # noqa: E402
+    load,  # noqa: E402
+)
+from reports import sections as report_sections  # noqa: E402
 from reports.render import Page, run_colors  # noqa: E402
 
 pd.set_option("display.precision", 4)
@@ -56,13 +58,13 @@ page = Page(figures_dir, Path(work_dir) / "paper")  # figures as PNG, PDF and SV
 page.html("<style>table.dataframe{display:block;max-width:100%;max-height:40em;overflow:auto}"
           ".rlvr-table{overflow-x:auto;max-width:100%}</style>")
 
-runs = R.short_labels(L.load_runs(tracking_uri, experiment, sweeps, run_filter))
-baseline = baseline or L.configured_baseline(runs)  # python -m reports without --baseline: the sweep's report.baseline
-plugin_problems = L.load_plugins(runs)  # the runs' plug-in modules: their tables and sections are shown below
-done = L.finished(runs)  # trained runs: training curves
-shown = L.evaluated(runs)  # the base model ("Initialization") and the trained runs: evaluation tables
-ctx = S.Context(runs, shown, done, tracking_uri, experiment=experiment, work_dir=Path(work_dir), baseline=baseline,
-                paper=S.sections_of(runs, sections),
+runs = data.short_labels(load.load_runs(tracking_uri, experiment, sweeps, run_filter))
+baseline = baseline or load.configured_baseline(runs)  # python -m reports without --baseline: the sweep's report.baseline
+plugin_problems = load.load_plugins(runs)  # the runs' plug-in modules: their tables and sections are shown below
+done = load.finished(runs)  # trained runs: training curves
+shown = load.evaluated(runs)  # the base model ("Initialization") and the trained runs: evaluation tables
+ctx = report_sections.Context(runs, shown, done, tracking_uri, experiment=experiment, work_dir=Path(work_dir), baseline=baseline,
+                paper=report_sections.sections_of(runs, sections),
                 colors=run_colors(list(shown["label"]) + list(done["label"])) if len(runs) else {})
 for problem in plugin_problems:
     page.note(f"A plug-in of these runs could not be imported, so its tables are not shown: {problem}")
@@ -71,5 +73,5 @@ for problem in plugin_problems:
 # Every registered report section in its place (reports/sections/: one file per topic; a plug-in module of the runs
 # adds its own): the summary first (what was compared, on what protocol, the differences and the warnings), then
 # each section with something to show; those with nothing are one line at the end.
-empty = [S.show_section(section, ctx, page) for section in S.body()]
-S.show_empty(page, empty)
+empty = [report_sections.show_section(section, ctx, page) for section in report_sections.body()]
+report_sections.show_empty(page, empty)
