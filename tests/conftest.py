@@ -70,6 +70,12 @@ FIRST_GROUPS = ("verl", "tests/e2e/test_twins.py", "tests/orchestrator/test_faul
                 "tests/orchestrator/test_sweep_lifecycle.py", "tests/e2e/test_presets.py", "tests/slurm/test_slurm.py", "all_algorithms", "tests/e2e/test_sweep.py")
 
 
+# the end-to-end sweeps and the process-level fault, store and cluster tests: marked ``slow`` as a whole (the quick loop,
+# ``python -m pytest -m "not slow"``, leaves them out; each test elsewhere that takes seconds carries the mark itself)
+SLOW_PATHS = ("tests/e2e/", "tests/slurm/", "tests/orchestrator/test_faults.py", "tests/orchestrator/test_cluster_store.py",
+              "tests/orchestrator/test_sweep_lifecycle.py")
+
+
 def _group(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
     return SHARED_GROUPS.get(path, path)
@@ -88,9 +94,12 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """Puts the :data:`FIRST_GROUPS` first, longest first, and starts the GPU install's pip resolution
+    """Marks the tests under :data:`SLOW_PATHS` ``slow``; puts the :data:`FIRST_GROUPS` first, longest first, and starts the GPU install's pip resolution
     (tests/training/test_verl_engine.py), which waits mostly on the network for about two minutes, in the background
     when that test is selected: once per test run however many workers collect it, the test reading its result."""
+    for item in items:
+        if item.nodeid.startswith(SLOW_PATHS):
+            item.add_marker(pytest.mark.slow)
     rank = {g: i for i, g in enumerate(FIRST_GROUPS)}
     items.sort(key=lambda item: rank.get(_group(item.nodeid), len(rank)))  # stable: the order within a group is kept
     if any(item.name == GPU_INSTALL_TEST for item in items):

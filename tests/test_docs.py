@@ -23,6 +23,7 @@ def test_readme_is_a_front_door_whose_links_resolve():
     assert not missing, missing
 
 
+@pytest.mark.slow
 def test_mkdocs_build_strict_passes(tmp_path):
     pytest.importorskip("mkdocs", reason="mkdocs is not installed (the dev extra; scripts/install.sh installs it)")
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],

@@ -32,6 +32,7 @@ def test_ruff_finds_nothing():
     assert proc.returncode == 0, proc.stdout[-4000:]
 
 
+@pytest.mark.slow
 def test_no_path_outside_the_repository_in_code_or_docs():
     """The suite's code, configs and user docs name no folder beside the checkout (the tests alone read the shared
     benchmark files next to it) and no machine's own paths."""

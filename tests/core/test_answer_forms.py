@@ -80,6 +80,7 @@ def _expression_rows(rows, per_task=3):
     return out, len(paid)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bench", BENCHMARKS)
 def test_restating_a_benchmark_prompt_earns_nothing_and_the_boxed_gold_earns_one(bench, benchmark_dir):
     rows = get_task(bench).load("test", OmegaConf.create({"data_dir": str(benchmark_dir), "max_prompts": None}))

@@ -156,6 +156,7 @@ FAMILIES = {"qwen2.5-7b": "qwen2", "qwen2.5-7b-instruct": "qwen2", "qwen2.5-3b-i
 BASE_MODELS = {"qwen2.5-7b", "qwen2.5-3b", "qwen2.5-coder-1.5b", "qwen2.5-math-1.5b", "qwen2.5-math-7b"}  # plain prompts
 
 
+@pytest.mark.slow
 def test_every_model_preset_composes_with_its_hub_path_and_chat_setting():
     from orchestrator.checks.preflight import sweep_points
     from orchestrator.checks.validate import validate_config
@@ -200,6 +201,7 @@ def test_each_model_family_runs_the_shared_prompt_scoring_path(family):
             assert torch.allclose(lp[i, :len(r)], want, atol=1e-5), (family, i)
 
 
+@pytest.mark.slow
 def test_transformers_sampling_draws_from_its_own_generator_not_torch_global_one(tiny_policy, monkeypatch):
     """generate_responses draws from a generator of its own, seeded with the call's seed: its samples equal
     transformers' own sampling after ``torch.manual_seed(seed)`` (the second method: generate's multinomial on the

@@ -57,6 +57,7 @@ def test_the_probe_measures_both_products_and_the_refusal_names_key_slowdown_and
     assert precision.refusal("train.precision", "bf16", "cpu") is None
 
 
+@pytest.mark.slow
 def test_preflight_refuses_an_explicit_bf16_on_a_cpu_without_bf16_units_in_seconds(tmp_path):
     """Through the sweep command: exit 2, one line, before any work (no store, no run folder). How long it takes is
     measured, not asserted (about 5 s on 2 idle cores: the command's start-up; the probe is under a second)."""
@@ -86,6 +87,7 @@ def test_preflight_checks_every_precision_key_and_leaves_remote_points_to_their_
     check_precision(OmegaConf.merge(cfg, {"train": {"precision": "bf16"}}))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags,want", [(AVX2, "fp32"), (AMX, "bf16")])
 def test_auto_trains_in_the_precision_the_cpu_computes_and_says_why(monkeypatch, tmp_path, flags, want):
     """One step of the tiny model with train.precision=auto: the update runs bf16 autocast exactly on the CPU with

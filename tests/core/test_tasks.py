@@ -82,6 +82,7 @@ def test_mmlu_pro_and_truthfulqa_loaders_on_local_files_in_the_hubs_layout(tmp_p
 
 # ------------------------------------------------------------------------------------- code in the sandbox
 
+@pytest.mark.slow
 @needs_sandbox
 def test_all_humaneval_canonical_solutions_pass_and_a_wrong_variant_of_each_fails():
     rows = get_task("humaneval").load("test", OmegaConf.create({}))
@@ -124,6 +125,7 @@ ADVERSARIAL = {
 }
 
 
+@pytest.mark.slow
 @needs_sandbox
 @pytest.mark.parametrize("what", list(ADVERSARIAL))
 def test_hostile_programs_score_zero_in_bounded_time(what):
@@ -161,6 +163,7 @@ def test_without_bubblewrap_code_tasks_refuse_to_start(monkeypatch):
         get_task("humaneval").validate(OmegaConf.create({}), "eval")
 
 
+@pytest.mark.slow
 @needs_sandbox
 def test_cli_evaluates_code_and_multiple_choice_tasks_side_by_side(tmp_path, benchmark_dir, tiny_cfg):
     from core.models import model_path

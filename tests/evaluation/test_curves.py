@@ -35,6 +35,7 @@ def test_sigmoid_by_hand_and_a_noise_free_fit_recovers_the_parameters():
     assert ex["made"] and ex["points_fitted"] == 9 and ex["points_predicted"] == 10 and ex["mae"] < 1e-5
 
 
+@pytest.mark.slow
 def test_bootstrap_intervals_cover_the_true_parameters_in_at_least_90_of_100_draws():
     """Acceptance: 100 synthetic series (200 prompts x 4 samples, binomial noise) from known (A, B, C_mid); the 95%
     prompt-bootstrap intervals cover each true parameter in >= 90 of them (93-97 measured with 200 replicates)."""

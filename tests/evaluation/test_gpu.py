@@ -17,6 +17,7 @@ def test_vllm_sampler_smoke_script():
     assert proc.returncode == 0 and "gpu_smoke_vllm: OK" in proc.stdout, proc.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_gpu_eval_check_script_runs_its_whole_path_on_the_cpu(tmp_path):
     """scripts/gpu_check_eval.py --device cpu: the device machine's script (no MLflow, no Hydra) on the CPU, so
     it cannot rot where no GPU is lent; the same checks, float32."""

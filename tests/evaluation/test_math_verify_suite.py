@@ -87,6 +87,7 @@ def test_suite_source_and_size():
     assert len(CASES) == 269 and {c["expected"] for c in CASES} == {0, 1}
 
 
+@pytest.mark.slow
 def test_exclusions_are_exactly_the_configuration_dependent_cases(verdicts):
     assert {(CASES[i]["gold"], CASES[i]["pred"]) for i in verdicts[2]} == set(EXCLUDED)
 

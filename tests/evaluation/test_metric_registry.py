@@ -216,6 +216,7 @@ def test_the_report_data_layer_finds_a_plug_in_table_through_the_registry(toy_me
     assert "no_such_module_xyz" in L.load_plugins(bad)[0]
 
 
+@pytest.mark.slow
 def test_the_report_shows_a_plug_in_tables_section(tmp_path):
     """A run whose config named the plug-in: the report's notebook imports it and gives its table a section."""
     import mlflow

@@ -72,6 +72,7 @@ def tiny_checkpoint(tmp_path_factory, tiny_policy):
     return path
 
 
+@pytest.mark.slow
 def test_cli_evaluates_two_shared_benchmarks_and_logs_every_table(tmp_path, benchmark_dir, tiny_checkpoint):
     from mlflow.tracking import MlflowClient
 

@@ -4,6 +4,7 @@ the sampler), the same seed draws bitwise equal samples and another seed other s
 and the agent loop (multi-turn episodes with a search tool) here; vLLM's in tests/e2e/test_vllm.py (its engine starts
 once there)."""
 import pandas as pd
+import pytest
 from omegaconf import OmegaConf
 
 from core.sampling import HFSampler, SamplingSettings
@@ -11,6 +12,7 @@ from core.tasks import get_task, load_prompts
 from evaluation.pipeline import Draw, sample_benchmarks
 
 
+@pytest.mark.slow
 def test_the_evaluation_seed_reaches_the_transformers_sampler_and_the_agent_loop(tiny_policy, tiny_cfg, tmp_path,
                                                                                   monkeypatch):
     monkeypatch.setenv("RLVR_CACHE", str(tmp_path / "cache"))

@@ -76,6 +76,7 @@ def test_exact_comparison_is_bounded_and_falls_back_to_math_verify():
         V.EXACT_TIMEOUT_S = old
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_adversarial_outputs_are_bounded_and_incorrect():
     from core.verify import Verifier
@@ -95,6 +96,7 @@ def test_adversarial_outputs_are_bounded_and_incorrect():
     v.close()
 
 
+@pytest.mark.slow
 def test_the_pool_closes_when_a_timed_out_worker_cannot_run_its_sigterm_handler():
     """A worker stuck in C code on an item that timed out (a huge power) runs no Python signal handler until that
     code returns, and close()'s Pool.terminate() joined it for ever: a 600 s test time-out on a loaded 2-core machine
@@ -123,6 +125,7 @@ def test_the_pool_closes_when_a_timed_out_worker_cannot_run_its_sigterm_handler(
     assert proc.stdout.startswith("timed out and closed in") and float(proc.stdout.split()[-1]) < 15
 
 
+@pytest.mark.slow
 def test_the_pool_closes_after_its_idle_workers_got_sigterm():
     """A signal to the whole process group (``pkill -f``, ``scancel``, a supervisor) reaches the verifier's forked
     workers too. Killed with the default action, a worker waiting for a task kept the task queue's lock, and
@@ -228,6 +231,7 @@ def test_plain_math_verifys_false_accepts_are_rejected(gold, response, expected)
     assert check_answer(response, gold).correct is expected
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_every_gold_verifies_against_itself_and_rejects_gold_plus_one(benchmark_dir):
     """All 3,064 local golds: each accepted against its own boxed form; each gold+1 answer rejected unless
@@ -276,6 +280,7 @@ def test_hub_loader_normalises_rows_like_the_local_loader(benchmark_dir):
     assert [r["gold"] for r in hub] == [r["gold"] for r in local] and hub[0]["prompt"] == local[0]["prompt"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_verifier_benchmark_measures_both_graders():
     """benchmarks/verifier.py's measuring functions on pairs whose verdicts and cache hits are known by hand."""

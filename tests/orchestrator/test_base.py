@@ -26,6 +26,7 @@ def _hash(*overrides, sampler=None):
     return B.base_hash(B.base_identity(cfg, {**proto, **({"sampler": sampler} if sampler else {})}))
 
 
+@pytest.mark.slow
 def test_base_identity_is_what_determines_the_base_samples():
     h = _hash()
     for same in (["algo=gspo"], ["train.lr=1e-3", "train.steps=9"], ["eval.flip_k=2"], ["eval.base=false"],
@@ -64,6 +65,7 @@ def _base_runs(client, exp_id):
     return client.search_runs([exp_id], filter_string="tags.`rlvr.kind` = 'base'")
 
 
+@pytest.mark.slow
 def test_a_live_claim_defers_and_a_silent_one_is_taken_over(store, tmp_path):
     exp_id, client = store
     cfg = _cfg()
@@ -96,6 +98,7 @@ def test_a_claim_on_this_host_whose_process_is_gone_is_not_live(store):
     assert B.claim_is_live(client.get_run(alive))
 
 
+@pytest.mark.slow
 def test_waiting_for_another_jobs_claim_returns_its_samples(store, tmp_path):
     exp_id, client = store
     be = _base(_cfg(), exp_id, tmp_path)
@@ -118,6 +121,7 @@ def test_waiting_for_another_jobs_claim_returns_its_samples(store, tmp_path):
     assert len(_base_runs(client, exp_id)) == 1  # it never claimed one of its own
 
 
+@pytest.mark.slow
 def test_a_failed_base_evaluation_is_recorded_and_the_point_goes_on(store, tmp_path):
     exp_id, client = store
     cfg = OmegaConf.merge(_cfg(), {"eval": {"benchmarks": ["aime24"], "data_dir": str(tmp_path / "missing")}})

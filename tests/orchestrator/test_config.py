@@ -17,6 +17,7 @@ def test_sweep_expansion_gives_the_cartesian_product():
     assert points[1][1].algo.advantage.delta == 0.1  # delta reaches QUATRO through interpolation
 
 
+@pytest.mark.slow
 def test_identity_ignores_delta_where_the_algorithm_does_not_use_it():
     assert config_hash(_cfg("algo=gspo", "delta=0.01")) == config_hash(_cfg("algo=gspo", "delta=0.1"))
     assert config_hash(_cfg("algo=quatro", "delta=0.01")) != config_hash(_cfg("algo=quatro", "delta=0.1"))
@@ -86,12 +87,14 @@ ALGOS = ["grpo", "dr_grpo", "dapo", "gspo", "cispo", "gpg", "gmpo", "quatro", "t
          "grpo_h", "grpo_ur", "f_grpo"]
 
 
+@pytest.mark.slow
 def test_defaults_and_every_algorithm_validate():
     for algo in ALGOS:
         warnings = validate_config(_cfg(f"algo={algo}"))
         assert (len(warnings) == 1) == (algo == "tr_grpo_literal"), (algo, warnings)
 
 
+@pytest.mark.slow
 def test_presets_carry_the_papers_defaults():
     assert _cfg("algo=dapo").algo.policy_loss.clip_ratio_high == 0.28
     assert _cfg("algo=dapo").algo.policy_loss.loss_agg_mode == "token-mean"

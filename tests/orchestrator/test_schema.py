@@ -67,6 +67,7 @@ def configs():
     return _configs()
 
 
+@pytest.mark.slow
 def test_every_key_of_every_preset_is_in_the_schema_and_the_presets_pass(configs):
     for ov, cfg in configs:
         validate_config(cfg)  # an unknown key or a bad value in a preset would raise here
@@ -76,6 +77,7 @@ def test_every_key_of_every_preset_is_in_the_schema_and_the_presets_pass(configs
         assert unknown == [], ov
 
 
+@pytest.mark.slow
 def test_each_key_refuses_bad_values_with_one_line_naming_it(configs):
     tried, seen = 0, set()
     for ov, cfg in configs:

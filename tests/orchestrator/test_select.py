@@ -42,6 +42,7 @@ def selected(tmp_path_factory):
     return cwd, client, run
 
 
+@pytest.mark.slow
 def test_the_chosen_checkpoint_is_the_best_on_held_out_training_prompts_and_only_the_best_are_kept(selected):
     cwd, client, run = selected
     run_dir = Path(run.data.tags["rlvr.run_dir"])

@@ -41,6 +41,7 @@ def test_the_protocol_depends_on_evaluation_settings_and_the_machine_not_on_trai
     assert P.differences(base, {**base, "sampler": "vllm"}) == ["sampler: hf vs vllm"]
 
 
+@pytest.mark.slow
 def test_the_first_evaluation_records_the_choice_and_later_ones_use_it(sweep):
     exp_id, sweep_id, parent, client, store = sweep
     cfg = _cfg()

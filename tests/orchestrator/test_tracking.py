@@ -2,6 +2,7 @@
 calls that wait out an unreachable server (tracking.retry) and the metric buffer that keeps what a lost store missed."""
 import sqlite3
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 
@@ -15,6 +16,7 @@ def _schema(db):
                   for t, n, sql in rows), version
 
 
+@pytest.mark.slow
 def test_a_new_store_is_a_copy_of_the_cached_empty_store_and_a_bad_template_is_replaced(tmp_path, monkeypatch):
     from orchestrator.store import tracking
 
@@ -57,6 +59,7 @@ def test_a_cache_path_that_is_not_a_folder_only_costs_the_migrations(tmp_path, m
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.db", "a.db.lock", "cache"]  # no partial file left
 
 
+@pytest.mark.slow
 def test_store_calls_wait_out_an_unreachable_server_and_only_that(monkeypatch):
     """tracking.retry against a port nothing listens on (a real refused connection through MLflow's client): it
     keeps trying until tracking.outage_s, then raises MLflow's error; an error that is not an outage raises at once."""
@@ -123,6 +126,7 @@ def test_metrics_a_lost_store_did_not_take_are_kept_in_order_and_sent_on_resume(
     assert store.send_unsent(run.info.run_id, unsent) == 0  # nothing left: nothing sent twice
 
 
+@pytest.mark.slow
 def test_the_store_object_reads_its_limit_from_the_config_and_names_its_operations(tmp_path):
     """tracking.Store: the outage limit from ``tracking.outage_s`` (the default when the key is absent); its named
     operations against a real SQLite store, read back through a plain MLflow client: tags on a run by id, metrics in

@@ -70,6 +70,7 @@ def test_no_file_outside_the_plug_ins_names_them():
     assert hits == []
 
 
+@pytest.mark.slow
 def test_one_plugin_of_every_kind_runs_through_one_sweep_point(tmp_path):
     from tests.e2e.test_sweep import TINY, _runs, _sweep
 

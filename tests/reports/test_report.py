@@ -13,6 +13,7 @@ from reports.seed_groups import seed_aggregate
 from tests.e2e.test_sweep import _assert_clean_notebook  # noqa: F401  (also used here)
 
 
+@pytest.mark.slow
 def test_empty_experiment_gives_a_short_report(tmp_path):
     res = build("nothing-here", f"sqlite:///{tmp_path}/mlflow.db", out_dir=tmp_path / "out", log_to_mlflow=False)
     html = res["html"].read_text()
@@ -20,6 +21,7 @@ def test_empty_experiment_gives_a_short_report(tmp_path):
     _assert_clean_notebook(res["notebook"])
 
 
+@pytest.mark.slow
 def test_all_failed_experiment_says_so(tmp_path):
     import mlflow
 
@@ -109,6 +111,7 @@ def test_report_colours_seeds_and_quatro_advantages_by_hand():
         assert curves.loc[c, "A_wrong"] == pytest.approx(a_wrong, abs=1e-4)
 
 
+@pytest.mark.slow
 def test_staleness_sweep_report_has_the_faceted_figure_and_seed_means(tmp_path):
     """A synthetic staleness sweep (GSPO and QUATRO x inner epochs 1, 2 x lr 1e-6, 2e-6, two seeds of one point)
     logged to a real MLflow store: the report draws the faceted staleness figure and the seed table cleanly."""
@@ -136,6 +139,7 @@ def test_staleness_sweep_report_has_the_faceted_figure_and_seed_means(tmp_path):
     assert "0.4500 ± 0.0707" in seeds   # the two seeds of gspo, 1 epoch, lr 1e-6: 0.4 and 0.5
 
 
+@pytest.mark.slow
 def test_staleness_grid_draws_with_one_learning_rate_and_every_figure_and_table_is_exported(tmp_path):
     """The CPU twin of the staleness study sweeps one learning rate (issue 33): the grid is drawn (one colour), and
     the report writes every figure as PDF and SVG and every table as CSV and booktabs LaTeX under paper/, logged to
@@ -335,6 +339,7 @@ def _two_sweeps(tmp_path):
     return uri, parents, ids
 
 
+@pytest.mark.slow
 def test_each_sweeps_report_shows_its_own_runs_and_both_stay(tmp_path, monkeypatch):
     """Issue 46: every sweep of an experiment wrote reports_out/<experiment>/report.html from every run of the
     experiment (a one-point sweep's report counted 8 runs of other sweeps). Now a sweep's report (built under its
@@ -371,6 +376,7 @@ def test_each_sweeps_report_shows_its_own_runs_and_both_stay(tmp_path, monkeypat
     (["--experiment", "two", "--baseline", "alpha_algx"],
      "--baseline=alpha_algx: not among these runs (did you mean alpha_algo?) (the base model's row, an algorithm or"),
 ])
+@pytest.mark.slow
 def test_the_reports_command_refuses_bad_arguments_in_one_line(tmp_path, monkeypatch, capsys, args, fragment):
     """Issue 46: ``--experiment`` with a typo built an empty report and created an empty store. One line, exit 2,
     nothing built or created."""

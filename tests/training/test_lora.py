@@ -43,6 +43,7 @@ def _adapter(ckpt):
     return load_file(str(ckpt / "adapter_model.safetensors"))
 
 
+@pytest.mark.slow
 def test_a_stopped_and_resumed_lora_run_ends_with_the_uninterrupted_runs_adapter(straight, tmp_path):
     """Stopped once step 0 is logged, resumed: every step logged once, the same adapter to 1e-6 (here: equal), the
     state and the checkpoint hold the adapters only (peft's format, naming the base folder)."""
@@ -83,6 +84,7 @@ def test_a_stopped_and_resumed_lora_run_ends_with_the_uninterrupted_runs_adapter
     assert memory["trainable"] / memory["total"] < 0.05
 
 
+@pytest.mark.slow
 def test_the_evaluation_of_a_lora_checkpoint_equals_the_evaluation_of_the_adapter_merged_into_the_base(straight, tmp_path):
     """The usual evaluation of the adapter folder (evaluation.pipeline.evaluate_checkpoint) gives the samples of the
     same adapter merged into the base by peft here, and not the base model's."""
@@ -168,6 +170,7 @@ def test_a_jump_in_the_mismatch_after_a_sync_is_an_error_naming_the_step():
     assert b.check(0, 0.02) is None and b.check(1, 0.05) is None and "step 2" in b.check(2, 0.5)
 
 
+@pytest.mark.slow
 def test_smollm2_with_rank_8_trains_under_5_percent_keeps_the_base_and_scores_the_reference_as_the_base(tmp_path):
     """The main job's model and rank (SmolLM2-135M, train.lora.rank=8): trainable parameters under 5% of the total;
     after an update every base weight is bit-identical to a separately loaded base model's, and the KL term's

@@ -54,6 +54,7 @@ def test_a_loaded_models_shape_and_parameter_count(tiny_cfg, tiny_policy):
     assert model_shape(cfg.model) == ModelShape(name=str(cfg.model.name), **shipped_shapes()["HuggingFaceTB/SmolLM2-135M-Instruct"])
 
 
+@pytest.mark.slow
 def test_every_preset_is_planned_offline():
     """Every experiment preset has a plan on an 80 GiB GPU from the shipped shapes (the suite runs offline here:
     HF_HUB_OFFLINE=1, no hub cache of these models), and every paper preset's points are in the docs' table."""
@@ -113,6 +114,7 @@ def test_cpu_memory_is_the_machines_whatever_runs_beside():
     del hold
 
 
+@pytest.mark.slow
 def test_quatro_main_on_a_24_gb_cpu_stops_at_preflight(tmp_path):
     """``python sweep.py -m experiment=quatro_main`` on a CPU of 24 GiB: one line with the plan's total and what
     would make it fit, exit 2, nothing started (no MLflow run, no sweep folder)."""
@@ -130,6 +132,7 @@ def test_quatro_main_on_a_24_gb_cpu_stops_at_preflight(tmp_path):
     print(f"pre-flight refused quatro_main in {elapsed:.1f} s")
 
 
+@pytest.mark.slow
 def test_a_step_at_quatro_mains_batch_shape_runs_under_a_fixed_peak(tmp_path):
     """256 prompts x 8 responses, the whole 2,048 in one minibatch (quatro_main's shape), on the tiny model with
     4-token responses and a budget of 4,096 positions per pass: the step trains in several passes, none over the
@@ -164,6 +167,7 @@ print(json.dumps({{"peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print({k: out[k] for k in ("peak_gb", "plan_gb")}, m["train/micro_batches"], m["train/padding_share"])
 
 
+@pytest.mark.slow
 def test_memory_benchmark_runs_its_configurations(tmp_path):
     """benchmarks/memory.py on the tiny model: every configuration measured in its own process beside the plan."""
     out = tmp_path / "mem.json"

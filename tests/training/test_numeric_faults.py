@@ -38,6 +38,7 @@ def _poisoned_at_step_1(cfg, run_dir):
         toy.POISON["on"] = False
 
 
+@pytest.mark.slow
 def test_a_nan_loss_at_one_step_skips_that_update_and_the_run_goes_on(tmp_path):
     """NaN at step 1 only: its two optimiser steps are skipped and logged (the policy loss named), its loss logged as
     NaN, not dropped; the weights after step 1 equal those before it (a one-step run's), and step 2 trains."""
@@ -53,6 +54,7 @@ def test_a_nan_loss_at_one_step_skips_that_update_and_the_run_goes_on(tmp_path):
     assert m[2]["train/grad_norm"] > 0 and any(not torch.equal(w1[k], w3[k]) for k in w1)  # step 2 trained
 
 
+@pytest.mark.slow
 def test_nan_from_some_step_on_stops_the_run_with_one_line_and_a_finite_resumable_state(tmp_path):
     """NaN from step 1 on with train.max_nonfinite_steps=2: the run stops at step 2 naming the step and the term;
     its saved state is finite and resumes (the weights are step 0's)."""

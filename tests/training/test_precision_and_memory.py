@@ -43,6 +43,7 @@ def test_chunked_head_gives_the_one_call_log_probs_entropies_and_gradients(tiny_
     model.zero_grad()
 
 
+@pytest.mark.slow
 def test_bf16_first_minibatch_ratio_is_exactly_one_and_tracks_fp32(tiny_cfg, tmp_path):
     runs = {}
     for precision in ("fp32", "bf16"):
@@ -59,6 +60,7 @@ def test_bf16_first_minibatch_ratio_is_exactly_one_and_tracks_fp32(tiny_cfg, tmp
             assert m[key] > 0, key
 
 
+@pytest.mark.slow
 def test_gradient_checkpointing_changes_memory_not_results(tiny_cfg, tmp_path):
     runs = {}
     for ckpt in (False, True):
@@ -85,6 +87,7 @@ def test_preflight_refuses_gradient_checkpointing_on_a_model_without_it(tiny_cfg
         validate_config(OmegaConf.merge(tiny_cfg, {"train": {"precision": "fp8"}}))
 
 
+@pytest.mark.slow
 def test_gpu_train_check_script_runs_its_path_on_the_cpu(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check_train.py"), "--device", "cpu", "--hidden",
                            "128", "--layers", "2", "--prompts", "4", "--tokens", "16", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
@@ -92,6 +95,7 @@ def test_gpu_train_check_script_runs_its_path_on_the_cpu(tmp_path):
     assert '"first_minibatch_ratio_dev": [0.0, 0.0]' in proc.stdout
 
 
+@pytest.mark.slow
 def test_gpu_async_check_script_runs_its_path_on_the_cpu(tmp_path):
     """scripts/gpu_check_async.py (stale rollouts, emulated and overlapped, for a lent GPU) on the CPU with a small
     model: its checks pass (the overlapped run draws the emulated run's samples) and the float32 CPU path gives the
@@ -108,6 +112,7 @@ def test_gpu_async_check_script_runs_its_path_on_the_cpu(tmp_path):
     assert diffs and all(v < 1e-5 for v in diffs.values()), diffs
 
 
+@pytest.mark.slow
 def test_train_step_benchmark_runs_both_engines_on_the_same_prompts(tmp_path, tiny_cfg):
     """benchmarks/train_step.py on the tiny model (2 steps, 8 tokens): both engines step in turn, each reports
     the split and its own peak memory, with and without LoRA (--lora: the local engine's adapters beside TRL's peft); and TRL's dataset is exactly the prompt sequence the local engine draws."""
@@ -206,6 +211,7 @@ def test_deferred_old_log_probs_equal_the_rollout_pass(tiny_policy, epochs, mini
         assert torch.allclose(a, b, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_gpu_scale_check_script_runs_its_path_on_the_cpu():
     """scripts/gpu_check_scale.py (quatro_main's batch shape on a 1.5B-shaped model, for a lent GPU) on the CPU with
     a small model: one update in several passes, none over the auto budget, the weights changed, the plan printed."""
@@ -250,6 +256,7 @@ def test_a_dapo_step_that_keeps_no_group_says_so_and_leaves_the_weights(tmp_path
     assert all(torch.equal(a, b) for a, b in zip(start.state_dict().values(), after.state_dict().values()))
 
 
+@pytest.mark.slow
 def test_gpu_rollout_check_script_runs_its_path_on_the_cpu(tmp_path):
     """scripts/gpu_check_rollout.py (benchmarks.sampling --breakdown on a 1.5B-shaped model, for a GPU with vLLM) on
     vLLM's CPU build with a small model: the rows that make the suite's requests draw the same samples, and the

@@ -19,6 +19,7 @@ def _cfg(tiny_cfg):
         "checkpoint_every": 1}})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["between steps", "during the update"])
 def test_preempted_and_resumed_training_matches_an_uninterrupted_run(tiny_cfg, tmp_path, monkeypatch, where):
     """A stop requested once step 1 is logged is honoured before step 2 generates anything (the state after step 1

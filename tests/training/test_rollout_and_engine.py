@@ -36,6 +36,7 @@ def test_group_samples_differ_and_rollouts_are_reproducible(tiny_policy):
     assert b1.group_index.tolist() == [0, 0, 0, 0]
 
 
+@pytest.mark.slow
 def test_local_engine_updates_the_policy_and_logs_every_step(tiny_cfg, tmp_path):
     from omegaconf import OmegaConf
 

@@ -38,6 +38,7 @@ def _series(logged):
     return {k: [m.get(k) for _, m in sorted(logged, key=lambda x: x[0])] for k in keys}
 
 
+@pytest.mark.slow
 def test_a_stop_inside_the_update_saves_its_progress_and_the_resumed_run_equals_an_unstopped_one(tmp_path):
     from safetensors.torch import load_file
 

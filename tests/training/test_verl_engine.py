@@ -204,6 +204,7 @@ def test_estimators_reading_old_logprobs_pass_verl_preflight(algo):
     (["algo=gspo", "train.minibatch_size=12"], "train.minibatch_size=12"),
     (["algo=gspo", "engine.n_gpus_per_node=3"], "engine.n_gpus_per_node x engine.nnodes = 3"),
 ])
+@pytest.mark.slow
 def test_settings_verl_cannot_honour_fail_preflight_naming_the_value(tmp_path, overrides, needle):
     res = subprocess.run([sys.executable, str(REPO / "sweep.py"), "model=tiny-random", "engine=verl", *overrides],
                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
@@ -212,6 +213,7 @@ def test_settings_verl_cannot_honour_fail_preflight_naming_the_value(tmp_path, o
     assert not (tmp_path / "mlflow.db").exists() or "Traceback" not in res.stderr
 
 
+@pytest.mark.slow
 def test_translated_config_composes_and_validates_against_verls_schema(tmp_path):
     from omegaconf import OmegaConf
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
@@ -274,6 +276,7 @@ def test_parquet_has_verls_rl_dataset_layout_and_reward_scores_with_the_verifier
         V.write_parquet([], tmp_path / "empty.parquet", "x")
 
 
+@pytest.mark.slow
 def test_registration_reaches_ray_worker_processes():
     ray = pytest.importorskip("ray")
     spec = {"algo": "quatro", "advantage": {"name": "quatro", "params": {"delta": 0.1}},
@@ -632,6 +635,7 @@ def test_engine_verl_accepts_every_algorithm_preset(algo):
     assert V.check_verl_config(cfg) == []
 
 
+@pytest.mark.slow
 def test_every_paper_preset_with_engine_verl_composes_and_validates(tmp_path):
     """Every point of every experiment preset, with engine=verl: our validation, verl's pre-flight, and the
     translated config composed against verl's own schema (first point of each preset). A point with rollout
@@ -706,6 +710,7 @@ def _actor_setup(env):
                           cwd=REPO)
 
 
+@pytest.mark.slow
 def test_verls_actor_setup_survives_an_installed_trl_with_the_suites_environment():
     """With TRL 1.x installed (the bench extra), verl 0.9.1's actor set-up fails on its own ("cannot import name
     'AutoModelForCausalLMWithValueHead'": verl patches that class whenever TRL is installed); with the environment
@@ -810,6 +815,7 @@ def test_the_search_function_tool_answers_through_verls_tool_class(tmp_path, mon
     assert asyncio.run(tool.call({"query": "anything"})).startswith("search failed:")
 
 
+@pytest.mark.slow
 def test_lora_settings_reach_verls_own_lora_and_compose(tmp_path):
     """train.lora -> verl's model.lora_rank / lora_alpha / target_modules, merged weights to the rollout
     (model.lora.merge), the adapters' learning rate (auto: 10 x train.lr); verl's schema accepts them and takes its
@@ -847,6 +853,9 @@ def test_rollout_corrections_map_to_verls_own_and_weigh_the_suites_loss(name, ca
     [(_, cfg)] = sweep_points(["experiment=verl_smoke", "engine=verl", "algo=grpo_verl",
                                f"train.rollout.correction={name}", f"train.rollout.correction_cap={cap}",
                                f"train.rollout.correction_lower={'null' if lower is None else lower}"])
+    from core.tasks import load_plugins
+
+    load_plugins(cfg.get("plugins"))  # verl_smoke's toy task (a sweep loads it; this test runs alone too)
     assert V.check_verl_config(cfg) == []
     c = V.compose_verl_config(V.verl_overrides(cfg, "/models/m", tmp_path / "d", tmp_path / "r"))
     rc = c.algorithm.rollout_correction

@@ -72,6 +72,7 @@ def _record(every: bool = False) -> tuple[dict, set]:
     return out, seeded
 
 
+@pytest.mark.slow
 def test_every_points_overrides_and_spec_equal_those_of_147c0b6():
     want = json.loads(FIXTURE.read_text())
     got, seeded = _record()
