@@ -17,7 +17,9 @@ What a local training run holds (GiB, :class:`MemoryPlan.parts`):
   copy of the weights and its key/value cache (sized for one generation call of the step, at most 2 GiB:
   :func:`core.sampling.vllm.kv_cache_bytes`), held throughout; transformers rollouts: their key/value cache
   and one step's logits; with overlapped generation (``train.rollout.overlap``, staleness >= 1) one more float32 copy
-  of the weights, held (the policy the step started from, which generates during the update);
+  of the weights, held (the policy the step started from, which generates during the update), and the generation's
+  own memory (the GPU engine's share, transformers' cache and logits) held beside the update rather than in turn
+  with it: the two run at the same time;
 - ``runtime``: what the process holds besides (CPU: Python, torch and the libraries, measured; GPU: the CUDA
   context and allocator slack).
 
@@ -319,8 +321,10 @@ def plan_memory(shape: ModelShape, run: RunShape, budget_tokens: int | None, dev
         parts["rollout_held"] = (2.0 if run.bf16 else 4.0) * n / GIB + engine_kv + VLLM_CPU_RUNTIME_GB
     elif run.rollout == "hf":
         parts["rollout_transient"] = hf
-    if run.generation_copy:  # overlapped generation: the weights the step started from, beside the trained ones
-        parts["rollout_held"] += 4.0 * (n + lora) / GIB
+    if run.generation_copy:  # overlapped generation: the weights the step started from, beside the trained ones;
+        # and the generation runs during the update (on a GPU its engine is not put to sleep): its transients are held
+        parts["rollout_held"] += 4.0 * (n + lora) / GIB + parts["rollout_transient"]
+        parts["rollout_transient"] = 0.0
     return MemoryPlan(parts, budget, device, device_gb, per_tok / 2**20, shape.name, n,
                       sequence_tokens=run.sequence_tokens)
 

@@ -215,9 +215,11 @@ def test_declared_needs_are_read_before_any_function_is_fetched():
     assert out.stdout.split() == ["['ref_logprobs']", "kl_beta"], out.stderr[-2000:]
 
 
-def test_overlapped_generation_plans_one_more_copy_of_the_weights():
-    """train.rollout.overlap with staleness >= 1 holds the weights the step started from beside the trained ones: the
-    plan's held rollout memory grows by 4 bytes per parameter (hand computation), and not without staleness."""
+def test_overlapped_generation_plans_one_more_copy_of_the_weights_and_the_generation_beside_the_update():
+    """train.rollout.overlap with staleness >= 1 holds the weights the step started from beside the trained ones (4
+    bytes per parameter) and runs the generation during the update, so the generation's memory (transformers' cache and
+    logits) is held beside the update's instead of in turn with it: hand computation from the plan without overlap; and
+    nothing changes without staleness."""
     from orchestrator.checks.preflight import sweep_points
     from training.memory_plan import GIB, RunShape, model_shape, plan_memory
     from training.settings import RunSettings
@@ -227,6 +229,35 @@ def test_overlapped_generation_plans_one_more_copy_of_the_weights():
     plans = {}
     for k, overlap in ((1, False), (1, True), (0, True)):
         c = OmegaConf.merge(cfg, {"train": {"rollout": {"staleness": k, "overlap": overlap}}})
-        plans[(k, overlap)] = plan_memory(shape, RunShape.of(RunSettings.of(c, "cpu")), None).parts["rollout_held"]
-    assert plans[(1, True)] - plans[(1, False)] == pytest.approx(4.0 * shape.n_params / GIB)
-    assert plans[(0, True)] == plans[(1, False)]
+        plans[(k, overlap)] = plan_memory(shape, RunShape.of(RunSettings.of(c, "cpu")), None)
+    apart, beside = plans[(1, False)], plans[(1, True)]
+    moved = apart.parts["rollout_transient"]
+    assert moved > 0 and beside.parts["rollout_transient"] == 0.0
+    assert beside.parts["rollout_held"] - apart.parts["rollout_held"] == pytest.approx(4.0 * shape.n_params / GIB + moved)
+    update = sum(apart.parts[k] for k in ("gradients", "activations", "output_head", "autocast_cache"))
+    assert beside.total_gb - apart.total_gb == pytest.approx(4.0 * shape.n_params / GIB + moved + update
+                                                            - max(update, moved))
+    assert plans[(0, True)].parts == apart.parts
+
+
+def test_overlap_on_a_gpu_adds_the_awake_engine_to_the_update_and_is_refused_where_the_sum_does_not_fit():
+    """Issue 69's example: Qwen2.5-Math-1.5B with train.micro_batch_tokens=12288 on an 80 GB GPU, staleness 1: planned
+    as its larger part (about 69 GiB) it fitted, while with overlap the vLLM engine's share (0.3 of the GPU, awake
+    during the update) and the update run together: the plan is their sum and pre-flight refuses it."""
+    from orchestrator.checks.preflight import sweep_points
+    from training.memory_plan import plan_for, refusal
+    from training.settings import RunSettings
+
+    line = ["model=qwen2.5-math-1.5b", "eval=smoke", "train.micro_batch_tokens=12288", "train.rollout.sampler=vllm",
+            "train.rollout.staleness=1", "train.device_memory_gb=80"]
+    plans = {}
+    for overlap in (False, True):
+        [(_, cfg)] = sweep_points([*line, f"train.rollout.overlap={str(overlap).lower()}"])
+        plans[overlap] = plan_for(RunSettings.of(cfg, "cuda"), detect=False)
+    apart, beside = plans[False], plans[True]
+    update = sum(apart.parts[k] for k in ("gradients", "activations", "output_head", "autocast_cache"))
+    engine = apart.parts["rollout_transient"]
+    assert engine == pytest.approx(0.3 * 80) and refusal(apart) is None
+    assert beside.total_gb == pytest.approx(apart.total_gb - max(update, engine) + update + engine
+                                            + beside.parts["rollout_held"] - apart.parts["rollout_held"] - engine)
+    assert beside.total_gb > 0.9 * 80 and refusal(beside) is not None
