@@ -382,13 +382,15 @@ def device_memory_gb(device: str) -> float | None:
     return min(total, limit or total) * 1024 / GIB
 
 
-def plan_for(s, device_gb: float | None = None, detect: bool = True, longest_prompt: int | None = None) -> MemoryPlan:
+def plan_for(s, device_gb: float | None = None, detect: bool = True, longest_prompt: int | None = None,
+             rollout: str | None = None) -> MemoryPlan:
     """The plan of a run's settings (:class:`training.settings.RunSettings`) on the device it trains on
     (``s.device_type``) with ``device_gb`` (default: ``train.device_memory_gb``, else this machine's when ``detect``,
     else unknown), at its ``train.micro_batch_tokens`` (``auto``: the largest that fits, :func:`auto_budget`).
     ``longest_prompt``: the longest training prompt in tokens when known (the run plans with it; else
     ``train.max_prompt_tokens``, an upper bound: 512 by default, which planned 13.1 GiB for the main job whose run
-    planned 8.7 and peaked at 10.5).
+    planned 8.7 and peaked at 10.5). ``rollout``: the rollout sampler the run uses when known (``auto`` resolved;
+    default ``train.rollout.sampler``, whose ``auto`` on a CPU plans the larger of the two engines).
 
     Raises:
         ValueError: the model's shape is not known here (:func:`model_shape`).
@@ -396,6 +398,10 @@ def plan_for(s, device_gb: float | None = None, detect: bool = True, longest_pro
     shape = model_shape(s.model)
     device = s.device_type
     run = RunShape.of(s)
+    if rollout is not None:
+        import dataclasses
+
+        run = dataclasses.replace(run, rollout=str(rollout))
     if longest_prompt:
         import dataclasses
 

@@ -261,3 +261,29 @@ def test_overlap_on_a_gpu_adds_the_awake_engine_to_the_update_and_is_refused_whe
     assert beside.total_gb == pytest.approx(apart.total_gb - max(update, engine) + update + engine
                                             + beside.parts["rollout_held"] - apart.parts["rollout_held"] - engine)
     assert beside.total_gb > 0.9 * 80 and refusal(beside) is not None
+
+
+def test_the_plan_counts_only_the_rollout_engine_the_run_chooses(monkeypatch):
+    """``train.rollout.sampler=auto`` on a CPU: pre-flight's plan resolves the choice as the run will
+    (:func:`training.engines.local.local_checks.rollout_choice`) and counts that engine only: where transformers is
+    chosen, no vLLM copy of the weights and cache is held (the unresolved plan held the larger of the two), and the
+    generation's cache and logits are the rollout's transients instead; where vLLM is chosen, the plan is the vLLM
+    one."""
+    import core.sampling as sampling
+    from orchestrator.checks.preflight import sweep_points
+    from training.engines.local import local_checks
+    from training.memory_plan import plan_for
+    from training.settings import RunSettings
+
+    [(_, cfg)] = sweep_points(["model=tiny-random", "eval=smoke", "train.rollout.sampler=auto", "train.device=cpu"])
+    s = RunSettings.of(cfg, "cpu")
+    unresolved = plan_for(s, detect=False)
+    for name in ("hf", "vllm"):
+        monkeypatch.setattr(sampling, "choose_rollout_sampler", lambda asked, plan, name=name: (name, "as asked"))
+        chosen, _ = local_checks.plan(s, remote=True)
+        assert chosen.parts == plan_for(s, detect=False, rollout=name).parts
+        if name == "hf":
+            assert chosen.parts["rollout_held"] == 0.0 < unresolved.parts["rollout_held"]
+            assert chosen.parts["rollout_transient"] > 0.0 == unresolved.parts["rollout_transient"]
+        else:
+            assert chosen.parts == unresolved.parts

@@ -81,12 +81,13 @@ def plan(s: RunSettings, remote: bool = False):
     Raises:
         ValueError: the model's shape is not known here (names ``model.path``).
     """
-    from training.memory_plan import plan_for, refusal
+    from training.memory_plan import model_shape, plan_for, refusal
 
+    sampler = planned_sampler(s, model_shape(s.model).n_params, s.device_type == "cuda")
     if remote:
-        p = plan_for(s, detect=False)
+        p = plan_for(s, detect=False, rollout=sampler)
         return p, refusal(p)
-    p = plan_for(s, longest_prompt=preflight_longest_prompt(s))
+    p = plan_for(s, longest_prompt=preflight_longest_prompt(s), rollout=sampler)
     return p, refusal(p)
 
 
@@ -128,3 +129,49 @@ def longest_prompt(tokenizer, prompts: list, chat: bool) -> int:
     texts = [x + r.get("response_prefix", "") for x, r in zip(texts, prompts)]
     ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
     return max(len(x) for x in ids)
+
+
+def rollout_choice(s: RunSettings, n_params: int, gpu: bool, steps: int | None = None) -> tuple[str, str, float | None]:
+    """The rollout sampler a run uses, why (``train.rollout.sampler``; ``auto``: the lowest estimated sampling time
+    for the run's size, :func:`core.sampling.choose_rollout_sampler`) and, for ``auto``, the chosen sampler's
+    estimated sampling time in seconds (None when asked for by name).
+
+    Raises:
+        ValueError: naming ``train.rollout.sampler`` (unknown, or not installed here).
+    """
+    from core.models import model_path
+    from core.sampling import RolloutPlan, choose_rollout_sampler, vllm_engine_defaults
+    from core.sampling.rollout import rollout_estimate_s
+
+    ready = False
+    try:  # a vLLM engine of this process that would serve the run needs no start
+        from core import vllm_engine
+
+        engine = vllm_engine.current_engine()
+        if engine is not None:
+            kwargs = {**vllm_engine_defaults(gpu), **({"gpu_memory_utilization": s.rollout.gpu_memory_utilization}
+                                                      if gpu else {})}
+            ready = vllm_engine.serves(engine, model_path(s.model), s.rollout_dtype, kwargs,
+                                       any_cache=True)  # (a cache of another size: still no start)
+    except (ImportError, OSError):
+        ready = False
+    plan = RolloutPlan(steps=int(steps if steps is not None else s.steps),
+                       sequences=s.rows_per_step * s.dynamic.rounds,
+                       max_new_tokens=s.max_new_tokens, n_params=int(n_params), gpu=bool(gpu), engine_ready=ready)
+    try:
+        name, reason = choose_rollout_sampler(s.rollout.sampler, plan)
+    except ValueError as e:
+        raise ValueError(str(e).replace("eval.sampler=", "train.rollout.sampler=")) from None
+    return name, reason, (rollout_estimate_s(name, plan) if s.rollout.sampler == "auto" else None)
+
+
+def planned_sampler(s: RunSettings, n_params: int, gpu: bool) -> str:
+    """The rollout sampler the memory plan counts: ``train.rollout.sampler``, with ``auto`` resolved as the run will
+    resolve it (:func:`rollout_choice`), so the plan holds only the engine the run uses; ``auto`` where the choice
+    cannot be made here (a sampler not installed: the run refuses it anyway)."""
+    if s.rollout.sampler != "auto":
+        return s.rollout.sampler
+    try:
+        return rollout_choice(s, n_params, gpu)[0]
+    except ValueError:
+        return "auto"

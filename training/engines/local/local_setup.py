@@ -20,7 +20,7 @@ from core.tasks import load_prompts
 from training.algorithms import BoundLoss, get_advantage_fn
 from training.compute import ComputeModel
 from training.engines import EngineChoices, RolloutChoice
-from training.engines.local.local_checks import longest_prompt
+from training.engines.local.local_checks import longest_prompt, planned_sampler, rollout_choice
 from training.run_state import PromptOrder, seed_everything
 from training.settings import RunSettings
 from training.token_probs import TokenProbs
@@ -131,7 +131,9 @@ def open_scorer(s: RunSettings, model, tokenizer, prompts: list, device) -> tupl
     layout, reason = choose_layout(model, s.packing, s.bf16)
     longest = longest_prompt(tokenizer, prompts, s.chat_template)
     shape = model_shape(s.model)
-    run = dataclasses.replace(RunShape.of(s), max_prompt_tokens=max(longest, 1))
+    n_params = sum(p.numel() for p in model.parameters())
+    run = dataclasses.replace(RunShape.of(s), max_prompt_tokens=max(longest, 1),
+                              rollout=planned_sampler(s, n_params, device.type == "cuda"))
     given = s.device_memory_gb
     device_gb = given if given is not None else device_memory_gb(device.type)
     budget = s.micro_batch_tokens
@@ -234,37 +236,3 @@ def cpu_engine_cache(run: LocalRun) -> dict:
     positions = int(run.choices.memory.get("longest_prompt") or s.max_prompt_tokens) + s.max_new_tokens
     context = int(ev.get("max_model_len") or shape.context or positions)
     return {"kv_cache_memory_bytes": kv_cache_bytes(per_position, s.rows_per_step, positions, context)}
-
-
-def rollout_choice(s: RunSettings, n_params: int, gpu: bool, steps: int | None = None) -> tuple[str, str, float | None]:
-    """The rollout sampler a run uses, why (``train.rollout.sampler``; ``auto``: the lowest estimated sampling time
-    for the run's size, :func:`core.sampling.choose_rollout_sampler`) and, for ``auto``, the chosen sampler's
-    estimated sampling time in seconds (None when asked for by name).
-
-    Raises:
-        ValueError: naming ``train.rollout.sampler`` (unknown, or not installed here).
-    """
-    from core.models import model_path
-    from core.sampling import RolloutPlan, choose_rollout_sampler, vllm_engine_defaults
-    from core.sampling.rollout import rollout_estimate_s
-
-    ready = False
-    try:  # a vLLM engine of this process that would serve the run needs no start
-        from core import vllm_engine
-
-        engine = vllm_engine.current_engine()
-        if engine is not None:
-            kwargs = {**vllm_engine_defaults(gpu), **({"gpu_memory_utilization": s.rollout.gpu_memory_utilization}
-                                                      if gpu else {})}
-            ready = vllm_engine.serves(engine, model_path(s.model), s.rollout_dtype, kwargs,
-                                       any_cache=True)  # (a cache of another size: still no start)
-    except (ImportError, OSError):
-        ready = False
-    plan = RolloutPlan(steps=int(steps if steps is not None else s.steps),
-                       sequences=s.rows_per_step * s.dynamic.rounds,
-                       max_new_tokens=s.max_new_tokens, n_params=int(n_params), gpu=bool(gpu), engine_ready=ready)
-    try:
-        name, reason = choose_rollout_sampler(s.rollout.sampler, plan)
-    except ValueError as e:
-        raise ValueError(str(e).replace("eval.sampler=", "train.rollout.sampler=")) from None
-    return name, reason, (rollout_estimate_s(name, plan) if s.rollout.sampler == "auto" else None)
