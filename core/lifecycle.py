@@ -101,17 +101,18 @@ def step_checkpoint_dir(run_dir, step: int) -> Path:
     return Path(run_dir) / "checkpoints" / f"step_{int(step)}"
 
 
-def validation_checkpoint_dir(run_dir, step: int) -> Path:
-    """``run_dir/val_checkpoints/step_<step>``: the policy after ``step`` completed steps, kept for the validation
-    along training (``train.validate_every``) only: removed once validated, never evaluated on the benchmarks."""
-    return Path(run_dir) / "val_checkpoints" / f"step_{int(step)}"
+def selectable_checkpoint_dir(run_dir, step: int) -> Path:
+    """``run_dir/selectable/step_<step>``: the policy after ``step`` completed steps, kept while
+    ``eval.select_on=validation`` may still choose it (the best so far by the validation inside the loop, or the
+    ``train.keep_top_k`` best); removed once it cannot be chosen."""
+    return Path(run_dir) / "selectable" / f"step_{int(step)}"
 
 
 def saved_checkpoints(run_dir, folder: str = "checkpoints") -> list[tuple[int, Path]]:
     """``[(step, path), ...]`` of the complete intermediate checkpoints of a run, by step.
 
     A folder counts once it holds ``config.json`` (a LoRA run's: ``adapter_config.json``); they are written to a
-    temporary folder and renamed. ``folder="val_checkpoints"``: those of :func:`validation_checkpoint_dir`.
+    temporary folder and renamed. ``folder="selectable"``: those of :func:`selectable_checkpoint_dir`.
     """
     root = Path(run_dir) / folder
     out = []

@@ -43,6 +43,7 @@ from .rollout import (  # noqa: F401
                        HFRollout,
                        RolloutOptions,
                        RolloutPlan,
+                       RolloutSampler,
                        VLLMRollout,
                        build_rollout,
                        choose_rollout_sampler,

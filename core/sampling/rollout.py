@@ -205,6 +205,47 @@ class HFRollout:
         self.model = None
 
 
+class RolloutSampler:
+    """The evaluation's sampler protocol (:class:`core.sampling.Sampler`) over a training run's rollout sampler
+    (:class:`HFRollout` or :class:`VLLMRollout`, holding the policy as it is now): the validation inside the training
+    loop samples with it, so it costs no second copy of the model and runs at the training's precision.
+
+    Each call is one ``generate`` of the rollout, seeded with the call's first prompt's seed (as the ``hf`` sampler
+    seeds a batch: the same chunks with the same seeds give the same samples); the samples carry no entropy
+    (``entropy_method`` None). ``precision``: the dtype the rollout samples in (recorded with the validation
+    protocol). ``close()`` leaves the rollout open: it belongs to the training run."""
+
+    preferred_batch_prompts = 8
+    supports_tools = False
+    entropy_method = None
+
+    def __init__(self, rollout, tokenizer, precision: str = "float32"):
+        import collections
+
+        self.rollout, self.tokenizer, self.precision = rollout, tokenizer, str(precision)
+        self.name = f"rollout:{rollout.name}"
+        self.timings: collections.Counter = collections.Counter()
+
+    def sample(self, prompts: Sequence[str], n: int, seeds: Sequence[int], settings: SamplingSettings,
+               prefixes: Sequence[str] | None = None, **_tools) -> list[list]:
+        """``n`` samples per prompt (rendered as training renders them, :func:`core.sampling.prompt_texts`), as
+        :class:`core.sampling.Sample` records, prompt by prompt."""
+        from .generate import prompt_texts
+        from .interface import Sample
+
+        texts = prompt_texts(self.tokenizer, prompts, settings.chat_template)
+        if prefixes:
+            texts = [t + (p or "") for t, p in zip(texts, prefixes)]
+        seed = int(seeds[0])
+        gen = self.rollout.generate(texts, int(n), float(settings.temperature), float(settings.top_p),
+                                    int(settings.max_new_tokens), seed)
+        return [[Sample(gen.texts[j], int(gen.response_lengths[j]), "stop" if bool(gen.finished[j]) else "length",
+                        None, seed) for j in range(i * n, (i + 1) * n)] for i in range(len(prompts))]
+
+    def close(self) -> None:
+        return None
+
+
 def _budget_chunks(tokenizer, texts: Sequence[str], n: int, max_new_tokens: int, budget: int | None) -> list[list[int]]:
     """Consecutive groups of prompt indices whose generation holds at most ``budget`` positions (each group's rows x
     (its longest prompt + ``max_new_tokens``)); one group of all without a budget. A prompt that alone exceeds the

@@ -183,8 +183,9 @@ def _evaluation_rules(cfg) -> None:
     if select_on == "validation":
         _require(n_val > 0, "eval.select_on=validation: no validation split; set data.validation_prompts=N (N >= 1 "
                             "training prompts held out of training)")
-        _require(save_every > 0, "eval.select_on=validation: only the final checkpoint is kept; set train.save_every=N "
-                                 "(N >= 1) so there is a choice")
+        _require(save_every > 0 or int(cfg.train.get("validate_every") or 0) > 0,
+                 "eval.select_on=validation: only the final checkpoint is kept; set train.validate_every=N (chooses "
+                 "among the policies validated inside the loop) or train.save_every=N (N >= 1) so there is a choice")
         _require(int(cfg.eval.validation.k) <= int(cfg.eval.validation.n),
                  f"eval.validation.k={cfg.eval.validation.k}: larger than eval.validation.n={cfg.eval.validation.n}")
         _require(cfg.eval.get("checkpoints", "final") != "all",

@@ -395,9 +395,14 @@ def _train_and_evaluate(pt: Point, decision, st: _Started, log_step, metrics_out
             raise Yield(earlier[0])
         TRAINING.set()
         choices = EngineChoices()  # the engine fills it as it decides; tagged whether training returns or raises
+        validator = None
+        if int(cfg.train.get("validate_every") or 0):  # inside the loop, logged at once, in order with the steps
+            from orchestrator.point.validation import LoopValidator
+
+            validator = LoopValidator(ecfg, run_dir, store, metrics_out.put)
         try:
             ckpt = training.train(cfg, run_dir, log_metrics=log_step, logged_through=st.logged_through,
-                                  choices=choices)
+                                  choices=choices, validator=validator)
         finally:
             TRAINING.clear()
             _tag_choices(choices, run_dir, store, st.run_id)

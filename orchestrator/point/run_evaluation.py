@@ -1,5 +1,6 @@
 """A trained run's evaluation: the checkpoints it evaluates (:func:`checkpoints_to_evaluate`, with
-``eval.select_on=validation`` the one :func:`select_on_validation` chooses), each logged at its training step
+``eval.select_on=validation`` the one :func:`select_on_validation` chooses, or with the validation inside the loop
+:meth:`orchestrator.point.validation.LoopValidator.choose`), each logged at its training step
 (:func:`evaluate_run`), the flip rates against the base model (added later to a run without them:
 :func:`backfill_flips`), and the run's integrity record (:func:`record_integrity`)."""
 from __future__ import annotations
@@ -76,18 +77,6 @@ def checkpoints_to_evaluate(cfg, run_dir: Path, final: Path, final_step: int | N
     return out + [(step, Path(final), run_dir / "eval", True)]
 
 
-def validation_job(cfg, ks) -> tuple[str, dict, object]:
-    """(the training task, {task: its validation split's rows}, the ``eval`` config that samples them: the split's
-    benchmark only, ``eval.validation.n`` samples, ``ks``, the main temperature, no entropy) for
-    :func:`select_on_validation` and :func:`validate_along`, which share the folders it samples into."""
-    from core.tasks import load_prompts
-
-    task = str(cfg.data.name)
-    vcfg = OmegaConf.merge(cfg.eval, {"benchmarks": [task], "n": int(cfg.eval.validation.n), "ks": list(ks),
-                                      "decoding": None, "extra_temperatures": [], "entropy": False, "max_prompts": None})
-    return task, {task: load_prompts(cfg.data, "validation")}, vcfg
-
-
 def select_on_validation(cfg, run_dir: Path, final: Path, store: tracking.Store) -> tuple[int, Path]:
     """The checkpoint the benchmarks evaluate under ``eval.select_on=validation``: every kept checkpoint
     (``train.save_every``) and the final one are sampled ``eval.validation.n`` times on each prompt of the
@@ -104,6 +93,7 @@ def select_on_validation(cfg, run_dir: Path, final: Path, store: tracking.Store)
     """
     from core.lifecycle import saved_checkpoints
     from evaluation.pipeline import EvalJob, evaluate_checkpoint
+    from orchestrator.point.validation import validation_job
 
     steps, n, k = int(cfg.train.steps), int(cfg.eval.validation.n), int(cfg.eval.validation.k)
     task, rows, vcfg = validation_job(cfg, [k])
@@ -132,75 +122,6 @@ def select_on_validation(cfg, run_dir: Path, final: Path, store: tracking.Store)
     return best_step, Path(best)
 
 
-VALIDATION_SERIES = "validation.parquet"
-
-
-def _compute_before(store: tracking.Store, steps) -> dict[int, float]:
-    """{step: the training compute spent before the policy of ``step`` (the sum of ``train/flops`` of the steps
-    before it, from the active run's history)}."""
-    hist = store.metric_history(store.active_run_id(), "train/flops")
-    per_step = {int(m.step): float(m.value) for m in hist}
-    return {s: float(sum(v for st, v in per_step.items() if st < s)) for s in steps}
-
-
-def validate_along(cfg, run_dir: Path, final: Path, store: tracking.Store) -> Path | None:
-    """The validation along training (``train.validate_every = N > 0``, docs/curves.md): the policy at steps 0 (the
-    starting model), N, 2N, ... and the final one, each evaluated on the validation split
-    (``data.validation_prompts`` training prompts held out of training) with ``eval.validation.n`` samples per prompt,
-    ks 1 and ``eval.validation.k``, by the evaluation's sampler and seed (the sweep's protocol; the training's own
-    random streams are untouched: it runs after training, on the policies the local engine kept in
-    ``run_dir/val_checkpoints``, each removed once validated). Each point's metrics are logged at its step as
-    ``val/<task>/<metric>`` (``pass_at_1``, ``maj_at_k``, ...) with ``val/compute_flops`` (the training compute spent
-    before it, :mod:`training.compute`) and ``time/val_s``; every point's samples, with ``step`` and
-    ``compute_flops`` columns, go to one ``validation.parquet`` artifact (the report's curve section and
-    ``python -m evaluation.recompute --curves`` read it). Resumable: a point whose metrics were logged is not logged
-    again.
-
-    Returns:
-        the ``validation.parquet`` path, or None when the key is 0.
-    """
-    import time
-
-    import pandas as pd
-
-    from core.lifecycle import saved_checkpoints
-    from core.models import model_path
-    from evaluation.pipeline import EvalJob, evaluate_checkpoint
-
-    every = int(cfg.train.get("validate_every") or 0)
-    if not every:
-        return None
-    steps, n, k = int(cfg.train.steps), int(cfg.eval.validation.n), int(cfg.eval.validation.k)
-    task, rows, vcfg = validation_job(cfg, sorted({1, k}))
-    kept = dict(saved_checkpoints(run_dir)) | dict(saved_checkpoints(run_dir, "val_checkpoints"))
-    points = [(0, Path(model_path(cfg.model)))] + [(s, kept.get(s)) for s in range(every, steps, every)] + [(steps, Path(final))]
-    compute = _compute_before(store, [s for s, _ in points])
-    chat = bool(cfg.model.get("chat_template", True))
-    frames = []
-    for step, path in points:
-        out_dir = run_dir / "validation" / f"step_{step}"
-        done = out_dir / ".val_logged"
-        if path is None and not done.exists():
-            log.warning("validation: no policy kept for step %d (%s): the point is left out", step, run_dir)
-            continue
-        if not done.exists():
-            t0 = time.time()
-            job = EvalJob(vcfg, chat_template=chat, tools_cfg=cfg.get("tools"), rows=rows)
-            metrics, _, _ = evaluate_checkpoint(path, job, out_dir, temperatures=False)
-            val = {"val/" + key.removeprefix("eval/"): v for key, v in metrics.items() if key.startswith("eval/")}
-            store.log_metrics(val | {"val/compute_flops": compute[step], "time/val_s": time.time() - t0}, step)
-            done.write_text(str(step))
-            log.info("validation: step %d pass@1 %.4f (%d prompts x %d samples, %.3g FLOPs before it)", step,
-                     val.get(f"val/{task}/pass_at_1", float("nan")), len(rows[task]), n, compute[step])
-        if path is not None and path.parent.name == "val_checkpoints":
-            shutil.rmtree(path, ignore_errors=True)
-        frames.append(pd.read_parquet(out_dir / "samples.parquet").assign(step=step, compute_flops=compute[step]))
-    series = run_dir / VALIDATION_SERIES
-    pd.concat(frames, ignore_index=True).to_parquet(series)
-    store.log_artifact(series)
-    return series
-
-
 def _log_files(store: tracking.Store, files: dict, prefix: str | None) -> None:
     for rel, f in files.items():
         sub = str(Path(rel).parent)
@@ -224,12 +145,16 @@ def evaluate_run(cfg, run_dir: Path, final: Path, heldout, base, store: tracking
     from evaluation import protocol as eval_protocol
     from evaluation.pipeline import EvalJob, evaluate_checkpoint
     from evaluation.tables import flip_metrics
+    from orchestrator.point.validation import LoopValidator, write_series
 
     final_metrics, evaluated = {}, []
     final_step, protocol = None, None
-    validate_along(cfg, run_dir, final, store)
-    if str(cfg.eval.get("select_on", "final")) == "validation":
-        final_step, final = select_on_validation(cfg, run_dir, final, store)
+    along = int(cfg.train.get("validate_every") or 0)
+    if along:  # the validation inside the training loop logged its points; the series once more, whole
+        write_series(run_dir, store)
+    if str(cfg.eval.get("select_on", "final")) == "validation":  # on the loop's points, else on the kept checkpoints
+        final_step, final = (LoopValidator(cfg, run_dir, store, store.log_metrics).choose(final) if along
+                             else select_on_validation(cfg, run_dir, final, store))
     for step, path, out_dir, is_final in checkpoints_to_evaluate(cfg, run_dir, final, final_step):
         job = EvalJob(cfg.eval, heldout, bool(cfg.model.get("chat_template", True)), tools_cfg=cfg.get("tools"))
         metrics, files, info = evaluate_checkpoint(path, job, out_dir, temperatures=is_final,

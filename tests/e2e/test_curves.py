@@ -1,9 +1,12 @@
-"""Validation along training and the compute-performance curves (issue 60), end to end: one sweep of two points
-that differ only in ``train.validate_every`` (0 and 2) over 6 steps on the tiny model. The validated run logs
-``val/<task>/*`` at steps 0, 2, 4 and 6 (the final policy) with the compute spent before each (the sum of the
-steps' ``train/flops`` by hand); its training series equal the other run's; the report draws the curve section
-(here refusing the fit: 3 points after step 0); ``python -m evaluation.recompute --curves`` gives back the logged
-pass@1 of every point and the report's fit table."""
+"""Validation along training and the compute-performance curves (issues 60 and 69), end to end: one sweep of two
+points that differ only in ``train.validate_every`` (0 and 2) over 6 steps on the tiny model, both keeping the
+policy every 2 steps (``train.save_every=2``). The validated run validates inside its training loop: it logs
+``val/<task>/*`` at steps 0, 2, 4 and 6 (the final policy), each before the next step's training metrics, with the
+compute spent before each (the sum of the steps' ``train/flops`` by hand), and keeps no policy on disk for it; its
+training series equal the other run's; step 2's validation equals an offline evaluation of the policy kept at step 2
+under the same protocol and seeds; the report draws the curve section (here refusing the fit: 3 points after step
+0); ``python -m evaluation.recompute --curves`` gives back the logged pass@1 of every point and the report's fit
+table."""
 import subprocess
 import sys
 
@@ -15,7 +18,7 @@ from tests.e2e.test_sweep import _runs, _sweep
 
 ARGS = ["-m", "algo=grpo", "train.validate_every=0,2", "model=tiny-random", "eval=smoke", "train.steps=6",
         "train.prompts_per_step=2", "train.group_size=4", "train.minibatch_size=4", "train.max_new_tokens=8",
-        "data.validation_prompts=4", "eval.validation.n=4", "eval.validation.k=2"]
+        "data.validation_prompts=4", "eval.validation.n=4", "eval.validation.k=2", "train.save_every=2"]
 TIMING = ("time", "_s", "peak_", "per_s", "memory")
 
 
@@ -42,7 +45,49 @@ def test_validation_is_logged_at_0_2_4_and_the_final_step_with_the_compute_befor
     assert dict(hist["val/compute_flops"]) == {s: sum(v for t, v in flops.items() if t < s) for s in (0, 2, 4, 6)}
     assert not any(k.startswith("val/") for k in trained["0"].data.metrics)
     run_dir = (cwd / run.data.tags["rlvr.checkpoint"]).parent  # an absolute tag stays itself under /
-    assert not list((run_dir / "val_checkpoints").glob("step_*"))  # each removed once validated
+    folders = sorted(p.name for p in run_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+    assert folders == ["checkpoint", "checkpoints", "eval", "validation"]  # no policy kept for the validation
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_2", "step_4"]  # train.save_every's only
+    # live: each point reached the store before the next step's training metrics (the metric queue keeps the order)
+    stamp = {(m.step, k): m.timestamp for k in ("val/arithmetic/pass_at_1", "train/reward_mean")
+             for m in client.get_metric_history(run.info.run_id, k)}
+    for s in (0, 2, 4):
+        assert stamp[(s, "val/arithmetic/pass_at_1")] <= stamp[(s, "train/reward_mean")], s
+    assert run.data.tags["rlvr.val_protocol"].startswith(f"rollout:{run.data.tags['rlvr.rollout_sampler']} (")
+
+
+def test_a_steps_validation_equals_an_offline_evaluation_of_its_kept_policy(curves_dir, tmp_path):
+    """The policy kept at step 2 (``train.save_every``), loaded from disk into a fresh rollout sampler of the kind the
+    run chose, evaluated under the validation's protocol (:func:`orchestrator.point.validation.validation_job`, the
+    same seeds): the same responses, verdicts and pass@1 as the validation the loop ran at step 2."""
+    import json
+
+    import torch
+    from omegaconf import OmegaConf
+
+    from core.models import load_checkpoint
+    from core.sampling import RolloutOptions, RolloutSampler, build_rollout
+    from evaluation.pipeline import EvalJob, evaluate
+    from orchestrator.point.validation import validation_job
+
+    cwd, client, trained = curves_dir
+    run = trained["2"]
+    run_dir = (cwd / run.data.tags["rlvr.checkpoint"]).parent
+    cfg = OmegaConf.load(run_dir / "config.yaml")
+    task, rows, vcfg = validation_job(cfg, [1, 2])
+    policy = run_dir / "checkpoints" / "step_2"
+    model, tok = load_checkpoint(str(policy), "cpu", torch.float32)
+    budget = json.loads((run_dir / "memory.json").read_text())["rollout_tokens"]
+    rollout = build_rollout(run.data.tags["rlvr.rollout_sampler"], model, tok, str(policy),
+                            RolloutOptions(dtype=run.data.tags["rlvr.rollout_dtype"], token_budget=budget))
+    metrics, _ = evaluate(RolloutSampler(rollout, tok), EvalJob(vcfg, chat_template=bool(cfg.model.get("chat_template", True)), rows=rows), tmp_path)
+    mine = pd.read_parquet(run_dir / "validation" / "step_2" / "samples.parquet")
+    offline = pd.read_parquet(tmp_path / "samples.parquet")
+    assert len(mine) == 16
+    for col in ("prompt_id", "sample_idx", "response", "correct", "seed"):
+        assert mine[col].tolist() == offline[col].tolist(), col
+    logged = {m.step: m.value for m in client.get_metric_history(run.info.run_id, f"val/{task}/pass_at_1")}
+    assert metrics[f"eval/{task}/pass_at_1"] == pytest.approx(logged[2])
 
 
 def test_a_validated_run_trains_exactly_as_one_without(curves_dir):

@@ -532,3 +532,29 @@ def test_sigterm_with_stale_rollouts_queued_resumes_to_the_uninterrupted_run(tmp
     assert run.info.status == "FINISHED" and _steps(client, run) == list(range(STEPS))
     assert _history(client, run, "train/staleness_mean") == [0, 1, 2, 2, 2, 2]
     _assert_equal_to_straight(client, run, straight)
+
+
+@pytest.mark.slow
+def test_a_stop_beside_the_validation_inside_the_loop_logs_every_validation_point_once(tmp_path):
+    """Issue 69: ``train.validate_every=1`` through the sweep command, SIGTERM once step 2 is logged. The stop is
+    honoured when the running step's state is saved, which comes before that policy's validation (or inside the next
+    step's generation, after it); the same command resumes the run, validating first the policy it resumes from when
+    its point is missing. Every validation point, 0 to the last step, is logged exactly once, and the resumed process
+    samples only the points the stopped one had not logged."""
+    val = ["train.validate_every=1", "data.validation_prompts=4", "eval.validation.n=2", "eval.validation.k=2",
+           "experiment_name=val"]
+    rc, out = _signal_after_two_steps(tmp_path, signal.SIGTERM, *val)
+    assert rc == 143, out[-3000:]
+    client, [run] = _trained(tmp_path, "val")
+    before = _steps(client, run, "val/arithmetic/pass_at_1")
+    assert before == list(range(len(before))) and 3 <= len(before) <= STEPS, before  # 0, 1, 2 at least, not the last
+    proc = _sweep(tmp_path, *ARGS, *val)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client, [run] = _trained(tmp_path, "val")
+    assert run.info.status == "FINISHED" and _steps(client, run) == list(range(STEPS))
+    for key in ("val/arithmetic/pass_at_1", "val/compute_flops", "time/val_s"):
+        assert _steps(client, run, key) == list(range(STEPS + 1)), key
+    import re
+
+    again = {int(m) for m in re.findall(r"validation: step (\d+) pass@1", proc.stdout + proc.stderr)}
+    assert again == set(range(len(before), STEPS + 1)), (before, again)

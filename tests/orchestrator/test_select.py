@@ -82,3 +82,43 @@ def test_the_chosen_checkpoint_is_the_best_on_held_out_training_prompts_and_only
 
     table = run_table(load_runs(f"sqlite:///{cwd}/mlflow.db", "rlvr"))
     assert table["evaluated checkpoint"].dropna().tolist() == [f"step {best} (best {run.data.tags['rlvr.selected_on']})"]
+
+
+@pytest.fixture(scope="module")
+def selected_in_loop(tmp_path_factory):
+    """The same point choosing among the policies the validation inside the loop scored (``train.validate_every=1``,
+    no ``train.save_every``)."""
+    cwd = tmp_path_factory.mktemp("select_loop")
+    args = [a for a in ARGS if a != "train.save_every=1"] + ["train.validate_every=1"]
+    proc = subprocess.run([sys.executable, str(REPO / "sweep.py"), *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=900, env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{cwd}/mlflow.db")
+    exp = client.get_experiment_by_name("rlvr")
+    [run] = client.search_runs([exp.experiment_id], filter_string="tags.`rlvr.kind` = 'trained'")
+    return cwd, client, run
+
+
+@pytest.mark.slow
+def test_selection_on_the_loops_validation_keeps_only_the_policies_it_may_still_choose(selected_in_loop):
+    """Issue 69: ``eval.select_on=validation`` with the validation inside the loop chooses among the starting policy,
+    each step's and the final one by their logged pass@k (each by hand from its samples), and kept on disk only the
+    ``train.keep_top_k`` best before the last (the final checkpoint always), never a policy per candidate."""
+    cwd, client, run = selected_in_loop
+    run_dir = Path(run.data.tags["rlvr.run_dir"])
+    logged = {m.step: m.value for m in client.get_metric_history(run.info.run_id, f"val/toy_parity/pass_at_{K}")}
+    assert sorted(logged) == list(range(STEPS + 1))
+    for step, value in logged.items():
+        s = pd.read_parquet(run_dir / "validation" / f"step_{step}" / "samples.parquet")
+        per = s.groupby("prompt_id")["correct"].agg(["size", "sum"])
+        assert len(per) == N_VAL and (per["size"] == N).all()
+        assert value == pytest.approx(sum(_pass_at_k(N, int(c), K) for c in per["sum"]) / N_VAL, abs=1e-9)
+    ranked = sorted(logged, key=lambda s: (-logged[s], s))
+    assert run.data.tags["rlvr.selected_step"] == str(ranked[0])
+    assert "in the loop" in run.data.tags["rlvr.selected_on"]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "eval/toy_parity/pass_at_1")] == [ranked[0]]
+    kept = {int(p.name.split("_")[1]) for p in (run_dir / "selectable").glob("step_*")}
+    assert kept == set([s for s in ranked if s < STEPS][:TOP]), (ranked, kept)
+    assert not (run_dir / "checkpoints").exists() and (run_dir / "checkpoint" / "config.json").is_file()

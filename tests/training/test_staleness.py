@@ -243,6 +243,50 @@ def test_overlapped_generation_gives_the_emulated_run(tmp_path, monkeypatch, sto
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
 
 
+class _Recorder:
+    """A validator (:class:`training.engines.LoopValidation`, ``every`` 2) that samples two prompts through the
+    engine's sampler and records (step, the rollout threads alive while it ran, the responses, the compute before)."""
+
+    every = 2
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, step, sampler, compute_flops):
+        from core.sampling import SamplingSettings
+
+        alive = [t.name for t in threading.enumerate() if t.name.startswith("rollout-step-")]
+        out = sampler.sample(["What is 1 + 1?", "What is 2 + 3?"], 2, [7, 8], SamplingSettings(1.0, 1.0, 5))
+        self.calls.append((step, alive, [x.response for o in out for x in o], compute_flops))
+
+
+@pytest.mark.slow
+def test_validation_inside_the_loop_waits_for_the_overlapped_generation_and_changes_no_training(tmp_path):
+    """Issue 69, with ``train.rollout.overlap``: the validation inside the loop (steps 0, 2, 4 and the last, 5) runs
+    when no generation thread is alive (the generation started during a step's update is joined before the step
+    ends), samples the policy of its step (the checkpoint kept at step 2, sampled again offline through a fresh
+    rollout sampler: the same responses), is handed the compute of the steps before it, and leaves the run's
+    series and weights as a run without validation has them."""
+    from core.models import load_checkpoint
+    from core.sampling import HFRollout, RolloutSampler, SamplingSettings
+
+    cfg, plain, validated, rec = _cfg(overlap=True), [], [], _Recorder()
+    local.train(cfg, tmp_path / "plain", lambda m, s: plain.append((s, m)))
+    local.train(cfg, tmp_path / "val", lambda m, s: validated.append((s, m)), validator=rec)
+    assert [c[0] for c in rec.calls] == [0, 2, 4, 5] and all(c[1] == [] for c in rec.calls)
+    flops = {s: m["train/flops"] for s, m in validated}
+    assert [c[3] for c in rec.calls] == pytest.approx([sum(v for t, v in flops.items() if t < s) for s in (0, 2, 4, 5)])
+    keys = sorted({k for _, m in plain for k in m if not any(x in k for x in TIMES)})
+    for k in keys:
+        assert _close([m.get(k) for _, m in validated], [m.get(k) for _, m in plain]), k
+    a, b = (load_file(str(tmp_path / d / "checkpoint" / "model.safetensors")) for d in ("plain", "val"))
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    model, tok = load_checkpoint(str(step_checkpoint_dir(tmp_path / "val", 2)), "cpu", torch.float32)
+    out = RolloutSampler(HFRollout(model, tok), tok).sample(["What is 1 + 1?", "What is 2 + 3?"], 2, [7, 8],
+                                                             SamplingSettings(1.0, 1.0, 5))
+    assert [x.response for o in out for x in o] == rec.calls[1][2]
+
+
 @pytest.mark.slow
 def test_exppo_shuffle_with_overlap_and_checkpointing_gives_the_emulated_run(tmp_path, monkeypatch):
     """ExPPO's shuffled-surprisal control (``exppo_part=shuffled``) draws its permutations in the generation, which

@@ -10,7 +10,8 @@ protocol as one typed record (:func:`engine`): what a module leaves out gets its
 caller probes a module. An engine whose ``train`` takes ``choices`` fills the :class:`EngineChoices` record it is
 handed (the rollout sampler, the precision, the memory plan and layout, each with its reason) as it decides, so the
 orchestrator has them whether the run returns, fails or is stopped; an engine written before this record (no
-``choices`` parameter) keeps working, its runs untagged with them. The modules of this folder are found by a folder
+``choices`` parameter) keeps working, its runs untagged with them. An engine whose ``train`` takes ``validator`` (a
+:class:`LoopValidation`) validates inside its loop, at :func:`validation_steps`, with its own rollout sampler. The modules of this folder are found by a folder
 scan (:func:`core.plugins.discover`, sub-packages included: an engine may be a package of phases), others by the
 ``plugins`` config key: adding an engine is one module (or package) plus one YAML file.
 """
@@ -19,7 +20,8 @@ from __future__ import annotations
 import inspect
 import sys
 from dataclasses import dataclass, field
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Protocol
 
 from core.plugins import Registry
 
@@ -103,6 +105,30 @@ class EngineChoices:
     memory: dict = field(default_factory=dict)
 
 
+def validation_steps(every: int, steps: int) -> list[int]:
+    """The steps whose policy the validation along training evaluates (``train.validate_every = every``): 0 (the
+    starting model), ``every``, ``2 * every``, ... and the last (``steps``); none when ``every`` is 0. A step counts
+    the optimiser steps done: the policy of step k has trained k steps."""
+    if not every:
+        return []
+    return sorted({0, int(steps)} | set(range(int(every), int(steps), int(every))))
+
+
+class LoopValidation(Protocol):
+    """The validation an engine runs inside its loop (docs/curves.md), handed to ``train`` by the orchestrator, which
+    owns what it samples, scores and logs. ``every``: ``train.validate_every``.
+
+    ``validator(step, sampler, compute_flops)`` evaluates the policy after ``step`` steps through ``sampler`` (a
+    :class:`core.sampling.Sampler`: the engine's rollout sampler holding that policy) and logs it at ``step``, with
+    ``compute_flops`` the training compute spent before it (FLOPs, :mod:`training.compute`); a step it logged before
+    (a resumed run) is not sampled again. Returns a folder to keep this policy in (for ``eval.select_on=validation``:
+    the engine saves it there, in Hugging Face format), or None."""
+
+    every: int
+
+    def __call__(self, step: int, sampler, compute_flops: float) -> Path | None: ...
+
+
 def _no_warnings(cfg) -> list[str]:
     return []
 
@@ -129,6 +155,7 @@ class Engine:
     memory_plan: Callable | None = None
     config: dict = field(default_factory=dict)
     takes_choices: bool = False
+    takes_validator: bool = False  # ``train(..., validator=)``: it validates inside its loop (:class:`LoopValidation`)
 
     @classmethod
     def of(cls, name: str, module) -> "Engine":
@@ -136,17 +163,27 @@ class Engine:
         parts = {k: getattr(module, k) for k in ("validate", "has_state", "state_paths", "memory_plan")
                  if callable(getattr(module, k, None))}
         try:
-            takes = "choices" in inspect.signature(module.train).parameters
+            params = inspect.signature(module.train).parameters
         except (TypeError, ValueError):
-            takes = False
-        return cls(name, module, module.train, config=dict(getattr(module, "CONFIG", {}) or {}), takes_choices=takes,
-                   **parts)
+            params = {}
+        return cls(name, module, module.train, config=dict(getattr(module, "CONFIG", {}) or {}),
+                   takes_choices="choices" in params, takes_validator="validator" in params, **parts)
 
-    def run(self, cfg, run_dir, log_metrics, logged_through: int, choices: EngineChoices):
-        """``train`` with ``choices`` handed in where the engine takes it. Returns the checkpoint folder."""
-        if self.takes_choices:
-            return self.train(cfg, run_dir, log_metrics, logged_through=logged_through, choices=choices)
-        return self.train(cfg, run_dir, log_metrics, logged_through=logged_through)
+    def run(self, cfg, run_dir, log_metrics, logged_through: int, choices: EngineChoices,
+            validator: LoopValidation | None = None):
+        """``train`` with ``choices`` and ``validator`` handed in where the engine takes them. Returns the checkpoint
+        folder.
+
+        Raises:
+            ValueError: a ``validator`` for an engine that does not validate inside its loop.
+        """
+        extra = {"choices": choices} if self.takes_choices else {}
+        if validator is not None:
+            if not self.takes_validator:
+                raise ValueError(f"engine={self.name}: train.validate_every needs an engine that validates inside "
+                                 "its loop (its train takes validator)")
+            extra["validator"] = validator
+        return self.train(cfg, run_dir, log_metrics, logged_through=logged_through, **extra)
 
 
 def engine(name: str) -> Engine:

@@ -14,6 +14,7 @@ function receives the config (tests/test_engine_shape.py reads the code to keep 
 - :mod:`.local_generation`: one step's generation, rewards and advantages;
 - :mod:`.local_step`: the update (``ppo_epochs`` epochs of minibatch updates in micro-batches,
   :func:`training.update.update_policy`) and the step's metrics;
+- :mod:`.local_validation`: the validation inside the loop (``train.validate_every``);
 - :mod:`.local_state`: save and resume (the policy, optimiser, random states, the queue, a step stopped inside its
   update).
 
@@ -47,7 +48,7 @@ register_engine("local")  # no engine.* keys of its own (sweeps/engine/local.yam
 
 
 def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: None, logged_through: int = -1,
-          choices: EngineChoices | None = None) -> Path:
+          choices: EngineChoices | None = None, validator=None) -> Path:
     """Train a policy with ``cfg.algo`` on ``cfg.data`` and save a Hugging Face checkpoint.
 
     Args:
@@ -59,6 +60,9 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
             later steps are logged again, earlier ones are not, so every step is logged exactly once).
         choices: filled as the run decides (:class:`training.engines.EngineChoices`): the precision and why, the
             memory plan and scoring layout, the rollout sampler and why, the measured sampling time and peak memory.
+        validator: the validation inside the loop (``train.validate_every``, :class:`training.engines.LoopValidation`):
+            the starting policy and the policy after every due step evaluated through the run's rollout sampler
+            (:mod:`.local_validation`), or None.
     Returns:
         Path of the final checkpoint (``run_dir/checkpoint``). With ``train.save_every = N > 0`` the policy
         after every N-th step is also kept, in ``run_dir/checkpoints/step_<steps done>``
@@ -86,7 +90,8 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
     from training.engines.local.local_loop import run
 
     settings = RunSettings(**read(cfg))  # the config read once, packed into the run's one settings record
-    return run(settings, Path(run_dir), log_metrics, logged_through, EngineChoices() if choices is None else choices)
+    return run(settings, Path(run_dir), log_metrics, logged_through, EngineChoices() if choices is None else choices,
+               validator)
 
 
 def validate(cfg) -> list[str]:

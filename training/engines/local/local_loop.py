@@ -16,16 +16,15 @@ from core.lifecycle import (
     final_checkpoint_dir,
     save_atomically,
     step_checkpoint_dir,
-    validation_checkpoint_dir,
 )
-from core.lora import has_adapters, save_adapter
 from core.progress import LineProgress
 from training.engines import EngineChoices, PrecisionChoice
 from training.engines.local.local_checks import plan
 from training.engines.local.local_queue import Ahead, step_rollout
 from training.engines.local.local_setup import LocalRun, open_rollout, setup
-from training.engines.local.local_state import NumericFault, resume, save
+from training.engines.local.local_state import NumericFault, resume, save, save_hf
 from training.engines.local.local_step import metrics_of, update_step
+from training.engines.local.local_validation import validate_policy
 from training.settings import RunSettings
 from training.step_metrics import peak_memory_gb
 from training.token_probs import ARTIFACT as TOKEN_PROBS
@@ -34,10 +33,12 @@ from training.update import NONFINITE_TERMS
 log = logging.getLogger("rlvr")
 
 
-def run(s: RunSettings, run_dir: Path, log_metrics, logged_through: int, choices: EngineChoices) -> Path:
+def run(s: RunSettings, run_dir: Path, log_metrics, logged_through: int, choices: EngineChoices,
+        validator=None) -> Path:
     """Train with the settings ``s`` in ``run_dir`` (:func:`training.engines.local.train` builds them): the precision
     and the memory plan recorded in ``choices``, the plan checked on this machine before any weight loads, the tools
-    opened for the run (closed when it ends), then :func:`setup` and :func:`train_loop`. Returns the final checkpoint.
+    opened for the run (closed when it ends), then :func:`setup` and :func:`train_loop` (validating inside the loop
+    with ``validator``, a :class:`training.engines.LoopValidation`, when given). Returns the final checkpoint.
 
     Raises:
         MemoryError: the memory plan does not fit the device (one line naming ``train.micro_batch_tokens``).
@@ -53,27 +54,20 @@ def run(s: RunSettings, run_dir: Path, log_metrics, logged_through: int, choices
             raise MemoryError(refused)
     tools = open_tools_for(load_prompts(s.data, "train"), s.tools)
     try:
-        return train_loop(setup(s, Path(run_dir), tools, choices), log_metrics, logged_through)
+        local = setup(s, Path(run_dir), tools, choices)
+        local.validator = validator
+        return train_loop(local, log_metrics, logged_through)
     finally:
         close_tools(tools)
-
-
-def save_hf(run: LocalRun, path: Path) -> None:
-    """The policy in Hugging Face format at ``path`` (with LoRA, peft's adapter format naming the base it loads on)."""
-    if has_adapters(run.model):
-        from core.models import model_path
-
-        save_adapter(run.model, run.tokenizer, path, model_path(run.settings.model))
-        return
-    run.model.save_pretrained(path)
-    run.tokenizer.save_pretrained(path)
 
 
 def train_loop(run: LocalRun, log_metrics, logged_through: int) -> Path:
     """The run's life after :func:`setup`: resume, then each step's rollout (:func:`local_queue.step_rollout`),
     update (:func:`local_step.update_step`), metrics (:func:`local_step.metrics_of`), kept policy and saved state; the
-    final checkpoint. (A validation phase inside the loop belongs after the step's metrics, before its state is saved,
-    so the state carries its metrics too.)
+    final checkpoint. With ``train.validate_every`` the validation phase (:func:`local_validation.validate_policy`)
+    evaluates the starting policy before the first step and the policy after each due step, once the step's state is
+    saved and its metrics handed on; a run stopped in between (a stop request is honoured when the state is saved)
+    validates that policy first when it resumes (the validator skips a step it logged before).
 
     Raises:
         Preempted: a stop request (the state saved first: :func:`local_state.save`).
@@ -88,6 +82,7 @@ def train_loop(run: LocalRun, log_metrics, logged_through: int) -> Path:
     run.rollout = open_rollout(run, n_steps - start_step)
     run.ahead = Ahead(run) if s.rollout.overlap and s.rollout.staleness else None
     sampled_s = time.perf_counter() - t_open  # the sampler's start (vLLM's engine), then each step's generation
+    validate_policy(run, start_step)  # the starting policy (step 0), or a resumed step's validation not yet logged
 
     def flush() -> None:
         for s_, m_ in run.pending:
@@ -111,6 +106,7 @@ def train_loop(run: LocalRun, log_metrics, logged_through: int) -> Path:
                      step_s=round(times.step, 1))
         # every metric, a non-finite one too (logged as NaN or infinity, never dropped)
         run.pending.append((step, {f"train/{k}": float(v) for k, v in metrics.items() if v is not None}))
+        run.compute_spent += float(metrics["flops"])
         terms = [t for t in NONFINITE_TERMS if metrics.get(f"nonfinite_{t}")]
         faulty = faulty + 1 if terms else 0
         if terms:
@@ -122,14 +118,15 @@ def train_loop(run: LocalRun, log_metrics, logged_through: int) -> Path:
             raise NumericFault(f"step {step}: non-finite {', '.join(terms)} in {faulty} steps in a row "
                                f"(train.max_nonfinite_steps={s.max_nonfinite_steps}): every update of those steps was "
                                "skipped; the run stops with its weights and last saved state finite")
+        validate_policy(run, step + 1)  # the policy after step + 1 steps, when due (a stop in keep: on resume)
 
     finish(run, sampled_s)
     return save_atomically(final_checkpoint_dir(run.run_dir), partial(save_hf, run))
 
 
 def keep(run: LocalRun, step: int, flush) -> None:
-    """What step ``step`` leaves behind, in this order: the kept policy (``train.save_every``, or for the validation
-    along training ``train.validate_every``; the last step's is the final checkpoint), then the full state with the
+    """What step ``step`` leaves behind, in this order: the kept policy (``train.save_every``; the last step's is the
+    final checkpoint), then the full state with the
     step's metrics (``train.checkpoint_every``, the last step, or a stop request), then the metrics to the tracker
     (``flush``; with checkpointing only together with a saved state, so a resume logs every step exactly once).
 
@@ -140,8 +137,6 @@ def keep(run: LocalRun, step: int, flush) -> None:
     n_steps, every, done = s.steps, s.checkpoint_every, step + 1
     if s.save_every and done % s.save_every == 0 and done < n_steps:  # a trajectory point (the last is final)
         save_atomically(step_checkpoint_dir(run.run_dir, done), partial(save_hf, run))
-    elif s.validate_every and done % s.validate_every == 0 and done < n_steps:  # validated, then removed
-        save_atomically(validation_checkpoint_dir(run.run_dir, done), partial(save_hf, run))
     stop = STOP_REQUESTED.is_set()
     saved = stop or (every and (done % every == 0 or step == n_steps - 1))
     if saved:

@@ -33,7 +33,8 @@ class LocalRun:
     folder and device, the policy, tokenizer and reference, the optimiser and schedule, the prompt order, the
     advantage estimator, the policy loss bound to its parameters, the update's settings (derived from ``settings``)
     and the scorer; then what the loop keeps: the rollout sampler, the tools, the token counts, the metrics saved but
-    not yet logged, a step stopped inside its update, the staleness queue and the overlap's generation."""
+    not yet logged, a step stopped inside its update, the staleness queue, the overlap's generation, the
+    validator and the compute spent."""
 
     settings: RunSettings
     run_dir: Path
@@ -57,6 +58,8 @@ class LocalRun:
     inflight: object = None  # a step whose update a stop interrupted (local_state.InFlight; resume finishes it)
     queue: dict = field(default_factory=dict)  # step -> StepRollout generated ahead for it (train.rollout.staleness)
     ahead: object = None  # train.rollout.overlap: the generation running during an update (local_queue.Ahead)
+    validator: object = None  # train.validate_every: the validation inside the loop (training.engines.LoopValidation)
+    compute_spent: float = 0.0  # FLOPs of the steps done (the sum of train/flops; saved with the state)
 
     @property
     def seed(self) -> int:

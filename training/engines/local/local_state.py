@@ -1,5 +1,5 @@
 """The local engine's state phase: save a run's full state (policy, optimiser, scheduler, prompt order, random states,
-metrics not yet logged, token counts, the staleness queue, a step stopped inside its update) and resume from it.
+metrics not yet logged, token counts, the training compute spent, the staleness queue, a step stopped inside its update) and resume from it.
 
 A saved state holds tensors, numbers and strings only (:func:`training.run_state.save_state`), so reading it runs no
 code; a resumed run continues exactly as the uninterrupted one would have.
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from core.lora import adapter_state, has_adapters
+from core.lora import adapter_state, has_adapters, save_adapter
 from training.batch import RolloutBatch, StepRollout
 from training.run_state import STATE_FILE, RandomStates, has_state, load_state, save_state
 
@@ -43,6 +43,17 @@ class InFlight:
     @classmethod
     def from_state_dict(cls, d: dict) -> "InFlight":
         return cls(int(d["step"]), rollout_from_state(d), int(d["done"]), list(d["metrics"]))
+
+
+def save_hf(run, path: Path) -> None:
+    """The policy in Hugging Face format at ``path`` (with LoRA, peft's adapter format naming the base it loads on)."""
+    if has_adapters(run.model):
+        from core.models import model_path
+
+        save_adapter(run.model, run.tokenizer, path, model_path(run.settings.model))
+        return
+    run.model.save_pretrained(path)
+    run.tokenizer.save_pretrained(path)
 
 
 def rollout_state(ro: StepRollout) -> dict:
@@ -87,6 +98,7 @@ def resume(run, log_metrics, logged_through: int) -> int:
     if st.get("inflight"):
         run.inflight = InFlight.from_state_dict(st["inflight"])
     run.queue = {int(s_): rollout_from_state(d) for s_, d in (st.get("queue") or {}).items()}
+    run.compute_spent = float(st.get("compute_spent", 0.0))
     for s_, m_ in st["pending"]:
         if s_ > logged_through:
             log_metrics(m_, s_)
@@ -108,4 +120,4 @@ def save(run, step: int, inflight: InFlight | None = None) -> Path:
         "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
         **run.prompts.state_dict(), **RandomStates.capture().state_dict(), "step": step, "pending": run.pending,
         "token_probs": run.token_probs.state_dict(), "inflight": inflight.state_dict() if inflight else None,
-        "queue": {int(s_): rollout_state(ro) for s_, ro in run.queue.items()}})
+        "queue": {int(s_): rollout_state(ro) for s_, ro in run.queue.items()}, "compute_spent": run.compute_spent})
