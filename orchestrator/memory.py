@@ -1,11 +1,13 @@
-"""Every paper preset's memory plan on one GPU: the table of docs/training.md.
+"""Every paper preset's memory plan on one GPU and its disk plan: the table of docs/training.md.
 
     python -m orchestrator.memory [--device-gb 80]
 
 For each preset of ``sweeps/experiment/`` (not the CPU twins), its points composed as the sweep would, each point's
 plan (:func:`training.memory_plan.plan_for`) on one GPU of ``--device-gb`` with ``train.micro_batch_tokens=auto``:
 the largest point's, and whether it fits as the preset is, fits with other settings (which), or needs verl on several
-GPUs (how many). Nothing is downloaded: the presets' model shapes ship with the suite.
+GPUs (how many); and the disk the sweep's run folders hold at their fullest (every point's kept policies and
+samples, one training state at a time, validation and overlap as the preset sets them:
+:mod:`orchestrator.checks.disk_plan`). Nothing is downloaded: the presets' model shapes ship with the suite.
 """
 from __future__ import annotations
 
@@ -45,19 +47,22 @@ def preset_plan(name: str, device_gb: float = 80.0, lora: bool = False) -> dict:
     ``device_gb`` GiB.
 
     Returns:
-        {"preset", "engine", "model", "params_b", "points", "total_gb", "static_gb", "budget", "verdict"}.
+        {"preset", "engine", "model", "params_b", "points", "total_gb", "static_gb", "budget", "verdict", "disk_gb"}
+        (``disk_gb``: the sweep's run folders at their fullest, GiB).
     """
     from omegaconf import OmegaConf
 
+    from orchestrator.checks.disk_plan import point_plan, sweep_need
     from training.memory_plan import RunShape, advice, auto_budget, model_shape, plan_memory
     from training.settings import RunSettings
 
     points = _points(name)
-    worst, engines = None, set()
+    worst, engines, disks = None, set(), []
     for _, cfg in points:
         if lora:
             cfg = OmegaConf.merge(cfg, _lora_on())
         engines.add(str(cfg.engine.name))
+        disks.append(point_plan(cfg))
         if str(cfg.engine.name) != "local":
             continue
         cfg = OmegaConf.merge(cfg, {"train": {"micro_batch_tokens": "auto"}})
@@ -66,10 +71,11 @@ def preset_plan(name: str, device_gb: float = 80.0, lora: bool = False) -> dict:
         plan = plan_memory(shape, run, budget, "cuda", device_gb)
         if worst is None or plan.total_gb > worst[0].total_gb:
             worst = (plan, shape, run, budget)
+    disk_gb = round(sweep_need(disks, parallel=False) / 2**30, 1)
     if worst is None:
         return {"preset": name, "engine": ",".join(sorted(engines)), "model": "", "params_b": 0.0,
                 "points": len(points), "total_gb": None, "static_gb": None, "budget": None,
-                "verdict": "verl preset (engine=verl): planned by verl"}
+                "verdict": "verl preset (engine=verl): planned by verl", "disk_gb": disk_gb}
     plan, shape, run, budget = worst
     p = plan.parts
     static = p["weights"] + p["gradients"] + p["optimizer"] + p["reference"]
@@ -79,26 +85,27 @@ def preset_plan(name: str, device_gb: float = 80.0, lora: bool = False) -> dict:
         verdict = advice(shape, run, "cuda", device_gb, plan)
     return {"preset": name, "engine": "local", "model": plan.model, "params_b": round(shape.n_params / 1e9, 2),
             "points": len(points), "total_gb": round(plan.total_gb, 1), "static_gb": round(static, 1),
-            "budget": budget, "verdict": verdict}
+            "budget": budget, "verdict": verdict, "disk_gb": disk_gb}
 
 
 def presets_table(device_gb: float = 80.0) -> str:
     """The markdown table of :func:`preset_plan` for every paper preset."""
     lines = [f"| preset | model | parameters | weights, gradients, AdamW, reference (GiB) | planned peak on one "
-             f"{device_gb:g} GiB GPU (GiB) | verdict |", "| --- | --- | --- | --- | --- | --- |"]
+             f"{device_gb:g} GiB GPU (GiB) | verdict | the sweep's run folders on disk (GiB) |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     from core.progress import track
 
     for name in track(paper_presets(), "memory plans", unit="preset"):
         r = preset_plan(name, device_gb)
         if r["total_gb"] is None:
-            lines.append(f"| `{name}` | | | | | {r['verdict']} |")
+            lines.append(f"| `{name}` | | | | | {r['verdict']} | {r['disk_gb']:.1f} |")
             continue
         rows = [(f"`{name}`", r)]
         if r["params_b"] >= LORA_FROM_B:  # its LoRA variant, the suite's one-GPU choice (not the paper's protocol)
             rows.append((f"`{name} lora=on`", preset_plan(name, device_gb, lora=True)))
         for label, x in rows:
             lines.append(f"| {label} | {x['model']} | {x['params_b']:.2f}B | {x['static_gb']:.1f} | {x['total_gb']:.1f} | "
-                         f"{x['verdict']} |")
+                         f"{x['verdict']} | {x['disk_gb']:.1f} |")
     return "\n".join(lines)
 
 

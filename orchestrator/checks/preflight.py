@@ -220,13 +220,14 @@ def check_command_line(argv: list[str], checks=(), sweep_checks=()) -> int | Non
         check_locations(points, [a for a in argv if not a.startswith("-")], multirun=bool(flags))
         check_tool_services(points)
         _each_point(points, machine)
+        shown.setdefault(check_disk(points, overrides, bool(flags), remote), None)  # memory first: it names more
         check_inputs(points)
         create_stores(points)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)  # one line, nothing else: the plans are printed only when all passed
         sys.exit(2)
     _print_warnings(said, len(points))
-    for line in shown:
+    for line in filter(None, shown):
         print(line, file=sys.stderr)
     return len(points)
 
@@ -497,6 +498,25 @@ def check_tool_services(points) -> None:
                               f"{getattr(e, 'reason', e)}); start it with python -m core.retrieval serve --index DIR") from None
         if not ok:
             raise ConfigError(f"tools.search.url={url!r}: /health did not say ok: not a retrieval server?")
+
+
+def check_disk(points, overrides: list[str], multirun: bool, remote: bool) -> str:
+    """The sweep's disk plan (:func:`orchestrator.checks.disk_plan.check_disk`) against the free space where Hydra
+    writes its run folders (``hydra.sweep.dir`` / ``hydra.run.dir``, else the working directory; with a cluster
+    launcher every point's training state at once). Returns the plan's line.
+
+    Raises:
+        ConfigError: the plan does not fit (one line: its largest parts, the free space, what would fit).
+    """
+    from orchestrator.checks import disk_plan
+
+    dir_key = "hydra.sweep.dir=" if multirun else "hydra.run.dir="
+    given = next((o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith(dir_key)), None)
+    folder = Path.cwd() if given is None else Path(given.split("${", 1)[0] or ".")
+    try:
+        return disk_plan.check_disk(points, folder, parallel=remote)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def create_stores(points) -> None:
