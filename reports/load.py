@@ -112,6 +112,13 @@ def finished(runs: pd.DataFrame) -> pd.DataFrame:
     return runs[(runs["kind"] == "trained") & (runs["status"] == "FINISHED")]
 
 
+def finished_or_training(runs: pd.DataFrame) -> pd.DataFrame:
+    """The trained runs that finished or are still training (a report during a sweep draws their curves so far)."""
+    if runs.empty:
+        return runs
+    return runs[(runs["kind"] == "trained") & runs["status"].isin(["FINISHED", "RUNNING"])]
+
+
 
 def evaluated(runs: pd.DataFrame) -> pd.DataFrame:
     """The finished base-model runs (the "Initialization" rows, first) and the finished trained runs: every

@@ -15,8 +15,9 @@ its curves against GPU-hours, which this estimate stands in for where hardware d
   2 N more with gradient checkpointing (the forward recomputed).
 
 Tokens are real tokens (padding and packing excluded), so engines and layouts that waste positions count the same
-compute; N counts every parameter of the policy (embeddings and LoRA adapters included). The verl engine does not
-log it (its validation is refused: ``train.validate_every``).
+compute; N counts every parameter of the policy (embeddings and LoRA adapters included). The verl engine applies the
+same count to verl's token counts (:meth:`ComputeModel.flops_of_tokens` on ``perf/total_num_tokens``:
+:mod:`training.engines.verl.verl_validation`), so both engines' curves use one FLOP definition.
 """
 from __future__ import annotations
 
@@ -47,10 +48,15 @@ class ComputeModel:
             float FLOPs (not FLOP/s): 2 N tokens(sampled) + (2 N extra_passes + epochs (2 N + backward
             [+ 2 N recompute])) tokens(trained).
         """
+        return self.flops_of_tokens(sum(tokens(b) for b in sampled), tokens(trained), extra_passes)
+
+    def flops_of_tokens(self, sampled_tokens: int, trained_tokens: int, extra_passes: int) -> float:
+        """:meth:`step_flops` from token counts (real tokens, prompt and response: every sampled row's, the trained
+        rows'), for an engine that reports counts rather than batches (verl's ``perf/total_num_tokens``)."""
         n = float(self.n_params)
         backward = 2.0 * n if self.lora else 4.0 * n
         per_update_token = self.epochs * (2.0 * n + backward + (2.0 * n if self.checkpointing else 0.0))
-        return 2.0 * n * sum(tokens(b) for b in sampled) + (2.0 * n * extra_passes + per_update_token) * tokens(trained)
+        return 2.0 * n * float(sampled_tokens) + (2.0 * n * extra_passes + per_update_token) * float(trained_tokens)
 
 
 def tokens(batch) -> int:

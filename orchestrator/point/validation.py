@@ -54,10 +54,11 @@ def logged_points(run_dir: Path) -> dict[int, dict]:
     return dict(sorted(out.items()))
 
 
-def write_series(run_dir: Path, store: tracking.Store) -> Path | None:
+def write_series(run_dir: Path, store: tracking.Store, run_id: str | None = None) -> Path | None:
     """Every logged validation point's samples, with ``step`` and ``compute_flops`` columns, in one
     ``run_dir/validation.parquet``, logged as the run's artifact (the report's curve section and
-    ``python -m evaluation.recompute --curves`` read it). Returns its path, or None before the first point."""
+    ``python -m evaluation.recompute --curves`` read it) of the run ``run_id`` (default: the active run). Returns its
+    path, or None before the first point."""
     import pandas as pd
 
     points = logged_points(run_dir)
@@ -67,7 +68,7 @@ def write_series(run_dir: Path, store: tracking.Store) -> Path | None:
               .assign(step=s, compute_flops=float(m["val/compute_flops"])) for s, m in points.items()]
     series = Path(run_dir) / VALIDATION_SERIES
     pd.concat(frames, ignore_index=True).to_parquet(series)
-    store.log_artifact(series)
+    store.log_artifact(series, None, run_id)
     return series
 
 
@@ -96,12 +97,18 @@ class LoopValidator:
         self.task, self.rows, self.vcfg = validation_job(self.cfg, sorted({1, self.k}))
         self.select = str(self.cfg.eval.get("select_on", "final")) == "validation"
         self.keep_top = int(self.cfg.train.get("keep_top_k") or 1)
+        from evaluation.pipeline import settings_from
+
+        self.split, self.n = self.rows[self.task], int(self.vcfg.n)  # what an engine that samples itself reads
+        self.settings = settings_from(self.vcfg, bool(self.cfg.model.get("chat_template", True)))
+        self.run_id = self.store.active_run_id()  # set and logged by id: an engine may call from another thread
 
     def protocol(self, sampler) -> str:
         """The validation protocol in words (tagged ``rlvr.val_protocol``)."""
         v = self.vcfg
+        longest = int(getattr(sampler, "max_new_tokens", v.max_new_tokens))  # verl samples at its response length
         return (f"{sampler.name} ({getattr(sampler, 'precision', '?')}), n={int(v.n)}, temperature={float(v.temperature)}, "
-                f"top_p={float(v.top_p)}, max_new_tokens={int(v.max_new_tokens)}, seed={int(v.seed)}, "
+                f"top_p={float(v.top_p)}, max_new_tokens={longest}, seed={int(v.seed)}, "
                 f"{len(self.rows[self.task])} held-out {self.task} prompts")
 
     def __call__(self, step: int, sampler, compute_flops: float) -> Path | None:
@@ -114,7 +121,7 @@ class LoopValidator:
         out_dir = Path(self.run_dir) / "validation" / f"step_{step}"
         done = out_dir / DONE
         if not done.exists():
-            self.store.set_tags({PROTOCOL_TAG: self.protocol(sampler)})
+            self.store.set_tags({PROTOCOL_TAG: self.protocol(sampler)}, self.run_id)
             t0 = time.time()
             job = EvalJob(self.vcfg, chat_template=bool(self.cfg.model.get("chat_template", True)),
                           tools_cfg=self.cfg.get("tools"), rows=self.rows)
@@ -127,7 +134,7 @@ class LoopValidator:
             log.info("validation: step %d pass@1 %.4f (%d prompts x %d samples, %.3g FLOPs before it, %.1f s)", step,
                      val.get(f"val/{self.task}/pass_at_1", float("nan")), len(self.rows[self.task]), int(self.vcfg.n),
                      compute_flops, val["time/val_s"])
-            write_series(self.run_dir, self.store)
+            write_series(self.run_dir, self.store, self.run_id)
         return self._keep(step)
 
     def score(self, metrics: dict) -> float:

@@ -13,9 +13,9 @@ from ..seed_groups import eval_seed_note, seed_group, study_baseline
 from . import register_section
 
 
-def _methods(ctx, labels) -> dict:
+def _methods(runs, labels) -> dict:
     methods: dict = {}
-    for lab in ctx.done["label"] if len(ctx.done) else []:
+    for lab in runs["label"] if len(runs) else []:
         if lab in labels:
             methods.setdefault(seed_group(lab), []).append(lab)
     return methods
@@ -24,22 +24,26 @@ def _methods(ctx, labels) -> dict:
 def _show(ctx, page) -> None:
     import evaluation.curves as curves
 
-    if not len(ctx.done) or not ctx.work_dir:
+    runs = load.finished_or_training(ctx.runs)  # during a sweep: the curves so far (validated in the loop, live)
+    if not len(runs) or not ctx.work_dir:
         page.note("No trained runs.")
         return
-    files = load.download_validation(ctx.tracking_uri, ctx.done, Path(ctx.work_dir) / "validation")
+    files = load.download_validation(ctx.tracking_uri, runs, Path(ctx.work_dir) / "validation")
     if not files:
         page.note("No run validated along training (set train.validate_every=N with data.validation_prompts=M).")
         return
     frames = {lab: pd.read_parquet(f) for lab, f in files.items()}
-    methods = _methods(ctx, frames)
-    baseline = study_baseline(methods, ctx.done, ctx.baseline)
+    going = sorted(set(runs.loc[runs["status"] == "RUNNING", "label"]) & set(frames))
+    if going:
+        page.note(f"Still training, drawn up to their latest validation point: {', '.join(going)}.")
+    methods = _methods(runs, frames)
+    baseline = study_baseline(methods, runs, ctx.baseline)
     out = Path(ctx.work_dir) / "curves"
     curves.write_manifest(out / "runs.json", files, methods, baseline)
     tables = curves.curve_tables(frames, methods, baseline)
     for name in ("points", "fits", "run_fits", "differences"):
         tables[name].to_csv(out / f"{name}.csv")
-    seeds = eval_seed_note(ctx.done[ctx.done["label"].isin(list(frames))])
+    seeds = eval_seed_note(runs[runs["label"].isin(list(frames))])
     if seeds:
         page.note(seeds)
     _figure(ctx, page, tables, methods)

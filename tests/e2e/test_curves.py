@@ -120,3 +120,25 @@ def test_the_report_draws_the_curves_and_recompute_gives_back_its_numbers(curves
     assert label.endswith("validate_every=2")
     mine, theirs = pd.read_csv(latest / "curves" / "fits.csv"), pd.read_csv(out / "fits.csv")
     pd.testing.assert_frame_equal(mine, theirs)
+
+
+def test_a_report_made_while_a_run_trains_draws_its_curve_so_far(curves_dir, tmp_path):
+    """Issue 69, live: the validated run as a report made during the sweep sees it, still training (its MLflow status
+    RUNNING, on a copy of the store): ``python -m reports`` draws its curve from the points logged so far (the
+    ``validation.parquet`` artifact is rewritten after each) and says the run is still training."""
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    cwd, _, trained = curves_dir
+    shutil.copy(cwd / "mlflow.db", tmp_path / "mlflow.db")
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    MlflowClient(uri).update_run(trained["2"].info.run_id, status="RUNNING")
+    proc = subprocess.run([sys.executable, "-m", "reports", "--experiment", "rlvr", "--tracking-uri", uri, "--out",
+                           str(tmp_path / "report"), "--no-mlflow"], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    html = next((tmp_path / "report").rglob("report.html")).read_text()
+    assert "Still training, drawn up to their latest validation point" in html
+    assert "Compute-performance curves (validation along training)" in html
+    assert next((tmp_path / "report").rglob("compute_curves.png")).is_file()

@@ -202,11 +202,9 @@ def test_vllm_sampler_without_vllm_stops_before_training(tmp_path, without_vllm)
     (["train.keep_top_k=2"], "train.keep_top_k=2: checkpoints are ranked on the validation split"),
     (["eval.select_on=validation", "data.validation_prompts=4", "train.save_every=1", "eval.validation.k=8"],
      "eval.validation.k=8: larger than eval.validation.n=4"),
-    # validation along training (issue 60): a split to validate on, and the local engine
+    # validation along training (issue 60): a split to validate on (both engines validate inside their loop: issue 69)
     (["train.validate_every=2"], "train.validate_every=2: no validation split"),
     (["train.validate_every=-1"], "train.validate_every=-1"),
-    (["engine=verl", "engine.device=cpu", "train.validate_every=2", "data.validation_prompts=4"],
-     "train.validate_every=2: the validation along training needs the local engine"),
     (["eval.sampler=magic"], "eval.sampler='magic'"),
     # values that once slipped past pre-flight (the schema of orchestrator/checks/schema.py now types every key)
     (["seed=abc"], "seed='abc': expected an integer"),

@@ -36,8 +36,10 @@ STEPS = 3  # the first point is stopped after its first checkpoint: at least one
 # the README's command (experiment=verl_smoke: tiny random model, toy_parity, 4 prompts x 4 samples x 16 tokens) with
 # a checkpoint every step and one step more, so that the stopped point has training left when it resumes
 # with token-level TIS (train.rollout.correction): verl's own rollout correction, its weights on the suite's loss
+# and the validation along training inside verl's loop (issue 69): every step, 4 held-out prompts x 2 samples
 COMMAND = ["-m", "experiment=verl_smoke", f"algo={','.join(ALGOS)}", f"train.steps={STEPS}", "train.checkpoint_every=1",
-           "train.rollout.correction=token_tis", "report.enabled=false"]
+           "train.rollout.correction=token_tis", "report.enabled=false", "train.validate_every=1",
+           "data.validation_prompts=4", "eval.validation.n=2", "eval.validation.k=2"]
 
 
 def _sweep_proc(cwd):
@@ -171,6 +173,29 @@ def test_each_algorithm_trains_through_verls_trainer(verl_sweep, algo):
     final = load_file(next((run_dir / "checkpoint").glob("*.safetensors")))
     moved = [k for k in start if k in final and not torch.equal(start[k].float(), final[k].float())]
     assert len(moved) > len(start) // 2
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_verl_validates_inside_its_loop_with_the_suites_tables_and_compute(verl_sweep, algo):
+    """Issue 69 on verl: verl's own periodic validation samples the 4 held-out prompts before training and after every
+    step; the suite grades each point and logs its tables at the point's step, once (the stopped and resumed ExPPO
+    point too): pass@1 equals verl's own aggregate of the same samples (``val-core/.../acc/mean@2``, which verl logs
+    with the step's metrics, at step k - 1), and ``val/compute_flops`` is the sum of the ``train/flops`` before it
+    (training/compute.py's count on verl's token counts)."""
+    client, trained = _trained(verl_sweep[0])
+    run = trained[algo]
+    p1 = _history(client, run, "val/toy_parity/pass_at_1")
+    assert [s for s, _ in p1] == list(range(STEPS + 1))
+    assert [s for s, _ in _history(client, run, "val/toy_parity/maj_at_2")] == list(range(STEPS + 1))
+    flops = dict(_history(client, run, "train/flops"))
+    assert sorted(flops) == list(range(STEPS)) and all(v > 0 for v in flops.values())
+    assert dict(_history(client, run, "val/compute_flops")) == {k: sum(v for s, v in flops.items() if s < k)
+                                                                 for k in range(STEPS + 1)}
+    verl_acc = dict(_history(client, run, "verl/val-core/rlvr/toy_parity/acc/mean_at_2"))
+    for k, value in p1[1:]:
+        assert value == pytest.approx(verl_acc[k - 1]), k
+    assert run.data.tags["rlvr.val_protocol"].startswith("verl:vllm (")
+    assert "validation.parquet" in {a.path for a in client.list_artifacts(run.info.run_id)}
 
 
 @pytest.mark.parametrize("algo", ["exppo"])  # DAPO has no KL to its reference to compare with

@@ -271,7 +271,7 @@ def test_parquet_has_verls_rl_dataset_layout_and_reward_scores_with_the_verifier
     assert score("rlvr/arithmetic", "so \\boxed{5}", "5", dict(df.extra_info[0])) == 1.0
     assert score("rlvr/arithmetic", "so the answer is \\boxed{5}", "5") == 1.0
     assert score("rlvr/arithmetic", "\\boxed{6}", "5") == 0.0
-    assert compute_score("rlvr/arithmetic", "\\boxed{" * 5000, "5") == {"score": 0.0, "acc": 0.0}  # no crash
+    assert compute_score("rlvr/arithmetic", "\\boxed{" * 5000, "5") == {"score": 0.0, "acc": 0.0, "row_index": -1.0}  # no crash
     with pytest.raises(ValueError, match="no prompts"):
         V.write_parquet([], tmp_path / "empty.parquet", "x")
 
@@ -523,9 +523,9 @@ def test_reward_function_is_right_under_verls_thread_pool():
     assert scores == [1.0 if i % 3 else 0.0 for i in range(48)]
     kk = "<think>t</think><answer>Zoey is a knight, Oliver is a knave</answer>"
     # K&K: the reward is the paper's 3.0 (format + answer); acc, what DAPO's group filter reads, is correctness
-    assert compute_score("rlvr/kk", kk, "Zoey=knight,Oliver=knave") == {"score": 3.0, "acc": 1.0}
+    assert compute_score("rlvr/kk", kk, "Zoey=knight,Oliver=knave") == {"score": 3.0, "acc": 1.0, "row_index": -1.0}
     wrong = "<think>t</think><answer>Zoey is a knave, Oliver is a knave</answer>"
-    assert compute_score("rlvr/kk", wrong, "Zoey=knight,Oliver=knave") == {"score": -0.5, "acc": 0.0}
+    assert compute_score("rlvr/kk", wrong, "Zoey=knight,Oliver=knave") == {"score": -0.5, "acc": 0.0, "row_index": -1.0}
 
 
 def test_tr_grpo_weighted_kl_on_verl_turns_on_the_reference_policy_and_needs_the_wrapper(tmp_path):
@@ -639,8 +639,8 @@ def test_engine_verl_accepts_every_algorithm_preset(algo):
 def test_every_paper_preset_with_engine_verl_composes_and_validates(tmp_path):
     """Every point of every experiment preset, with engine=verl: our validation, verl's pre-flight, and the
     translated config composed against verl's own schema (first point of each preset). A point with rollout
-    staleness is refused at pre-flight, naming what verl would need, and one that validates along training
-    (cpu_study) naming the local engine."""
+    staleness is refused at pre-flight, naming what verl would need (one that validates along training, cpu_study,
+    passes: verl validates inside its loop, issue 69)."""
     from orchestrator.checks.validate import validate_config
     from orchestrator.errors import ConfigError
 
@@ -653,11 +653,6 @@ def test_every_paper_preset_with_engine_verl_composes_and_validates(tmp_path):
             if int(roll.staleness) >= 1:  # refused in one line, naming verl's async trainer (issue 58)
                 with pytest.raises(ConfigError, match=r"engine=verl: train\.rollout\.staleness=\d+: with engine=verl "
                                                       r"this needs verl's (one-step-off|fully-async) trainer"):
-                    validate_config(cfg)
-                continue
-            if int(cfg.train.validate_every):  # cpu_study: refused in one line, naming the local engine (issue 60)
-                with pytest.raises(ConfigError, match=r"engine=verl: train\.validate_every=\d+: the validation along "
-                                                      r"training needs the local engine"):
                     validate_config(cfg)
                 continue
             validate_config(cfg)
@@ -887,3 +882,77 @@ def test_local_engine_rollout_keys_are_refused_on_verl_in_one_line(override, mat
     cfg = _cfg("engine=verl", override)
     with pytest.raises(ValueError, match=match):
         V.check_verl_config(cfg)
+
+
+def test_verls_validation_is_composed_graded_by_the_suite_and_counted_in_flops(tmp_path):
+    """Issue 69 on verl, without its trainer: the validation overrides compose against verl's own schema (before
+    training, every N steps, n samples at the validator's temperature, generations dumped); a step's ``train/flops``
+    is training/compute.py's count on verl's token count, by hand; a complete dump (written as verl's
+    ``_write_generations`` writes it, each sample's row by the reward's ``row_index``) reaches the validator once, in
+    step order, only when the compute before it is known, through a sampler that returns verl's responses per row."""
+    import json
+    from types import SimpleNamespace
+
+    from core.sampling import SamplingSettings
+    from training.engines.verl.verl_keys import VerlSettings
+    from training.engines.verl.verl_validation import (
+        VerlCompute,
+        VerlValidations,
+        merge_overrides,
+        validation_overrides,
+    )
+
+    [(_, cfg)] = sweep_points(["experiment=verl_smoke", "algo=grpo", "data.validation_prompts=2"], multirun=True)[:1]
+    import tests.plugins.toy_tasks  # noqa: F401  (registers toy_parity, the preset's task)
+    from core.tasks import load_prompts
+
+    split = load_prompts(cfg.data, "validation")
+    validator = SimpleNamespace(every=1, split=split, n=3, settings=SamplingSettings(0.7, 0.9, 16), calls=[])
+    base = V.verl_overrides(cfg, "/models/m", tmp_path / "d", tmp_path / "r")
+    c = V.compose_verl_config(merge_overrides(base, validation_overrides(validator, tmp_path / "r", "vllm")))
+    assert (c.trainer.test_freq, c.trainer.val_before_train) == (1, True)
+    assert c.trainer.validation_data_dir == str(tmp_path / "r" / "verl_validation")
+    vk = c.actor_rollout_ref.rollout.val_kwargs
+    assert (vk.n, vk.do_sample, vk.temperature, vk.top_p) == (3, True, 0.7, 0.9)
+    v = VerlSettings.of(cfg)
+    compute = VerlCompute(v, tmp_path)
+    n = compute.model.n_params
+    m = compute.add({"verl/perf/total_num_tokens": 100.0}, 0)
+    # generation 2N x 100, the old log-probs' pass 2N x 100 and the reference's with a KL term, the update (2N + 4N,
+    # + 2N recomputed with verl's gradient checkpointing) x 100 per epoch
+    passes = 1 + int(float(cfg.algo.get("kl_beta") or 0) > 0)
+    update = 6 + 2 * int(bool(cfg.engine.gradient_checkpointing))
+    assert m["train/flops"] == pytest.approx(2 * n * 100 + 2 * passes * n * 100 + int(cfg.train.ppo_epochs) * update * n * 100)
+    assert compute.before(0) == 0.0 and compute.before(1) == m["train/flops"] and compute.before(2) is None
+    assert VerlCompute(v, tmp_path).before(1) == m["train/flops"]  # kept across a stop
+    from core.models import model_path
+
+    def dump(step, complete=True):
+        (tmp_path / "verl_validation").mkdir(exist_ok=True)
+        recs = [{"input": "x", "output": f"s{step} r{i} #{j}", "gts": "g", "score": 0.0, "step": step, "acc": 0.0,
+                 "row_index": float(i)} for j in range(3) for i in range(len(split))]
+        (tmp_path / "verl_validation" / f"{step}.jsonl").write_text(
+            "\n".join(json.dumps(r) for r in (recs if complete else recs[:2])) + "\n")
+
+    seen = []
+
+    class Recorder(SimpleNamespace):
+        def __call__(self, step, sampler, before):
+            out = sampler.sample([r["prompt"] for r in split], 3, [0] * len(split), validator.settings)
+            seen.append((step, before, [[x.response for x in o] for o in out]))
+
+    vals = VerlValidations(v, tmp_path, Recorder(every=1, split=split, n=3, settings=validator.settings),
+                           model_path(cfg.model), compute)
+    dump(0)
+    dump(1)
+    dump(2, complete=False)  # still being written
+    vals.poll()
+    vals.poll()  # once each
+    assert [(s, b) for s, b, _ in seen] == [(0, 0.0), (1, m["train/flops"])]
+    assert seen[0][2] == [[f"s0 r{i} #{j}" for j in range(3)] for i in range(len(split))]
+    dump(2)
+    vals.poll()  # complete, but the compute of step 1 is not known yet
+    assert len(seen) == 2
+    compute.add({"verl/perf/total_num_tokens": 50.0}, 1)
+    vals.poll()
+    assert [s for s, _, _ in seen] == [0, 1, 2] and seen[2][1] == pytest.approx(compute.before(2))

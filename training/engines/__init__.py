@@ -122,9 +122,15 @@ class LoopValidation(Protocol):
     :class:`core.sampling.Sampler`: the engine's rollout sampler holding that policy) and logs it at ``step``, with
     ``compute_flops`` the training compute spent before it (FLOPs, :mod:`training.compute`); a step it logged before
     (a resumed run) is not sampled again. Returns a folder to keep this policy in (for ``eval.select_on=validation``:
-    the engine saves it there, in Hugging Face format), or None."""
+    the engine saves it there, in Hugging Face format), or None. An engine that samples the validation itself (verl's
+    own periodic validation) reads what to sample from ``split`` (the validation prompts' rows), ``n`` (samples per
+    prompt) and ``settings`` (the decoding, :class:`core.sampling.SamplingSettings`), and hands the validator a
+    sampler that replays its samples."""
 
     every: int
+    split: list
+    n: int
+    settings: object
 
     def __call__(self, step: int, sampler, compute_flops: float) -> Path | None: ...
 

@@ -16,7 +16,9 @@ Data flow of ``engine=verl`` for one sweep point (:func:`train`, which builds th
    parameters travel as JSON in the environment variable :data:`SPEC_ENV`, and Ray's ``worker_process_setup_hook``
    runs :func:`register_from_env` in every Ray worker process;
 5. verl's ``file`` logger writes per-step metrics as JSONL; a thread streams them into this run's MLflow run with
-   sanitised names (:mod:`training.engines.verl_support.verl_metrics`);
+   sanitised names (:mod:`training.engines.verl_support.verl_metrics`) and the step's ``train/flops``; with
+   ``train.validate_every`` verl's own validation dumps each point's samples, which the suite grades
+   (:mod:`.verl_validation`);
 6. verl saves the actor in Hugging Face format (``checkpoint.save_contents`` includes ``hf_model``); the export hands
    it to the evaluation stage (:mod:`training.engines.verl_support.verl_checkpoint`).
 
@@ -82,7 +84,8 @@ CONFIG = {  # the engine.* keys this engine reads (sweeps/engine/verl.yaml has t
 }
 
 
-def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: None, logged_through: int = -1) -> Path:
+def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: None, logged_through: int = -1,
+          validator=None) -> Path:
     """Train ``cfg.algo`` with verl and return the Hugging Face checkpoint directory (:func:`.verl_launch.run` with the
     run's settings).
 
@@ -94,7 +97,10 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
     a rerun with the same ``run_dir`` resumes there (``resume_mode=auto``); one whose last checkpoint holds every
     step only exports it. Tasks whose episodes call tools get them as with the local engine
     (:func:`core.tools.open_tools_for`: ``tools.search.url``, or a retrieval server started for the run and stopped
-    after it), passed to verl's tool workers by URL.
+    after it), passed to verl's tool workers by URL. With ``validator`` (``train.validate_every``, a
+    :class:`training.engines.LoopValidation`) verl's own periodic validation samples the validation split before
+    training, every N steps and at the last, and the suite grades each point and logs it at its step
+    (:mod:`.verl_validation`).
 
     Raises:
         ValueError: settings verl cannot honour (:func:`check_verl_config`).
@@ -105,7 +111,7 @@ def train(cfg, run_dir, log_metrics: Callable[[dict, int], None] = lambda m, s: 
     """
     from training.engines.verl.verl_launch import run
 
-    return run(VerlSettings.of(cfg), run_dir, log_metrics, logged_through)
+    return run(VerlSettings.of(cfg), run_dir, log_metrics, logged_through, validator)
 
 
 def validate(cfg) -> list[str]:

@@ -43,10 +43,6 @@ def check(v: VerlSettings) -> list[str]:
         raise ValueError(f"train.lora.dropout={lora.dropout}: verl's FSDP LoRA has no adapter dropout; set 0 with engine=verl")
     if lora.on and float(lora.alpha) != int(lora.alpha):
         raise ValueError(f"train.lora.alpha={lora.alpha}: verl takes an integer lora_alpha; set a whole number")
-    if s.validate_every:
-        raise ValueError(f"train.validate_every={s.validate_every}: the validation along training needs the local "
-                         "engine's kept policies and compute count (verl's own periodic validation, trainer.test_freq, "
-                         "is not wired); use engine=local")
     k, old_policy = s.rollout.staleness, s.rollout.old_policy
     if k >= 1:  # verl.experimental.one_step_off_policy (k = 1) and fully_async_policy (k >= 2) are not wired
         raise ValueError(f"train.rollout.staleness={k}: with engine=verl this needs verl's "

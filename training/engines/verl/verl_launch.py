@@ -19,6 +19,7 @@ from training.engines.verl.verl_adapters import SETUP_HOOK, SPEC_ENV, algo_spec
 from training.engines.verl.verl_checks import check
 from training.engines.verl.verl_keys import VerlSettings
 from training.engines.verl.verl_translate import verl_overrides
+from training.engines.verl.verl_validation import VerlCompute, VerlValidations, merge_overrides, validation_overrides
 from training.engines.verl_support.verl_checkpoint import export_hf_checkpoint, export_trajectory, rewind_to_logged
 from training.engines.verl_support.verl_metrics import MetricsStreamer, aliases_for
 
@@ -119,9 +120,11 @@ def materialize_model(model_cfg, out_dir: Path) -> str:
     return str(out_dir)
 
 
-def run(v: VerlSettings, run_dir, log_metrics, logged_through: int = -1) -> Path:
+def run(v: VerlSettings, run_dir, log_metrics, logged_through: int = -1, validator=None) -> Path:
     """Train with verl from the settings ``v`` in ``run_dir`` and return the Hugging Face checkpoint directory (see
-    :func:`training.engines.verl.train`, which builds them).
+    :func:`training.engines.verl.train`, which builds them). With ``validator`` (``train.validate_every``), verl's own
+    periodic validation samples the validator's split and each point goes to it
+    (:mod:`~training.engines.verl.verl_validation`); every step's ``train/flops`` is logged from verl's token counts.
 
     Raises:
         ValueError: settings verl cannot honour (:func:`~training.engines.verl.verl_checks.check`).
@@ -142,9 +145,15 @@ def run(v: VerlSettings, run_dir, log_metrics, logged_through: int = -1) -> Path
     rows = load_prompts(v.run.data, "train")
     source = f"rlvr/{v.data_name}"
     write_parquet(rows, data_dir / "train.parquet", source)
-    write_parquet(rows[: max(1, min(len(rows), 8))], data_dir / "val.parquet", source)
+    val_rows = list(validator.split) if validator is not None else rows[: max(1, min(len(rows), 8))]
+    write_parquet(val_rows, data_dir / "val.parquet", source)
     model_path = materialize_model(v.run.model, run_dir / "initial_model")
     overrides = verl_overrides(v, model_path, data_dir, run_dir)
+    compute = VerlCompute(v, run_dir)
+    vals = None
+    if validator is not None:
+        overrides = merge_overrides(overrides, validation_overrides(validator, run_dir, str(v.engine.rollout.name)))
+        vals = VerlValidations(v, run_dir, validator, model_path, compute)
     (run_dir / "verl_overrides.txt").write_text("\n".join(overrides) + "\n")
     metrics_path = run_dir / "verl_metrics.jsonl"
     spec = algo_spec(v)
@@ -154,6 +163,8 @@ def run(v: VerlSettings, run_dir, log_metrics, logged_through: int = -1) -> Path
     env[SPEC_ENV] = json.dumps(spec)
     env["VERL_FILE_LOGGER_PATH"] = str(metrics_path)
     if rewind_to_logged(run_dir / "verl_checkpoints", logged_through) >= v.run.steps:
+        if vals is not None:  # the points verl dumped before the stop that were not handed over yet
+            vals.poll()
         return hand_over(v, run_dir)  # resumed after its training had finished: nothing for verl to do
     from core.tools import close_tools, open_tools_for
 
@@ -164,14 +175,18 @@ def run(v: VerlSettings, run_dir, log_metrics, logged_through: int = -1) -> Path
         if "search" in tools:
             env["RLVR_SEARCH_URL"] = str(tools["search"].url)
             env["RLVR_SEARCH_TOPK"] = str(int(tools["search"].topk))
-        return _run_verl(v, run_dir, overrides, env, metrics_path, log_metrics, logged_through)
+        return _run_verl(v, run_dir, overrides, env, metrics_path,
+                         lambda m, step: log_metrics(compute.add(m, step), step), logged_through, vals)
     finally:
         close_tools(tools)
 
 
-def _run_verl(v: VerlSettings, run_dir: Path, overrides: list[str], env: dict, metrics_path: Path, log_metrics, logged_through: int):
+def _run_verl(v: VerlSettings, run_dir: Path, overrides: list[str], env: dict, metrics_path: Path, log_metrics,
+              logged_through: int, vals=None):
     """verl's trainer in a child process (``python -m training.engines.verl_support.verl_main``) with its metrics streamed, stopped
-    on a stop request; then the hand-over (:func:`hand_over`). See :func:`run`."""
+    on a stop request, its validation points handed to the validator as they complete (``vals``, a
+    :class:`~training.engines.verl.verl_validation.VerlValidations`); then the hand-over (:func:`hand_over`). See
+    :func:`run`."""
     from core.lifecycle import STOP_REQUESTED, Preempted
 
     cmd = [sys.executable, "-m", "training.engines.verl_support.verl_main", *overrides]
@@ -202,6 +217,8 @@ def _run_verl(v: VerlSettings, run_dir: Path, overrides: list[str], env: dict, m
                         os.killpg(proc.pid, signal.SIGKILL)
                         proc.wait()
                     break
+                if vals is not None:
+                    vals.poll()
                 time.sleep(0.2)
         finally:
             if proc.poll() is None:
@@ -210,6 +227,8 @@ def _run_verl(v: VerlSettings, run_dir: Path, overrides: list[str], env: dict, m
             streamer.stop_event.set()
             streamer.join()
             bar.close()
+    if vals is not None and proc.returncode == 0:
+        vals.poll()  # the last point, once its step's metrics are in
     if STOP_REQUESTED.is_set():
         raise Preempted(f"verl stopped on request; it resumes from {run_dir / 'verl_checkpoints'}")
     if proc.returncode != 0:

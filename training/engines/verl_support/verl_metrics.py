@@ -45,6 +45,8 @@ def mlflow_metrics(data: dict, aliases: dict | None = None) -> dict:
     for k, v in data.items():
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
             continue
+        if "/row_index/" in str(k) or str(k).endswith("/row_index"):  # the reward's bookkeeping, not a measure
+            continue
         out["verl/" + _BAD_CHARS.sub("_", str(k).replace("@", "_at_"))] = float(v)
         if k in aliases:
             out[aliases[k]] = float(v)

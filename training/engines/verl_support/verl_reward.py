@@ -18,21 +18,28 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
     """verl's ``compute_score(data_source, solution_str, ground_truth, extra_info)`` -> the task's verdict.
 
     Returns:
-        ``{"score": reward, "acc": 1.0 or 0.0}``: verl uses ``score`` as the reward and keeps ``acc`` as reward
-        extra info, which its group filter (DAPO's dynamic sampling, ``algorithm.filter_groups.metric=acc``)
-        reads, so groups are filtered on correctness, not on the reward.
+        ``{"score": reward, "acc": 1.0 or 0.0, "row_index": the row's place in its parquet or -1}``: verl uses
+        ``score`` as the reward and keeps the others as reward extra info: ``acc`` for its group filter (DAPO's
+        dynamic sampling, ``algorithm.filter_groups.metric=acc``), so groups are filtered on correctness, not on the
+        reward; ``row_index`` in its validation dumps, so the suite's validation knows each sample's prompt
+        (:mod:`training.engines.verl.verl_validation`; every call returns the same keys, as verl requires).
     Never raises on model output: any checker failure scores 0.0 and acc 0.0.
     """
     from training.rewards import row_rewards
 
+    info = extra_info if isinstance(extra_info, dict) else {}
     try:
-        raw = (extra_info or {}).get("row") if isinstance(extra_info, dict) else None
+        index = float(int(info.get("index", -1)))
+    except (TypeError, ValueError):
+        index = -1.0
+    try:
+        raw = info.get("row")
         row = json.loads(raw) if raw else {"gold": str(ground_truth), "task": str(data_source).rsplit("/", 1)[-1]}
         with _LOCK:
             rewards, correct = row_rewards([str(solution_str)], [row])
-        return {"score": float(rewards[0]), "acc": float(bool(correct[0]))}
+        return {"score": float(rewards[0]), "acc": float(bool(correct[0])), "row_index": index}
     except Exception:  # a bad model output gets reward 0, never a crash
-        return {"score": 0.0, "acc": 0.0}
+        return {"score": 0.0, "acc": 0.0, "row_index": index}
 
 
 def _overlong_manager():
