@@ -186,7 +186,9 @@ def _flat(pts: Points, c: np.ndarray, y: np.ndarray, r0: float) -> str | None:
     last = y[order][-max(1, len(y) // 3):]
     rise = float(last.mean() - r0)
     bound = 3.0 * se * np.sqrt(1.0 + 1.0 / len(last))
-    if abs(rise) < bound:
+    if np.ptp(np.append(y, r0)) == 0:  # every point the same (all 0.0, say): nothing to fit, whatever the noise
+        return f"flat: every point is {r0:.4f} (R0 included), no rise to fit"
+    if abs(rise) <= bound:  # (a standard error of 0 with no rise is flat too)
         return (f"flat: the last third of the points is {rise:+.4f} from R0 = {r0:.4f}, within three standard errors "
                 f"({bound:.4f}; {P} prompts)")
     return None

@@ -228,7 +228,7 @@ def sample_benchmarks(sampler, rows_by_bench: dict, draw: Draw, samples_path: Pa
     try:
         with tqdm(total=len(todo), desc=f"eval sampling ({getattr(sampler, 'name', 'sampler')})", unit="prompt",
                   disable=None) as bar:
-            done_prompts = 0
+            done_prompts, right, drawn = 0, 0, 0
             for chunk in chunks:
                 seeds = [prompt_seed(seed, b, r["id"]) for b, r in chunk]
                 t0 = time.perf_counter()
@@ -244,7 +244,9 @@ def sample_benchmarks(sampler, rows_by_bench: dict, draw: Draw, samples_path: Pa
                 pd.concat(([others] if len(others) else []) + frames, ignore_index=True).to_parquet(samples_path, index=False)
                 bar.update(len(chunk))
                 done_prompts += len(chunk)
-                lines.update(done_prompts, correct=sum(r["correct"] for r in records) / max(len(records), 1))
+                right += sum(r["correct"] for r in records)
+                drawn += len(records)
+                lines.update(done_prompts, correct=right / max(drawn, 1))  # so far, not the last chunk's
     finally:
         close_tools(tools)
     if not frames:
@@ -416,6 +418,17 @@ def evaluate_temperatures(sampler, job: EvalJob, out_dir) -> tuple[dict, dict]:
     return metrics, files
 
 
+def _say_done(model_path, metrics: dict, seconds: float) -> None:
+    """One console line when an evaluation ends: the model and each benchmark's pass@1 (the numbers the run logs)."""
+    import logging
+
+    rates = {k.split("/")[1]: v for k, v in metrics.items()
+             if k.startswith("eval/") and k.endswith("/pass_at_1") and k.count("/") == 2 and not k.startswith("eval/mean/")}
+    said = ", ".join(f"{b} pass@1 {v:.4f}" for b, v in rates.items())
+    logging.getLogger("rlvr").info("evaluation of %s done in %.0f s: %s", Path(str(model_path)).name or model_path,
+                                   seconds, said or "no benchmark")
+
+
 def evaluate_checkpoint(model_path, job: EvalJob, out_dir, sampler: str | None = None, temperatures: bool = True,
                         score_budget: int | None = None) -> tuple[dict, dict, dict]:
     """Evaluate the model at ``model_path`` (a Hugging Face folder or hub id, or a LoRA adapter folder: evaluated as
@@ -454,6 +467,7 @@ def evaluate_checkpoint(model_path, job: EvalJob, out_dir, sampler: str | None =
     finally:
         smp.close()
     files = {**files, "protocol.json": Path(out_dir) / "protocol.json"}
+    _say_done(model_path, metrics, time.time() - t0)
     return metrics, files, {"sampler": name, "protocol": proto, "entropy_method": getattr(smp, "entropy_method", None),
                             "eval_time_s": time.time() - t0,
                             "phases": dict(timings + getattr(smp, "timings", collections.Counter()))}

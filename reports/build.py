@@ -251,6 +251,13 @@ def check_args(args) -> None:
                      f"{', '.join(sorted(Path(k).name for k in known)) or 'none'})")
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
         fail(f"--out={args.out}: a file, not a folder")
+    if args.out:  # a folder that cannot be written (read-only, /proc, a full disk): one line, not a traceback
+        from orchestrator.store import store_checks
+
+        try:
+            store_checks.check_writable(Path(args.out), f"--out={args.out}", 1.0)
+        except store_checks.StoreError as e:
+            fail(str(e))
     if args.filter:
         try:
             client.search_runs([client.get_experiment_by_name(args.experiment).experiment_id],

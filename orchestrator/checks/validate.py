@@ -123,7 +123,7 @@ def _component_checks(cfg) -> tuple[list[str], list]:
     _data_checks(cfg)
     # -- evaluation: its own check, then the rules that relate it to training
     warnings += validate_eval(cfg, str(cfg.data.name))
-    _evaluation_rules(cfg)
+    warnings += _evaluation_rules(cfg)
     _search_tool_checks(cfg)
     warnings += _engine_checks(cfg)
     return warnings, limits
@@ -167,7 +167,7 @@ def _data_checks(cfg) -> None:
         raise ConfigError(str(e)) from None
 
 
-def _evaluation_rules(cfg) -> None:
+def _evaluation_rules(cfg) -> list[str]:
     """The rules that relate evaluation to training: checkpoint evaluation and validation-based selection need
     kept checkpoints, validation needs a validation split with k <= n, and keeping the top k checkpoints needs
     selection on validation.
@@ -200,6 +200,33 @@ def _evaluation_rules(cfg) -> None:
     _require(not cfg.train.get("keep_top_k") or select_on == "validation",
              f"train.keep_top_k={cfg.train.get('keep_top_k')}: checkpoints are ranked on the validation split; set "
              "eval.select_on=validation")
+    return _validation_warnings(cfg, validate_every, n_val, select_on)
+
+
+def _validation_warnings(cfg, every: int, n_val: int, select_on: str) -> list[str]:
+    """Validation settings that cannot do what they are for: ``train.validate_every`` past ``train.steps`` (refused:
+    nothing between the start and the end would be validated); too few points for a compute curve (warned: a user
+    may want the start and the end only); prompts held out for no validation (warned: they leave training).
+
+    Raises:
+        ConfigError: ``train.validate_every`` larger than ``train.steps``.
+    """
+    from evaluation.curves import MIN_POINTS
+
+    steps = int(cfg.train.steps)
+    _require(every <= steps, f"train.validate_every={every}: larger than train.steps={steps}, so only the start and the "
+                             f"end would be validated; set train.validate_every={steps} for those two, or less")
+    out = []
+    if every:
+        after = len({steps} | set(range(every, steps, every)))
+        if after < MIN_POINTS:
+            out.append(f"train.validate_every={every} with train.steps={steps}: {after} validation point(s) after "
+                       f"step 0, fewer than the {MIN_POINTS} a compute curve's fit needs (the report draws the points "
+                       f"and fits none); set train.validate_every={max(1, steps // MIN_POINTS)} for a curve")
+    elif n_val and select_on != "validation":
+        out.append(f"data.validation_prompts={n_val}: held out of training, but nothing validates on them; set "
+                   "train.validate_every=N or eval.select_on=validation, or data.validation_prompts=0")
+    return out
 
 
 def _search_tool_checks(cfg) -> None:

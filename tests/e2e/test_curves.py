@@ -27,6 +27,7 @@ def curves_dir(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("curves")
     proc = _sweep(cwd, *ARGS)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    (cwd / "console.txt").write_text(proc.stdout + proc.stderr)
     client, runs = _runs(cwd)
     trained = {r.data.params["train.validate_every"]: r for r in runs if r.data.tags.get("rlvr.kind") == "trained"}
     assert sorted(trained) == ["0", "2"]
@@ -142,3 +143,16 @@ def test_a_report_made_while_a_run_trains_draws_its_curve_so_far(curves_dir, tmp
     assert "Still training, drawn up to their latest validation point" in html
     assert "Compute-performance curves (validation along training)" in html
     assert next((tmp_path / "report").rglob("compute_curves.png")).is_file()
+
+
+def test_the_console_ends_each_evaluation_with_its_pass_at_1(curves_dir):
+    """Issue 70: every benchmark evaluation (the base model's and each trained run's) ends with one console line giving
+    its pass@1, the number its run logs."""
+    import re
+
+    cwd, client, _ = curves_dir
+    _, runs = _runs(cwd)
+    logged = sorted(round(r.data.metrics["eval/arithmetic/pass_at_1"], 4) for r in runs
+                    if r.data.tags.get("rlvr.kind") in ("base", "trained"))
+    said = re.findall(r"evaluation of \S+ done in \d+ s: arithmetic pass@1 ([0-9.]+)", (cwd / "console.txt").read_text())
+    assert len(logged) == 3 and sorted(float(x) for x in said) == logged

@@ -57,6 +57,11 @@ def test_flat_short_and_startless_series_are_refused_with_a_reason():
     assert not short.ok and short.reason.startswith("too few points: 3")
     late = fit_curve(_draw(rng, grid=GRID[1:]), n_boot=20)
     assert not late.ok and "step-0" in late.reason
+    # issue 70: every point at 0.0 (standard error 0) is refused, never fitted with intervals of width 0
+    zeros = fit_curve(Points(np.zeros((1, len(GRID), 4)), GRID[None].copy()), n_boot=20)
+    assert not zeros.ok and zeros.reason.startswith("flat: every point is 0.0000") and np.isnan(zeros.A)
+    still = fit_curve(Points(np.full((1, len(GRID), 4), 0.5), GRID[None].copy()), n_boot=20)
+    assert not still.ok and still.reason.startswith("flat:")
     table = fit_table({"flat": flat, "short": short})
     assert table.loc["short", "note"].startswith("too few points") and np.isnan(table.loc["short", "A"])
 

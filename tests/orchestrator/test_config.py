@@ -75,12 +75,30 @@ def test_identity_ignores_delta_where_the_algorithm_does_not_use_it():
     (["+eval.vllm.swap_space=4"], "eval.vllm.swap_space=4: unknown key"),
     (["eval.vllm.tensor_parallel_size=0"], "eval.vllm.tensor_parallel_size=0"),
     (["eval.score_tokens=0"], "eval.score_tokens=0"),
+    # settings that cannot take effect (issue 70)
+    (["data.validation_prompts=4", "train.validate_every=10", "train.steps=4"],
+     "train.validate_every=10: larger than train.steps=4, so only the start and the end would be validated"),
+    (["train.rollout.staleness=4", "train.steps=4", "train.rollout.sampler=hf"],
+     "train.rollout.staleness=4 with train.steps=4: every step would train on the starting policy's samples"),
 ])
 def test_bad_values_are_named(overrides, fragment):
     with pytest.raises(ConfigError) as e:
         validate_config(_cfg(*overrides))
     msg = str(e.value)
     assert fragment in msg and "\n" not in msg
+
+
+def test_validation_that_cannot_serve_its_purpose_is_warned():
+    """Issue 70: too few validation points for a compute curve, and prompts held out for no validation, are warned
+    (a user may mean them: the start and the end only, a split kept for a later run), each naming the fix."""
+    few = validate_config(_cfg("data.validation_prompts=4", "train.validate_every=4", "train.steps=4"))
+    assert any(w.startswith("train.validate_every=4 with train.steps=4: 1 validation point(s) after step 0, fewer "
+                            "than the 4") and "train.validate_every=1 for a curve" in w for w in few), few
+    idle = validate_config(_cfg("data.validation_prompts=8"))
+    assert any(w.startswith("data.validation_prompts=8: held out of training, but nothing validates on them")
+               for w in idle), idle
+    assert not any("validat" in w for w in validate_config(_cfg("data.validation_prompts=8", "train.validate_every=1",
+                                                                "train.steps=4"))), "4 points after step 0: a curve"
 
 
 ALGOS = ["grpo", "dr_grpo", "dapo", "gspo", "cispo", "gpg", "gmpo", "quatro", "tr_grpo", "tr_grpo_literal", "tr_grpo_equal", "tr_grpo_random", "tr_grpo_reverse", "exppo",

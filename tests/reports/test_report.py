@@ -375,6 +375,8 @@ def test_each_sweeps_report_shows_its_own_runs_and_both_stay(tmp_path, monkeypat
     # issue 56: a baseline that is none of the runs' names exited 0 with a report that compared against nothing
     (["--experiment", "two", "--baseline", "alpha_algx"],
      "--baseline=alpha_algx: not among these runs (did you mean alpha_algo?) (the base model's row, an algorithm or"),
+    # issue 70: a folder that cannot hold files ended in a 23-line traceback
+    (["--experiment", "two", "--out", "/proc/x"], "--out=/proc/x: /proc cannot hold files"),
 ])
 @pytest.mark.slow
 def test_the_reports_command_refuses_bad_arguments_in_one_line(tmp_path, monkeypatch, capsys, args, fragment):

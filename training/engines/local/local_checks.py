@@ -35,6 +35,9 @@ def check(s: RunSettings) -> list[str]:
                          f"with log-probs of its own: set train.rollout.sampler to one of "
                          f"{[k for k, v in SAMPLERS.items() if v.rollout_logprobs]} (it is {name}), or "
                          "train.rollout.staleness >= 1 (then it corrects the staleness)")
+    if k >= s.steps:
+        raise ValueError(f"train.rollout.staleness={k} with train.steps={s.steps}: every step would train on the "
+                         f"starting policy's samples; set train.rollout.staleness <= {max(0, s.steps - 1)}")
     if s.rollout.overlap and k == 0:
         raise ValueError("train.rollout.overlap=true with train.rollout.staleness=0: a step's samples come from the "
                          "weights its update changes, so there is nothing to generate during it; set "
