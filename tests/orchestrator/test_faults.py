@@ -176,14 +176,14 @@ def test_a_stop_inside_a_long_generation_or_a_long_update_is_honoured_within_sec
 
     rc, text, took = _stop_on(tmp_path, "step 1/2", {"TOY_SLOW_SCORING_S": "120"})  # step 0 done: step 1 scores
     assert took < 10 and rc == 143, text[-3000:]
-    assert "stopped during step 1's generation" in text and "training state was saved" in text
+    assert "stopped during step 2/2's generation (MLflow step 1)" in text and "training state was saved" in text
     client, [run] = _trained(tmp_path, "rlvr")
     assert run.info.status == "KILLED" and _steps(client, run) == [0]
     assert load_state(run.data.tags["rlvr.run_dir"])["step"] == 0  # the last completed step's state
 
     rc, text, took = _stop_on(tmp_path, "toy_slow: update running", {"TOY_SLOW_LOSS_S": "6"})
     assert took < 10 and rc == 143, text[-3000:]
-    assert "stopped during step 1's update on request, after 1 of its 6 optimiser steps" in text, text[-3000:]
+    assert "stopped during step 2/2's update (MLflow step 1) on request, after 1 of its 6 optimiser steps" in text, text[-3000:]
     client, [run] = _trained(tmp_path, "rlvr")
     assert run.info.status == "KILLED" and _steps(client, run) == [0]
     state = load_state(run.data.tags["rlvr.run_dir"])

@@ -46,7 +46,7 @@ def test_a_stop_inside_the_update_saves_its_progress_and_the_resumed_run_equals_
     straight = []
     _run(cfg, tmp_path / "straight", straight)
     stopped = []
-    with pytest.raises(Preempted, match=r"stopped during step 1's update on request, after 3 of its 8 optimiser steps"):
+    with pytest.raises(Preempted, match=r"stopped during step 2/3's update \(MLflow step 1\) on request, after 3 of its 8 optimiser steps"):
         _run(cfg, tmp_path / "stopped", stopped, stop_at=8 + 3)  # step 1's third optimiser step (one pass each)
     assert [s for s, _ in stopped] == [0]  # step 0 logged; step 1 not yet
     st = local.load_state(tmp_path / "stopped")
@@ -68,7 +68,7 @@ def test_a_stop_after_the_last_optimiser_step_ends_the_step_as_before(tmp_path):
     the state after it is saved (no partial update)."""
     cfg = _cfg()
     logged = []
-    with pytest.raises(Preempted, match="stopped after step 0 on request"):
+    with pytest.raises(Preempted, match=r"stopped after step 1/3 \(MLflow step 0\) on request"):
         _run(cfg, tmp_path / "r", logged, stop_at=8)
     st = local.load_state(tmp_path / "r")
     assert st["step"] == 0 and st["inflight"] is None and [s for s, _ in logged] == [0]

@@ -144,7 +144,7 @@ def keep(run: LocalRun, step: int, flush) -> None:
     if saved or not every:  # with checkpointing, metrics reach the tracker only together with a saved state
         flush()
     if stop:
-        raise Preempted(f"stopped after step {step} on request; state saved to {path}")
+        raise Preempted(f"stopped after step {done}/{n_steps} (MLflow step {step}) on request; state saved to {path}")
 
 
 def finish(run: LocalRun, sampled_s: float) -> None:

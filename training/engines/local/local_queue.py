@@ -54,8 +54,9 @@ def step_rollout(run, step: int, flush) -> StepRollout:
             del run.queue[target]
         path = save(run, step - 1)
         flush()
-        raise Preempted(f"stopped during step {step}'s generation on request; the state after step {step - 1} "
-                        f"saved to {path}") from None
+        n = run.settings.steps  # the progress's numbering (steps done of n); MLflow's steps count from 0
+        raise Preempted(f"stopped during step {step + 1}/{n}'s generation (MLflow step {step}) on request; the state "
+                        f"after {step} completed step(s) saved to {path} (the resumed run redoes this step)") from None
 
 
 def consume(run, ro: StepRollout, step: int) -> StepRollout:

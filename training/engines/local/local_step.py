@@ -42,9 +42,9 @@ def update_step(run, ro: StepRollout, step: int, inflight: InFlight | None, flus
             run.ahead.join(run)
         path = save(run, step - 1, InFlight(step, ro, e.done, e.metrics))
         flush()
-        raise Preempted(f"stopped during step {step}'s update on request, after {e.done} of its {e.total} "
-                        f"optimiser steps; the state, with the step's samples and the update so far, saved to "
-                        f"{path} (the resumed run finishes the step)") from None
+        raise Preempted(f"stopped during step {step + 1}/{run.settings.steps}'s update (MLflow step {step}) on request, "
+                        f"after {e.done} of its {e.total} optimiser steps; the state, with the step's samples and the "
+                        f"update so far, saved to {path} (the resumed run finishes the step)") from None
     if ro.batch.batch_size:
         run.scheduler.step()
     else:  # nothing to learn from: said here (not by PyTorch's scheduler warning); the schedule still advances
