@@ -101,14 +101,22 @@ def calibration_factor(sampler: str, gpu: bool) -> float:
     return ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
 
 
-def record_sampling_time(sampler: str, gpu: bool, estimate_s: float, measured_s: float) -> None:
+BUSY_LOAD = 1.5  # load average per core above which a measured time says more about other work than the sampler
+
+
+def record_sampling_time(sampler: str, gpu: bool, estimate_s: float, measured_s: float,
+                         load_per_core: float | None = None) -> bool:
     """Keep a run's measured / estimated sampling time (``estimate_s`` before calibration) for this machine, so the
-    next ``auto`` choice here weighs the samplers by what they took (:func:`calibration_factor`); never raises."""
+    next ``auto`` choice here weighs the samplers by what they took (:func:`calibration_factor`: the median of the
+    last runs'); not when the machine was busy with other work (``load_per_core``, the 1-minute load average over the
+    cores as the run ended, above :data:`BUSY_LOAD`; on the CPU only). Returns whether it was kept; never raises."""
     import json
 
     path = _calibration_file()
     if path is None or not estimate_s or estimate_s <= 0 or not measured_s or measured_s <= 0:
-        return
+        return False
+    if not gpu and load_per_core is not None and load_per_core > BUSY_LOAD:
+        return False
     try:
         data = json.loads(path.read_text()) if path.is_file() else {}
         key = f"{_machine(gpu)}|{sampler}"
@@ -117,8 +125,9 @@ def record_sampling_time(sampler: str, gpu: bool, estimate_s: float, measured_s:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(data, indent=1))
         os.replace(tmp, path)
+        return True
     except (OSError, ValueError, TypeError):
-        pass
+        return False
 
 
 def _speed(what: str, plan: RolloutPlan) -> float:

@@ -94,12 +94,18 @@ def _tag_choices(choices, run_dir: Path, store: tracking.Store, run_id: str) -> 
                                  None if ro.estimate_s is None else ro.estimate_s * factor, ro.measured_s,
                                  "s of sampling", "its speeds: core/sampling/rollout.py's ROLLOUT_SPEED"
                                  + (f" calibrated x{factor:.2g} by this machine's earlier runs" if factor != 1.0
-                                    else "; the next auto choice here is calibrated by this run"))
+                                    else "; the next auto choice here is calibrated by this run")
+                                 + "; set train.rollout.sampler=hf or vllm to choose yourself")
         if checked:
             store.set_tags(checked[0])
+            import os
+
             from core.sampling.rollout import record_sampling_time
 
-            record_sampling_time(str(ro.sampler), bool(ro.gpu), float(ro.estimate_s), float(ro.measured_s))
+            load = os.getloadavg()[0] / max(os.cpu_count() or 1, 1) if hasattr(os, "getloadavg") else None
+            if not record_sampling_time(str(ro.sampler), bool(ro.gpu), float(ro.estimate_s), float(ro.measured_s), load):
+                log.info("the sampling time was not kept as this machine's speed (load %.1f per core: busy with other "
+                         "work, or calibration off)", load or 0.0)
     if choices.precision is not None:
         p = choices.precision
         store.set_tags({tag_names.PRECISION: str(p.precision), tag_names.PRECISION_REASON: str(p.reason)[:5000],

@@ -113,6 +113,10 @@ def test_the_auto_choice_is_checked_against_what_happened_and_calibrated_by_it(t
     for ratio in (4.0, 4.0, 5.0, 6.0):  # the last 5 count: 10, 3, 4, 4, 5, 6 -> 3, 4, 4, 5, 6
         record_sampling_time("hf", False, 10.0, 10.0 * ratio)
     assert calibration_factor("hf", False) == 4.0
+    # issue 70: a time measured while other work kept the machine busy (load 2.5 per core) is not kept
+    assert not record_sampling_time("hf", False, 10.0, 780.0, load_per_core=2.5)
+    assert calibration_factor("hf", False) == 4.0
+    assert record_sampling_time("hf", False, 10.0, 40.0, load_per_core=0.9) and calibration_factor("hf", False) == 4.0
     plan = RolloutPlan(steps=1, sequences=8, max_new_tokens=8, n_params=135_000_000)
     name, reason = choose_rollout_sampler("auto", plan)
     assert "calibrated by this machine's earlier runs: hf x4" in reason
