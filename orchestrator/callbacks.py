@@ -197,7 +197,8 @@ def _run_rows(runs: list, outcomes: dict, config) -> tuple[list, list, set, list
         if kind != "base":
             seen_jobs.add(job)
         note = (outcomes.get(job) or {}).get("error") or "" if status not in ("FINISHED", "DUPLICATE") else ""
-        rows.append((job, point, status, r.info.run_id, r.data.tags.get(tags.SLURM_JOB_ID, "") or "-",
+        # the "#" column numbers the sweep's points; the base model's run is none of them (its job ran point 0 too)
+        rows.append(("-" if kind == "base" else job, point, status, r.info.run_id, r.data.tags.get(tags.SLURM_JOB_ID, "") or "-",
                      f"{wall:.1f}", note[:120]))
         summary.append({"job": job, "point": point, "status": status, "run_id": r.info.run_id, "wall_s": round(wall, 1),
                         "error": note[:300], **mlflow_views.headline(r.data.metrics, config.eval.get("n"))})
