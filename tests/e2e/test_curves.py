@@ -147,12 +147,17 @@ def test_a_report_made_while_a_run_trains_draws_its_curve_so_far(curves_dir, tmp
 
 def test_the_console_ends_each_evaluation_with_its_pass_at_1(curves_dir):
     """Issue 70: every benchmark evaluation (the base model's and each trained run's) ends with one console line giving
-    its pass@1, the number its run logs."""
+    its pass@1, the number its run logs; the sweep summary numbers the points only."""
     import re
 
     cwd, client, _ = curves_dir
     _, runs = _runs(cwd)
     logged = sorted(round(r.data.metrics["eval/arithmetic/pass_at_1"], 4) for r in runs
                     if r.data.tags.get("rlvr.kind") in ("base", "trained"))
-    said = re.findall(r"evaluation of \S+ done in \d+ s: arithmetic pass@1 ([0-9.]+)", (cwd / "console.txt").read_text())
+    text = (cwd / "console.txt").read_text()
+    said = re.findall(r"evaluation of \S+ done in \d+ s: arithmetic pass@1 ([0-9.]+)", text)
     assert len(logged) == 3 and sorted(float(x) for x in said) == logged
+    # the summary numbers the sweep's points 0 and 1; the base model's row is none of them
+    rows = text.split("Sweep summary")[1].splitlines()
+    assert [ln.split()[0] for ln in rows if "base model (Initialization)" in ln] == ["-"]
+    assert sorted(ln.split()[0] for ln in rows if "FINISHED" in ln and "Initialization" not in ln) == ["0", "1"]
