@@ -219,13 +219,14 @@ class RolloutSampler:
     (:class:`HFRollout` or :class:`VLLMRollout`, holding the policy as it is now): the validation inside the training
     loop samples with it, so it costs no second copy of the model and runs at the training's precision.
 
-    Each call is one ``generate`` of the rollout, seeded with the call's first prompt's seed (as the ``hf`` sampler
-    seeds a batch: the same chunks with the same seeds give the same samples); the samples carry no entropy
+    Each call is one ``generate`` of the rollout (with ``tools``: its multi-turn episodes, ``generate_with_tools``),
+    seeded with the call's first prompt's seed (as the ``hf`` sampler seeds a batch: the same chunks with the same
+    seeds give the same samples); the samples carry no entropy
     (``entropy_method`` None). ``precision``: the dtype the rollout samples in (recorded with the validation
     protocol). ``close()`` leaves the rollout open: it belongs to the training run."""
 
     preferred_batch_prompts = 8
-    supports_tools = False
+    supports_tools = True
     entropy_method = None
 
     def __init__(self, rollout, tokenizer, precision: str = "float32"):
@@ -236,9 +237,11 @@ class RolloutSampler:
         self.timings: collections.Counter = collections.Counter()
 
     def sample(self, prompts: Sequence[str], n: int, seeds: Sequence[int], settings: SamplingSettings,
-               prefixes: Sequence[str] | None = None, **_tools) -> list[list]:
+               tools: dict | None = None, max_turns: int = 4, max_obs_tokens: int = 256,
+               prefixes: Sequence[str] | None = None) -> list[list]:
         """``n`` samples per prompt (rendered as training renders them, :func:`core.sampling.prompt_texts`), as
-        :class:`core.sampling.Sample` records, prompt by prompt."""
+        :class:`core.sampling.Sample` records, prompt by prompt; with ``tools`` ({name: core.tools.Tool}) multi-turn
+        episodes with those tools and limits (:class:`core.agent.ToolUse`), each sample carrying ``tool_calls``."""
         from .generate import prompt_texts
         from .interface import Sample
 
@@ -246,10 +249,17 @@ class RolloutSampler:
         if prefixes:
             texts = [t + (p or "") for t, p in zip(texts, prefixes)]
         seed = int(seeds[0])
-        gen = self.rollout.generate(texts, int(n), float(settings.temperature), float(settings.top_p),
-                                    int(settings.max_new_tokens), seed)
+        if tools:
+            from ..agent import ToolUse
+
+            gen = self.rollout.generate_with_tools(texts, int(n), settings, seed, ToolUse(tools, max_turns, max_obs_tokens))
+        else:
+            gen = self.rollout.generate(texts, int(n), float(settings.temperature), float(settings.top_p),
+                                        int(settings.max_new_tokens), seed)
+        calls = gen.tool_calls
         return [[Sample(gen.texts[j], int(gen.response_lengths[j]), "stop" if bool(gen.finished[j]) else "length",
-                        None, seed) for j in range(i * n, (i + 1) * n)] for i in range(len(prompts))]
+                        None, seed, None if calls is None else int(calls[j])) for j in range(i * n, (i + 1) * n)]
+                for i in range(len(prompts))]
 
     def close(self) -> None:
         return None

@@ -225,3 +225,25 @@ def test_the_generated_world_needs_retrieval_and_its_rows_name_their_corpus(tmp_
         about = [c for c in corpus if c.split("\n")[0].strip('"') in r["problem"]]
         assert len(about) == 5 and sum(c.endswith(f" {gold}.") for c in about) == 1, r
         assert r["response_prefix"] == "<search>"
+
+
+def test_the_validation_inside_the_loop_samples_tool_episodes_through_the_training_rollout(tiny_policy):
+    """Issue 69: the validation inside the training loop samples through the training's rollout
+    (:class:`core.sampling.RolloutSampler`); a task whose rows call tools gets the same multi-turn episodes as the
+    loop itself draws (:func:`core.agent.generate_with_tools` with the same seed), tool calls counted per sample."""
+    from core.agent import ToolUse, generate_with_tools
+    from core.sampling import HFRollout, RolloutSampler, SamplingSettings, prompt_texts
+
+    model, tok = tiny_policy
+    prompts = ["Compute 2 + 2.", "Name a colour."]
+    plain = generate_with_tools(model, tok, prompt_texts(tok, prompts, True), 1, SamplingSettings(1.0, 1.0, 12), 7,
+                                ToolUse({}))
+    ids = plain.response_ids[0][plain.response_mask[0].bool()].tolist()
+    settings = SamplingSettings(1.0, 1.0, 40)
+    want = generate_with_tools(model, tok, prompt_texts(tok, prompts, True), 1, settings, 7,
+                               ToolUse({"echo": _Echo(tok.decode(ids[2:4]))}, max_turns=1, max_obs_tokens=8))
+    got = RolloutSampler(HFRollout(model, tok), tok).sample(prompts, 1, [7, 8], settings,
+                                                            tools={"echo": _Echo(tok.decode(ids[2:4]))}, max_turns=1,
+                                                            max_obs_tokens=8)
+    assert [x.response for o in got for x in o] == want.texts
+    assert [x.tool_calls for o in got for x in o] == want.tool_calls.tolist() and sum(want.tool_calls.tolist()) >= 1

@@ -77,7 +77,7 @@ class ReplaySampler:
     returns, for each prompt (a row of the validation split, by its text), the ``n`` responses verl drew for it."""
 
     preferred_batch_prompts = 64
-    supports_tools = False
+    supports_tools = True  # verl's agent loop ran the episodes; their text is replayed
     entropy_method = None
 
     def __init__(self, by_row: dict, split: list, tokenizer, max_new_tokens: int, name: str, precision: str):
