@@ -166,7 +166,10 @@ class LoopValidator:
         from core.lifecycle import saved_checkpoints
 
         kept = dict(saved_checkpoints(self.run_dir, "selectable")) | {self.steps: Path(final)}
-        best = next(s for s in self.ranked() if s in kept)
+        best = next((s for s in self.ranked() if s in kept), None)
+        if best is None:  # no point validated here (a run that took another run's checkpoint): the final one
+            log.warning("validation: no point was validated in %s; the final checkpoint is evaluated", self.run_dir)
+            return self.steps, Path(final)
         self.store.set_tags({tags.SELECTED_STEP: str(best), tags.SELECTED_ON: (
             f"validation pass@{self.k} in the loop: {len(self.rows[self.task])} held-out {self.task} prompts x "
             f"{int(self.vcfg.n)} samples")})
