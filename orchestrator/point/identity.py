@@ -63,14 +63,22 @@ def config_hash(cfg: DictConfig) -> str:
 
 #: the config groups that say how a checkpoint is evaluated, not how it is trained
 EVALUATION_GROUPS = ("eval",)
+#: the ``eval`` keys the validation inside the training loop reads (``train.validate_every > 0``): part of the
+#: training's identity then, since the loop makes the validation and what it keeps on disk for selection
+VALIDATION_KEYS = ("validation", "temperature", "top_p", "max_new_tokens", "seed", "select_on")
 
 
 def training_hash(cfg: DictConfig) -> str:
-    """16-hex-digit SHA-256 of :func:`effective_config` without :data:`EVALUATION_GROUPS`: the identity of the
-    trained checkpoint. Points with equal training hashes and different :func:`config_hash` es train once."""
+    """16-hex-digit SHA-256 of :func:`effective_config` without :data:`EVALUATION_GROUPS` (but, with
+    ``train.validate_every > 0``, the :data:`VALIDATION_KEYS` of ``eval``: the loop validates under them): the
+    identity of the trained checkpoint. Points with equal training hashes and different :func:`config_hash` es train
+    once; the run that evaluates the checkpoint again takes the training's validation with it."""
     container = effective_config(cfg)
+    ev = container.get("eval") if isinstance(container.get("eval"), dict) else {}
     for group in EVALUATION_GROUPS:
         container.pop(group, None)
+    if int((container.get("train") or {}).get("validate_every") or 0):  # validated inside the training loop
+        container["validation_protocol"] = {k: ev.get(k) for k in VALIDATION_KEYS}
     blob = json.dumps(container, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -147,9 +147,11 @@ def _tag_choices(choices, run_dir: Path, store: tracking.Store, run_id: str) -> 
 
 
 def _recover_from(prior, run_dir: Path) -> None:
-    """Copy (hard-link where possible) a corrupt run's good checkpoints into ``run_dir`` for re-evaluation."""
+    """Copy (hard-link where possible) a run's good checkpoints into ``run_dir`` for (re-)evaluation, with its
+    validation along training (the points' samples and markers, the policies kept for selection): a validation made
+    inside the training loop belongs to the training, which this run takes."""
     old = Path(prior.data.tags.get(tag_names.RUN_DIR, ""))
-    for sub in ("checkpoint", "checkpoints"):
+    for sub in ("checkpoint", "checkpoints", "validation", "selectable"):
         if (old / sub).is_dir() and not (run_dir / sub).exists():
             def link(src, dst):
                 try:
@@ -160,7 +162,10 @@ def _recover_from(prior, run_dir: Path) -> None:
 
 
 def _copy_train_metrics(store: tracking.Store, src_run_id: str, dst_run_id: str) -> int:
-    """Copy every ``train/`` metric history of ``src`` into ``dst`` (each step once); returns the last step."""
+    """Copy every ``train/`` metric history of ``src`` into ``dst`` (each step once), and the validation along
+    training's (``val/``: made inside the training loop, under the protocol the training identity holds); returns
+    the last training step."""
+    store.copy_metrics(src_run_id, dst_run_id, "val/")
     return store.copy_metrics(src_run_id, dst_run_id, "train/")
 
 

@@ -128,3 +128,19 @@ def test_presets_carry_the_papers_defaults():
     assert (grpo_verl.policy_loss.dual_clip, grpo_verl.policy_loss.loss_agg_mode, grpo_verl.kl_beta) == (3.0, "token-mean", 0.001)
     assert _cfg("algo=grpo").algo.policy_loss.get("dual_clip") is None   # the suite's own preset is unchanged
     assert _cfg("algo=exppo").algo.advantage.lam == 0.2
+
+
+def test_the_validation_inside_the_loop_is_part_of_the_training_identity(tiny_cfg):
+    """Issue 69: with ``train.validate_every > 0`` the training loop validates under ``eval.validation.*`` and the
+    evaluation's decoding, so points that differ in them train apart; points that differ in the benchmarks' sample
+    count still share one training (and the run that evaluates it takes its validation along); without validation the
+    validation keys change nothing."""
+    from omegaconf import OmegaConf
+
+    from orchestrator.point.identity import training_hash
+
+    val = OmegaConf.merge(tiny_cfg, {"data": {"validation_prompts": 4}, "train": {"validate_every": 2}})
+    assert training_hash(val) != training_hash(OmegaConf.merge(val, {"eval": {"validation": {"n": 8}}}))
+    assert training_hash(val) != training_hash(OmegaConf.merge(val, {"eval": {"temperature": 0.6}}))
+    assert training_hash(val) == training_hash(OmegaConf.merge(val, {"eval": {"n": 8}}))
+    assert training_hash(tiny_cfg) == training_hash(OmegaConf.merge(tiny_cfg, {"eval": {"validation": {"n": 8}}}))
