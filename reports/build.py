@@ -211,6 +211,21 @@ def link_latest(folder: Path) -> Path:
     return link
 
 
+def _check_out(out, fail) -> None:
+    """``--out``: not a file, and a folder that can be written (read-only, /proc, a full disk: ``fail`` with one line,
+    not a traceback)."""
+    if not out:
+        return
+    if Path(out).exists() and not Path(out).is_dir():
+        fail(f"--out={out}: a file, not a folder")
+    from orchestrator.store import store_checks
+
+    try:
+        store_checks.check_writable(Path(out), f"--out={out}", 1.0)
+    except store_checks.StoreError as e:
+        fail(str(e))
+
+
 def check_args(args) -> None:
     """The command's arguments checked before anything is loaded or created: the store exists (a SQLite file is
     never created by reading), the experiment is in it, each ``--sweep`` has runs in it, ``--out`` is not a
@@ -249,15 +264,7 @@ def check_args(args) -> None:
             if not any(in_sweeps({tags.SWEEP_ID: k}, [sw]) for k in known):
                 fail(f"--sweep={sw!r}: no run of experiment {args.experiment!r} has it (sweeps: "
                      f"{', '.join(sorted(Path(k).name for k in known)) or 'none'})")
-    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
-        fail(f"--out={args.out}: a file, not a folder")
-    if args.out:  # a folder that cannot be written (read-only, /proc, a full disk): one line, not a traceback
-        from orchestrator.store import store_checks
-
-        try:
-            store_checks.check_writable(Path(args.out), f"--out={args.out}", 1.0)
-        except store_checks.StoreError as e:
-            fail(str(e))
+    _check_out(args.out, fail)
     if args.filter:
         try:
             client.search_runs([client.get_experiment_by_name(args.experiment).experiment_id],

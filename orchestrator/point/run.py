@@ -74,6 +74,29 @@ def estimate_check(key: str, what: str, estimate, measured, unit: str, source: s
     return tags, warning
 
 
+def _tag_rollout(ro, store: tracking.Store) -> None:
+    """Tag the active run with the rollout sampler its engine chose and why, ``auto``'s estimate against the measured
+    sampling time (a 3x miss warned once), and keep the measured time as this machine's speed unless it was busy."""
+    store.set_tags({tag_names.ROLLOUT_SAMPLER: str(ro.sampler), tag_names.ROLLOUT_SAMPLER_REASON: str(ro.reason)[:5000]})
+    factor = float(ro.calibration or 1.0)
+    checked = estimate_check("train.rollout.sampler=auto", f"chose {ro.sampler}, estimating",
+                             None if ro.estimate_s is None else ro.estimate_s * factor, ro.measured_s,
+                             "s of sampling", "its speeds: core/sampling/rollout.py's ROLLOUT_SPEED"
+                             + (f" calibrated x{factor:.2g} by this machine's earlier runs" if factor != 1.0
+                                else "; the next auto choice here is calibrated by this run")
+                             + "; set train.rollout.sampler=hf or vllm to choose yourself")
+    if checked:
+        store.set_tags(checked[0])
+        import os
+
+        from core.sampling.rollout import record_sampling_time
+
+        load = os.getloadavg()[0] / max(os.cpu_count() or 1, 1) if hasattr(os, "getloadavg") else None
+        if not record_sampling_time(str(ro.sampler), bool(ro.gpu), float(ro.estimate_s), float(ro.measured_s), load):
+            log.info("the sampling time was not kept as this machine's speed (load %.1f per core: busy with other "
+                     "work, or calibration off)", load or 0.0)
+
+
 def _tag_choices(choices, run_dir: Path, store: tracking.Store, run_id: str) -> None:
     """Tag the run ``run_id`` (the active run) with what its engine chose and why
     (:class:`training.engines.EngineChoices`, handed in to the engine and filled as it decided): the rollout sampler
@@ -86,26 +109,8 @@ def _tag_choices(choices, run_dir: Path, store: tracking.Store, run_id: str) -> 
     logged again. The memory record is the artifact ``memory.json`` (written here, from the record)."""
     import json
 
-    ro = choices.rollout
-    if ro is not None:
-        store.set_tags({tag_names.ROLLOUT_SAMPLER: str(ro.sampler), tag_names.ROLLOUT_SAMPLER_REASON: str(ro.reason)[:5000]})
-        factor = float(ro.calibration or 1.0)
-        checked = estimate_check("train.rollout.sampler=auto", f"chose {ro.sampler}, estimating",
-                                 None if ro.estimate_s is None else ro.estimate_s * factor, ro.measured_s,
-                                 "s of sampling", "its speeds: core/sampling/rollout.py's ROLLOUT_SPEED"
-                                 + (f" calibrated x{factor:.2g} by this machine's earlier runs" if factor != 1.0
-                                    else "; the next auto choice here is calibrated by this run")
-                                 + "; set train.rollout.sampler=hf or vllm to choose yourself")
-        if checked:
-            store.set_tags(checked[0])
-            import os
-
-            from core.sampling.rollout import record_sampling_time
-
-            load = os.getloadavg()[0] / max(os.cpu_count() or 1, 1) if hasattr(os, "getloadavg") else None
-            if not record_sampling_time(str(ro.sampler), bool(ro.gpu), float(ro.estimate_s), float(ro.measured_s), load):
-                log.info("the sampling time was not kept as this machine's speed (load %.1f per core: busy with other "
-                         "work, or calibration off)", load or 0.0)
+    if choices.rollout is not None:
+        _tag_rollout(choices.rollout, store)
     if choices.precision is not None:
         p = choices.precision
         store.set_tags({tag_names.PRECISION: str(p.precision), tag_names.PRECISION_REASON: str(p.reason)[:5000],
