@@ -89,12 +89,13 @@ def _tag_rollout(ro, store: tracking.Store) -> None:
         store.set_tags(checked[0])
         import os
 
-        from core.sampling.rollout import record_sampling_time
+        from core.sampling.rollout import BUSY_LOAD, record_sampling_time
 
         load = os.getloadavg()[0] / max(os.cpu_count() or 1, 1) if hasattr(os, "getloadavg") else None
-        if not record_sampling_time(str(ro.sampler), bool(ro.gpu), float(ro.estimate_s), float(ro.measured_s), load):
-            log.info("the sampling time was not kept as this machine's speed (load %.1f per core: busy with other "
-                     "work, or calibration off)", load or 0.0)
+        kept = record_sampling_time(str(ro.sampler), bool(ro.gpu), float(ro.estimate_s), float(ro.measured_s), load)
+        if not kept and not ro.gpu and load is not None and load > BUSY_LOAD:
+            log.info("the sampling time was not kept as this machine's speed: its load was %.1f per core (busy with "
+                     "other work)", load)
 
 
 def _tag_choices(choices, run_dir: Path, store: tracking.Store, run_id: str) -> None:
