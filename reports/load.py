@@ -251,7 +251,8 @@ def download_samples(tracking_uri: str, runs: pd.DataFrame, dst: Path, problems:
 
 def download_validation(tracking_uri: str, runs: pd.DataFrame, dst: Path) -> dict:
     """{run label: path of its ``validation.parquet``} for runs that logged the validation along training
-    (``train.validate_every``, :class:`orchestrator.point.validation.LoopValidator`, rewritten after each point); others left out."""
+    (``train.validate_every``, :class:`orchestrator.point.validation.LoopValidator`, rewritten after each point);
+    others left out."""
     import mlflow
 
     mlflow.set_tracking_uri(tracking_uri)
