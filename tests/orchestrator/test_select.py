@@ -28,10 +28,9 @@ def _pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-@pytest.fixture(scope="module")
-def selected(tmp_path_factory):
-    cwd = tmp_path_factory.mktemp("select")
-    proc = subprocess.run([sys.executable, str(REPO / "sweep.py"), *ARGS], cwd=cwd, capture_output=True, text=True,
+def _sweep(cwd, args):
+    """Run the sweep ``args`` in ``cwd``; returns (cwd, MLflow client, its one trained run)."""
+    proc = subprocess.run([sys.executable, str(REPO / "sweep.py"), *args], cwd=cwd, capture_output=True, text=True,
                           timeout=900, env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     from mlflow.tracking import MlflowClient
@@ -40,6 +39,11 @@ def selected(tmp_path_factory):
     exp = client.get_experiment_by_name("rlvr")
     [run] = client.search_runs([exp.experiment_id], filter_string="tags.`rlvr.kind` = 'trained'")
     return cwd, client, run
+
+
+@pytest.fixture(scope="module")
+def selected(tmp_path_factory):
+    return _sweep(tmp_path_factory.mktemp("select"), ARGS)
 
 
 @pytest.mark.slow
@@ -88,17 +92,8 @@ def test_the_chosen_checkpoint_is_the_best_on_held_out_training_prompts_and_only
 def selected_in_loop(tmp_path_factory):
     """The same point choosing among the policies the validation inside the loop scored (``train.validate_every=1``,
     no ``train.save_every``)."""
-    cwd = tmp_path_factory.mktemp("select_loop")
     args = [a for a in ARGS if a != "train.save_every=1"] + ["train.validate_every=1"]
-    proc = subprocess.run([sys.executable, str(REPO / "sweep.py"), *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=900, env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=f"sqlite:///{cwd}/mlflow.db")
-    exp = client.get_experiment_by_name("rlvr")
-    [run] = client.search_runs([exp.experiment_id], filter_string="tags.`rlvr.kind` = 'trained'")
-    return cwd, client, run
+    return _sweep(tmp_path_factory.mktemp("select_loop"), args)
 
 
 @pytest.mark.slow
