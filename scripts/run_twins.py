@@ -52,8 +52,10 @@ def _study(trained, cfgs):
 CHECKS = {"trgrpo_kk_cpu": _kk_sizes, "quatro_staleness_cpu": _staleness_epochs, "cpu_study": _study}
 
 
-def run_twin(name: str, work: Path, overrides=(), capture: bool = False) -> tuple[list[str], list]:
-    """Run one twin in ``work/<name>`` (``overrides``: extra command-line overrides after the preset).
+def run_twin(name: str, work: Path, overrides=(), capture: bool = False, python=None) -> tuple[list[str], list]:
+    """Run one twin in ``work/<name>`` (``overrides``: extra command-line overrides after the preset; ``python``: the
+    command that starts Python, ``[sys.executable]`` unless given: the tests give their fork server's,
+    tests/prewarmed.py).
 
     Returns:
         (problems found, empty when it passed; the twin's trained MLflow runs).
@@ -73,7 +75,7 @@ def run_twin(name: str, work: Path, overrides=(), capture: bool = False) -> tupl
     sections = list(points[0][1].report.get("sections") or [])  # the paper's tables the report must show
     cwd = work / name
     cwd.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run([sys.executable, str(REPO / "sweep.py"), "-m", f"experiment={name}", *overrides], cwd=cwd,
+    proc = subprocess.run([*(python or [sys.executable]), str(REPO / "sweep.py"), "-m", f"experiment={name}", *overrides], cwd=cwd,
                           capture_output=capture, text=True)
     if proc.returncode != 0:
         return [f"sweep exited {proc.returncode}: " + (proc.stderr[-3000:] if capture else "its log is above")], []

@@ -20,6 +20,12 @@ os.environ.setdefault("RLVR_CPU_FLAGS", "fpu sse2 avx avx2 fma")
 # the rollout sampler's auto choice from its constants alone: the machine's calibration file, which every run with
 # auto adds to (core/sampling/rollout.py), would make a test's choice depend on the tests run before it
 os.environ.setdefault("RLVR_ROLLOUT_CALIBRATION", "off")
+# a store claim (a point's lease, the base model's run, the sweep's protocol) waits this long before reading its claim
+# back: 1 s by default, the window in which processes that claim at once see each other's claims
+# (orchestrator/store/lease.py). A test of processes that claim at once gives :data:`CONCURRENT`; the others, one
+# process at a time, wait less (three claims, about 3 s of idle waiting, in each of the suite's hundred sweeps)
+os.environ.setdefault("RLVR_LEASE_SETTLE_S", "0.1")
+CONCURRENT = {"RLVR_LEASE_SETTLE_S": "1.0"}
 if Path("/tmp/rlvr-slurm/etc/slurm.conf").exists():  # the cluster of scripts/slurm/start.sh
     os.environ.setdefault("SLURM_CONF", "/tmp/rlvr-slurm/etc/slurm.conf")
 

@@ -4,7 +4,6 @@ of CPU are covered on either machine by faking the flags (``RLVR_CPU_FLAGS``; te
 bf16 units for every test)."""
 import os
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -13,6 +12,7 @@ from omegaconf import OmegaConf
 from core import precision
 from core.models import resolve_dtype
 from tests.conftest import REPO
+from tests.prewarmed import python
 
 AMX = "fpu sse2 avx2 avx512f amx_tile amx_bf16 avx512_bf16"  # an Intel Sapphire Rapids' flags (those that matter)
 AVX2 = "fpu sse2 avx avx2 fma"                               # an AMD EPYC (Zen 2/3): no bf16 units
@@ -62,7 +62,7 @@ def test_preflight_refuses_an_explicit_bf16_on_a_cpu_without_bf16_units_in_secon
     """Through the sweep command: exit 2, one line, before any work (no store, no run folder). How long it takes is
     measured, not asserted (about 5 s on 2 idle cores: the command's start-up; the probe is under a second)."""
     env = dict(os.environ, RLVR_CPU_FLAGS=AVX2)
-    p = subprocess.run([sys.executable, str(REPO / "sweep.py"), "-m", "model=tiny-random", "eval=smoke",
+    p = subprocess.run([*python(), str(REPO / "sweep.py"), "-m", "model=tiny-random", "eval=smoke",
                         "train.steps=1", "train.precision=bf16"], cwd=tmp_path, env=env, capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 2, p.stderr[-2000:]

@@ -4,7 +4,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from omegaconf import OmegaConf
 from core.sandbox import run_tests, sandbox_missing
 from core.tasks import get_task, score_responses
 from core.tasks.choice import chosen_letter
+from tests.prewarmed import python
 
 needs_sandbox = pytest.mark.skipif(sandbox_missing() is not None, reason=f"no sandbox: {sandbox_missing()}")
 
@@ -168,7 +168,7 @@ def test_without_bubblewrap_code_tasks_refuse_to_start(monkeypatch):
 def test_cli_evaluates_code_and_multiple_choice_tasks_side_by_side(tmp_path, benchmark_dir, tiny_cfg):
     from core.models import model_path
 
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.evaluate", "--checkpoint", model_path(tiny_cfg.model), "--eval", "code",
+    proc = subprocess.run([*python(), "-m", "orchestrator.evaluate", "--checkpoint", model_path(tiny_cfg.model), "--eval", "code",
                            "benchmarks=[humaneval,gpqa_diamond]", f"data_dir={benchmark_dir}", "max_prompts=2", "n=2",
                            "ks=[1,2]", "ucc_ks=[2]", "max_new_tokens=8", "--out", str(tmp_path / "out")],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600, env=dict(os.environ, HF_HUB_OFFLINE="1"))

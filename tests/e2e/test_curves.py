@@ -8,13 +8,13 @@ under the same protocol and seeds; the report draws the curve section (here refu
 0); ``python -m evaluation.recompute --curves`` gives back the logged pass@1 of every point and the report's fit
 table."""
 import subprocess
-import sys
 
 import pandas as pd
 import pytest
 
 from tests.conftest import REPO
 from tests.e2e.test_sweep import _runs, _sweep
+from tests.prewarmed import python
 
 ARGS = ["-m", "algo=grpo", "train.validate_every=0,2", "model=tiny-random", "eval=smoke", "train.steps=6",
         "train.prompts_per_step=2", "train.group_size=4", "train.minibatch_size=4", "train.max_new_tokens=8",
@@ -109,7 +109,7 @@ def test_the_report_draws_the_curves_and_recompute_gives_back_its_numbers(curves
     assert "too few points: 3 after the first stretch" in html  # no line drawn on 3 points
     assert (latest / "figures" / "compute_curves.png").is_file()
     out = tmp_path / "re"
-    proc = subprocess.run([sys.executable, "-m", "evaluation.recompute", "--curves", str(latest / "curves" / "runs.json"),
+    proc = subprocess.run([*python(), "-m", "evaluation.recompute", "--curves", str(latest / "curves" / "runs.json"),
                            "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     val = pd.read_csv(out / "val_metrics.csv", index_col=[0, 1])
@@ -135,7 +135,7 @@ def test_a_report_made_while_a_run_trains_draws_its_curve_so_far(curves_dir, tmp
     shutil.copy(cwd / "mlflow.db", tmp_path / "mlflow.db")
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     MlflowClient(uri).update_run(trained["2"].info.run_id, status="RUNNING")
-    proc = subprocess.run([sys.executable, "-m", "reports", "--experiment", "rlvr", "--tracking-uri", uri, "--out",
+    proc = subprocess.run([*python(), "-m", "reports", "--experiment", "rlvr", "--tracking-uri", uri, "--out",
                            str(tmp_path / "report"), "--no-mlflow"], cwd=REPO, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

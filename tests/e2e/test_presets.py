@@ -2,10 +2,13 @@
 the command line prints it (``--cfg job``), and the log-ratio ablation twin runs on the tiny model through
 scripts/run_twins.py, the script that runs the full twins (3-15 min each on 2 cores; measured times in docs/performance.md)."""
 
+import functools
+
 import pytest
 
 from tests.conftest import REPO
 from tests.e2e.test_sweep import _sweep
+from tests.prewarmed import python
 
 PRESETS = sorted(p.stem for p in (REPO / "sweeps" / "experiment").glob("*.yaml"))
 # sweep points per preset (Hydra's basic sweeper: the cartesian product of hydra.sweeper.params)
@@ -235,6 +238,7 @@ def _run_twins_script():
     spec = importlib.util.spec_from_file_location("rlvr_run_twins", REPO / "scripts" / "run_twins.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    module.run_twin = functools.partial(module.run_twin, python=python())  # through this worker's fork server
     return module
 
 

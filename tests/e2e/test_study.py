@@ -5,7 +5,6 @@ and against a second computation: the pass@k, UCC@k and entropy each evaluation 
 (evaluation.tables), averaged over the seeds by hand here."""
 import json
 import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
@@ -13,6 +12,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.e2e.test_presets import _run_twins_script
+from tests.prewarmed import python
 
 TWIN = ["model=tiny-random", "study_arm=grpo,quatro_d0.1", "train.steps=2", "train.save_every=1",
         "train.prompts_per_step=2", "train.group_size=4", "train.minibatch_size=8", "train.max_new_tokens=16",
@@ -67,7 +67,7 @@ def test_recompute_gives_the_reports_numbers_and_they_match_the_logged_metrics(t
     cwd, problems, trained = twin
     assert problems == []
     study = cwd / "reports_out" / "cpu_study" / "latest" / "study"
-    proc = subprocess.run([sys.executable, "-m", "evaluation.recompute", "--study", str(study / "runs.json"),
+    proc = subprocess.run([*python(), "-m", "evaluation.recompute", "--study", str(study / "runs.json"),
                            "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     for name in ("comparisons", "base_curves", "crossings"):

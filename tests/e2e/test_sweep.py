@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 from tests.conftest import REPO
+from tests.prewarmed import python
 
 TINY = ["model=tiny-random", "eval=smoke", "train.steps=2", "train.prompts_per_step=2", "train.group_size=4",
         "train.minibatch_size=4", "train.max_new_tokens=8"]
@@ -23,7 +24,7 @@ TINY = ["model=tiny-random", "eval=smoke", "train.steps=2", "train.prompts_per_s
 
 def _sweep(cwd, *args, timeout=900, env=None):
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", **(env or {}))
-    return subprocess.run([sys.executable, str(REPO / "sweep.py"), *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([*python(), str(REPO / "sweep.py"), *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -611,7 +612,7 @@ def test_reproduce_reruns_a_finished_run_bitwise_on_the_cpu(sweep_dir):
     [original] = [r for r in runs if r.data.tags.get("rlvr.kind") == "trained"
                   and (r.data.params["algo.name"], r.data.params["delta"]) == ("quatro", "0.1")]
     run_id = original.info.run_id
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.reproduce", run_id, "--tracking-uri", uri, "--strict"],
+    proc = subprocess.run([*python(), "-m", "orchestrator.reproduce", run_id, "--tracking-uri", uri, "--strict"],
                           cwd=sweep_dir, capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -637,7 +638,7 @@ def test_reproduce_reruns_a_finished_run_bitwise_on_the_cpu(sweep_dir):
     shown = set(load_runs(uri, "rlvr")["run_id"])
     assert run_id in shown and new_id not in shown
     # bad input: one line, exit 2, before any work
-    bad = subprocess.run([sys.executable, "-m", "orchestrator.reproduce", "0" * 32, "--tracking-uri", uri],
+    bad = subprocess.run([*python(), "-m", "orchestrator.reproduce", "0" * 32, "--tracking-uri", uri],
                          cwd=sweep_dir, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "RUN_ID=" + "0" * 32 in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 

@@ -17,6 +17,7 @@ from core.sampling import SAMPLERS
 from tests.conftest import REPO as REPO_ROOT
 from tests.e2e.conftest import EVAL
 from tests.e2e.test_sweep import _runs
+from tests.prewarmed import python
 
 pytestmark = pytest.mark.skipif(SAMPLERS["vllm"].missing() is not None,
                                 reason="vLLM is not installed (scripts/install.sh installs its CPU build)")
@@ -72,7 +73,7 @@ def test_cli_vllm_on_the_base_model_reproduces_the_sweeps_base_samples(vllm_swee
     cwd, client, base, _ = vllm_sweep
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     overrides = [o.removeprefix("eval.") for o in EVAL]
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.evaluate", "--checkpoint", model_path(tiny_cfg.model),
+    proc = subprocess.run([*python(), "-m", "orchestrator.evaluate", "--checkpoint", model_path(tiny_cfg.model),
                            "--eval", "smoke", "--sampler", "vllm", "--out", str(tmp_path / "cli"), *overrides],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,7 +1,6 @@
 """Sampling (entropy, resume) and `python -m orchestrator.evaluate` on real benchmark files with the tiny model."""
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -11,6 +10,7 @@ import torch
 from core.sampling import HFSampler, SamplingSettings, prompt_texts
 from evaluation.pipeline import Draw, sample_benchmarks
 from tests.conftest import REPO
+from tests.prewarmed import python
 
 
 def test_hf_sampler_entropy_is_the_exact_mean_next_token_entropy(tiny_policy):
@@ -59,7 +59,7 @@ def test_interrupted_evaluation_resumes_without_resampling(tmp_path):
 
 def _eval(cwd, *args):
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    return subprocess.run([sys.executable, "-m", "orchestrator.evaluate", *args], cwd=cwd, env=env, capture_output=True, text=True,
+    return subprocess.run([*python(), "-m", "orchestrator.evaluate", *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=600)
 
 
@@ -107,7 +107,7 @@ def test_cli_evaluates_two_shared_benchmarks_and_logs_every_table(tmp_path, benc
     df = pd.read_parquet(after / "samples.parquet")
     assert set(df["benchmark"]) == {"aime24", "amc23"} and len(df) == 2 * 2 * 4
     # recompute from the saved samples gives the logged numbers
-    proc = subprocess.run([sys.executable, "-m", "evaluation.recompute", str(after / "samples.parquet"),
+    proc = subprocess.run([*python(), "-m", "evaluation.recompute", str(after / "samples.parquet"),
                            "--ks", "1", "2", "4", "--out", str(tmp_path / "re")], capture_output=True, text=True,
                           cwd=env_root, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.reproduce import NOT_REPRODUCIBLE  # timings and memory: differ between any two runs
-from tests.conftest import REPO
+from tests.conftest import CONCURRENT, REPO
 from tests.e2e.test_sweep import _free_port, _rest
+from tests.prewarmed import python
 
 pytestmark = pytest.mark.slow
 STEPS = 3
@@ -105,9 +106,9 @@ def server(database, tmp_path_factory):
 def _start_sweep(cwd: Path, server: Server, experiment: str, **env) -> subprocess.Popen:
     cwd.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
-        [sys.executable, str(REPO / "sweep.py"), "-m", *POINTS, *ARGS, f"tracking.uri={server.uri}",
+        [*python(), str(REPO / "sweep.py"), "-m", *POINTS, *ARGS, f"tracking.uri={server.uri}",
          f"experiment_name={experiment}"], cwd=cwd, stdout=open(cwd / "sweep.out", "w"),
-        stderr=open(cwd / "sweep.err", "w"), env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", **env))
+        stderr=open(cwd / "sweep.err", "w"), env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", **CONCURRENT, **env))
 
 
 def _job_logs(cwd: Path) -> dict[str, str]:

@@ -4,12 +4,12 @@ work, naming a ``train.save_every`` that fits (checked against the free space it
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 from omegaconf import OmegaConf
 
 from tests.conftest import REPO
+from tests.prewarmed import python
 
 
 def test_a_points_plan_by_hand_from_the_models_parameters(tiny_cfg, tiny_policy):
@@ -40,7 +40,7 @@ def test_a_points_plan_by_hand_from_the_models_parameters(tiny_cfg, tiny_policy)
 def test_a_sweep_that_cannot_fit_its_disk_is_refused_in_one_line_before_any_work(tmp_path):
     """Qwen2.5-Math-1.5B (its shape ships with the suite: nothing is downloaded) keeping every one of 2,000 steps'
     policies: about 11 TB, more than any test machine's disk."""
-    proc = subprocess.run([sys.executable, str(REPO / "sweep.py"), "-m", "model=qwen2.5-math-1.5b", "train.steps=2000",
+    proc = subprocess.run([*python(), str(REPO / "sweep.py"), "-m", "model=qwen2.5-math-1.5b", "train.steps=2000",
                            "train.save_every=1", "train.memory_check=false"], cwd=tmp_path, capture_output=True,
                           text=True, timeout=300, env=dict(os.environ, HF_HUB_OFFLINE="1"))
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]

@@ -5,7 +5,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -13,8 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO
+from tests.conftest import CONCURRENT, REPO
 from tests.e2e.test_sweep import _runs
+from tests.prewarmed import python
 
 STEPS = 6
 ARGS = ["-m", "algo=grpo", "model=tiny-random", "eval=smoke", f"train.steps={STEPS}", "train.prompts_per_step=2",
@@ -26,13 +26,13 @@ def _env():
 
 
 def _sweep(cwd, *args, timeout=600):
-    return subprocess.run([sys.executable, str(REPO / "sweep.py"), *args], cwd=cwd, env=_env(), capture_output=True,
+    return subprocess.run([*python(), str(REPO / "sweep.py"), *args], cwd=cwd, env=_env(), capture_output=True,
                           text=True, timeout=timeout)
 
 
 def _signal_after_two_steps(cwd, sig, *extra) -> tuple[int, str]:
     """Start the sweep, send ``sig`` once its log says step 2 is done; return (exit status, output)."""
-    p = subprocess.Popen([sys.executable, str(REPO / "sweep.py"), *ARGS, *extra], cwd=cwd, env=_env(),
+    p = subprocess.Popen([*python(), str(REPO / "sweep.py"), *ARGS, *extra], cwd=cwd, env=_env(),
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out, sent = [], False
     for line in p.stdout:  # no terminal: one log line per training step (the progress a log file shows)
@@ -95,7 +95,7 @@ SLOW = ["-m", "algo=grpo", "model=tiny-random", "eval=smoke", "plugins=[tests.pl
 def _stop_on(cwd, marker, env) -> tuple[int, str, float]:
     """Start the SLOW sweep with ``env``, send SIGTERM 3 s after a line containing ``marker``; return (exit status,
     output, seconds from the signal to the exit)."""
-    p = subprocess.Popen([sys.executable, str(REPO / "sweep.py"), *SLOW], cwd=cwd, env=dict(_env(), **env),
+    p = subprocess.Popen([*python(), str(REPO / "sweep.py"), *SLOW], cwd=cwd, env=dict(_env(), **env),
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out, sent = [], None
     for line in p.stdout:
@@ -276,7 +276,7 @@ def test_two_identical_sweeps_at_once_train_each_point_once(tmp_path):
     args = [*ARGS[:1], "algo=quatro,gspo", *ARGS[2:4], "train.steps=2", *ARGS[5:]]
     procs = []
     for i in range(2):
-        procs.append(subprocess.Popen([sys.executable, str(REPO / "sweep.py"), *args], cwd=tmp_path, env=_env(),
+        procs.append(subprocess.Popen([*python(), str(REPO / "sweep.py"), *args], cwd=tmp_path, env=dict(_env(), **CONCURRENT),
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         time.sleep(0.5)
     outs = [p.communicate(timeout=600) for p in procs]
@@ -361,7 +361,7 @@ def test_full_disk_and_read_only_store_fail_at_preflight_and_leave_no_half_made_
     assert proc.returncode == 2 and len(lines) == 1 and "Read-only file system" in lines[0], proc.stderr
     assert time.time() - t0 < 30
     # a read-only working directory (where Hydra writes the sweep folder): one line, not a traceback
-    proc = subprocess.run([sys.executable, str(REPO / "sweep.py"), *ARGS, f"tracking.uri=sqlite:///{tmp_path}/m.db",
+    proc = subprocess.run([*python(), str(REPO / "sweep.py"), *ARGS, f"tracking.uri=sqlite:///{tmp_path}/m.db",
                            f"tracking.artifact_root={tmp_path}/art", "tracking.min_free_mb=1"], cwd=ro, env=_env(), capture_output=True,
                           text=True, timeout=60)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "mlflow.store.db.utils" not in ln]
@@ -426,7 +426,7 @@ def test_corrupt_samples_are_reevaluated_and_a_corrupt_checkpoint_retrained(tmp_
                            tmp_path / "dl", problems)
     assert len(problems) == 1 and old.info.run_id in problems[0] and "samples.parquet is unreadable" in problems[0]
     assert any(len(v) for v in got.values())
-    cli = subprocess.run([sys.executable, "-m", "evaluation.recompute", str(run_dir / "eval" / "samples.parquet")],
+    cli = subprocess.run([*python(), "-m", "evaluation.recompute", str(run_dir / "eval" / "samples.parquet")],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     lines = [ln for ln in cli.stderr.splitlines() if ln.strip()]
     assert cli.returncode == 2 and len(lines) == 1 and "samples.parquet: cannot be read" in lines[0], cli.stderr

@@ -7,13 +7,13 @@ hand."""
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from tests.conftest import REPO
+from tests.prewarmed import python
 
 STEPS, N_PROMPTS, N_VAL, N, K, TOP = 4, 16, 6, 6, 2, 2
 ARGS = ["-m", "algo=grpo", "model=tiny-random", "eval=smoke", "plugins=[tests.plugins.toy_tasks]", "data.name=toy_parity",
@@ -30,7 +30,7 @@ def _pass_at_k(n: int, c: int, k: int) -> float:
 
 def _sweep(cwd, args):
     """Run the sweep ``args`` in ``cwd``; returns (cwd, MLflow client, its one trained run)."""
-    proc = subprocess.run([sys.executable, str(REPO / "sweep.py"), *args], cwd=cwd, capture_output=True, text=True,
+    proc = subprocess.run([*python(), str(REPO / "sweep.py"), *args], cwd=cwd, capture_output=True, text=True,
                           timeout=900, env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     from mlflow.tracking import MlflowClient

@@ -1,7 +1,7 @@
 """Failure isolation, idempotent re-runs, +force, and parallel jobs on one SQLite store."""
 
 
-from tests.conftest import require_benchmarks
+from tests.conftest import CONCURRENT, require_benchmarks
 from tests.e2e.test_sweep import TINY, _runs, _sweep
 
 FAST = TINY + ["train.steps=2", "report.enabled=false"]
@@ -66,7 +66,7 @@ def test_three_parallel_points_evaluate_the_base_model_once_and_every_checkpoint
     and the report plots the trajectories. Re-running the sweep trains nothing and evaluates no base model."""
     args = ["-m", "hydra/launcher=local", "algo=quatro,grpo,gspo", *TINY, "train.steps=2", "train.save_every=1",
             "eval.checkpoints=all"]
-    proc = _sweep(tmp_path, *args)
+    proc = _sweep(tmp_path, *args, env=CONCURRENT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     client, runs = _runs(tmp_path)
     trained = [r for r in runs if r.data.tags.get("rlvr.kind") == "trained"]

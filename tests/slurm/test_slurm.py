@@ -6,7 +6,9 @@ import time
 
 import pytest
 
+from tests.conftest import CONCURRENT
 from tests.e2e.test_sweep import TINY, _runs, _sweep
+from tests.prewarmed import python
 
 
 def _slurm_up() -> bool:
@@ -26,7 +28,7 @@ SLURM = ["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=0", "hydra.launch
 
 
 def test_readme_sweep_through_slurm(tmp_path):
-    proc = _sweep(tmp_path, "-m", *SLURM, "algo=quatro,gspo", "delta=0.01,0.1", *TINY, "report.enabled=false")
+    proc = _sweep(tmp_path, "-m", *SLURM, "algo=quatro,gspo", "delta=0.01,0.1", *TINY, "report.enabled=false", env=CONCURRENT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     _, runs = _runs(tmp_path)
     trained = [r for r in runs if r.data.tags.get("rlvr.kind") == "trained"]
@@ -45,12 +47,11 @@ RESUME = ["algo=grpo_h", "algo.entropy_coef=0.5", "train.lr=1e-3", "train.checkp
 def test_requeued_job_resumes_its_run_with_every_step_once_and_the_same_results(tmp_path):
     (tmp_path / "slurm").mkdir()
     (tmp_path / "local").mkdir()
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
-    import sys
+    env = dict(os.environ, HF_HUB_OFFLINE="1", **CONCURRENT)
 
     from tests.conftest import REPO
 
-    proc = subprocess.Popen([sys.executable, str(REPO / "sweep.py"), "-m", *SLURM, *RESUME], cwd=tmp_path / "slurm", env=env,
+    proc = subprocess.Popen([*python(), str(REPO / "sweep.py"), "-m", *SLURM, *RESUME], cwd=tmp_path / "slurm", env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     client = None
     job_id, deadline = None, time.time() + 300

@@ -11,6 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.conftest import REPO
+from tests.prewarmed import python
 from training.memory_plan import (
     ModelShape,
     RunShape,
@@ -119,7 +120,7 @@ def test_quatro_main_on_a_24_gb_cpu_stops_at_preflight(tmp_path):
     """``python sweep.py -m experiment=quatro_main`` on a CPU of 24 GiB: one line with the plan's total and what
     would make it fit, exit 2, nothing started (no MLflow run, no sweep folder)."""
     t0 = time.time()
-    proc = subprocess.run([sys.executable, str(REPO / "sweep.py"), "-m", "experiment=quatro_main", "train.device=cpu",
+    proc = subprocess.run([*python(), str(REPO / "sweep.py"), "-m", "experiment=quatro_main", "train.device=cpu",
                            "train.device_memory_gb=24"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
     elapsed = time.time() - t0
@@ -171,7 +172,7 @@ print(json.dumps({{"peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 def test_memory_benchmark_runs_its_configurations(tmp_path):
     """benchmarks/memory.py on the tiny model: every configuration measured in its own process beside the plan."""
     out = tmp_path / "mem.json"
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.memory", "--model", "tiny-random", "--responses", "8", "16",
+    proc = subprocess.run([*python(), "-m", "benchmarks.memory", "--model", "tiny-random", "--responses", "8", "16",
                            "--budget", "160", "--response-tokens", "8", "--no-checkpointing-row", "--json", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,7 +1,6 @@
 """The local engine's memory and precision options: chunked log-probs, bf16 with exact first-minibatch ratios,
 gradient checkpointing, peak memory and phase-time metrics, and the GPU check script's CPU path."""
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -9,6 +8,7 @@ from omegaconf import OmegaConf
 
 from core.scoring import Sequences, compute_logprobs
 from tests.conftest import REPO
+from tests.prewarmed import python
 from training.engines import local
 from training.engines.local import local_generation
 from training.settings import OldLogprobs
@@ -89,7 +89,7 @@ def test_preflight_refuses_gradient_checkpointing_on_a_model_without_it(tiny_cfg
 
 @pytest.mark.slow
 def test_gpu_train_check_script_runs_its_path_on_the_cpu(tmp_path):
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check_train.py"), "--device", "cpu", "--hidden",
+    proc = subprocess.run([*python(), str(REPO / "scripts" / "gpu_check_train.py"), "--device", "cpu", "--hidden",
                            "128", "--layers", "2", "--prompts", "4", "--tokens", "16", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "gpu_check_train: OK" in proc.stdout, (proc.stdout[-2000:], proc.stderr[-3000:])
     assert '"first_minibatch_ratio_dev": [0.0, 0.0]' in proc.stdout
@@ -101,7 +101,7 @@ def test_gpu_async_check_script_runs_its_path_on_the_cpu(tmp_path):
     model: its checks pass (the overlapped run draws the emulated run's samples) and the float32 CPU path gives the
     same loss and gradient-norm series to float tolerance (the update runs beside the generation thread: a CI run's
     grad norms differed by 6e-10)."""
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check_async.py"), "--device", "cpu", "--hidden",
+    proc = subprocess.run([*python(), str(REPO / "scripts" / "gpu_check_async.py"), "--device", "cpu", "--hidden",
                            "128", "--layers", "2", "--prompts", "2", "--tokens", "8", "--steps", "3", "--out",
                            str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "gpu_check_async: OK" in proc.stdout, (proc.stdout[-2000:], proc.stderr[-3000:])
@@ -123,7 +123,7 @@ def test_train_step_benchmark_runs_both_engines_on_the_same_prompts(tmp_path, ti
 
     rollout = "vllm" if SAMPLERS["vllm"].missing() is None else "hf"  # vLLM's rollouts where installed (CI: yes)
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.train_step", "--model", "tiny-random", "--steps", "2",
+    proc = subprocess.run([*python(), "-m", "benchmarks.train_step", "--model", "tiny-random", "--steps", "2",
                            "--max-new-tokens", "8", "--rollout", rollout, "--packing", "tree", "--lora", "4",
                            "--json", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=600)
@@ -217,7 +217,7 @@ def test_gpu_scale_check_script_runs_its_path_on_the_cpu():
     a small model: one update in several passes, none over the auto budget, the weights changed, the plan printed."""
     import json
 
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check_scale.py"), "--device", "cpu", "--hidden",
+    proc = subprocess.run([*python(), str(REPO / "scripts" / "gpu_check_scale.py"), "--device", "cpu", "--hidden",
                            "64", "--layers", "2", "--vocab", "1000", "--prompts", "8", "--prompt-tokens", "16",
                            "--response-tokens", "16", "--precision", "fp32"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "gpu_check_scale: OK" in proc.stdout, (proc.stdout[-2000:], proc.stderr[-3000:])
@@ -265,7 +265,7 @@ def test_gpu_rollout_check_script_runs_its_path_on_the_cpu(tmp_path):
 
     if SAMPLERS["vllm"].missing() is not None:
         pytest.skip("vLLM is not installed (scripts/install.sh installs its CPU build)")
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check_rollout.py"), "--hidden", "128", "--layers",
+    proc = subprocess.run([*python(), str(REPO / "scripts" / "gpu_check_rollout.py"), "--hidden", "128", "--layers",
                            "2", "--prompts", "4", "--n", "2", "--max-new-tokens", "8", "--repeats", "1", "--out",
                            str(tmp_path)], capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 0 and "gpu_check_rollout: OK" in proc.stdout, (proc.stdout[-2000:], proc.stderr[-3000:])
