@@ -295,27 +295,34 @@ def extrapolation_check(pts: Points, draws: "Draws", skip: float = SKIP) -> dict
             "mae": float(err.mean()), "max_error": float(err.max()), "in_band": inside}
 
 
-def compare_fits(fits: dict, baseline: str) -> pd.DataFrame:
-    """Each method's fitted parameters against ``baseline``'s, from their bootstrap replicates (drawn with the same
+def compare_fits(fits: dict, baseline) -> pd.DataFrame:
+    """Each method's fitted parameters against its reference's, from their bootstrap replicates (drawn with the same
     :class:`Draws`, so prompts are paired): the difference in A (the ceiling), in B and in log10 C_mid (the
     efficiency) with percentile 95% intervals, and whether each interval excludes 0.
 
+    Args:
+        fits: {method: :class:`Fit`}.
+        baseline: the reference method of every other method, or {method: its reference method} (the report's
+            pairing rule, reports/pairing.py: a baseline algorithm matched within each level of the sweep's other
+            factors and never across evaluation protocols).
     Returns:
-        index method; columns ``dA``, ``dA_low``, ``dA_high``, ``ceiling_differs``, ``dB`` ..., ``dlog10_cmid`` ...,
-        ``efficiency_differs`` (B's or C_mid's interval excludes 0). Methods without a fit are left out.
+        index method; columns ``against``, ``dA``, ``dA_low``, ``dA_high``, ``ceiling_differs``, ``dB`` ...,
+        ``dlog10_cmid`` ..., ``efficiency_differs`` (B's or C_mid's interval excludes 0). Methods without a fit, or
+        whose reference has none, are left out.
     """
-    base = fits.get(baseline)
+    against = baseline if isinstance(baseline, dict) else {m: baseline for m in fits if m != baseline}
     rows = {}
-    if base is None or not base.ok:
-        return pd.DataFrame()
-    for m, f in fits.items():
-        if m == baseline or not f.ok or len(f.boot) != len(base.boot) or not len(f.boot):
+    for m, ref in against.items():
+        f, base = fits.get(m), fits.get(ref)
+        if f is None or base is None or m == ref or not base.ok:
+            continue
+        if not f.ok or len(f.boot) != len(base.boot) or not len(f.boot):
             continue
         d = np.column_stack([f.boot[:, 0] - base.boot[:, 0], f.boot[:, 1] - base.boot[:, 1],
                              np.log10(f.boot[:, 2]) - np.log10(base.boot[:, 2])])
         d = d[~np.isnan(d).any(axis=1)]
         point = [f.A - base.A, f.B - base.B, np.log10(f.c_mid) - np.log10(base.c_mid)]
-        row = {}
+        row = {"against": ref}
         for j, name in enumerate(("dA", "dB", "dlog10_cmid")):
             lo, hi = np.quantile(d[:, j], [0.025, 0.975])
             row.update({name: point[j], f"{name}_low": lo, f"{name}_high": hi})
@@ -368,7 +375,7 @@ def validation_series(frames: dict) -> pd.DataFrame:
     return pd.concat(rows, ignore_index=True)[["run", "step", "prompt_id", "value", "compute", "seed"]]
 
 
-def write_manifest(path, files: dict, methods: dict, baseline: str | None, n_boot: int = 200, seed: int = 0,
+def write_manifest(path, files: dict, methods: dict, baseline, n_boot: int = 200, seed: int = 0,
                    skip: float = SKIP):
     """Write the curve manifest ``python -m evaluation.recompute --curves`` reads: each run's ``validation.parquet``
     (relative to the manifest), the methods ({method: [runs]}), the baseline and the bootstrap's settings."""
@@ -384,12 +391,13 @@ def write_manifest(path, files: dict, methods: dict, baseline: str | None, n_boo
     return path
 
 
-def curve_tables(frames: dict, methods: dict, baseline: str | None, n_boot: int = 200, seed: int = 0,
+def curve_tables(frames: dict, methods: dict, baseline, n_boot: int = 200, seed: int = 0,
                  skip: float = SKIP) -> dict:
     """Everything the report's curve section shows, from the runs' validation samples: ``points`` (per run and step:
     compute, pass@1 and its per-prompt standard error), ``fits`` (:func:`fit_table`: one row per method, its seeds
     pooled), ``run_fits`` (one row per run of the methods with several seeds; empty otherwise), ``differences``
-    (:func:`compare_fits` against ``baseline``; empty without one or without two fits) and the :class:`Fit` objects
+    (:func:`compare_fits` against ``baseline``, a method or {method: its reference}; empty without one or without
+    two fits) and the :class:`Fit` objects
     (``_fits``)."""
     series = validation_series(frames)
     pts = series.groupby(["run", "step"], sort=True).agg(compute=("compute", "first"), pass_at_1=("value", "mean"),
@@ -398,6 +406,6 @@ def curve_tables(frames: dict, methods: dict, baseline: str | None, n_boot: int 
     fits = fit_methods(series, methods, n_boot, seed, skip)
     runs = {run: [run] for labels in methods.values() if len(labels) > 1 for run in labels}
     run_fits = fit_table(fit_methods(series, runs, n_boot, seed, skip)) if runs else pd.DataFrame()
-    diffs = compare_fits(fits, baseline) if baseline in fits else pd.DataFrame()
+    diffs = compare_fits(fits, baseline) if isinstance(baseline, dict) or baseline in fits else pd.DataFrame()
     return {"points": pts, "fits": fit_table(fits), "run_fits": run_fits.rename_axis("run"), "differences": diffs,
             "_fits": fits}

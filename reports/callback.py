@@ -56,18 +56,19 @@ def check_report_config(config) -> None:
                          f"{'' if len(bad) == 1 else 's'} (reports/sections/ has: {', '.join(known)})")
 
 
-def check_report_baseline(configs) -> list[str]:
+def check_report_baseline(configs, overrides=()) -> list[str]:
     """Pre-flight check of ``report.baseline`` over a sweep's points (sweep.py runs it once the points are composed):
     it names the base model's row (``Initialization``), an algorithm of the sweep, or a run label the report will
     show (:func:`reports.data.short_labels`: the algorithm plus the swept values that tell its runs apart). An
-    algorithm preset's name that this sweep does not run (a preset's baseline in a sweep narrowed to other
-    algorithms) is a warning: the report then compares against the base model.
+    algorithm that this sweep does not run is refused when the command line (``overrides``) sets it, and a warning
+    when a preset set it (a preset's baseline in a sweep narrowed to other algorithms, ``experiment=trgrpo_kk
+    algo=tr_grpo``): the report then compares against the base model.
 
     Returns:
         Warnings.
     Raises:
-        ValueError: one line naming the value (neither a name of this sweep nor an algorithm) and the names it
-            could be.
+        ValueError: one line naming the value (neither a name of this sweep nor an algorithm, or an algorithm the
+            sweep does not run given on the command line) and the names it could be.
     """
     import pandas as pd
 
@@ -86,9 +87,14 @@ def check_report_baseline(configs) -> list[str]:
     known = list(dict.fromkeys([BASE_LABEL, *(r["algo"] for r in rows), *labels]))
     algorithms = {p.stem for p in (CONFIG_DIR / "algo").glob("*.yaml")} | {str(c.algo.name) for c in configs}
     warnings = []
+    typed = any(o.split("=", 1)[0].lstrip("+~") == "report.baseline" for o in overrides)
     for b in sorted(wanted):
         if b in known:
             continue
+        if b in algorithms and typed:
+            raise ValueError(f"report.baseline={b!r}: this sweep runs no {b} (its names: {', '.join(known)}); add "
+                             f"{b} to algo=..., name one of these, or drop report.baseline to compare with the base "
+                             "model")
         if b in algorithms:
             warnings.append(f"report.baseline={b!r}: this sweep runs no {b}; its report compares against the base "
                             "model instead")

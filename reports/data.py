@@ -114,10 +114,14 @@ def swept_params(runs: pd.DataFrame) -> list[str]:
 
 
 def short_labels(runs: pd.DataFrame) -> pd.DataFrame:
-    """Replace run labels by the algorithm plus the swept non-algorithm hyperparameters that vary among that
-    algorithm's runs (``quatro delta=0.01``, ``grpo seed=1``: a key set with the algorithm, such as an arm's
-    ``train.save_every``, says nothing the algorithm's name does not); the full override string stays in the MLflow
-    run name."""
+    """Replace run labels by the algorithm plus the swept non-algorithm hyperparameters that tell its row from the
+    rows beside it (the full override string stays in the MLflow run name): a key that varies among that algorithm's
+    runs (``quatro delta=0.01``, ``grpo seed=1``), and a config key (``train.rollout.correction``) that varies among
+    any algorithm's runs, a factor crossed with the algorithms, even where this algorithm's runs take one value of
+    it (``gspo correction=token_tis`` beside ``quatro correction=none`` and ``quatro correction=token_tis``). A key
+    set with the algorithm (an arm's ``train.save_every``) says nothing the algorithm's name does not, and a
+    top-level knob an algorithm reads through its own settings (``delta``) only labels the algorithms it varies
+    for."""
     if runs.empty:
         return runs
     axes = [k for k in swept_params(runs) if not k.startswith("algo.")]
@@ -126,6 +130,7 @@ def short_labels(runs: pd.DataFrame) -> pd.DataFrame:
         if kind != "base":
             for k in axes:
                 varying.setdefault(algo, {}).setdefault(k, set()).add(params.get(k))
+    crossed = {k for by_key in varying.values() for k, values in by_key.items() if len(values) > 1 and "." in k}
     labels = []
     for algo, params, kind in zip(runs["algo"], runs["params"], runs["kind"]):
         if kind == "base":
@@ -133,7 +138,7 @@ def short_labels(runs: pd.DataFrame) -> pd.DataFrame:
             continue
         # evaluation settings keep their group (eval.seed=1 is a decoding seed, seed=1 a training seed)
         parts = [algo] + [f"{k if k.startswith('eval.') else k.split('.')[-1]}={params.get(k)}" for k in axes
-                          if len(varying[algo][k]) > 1]
+                          if len(varying[algo][k]) > 1 or k in crossed]
         labels.append(" ".join(parts) + (" (dup)" if kind == "duplicate" else ""))
     seen: dict = {}
     for i, lab in enumerate(labels):  # keep labels unique
@@ -459,52 +464,6 @@ def protocol_difference(runs: pd.DataFrame, a: str, b: str) -> str:
     tags = dict(zip(runs["label"], runs["tags"]))
     pa, pb = of_tags(tags.get(a, {})), of_tags(tags.get(b, {}))
     return "; ".join(differences(pa, pb)) if pa and pb else "another evaluation protocol"
-
-
-def baseline_differences(samples: dict, baseline: str, metric: str = "accuracy", n_boot: int = 2000,
-                         protocols: dict | None = None, bases: dict | None = None) -> pd.DataFrame:
-    """Per run: mean difference of per-prompt ``metric`` against ``baseline`` (a run label or an
-    algorithm's first run) with a paired prompt-bootstrap 95% CI, on the prompts both runs share.
-
-    A pair is never formed across evaluation protocols: given ``protocols`` ({label: protocol id}, :func:`protocols`),
-    a run of another protocol than the baseline's is compared with the base model evaluated under its own protocol
-    when the baseline is a base model (``bases``: {protocol id: base label}, :func:`base_by_protocol`), else not at
-    all. The column ``against`` names the run each row was compared with; the runs left out are listed in the
-    result's ``attrs["refused"]`` ({label: the baseline it was not compared with}).
-    """
-    from evaluation.metrics.modes import paired_bootstrap_ci
-    from evaluation.tables import per_prompt_values
-
-    if baseline not in samples:
-        raise KeyError(f"baseline {baseline!r} has no samples; runs with samples: {sorted(samples)}")
-    protocols, bases = protocols or {}, bases or {}
-    mine = protocols.get(baseline)
-    is_base = baseline in bases.values()
-    rows, refused = {}, {}
-    for label, df in samples.items():
-        if label == baseline:
-            continue
-        against = baseline
-        theirs = protocols.get(label)
-        if mine is not None and theirs is not None and theirs != mine:
-            against = bases.get(theirs) if is_base else None
-            if against is None or against == label or against not in samples:
-                refused[label] = baseline
-                continue
-        ref = per_prompt_values(samples[against], metric)
-        vals = per_prompt_values(df, metric)
-        common = ref.index.intersection(vals.index)
-        if len(common) == 0:
-            continue
-        ci = paired_bootstrap_ci(vals.loc[common].to_numpy(), ref.loc[common].to_numpy(), n_boot=n_boot)
-        rows[label] = {"difference": ci["diff"], "ci_low": ci["ci_low"], "ci_high": ci["ci_high"],
-                       "prompts": int(ci["n_prompts"]), "against": against}
-    out = pd.DataFrame.from_dict(rows, orient="index")
-    if len(out) and (out["against"] == baseline).all():
-        out = out.drop(columns="against")
-    out.attrs["refused"] = refused
-    return out
-
 
 
 def prompt_similarities(samples_by_run: dict) -> pd.DataFrame:

@@ -34,7 +34,9 @@ def load_runs(tracking_uri: str, experiment: str, sweeps=None, filter_string: st
     takes that run's id, status, metrics, tags and wall time (so every table and figure reads that run's samples and
     histories) under the point's own name and parameters, with ``kind`` ``trained`` and ``reused_from`` naming the
     run (``record_id``: the duplicate record's own id). A re-run of a sweep, or a sweep extended by a point, is then
-    reported whole. A duplicate whose run is not in the store stays a ``duplicate`` row without numbers.
+    reported whole. A duplicate whose run is not in the store stays a ``duplicate`` row without numbers. Each run is
+    one row: where several points show the same run (a point identical to another, or the same run reached through
+    two sweeps), the first row is kept, so no comparison is counted twice.
 
     Args:
         sweeps: only the runs of these sweeps (:func:`in_sweeps`), with the base-model runs their runs compared
@@ -88,6 +90,8 @@ def load_runs(tracking_uri: str, experiment: str, sweeps=None, filter_string: st
             "steps": int(params.get("train.steps", 0) or 0) if tags.get(tag_names.KIND) == "trained" else 0,
             "params": dict(params), "metrics": dict(r.data.metrics), "tags": dict(tags),
         })
+    seen: set = set()  # a run once, however many points or sweeps show it: the first row that shows it is kept
+    rows = [r for r in rows if r["run_id"] not in seen and not seen.add(r["run_id"])]
     return pd.DataFrame(rows, columns=cols)
 
 

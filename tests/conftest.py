@@ -3,6 +3,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import prewarmed
+
 REPO = Path(__file__).resolve().parent.parent
 SHARED = (REPO.parent / "shared").resolve()
 BENCHMARK_DIR = SHARED / "data" / "benchmarks"
@@ -26,6 +28,7 @@ os.environ.setdefault("RLVR_ROLLOUT_CALIBRATION", "off")
 # process at a time, wait less (three claims, about 3 s of idle waiting, in each of the suite's hundred sweeps)
 os.environ.setdefault("RLVR_LEASE_SETTLE_S", "0.1")
 CONCURRENT = {"RLVR_LEASE_SETTLE_S": "1.0"}
+prewarmed.reserve()  # the tests' sweeps run through a fork server of this worker's (tests/prewarmed.py)
 if Path("/tmp/rlvr-slurm/etc/slurm.conf").exists():  # the cluster of scripts/slurm/start.sh
     os.environ.setdefault("SLURM_CONF", "/tmp/rlvr-slurm/etc/slurm.conf")
 

@@ -33,22 +33,41 @@ WARM = ("sweep", "transformers:AutoTokenizer,AutoModelForCausalLM", "training.en
 IMPORT_TIME = ("HF_", "HUGGINGFACE", "TRANSFORMERS_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "KMP_", "VLLM_", "CUDA",
                "TOKENIZERS_", "PYTHON", "LD_", "RLVR_BASE_STALE_S", "RLVR_LEASE_SETTLE_S", "RLVR_VERBOSE")
 _server = None
+_socket = None  # this process's server's socket (:func:`reserve`)
+
+
+def reserve() -> None:
+    """Name this process's fork server's socket in the environment (``RLVR_TEST_PREWARMED``), so that an environment
+    a test copies before its first :func:`python` call still reaches it (tests/conftest.py calls this at import).
+    Each process has its own: a pytest worker does not use the one its parent named."""
+    global _socket
+    if _socket is None:
+        import tempfile
+
+        _socket = os.environ[SOCKET_ENV] = os.path.join(tempfile.mkdtemp(prefix="rlvr-prewarmed-"), "socket")
 
 
 def python() -> list[str]:
     """The argument list to put before a script or ``-m module`` and its arguments, in place of ``[sys.executable]``:
-    the client of this worker's fork server (started on first use, stopped when the worker exits)."""
+    the client of this process's fork server (started on first use, stopped when this process exits)."""
     global _server
-    if _server is None and os.environ.get(SOCKET_ENV) is None:
+    reserve()
+    os.environ[SOCKET_ENV] = _socket
+    if _server is None:
         import atexit
         import subprocess
-        import tempfile
 
-        path = os.path.join(tempfile.mkdtemp(prefix="rlvr-prewarmed-"), "socket")
-        _server = subprocess.Popen([sys.executable, HERE, "--serve", path], cwd=REPO, stdin=subprocess.DEVNULL)
-        atexit.register(_server.kill)
-        os.environ[SOCKET_ENV] = path
+        _server = subprocess.Popen([sys.executable, HERE, "--serve", _socket], cwd=REPO,
+                                   stdin=subprocess.DEVNULL)
+        atexit.register(_stop)
     return [sys.executable, HERE]
+
+
+def _stop() -> None:
+    import shutil
+
+    _server.kill()
+    shutil.rmtree(os.path.dirname(_socket), ignore_errors=True)
 
 
 # ---- the client: started by the test, stands for the command ----

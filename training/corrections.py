@@ -88,20 +88,40 @@ class Correction:
         return self.weights * self.keep
 
 
-def register_correction(name: str) -> Callable[[Callable], Callable]:
+def register_correction(name: str, reads: tuple[str, ...] = ("cap", "lower")) -> Callable[[Callable], Callable]:
     """Decorator registering ``fn(p, b, mask, cap, lower) -> Correction`` as the correction ``name`` (``p``, ``b``,
-    ``mask``: (B, L); ``cap`` = C >= 1 and ``lower`` in (0, 1], already resolved). A plug-in module named in
+    ``mask``: (B, L); ``cap`` = C >= 1 and ``lower`` in (0, 1], already resolved). ``reads``: the thresholds it uses
+    (``cap``, ``lower``; both unless said), so that pre-flight can say when ``train.rollout.correction_cap`` or
+    ``correction_lower`` is set for a correction that ignores it (:func:`reads`). A plug-in module named in
     ``plugins`` registers its own this way.
 
     Raises:
-        ValueError: ``name`` is empty or already registered to another function.
+        ValueError: ``name`` is empty or already registered to another function, or ``reads`` names something else.
     """
+    unknown = set(reads) - {"cap", "lower"}
+    if unknown:
+        raise ValueError(f"register_correction({name!r}): reads={sorted(unknown)}; a correction reads 'cap', 'lower'")
 
     def deco(fn: Callable) -> Callable:
         CORRECTIONS.register(name, fn)
+        _READS[name] = tuple(reads)
         return fn
 
     return deco
+
+
+_READS: dict[str, tuple[str, ...]] = {}
+
+
+def reads(name: str) -> tuple[str, ...]:
+    """The thresholds the registered correction ``name`` uses: a subset of ``("cap", "lower")``
+    (:func:`register_correction`'s ``reads``).
+
+    Raises:
+        KeyError: ``name`` is not registered.
+    """
+    CORRECTIONS[name]  # noqa: B018 -- the registry's own error for an unknown name (and its plug-ins imported)
+    return _READS.get(name, ("cap", "lower"))
 
 
 def check_correction(name, cap: float = 2.0, lower: float | None = None) -> tuple[float, float]:
@@ -182,7 +202,7 @@ def _result(w: torch.Tensor, keep: torch.Tensor, m: torch.Tensor, sequence: bool
 
 # -------------------------------------------------------------------------------------------------------- built-ins
 
-@register_correction("none")
+@register_correction("none", reads=())
 def no_correction(p, b, mask, cap: float, lower: float) -> Correction:
     """No correction: weights 1, every response token kept (the papers' protocols; the mismatch is still logged,
     :mod:`training.mismatch`). No metrics.
@@ -192,7 +212,7 @@ def no_correction(p, b, mask, cap: float, lower: float) -> Correction:
     return Correction(torch.ones_like(m), m, {})
 
 
-@register_correction("token_tis")
+@register_correction("token_tis", reads=("cap",))
 def token_tis(p, b, mask, cap: float, lower: float) -> Correction:
     """Token-level truncated importance sampling: ``w_t = min(r_t, C)``, every token kept.
 
@@ -208,7 +228,7 @@ def token_tis(p, b, mask, cap: float, lower: float) -> Correction:
     return _result(w, m, m, tis_cap=cap)
 
 
-@register_correction("sequence_tis")
+@register_correction("sequence_tis", reads=("cap",))
 def sequence_tis(p, b, mask, cap: float, lower: float) -> Correction:
     """Sequence-level truncated importance sampling: each token of response i weighted by
     ``w_i = min(prod_t r_t, C)`` (the product over the response's tokens, from the sum of log-ratios), every token kept.
@@ -224,7 +244,7 @@ def sequence_tis(p, b, mask, cap: float, lower: float) -> Correction:
     return _result(w, m, m, tis_cap=cap)
 
 
-@register_correction("token_mis")
+@register_correction("token_mis", reads=("cap",))
 def token_mis(p, b, mask, cap: float, lower: float) -> Correction:
     """Token-level masked importance sampling: a token whose ratio exceeds C is rejected (instead of truncated),
     every other token weighted by its ratio: ``w_t = r_t 1{r_t <= C}``. One-sided, as the MIS of the source and
@@ -245,7 +265,7 @@ def token_mis(p, b, mask, cap: float, lower: float) -> Correction:
     return _result(safe.exp(), m * ok.to(m.dtype), m)
 
 
-@register_correction("sequence_mis")
+@register_correction("sequence_mis", reads=("cap",))
 def sequence_mis(p, b, mask, cap: float, lower: float) -> Correction:
     """Sequence-level masked importance sampling: a response whose ratio ``prod_t r_t`` exceeds C is rejected whole,
     every other weighted by its ratio: ``w_i = prod_t r_t 1{prod_t r_t <= C}``. One-sided (``lower`` is not read), as

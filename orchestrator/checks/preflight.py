@@ -178,12 +178,13 @@ def check_command_line(argv: list[str], checks=(), sweep_checks=()) -> int | Non
 
     ``checks``: more functions ``(cfg) -> None`` that raise ValueError (one line) on a bad point, from layers this
     one does not import (sweep.py passes :func:`reports.callback.check_report_config`: the names in
-    ``report.sections``). ``sweep_checks``: functions ``(configs) -> warnings or None`` over all the points'
-    configs, raising ValueError the same way (sweep.py passes :func:`reports.callback.check_report_baseline`).
+    ``report.sections``). ``sweep_checks``: functions ``(configs, overrides) -> warnings or None`` over all the
+    points' configs (``overrides``: the command line's, to tell what the user wrote from a preset's), raising
+    ValueError the same way (sweep.py passes :func:`reports.callback.check_report_baseline`).
 
     Command lines with other Hydra flags (``--cfg``, ``--help``, ``--config-name``, ...) are left to Hydra.
     """
-    from orchestrator.checks.validate import validate_config
+    from orchestrator.checks.validate import unused_settings, validate_config
 
     flags = [a for a in argv if a.startswith("-")]
     if any(f not in ("-m", "--multirun") for f in flags):
@@ -216,7 +217,7 @@ def check_command_line(argv: list[str], checks=(), sweep_checks=()) -> int | Non
             check_memory(cfg, remote, shown)
 
         _each_point(points, settings)
-        _run_sweep_checks(points, sweep_checks, said)
+        _run_sweep_checks(points, (unused_settings, *sweep_checks), said, overrides)
         check_locations(points, [a for a in argv if not a.startswith("-")], multirun=bool(flags))
         check_tool_services(points)
         _each_point(points, machine)
@@ -251,15 +252,16 @@ def _each_point(points, check_one) -> None:
                               f"{type(e).__name__}: {first} (a setting missing or of the wrong kind?)") from None
 
 
-def _run_sweep_checks(points, sweep_checks, said: dict) -> None:
-    """Run each check over all the points' configs; their warnings join ``said`` (said once, for the whole sweep).
+def _run_sweep_checks(points, sweep_checks, said: dict, overrides: list[str]) -> None:
+    """Run each check over all the points' configs and the command line's ``overrides``; their warnings join
+    ``said`` (said once, for the whole sweep).
 
     Raises:
         ConfigError: a check's ValueError, its one line.
     """
     for check in sweep_checks:
         try:
-            for w in check([cfg for _, cfg in points]) or []:
+            for w in check([cfg for _, cfg in points], overrides) or []:
                 said.setdefault(w, [])
         except ValueError as e:
             raise ConfigError(str(e)) from None

@@ -126,6 +126,7 @@ def _component_checks(cfg) -> tuple[list[str], list]:
     warnings += _evaluation_rules(cfg)
     _search_tool_checks(cfg)
     warnings += _engine_checks(cfg)
+    warnings += _settings_without_effect(cfg)
     return warnings, limits
 
 
@@ -227,6 +228,58 @@ def _validation_warnings(cfg, every: int, n_val: int, select_on: str) -> list[st
         out.append(f"data.validation_prompts={n_val}: held out of training, but nothing validates on them; set "
                    "train.validate_every=N or eval.select_on=validation, or data.validation_prompts=0")
     return out
+
+
+def _ignored_correction_settings(cfg) -> dict[str, object]:
+    """{key: value} of the correction thresholds (``train.rollout.correction_cap``, ``correction_lower``) set away
+    from the suite's defaults (sweeps/config.yaml) for a correction that does not read them
+    (:func:`training.corrections.reads`)."""
+    from training.corrections import reads
+
+    rollout = OmegaConf.select(cfg, "train.rollout") or {}
+    name = str(rollout.get("correction", "none"))
+    try:
+        used = reads(name)
+    except KeyError:
+        return {}  # an unknown correction: refused by its own check
+    defaults = OmegaConf.load(Path(__file__).resolve().parents[2] / "sweeps" / "config.yaml").train.rollout
+    return {f"train.rollout.correction_{t}": rollout.get(f"correction_{t}") for t in ("cap", "lower")
+            if t not in used and rollout.get(f"correction_{t}") != defaults.get(f"correction_{t}")}
+
+
+def _settings_without_effect(cfg) -> list[str]:
+    """Warnings for settings the point's other settings make inert, which a sweep may mean (a threshold swept beside
+    a correction that ignores it: the sweep's other points read it); :func:`unused_settings` refuses the sweeps
+    where no point reads it. ``eval=smoke`` (8-token answers, made for the tiny test model) with another model:
+    its pass@k then counts truncated answers."""
+    out = []
+    correction = OmegaConf.select(cfg, "train.rollout.correction")
+    for key, value in _ignored_correction_settings(cfg).items():
+        out.append(f"{key}={value} has no effect under train.rollout.correction={correction}, which does not read "
+                   f"it (docs/staleness.md lists what each correction reads)")
+    if str(OmegaConf.select(cfg, "eval.name")) == "smoke" and str(OmegaConf.select(cfg, "model.name")) != "tiny-random":
+        out.append(f"eval=smoke cuts answers at {OmegaConf.select(cfg, 'eval.max_new_tokens')} tokens for the tiny "
+                   f"test model; with model={OmegaConf.select(cfg, 'model.name')} most answers stop for length and "
+                   "its pass@k measures truncation: use eval=quick (the default) or a benchmark preset")
+    return out
+
+
+def unused_settings(configs, overrides=()) -> list[str]:
+    """Pre-flight over a sweep's points (``overrides``: the command line's, not read): a correction threshold that no point of the sweep reads (every point's
+    correction ignores it) is refused; one that some point reads is warned about on the others
+    (:func:`_settings_without_effect`).
+
+    Raises:
+        ConfigError: one line naming the key, its value, the sweep's corrections and the fix.
+    """
+    ignored = [_ignored_correction_settings(cfg) for cfg in configs]
+    for key in dict.fromkeys(k for found in ignored for k in found):
+        if all(key in found for found in ignored):
+            corrections = sorted({str(OmegaConf.select(c, "train.rollout.correction")) for c in configs})
+            raise ConfigError(f"{key}={ignored[0][key]}: no point of this sweep reads it (train.rollout.correction="
+                              f"{','.join(corrections)}); choose a correction that does (docs/staleness.md) or "
+                              f"leave {key} at its default")
+    return []
 
 
 def _search_tool_checks(cfg) -> None:

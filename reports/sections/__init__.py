@@ -80,10 +80,15 @@ class Context:
         """The run's colour, the same in every figure."""
         return self.colors.get(label)
 
+    def baseline_spec(self) -> str | None:
+        """What the baseline names (``report.baseline``: a run label or an algorithm), else the base model's run
+        label; None without either. :func:`reports.pairing.pair_runs` resolves it run by run."""
+        return self.baseline or load.base_label(self.runs)
+
     def baseline_label(self) -> str | None:
-        """The run the baseline names (``report.baseline``: a run label or an algorithm, whose first finished run is
-        taken), else the base model's run; None without either."""
-        label = self.baseline or load.base_label(self.runs)
+        """One run standing for the baseline, for what has room for one name only: the baseline itself when it is
+        a label, an algorithm's first finished run, else the base model's run (:meth:`baseline_spec`)."""
+        label = self.baseline_spec()
         if label is not None and label not in set(self.shown["label"]) and label in set(self.done["algo"]):
             label = self.done[self.done["algo"] == label]["label"].iloc[0]
         return label

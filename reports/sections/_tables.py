@@ -49,15 +49,30 @@ def per_step(ctx, key: str) -> pd.DataFrame:
 
 
 def shared_d(ctx) -> pd.DataFrame:
-    """ExPPO's Table 2B: disagreement D on the Shared set (prompts where every run has two or more correct samples)
-    and Delta-D against the baseline run (:meth:`Context.baseline_label`), with a paired prompt-bootstrap 95% CI;
-    empty without a baseline run with samples."""
+    """ExPPO's Table 2B: disagreement D on the Shared set (prompts where every run compared has two or more correct
+    samples) and Delta-D against the baseline, with a paired prompt-bootstrap 95% CI; one block per baseline run
+    (:func:`reports.pairing.pair_runs`: an algorithm's run at each level of the other factors, under one protocol),
+    holding the runs compared with it and the base model evaluated under the same protocol, each block on its own
+    Shared set (column ``against``). Empty without a pair with samples."""
     from core.tasks import get_task, task_names
     from evaluation.metrics.modes import shared_set_disagreement
 
-    label = ctx.baseline_label()
-    if not ctx.samples or label not in ctx.samples:
+    from .. import data, pairing
+
+    pairs, _ = pairing.pair_runs(ctx.shown, ctx.baseline_spec())
+    samples = ctx.samples
+    if not samples:
         return pd.DataFrame()
-    benches = {b for df in ctx.samples.values() for b in df["benchmark"].unique()}
+    benches = {b for df in samples.values() for b in df["benchmark"].unique()}
     same = {b: get_task(b).same_answer for b in benches if b in task_names()}
-    return shared_set_disagreement(ctx.samples, label, same)
+    protos, bases = data.protocols(ctx.shown), data.base_by_protocol(ctx.shown)
+    blocks = []
+    for ref in dict.fromkeys(p.against for p in pairs):
+        members = [ref, *[p.run for p in pairs if p.against == ref]]
+        base = bases.get(protos.get(ref))
+        members += [base] if base is not None and base not in members else []
+        group = {lab: samples[lab] for lab in members if lab in samples}
+        if ref in group and len(group) > 1:
+            table = shared_set_disagreement(group, ref, same)
+            blocks.append(table.assign(against=ref) if len(table) else table)
+    return pd.concat(blocks) if blocks else pd.DataFrame()

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import load
-from ..seed_groups import eval_seed_note, seed_group, study_baseline
+from .. import load, pairing
+from ..seed_groups import eval_seed_note, seed_group
 from . import register_section
 
 
@@ -37,15 +37,17 @@ def _show(ctx, page) -> None:
     if going:
         page.note(f"Still training, drawn up to their latest validation point: {', '.join(going)}.")
     methods = _methods(runs, frames)
-    baseline = study_baseline(methods, runs, ctx.baseline)
+    against, refused = pairing.method_pairs(runs, methods, ctx.baseline)  # the report's one pairing rule
     out = Path(ctx.work_dir) / "curves"
-    curves.write_manifest(out / "runs.json", files, methods, baseline)
-    tables = curves.curve_tables(frames, methods, baseline)
+    curves.write_manifest(out / "runs.json", files, methods, against)
+    tables = curves.curve_tables(frames, methods, against)
     for name in ("points", "fits", "run_fits", "differences"):
         tables[name].to_csv(out / f"{name}.csv")
     seeds = eval_seed_note(runs[runs["label"].isin(list(frames))])
     if seeds:
         page.note(seeds)
+    for method, why in refused.items():
+        page.note(f"{method}'s curve is not compared with {ctx.baseline}: {why}.")
     _figure(ctx, page, tables, methods)
     fits = tables["fits"]
     shown = pd.DataFrame({
@@ -69,8 +71,10 @@ def _show(ctx, page) -> None:
                                  "note": runs["note"]}, index=runs.index), "curve_run_fits")
     diffs = tables["differences"]
     if len(diffs):
-        page.markdown(f"Against `{baseline}` (paired over the validation prompts; 95% intervals):")
+        page.markdown(f"Against `{ctx.baseline}` (column `against`: the method each was compared with, at its own "
+                      "level of the sweep's other factors; paired over the validation prompts; 95% intervals):")
         page.table(pd.DataFrame({
+            "against": diffs["against"],
             "ceiling A": [f"{r['dA']:+.3f} [{r['dA_low']:+.3f}, {r['dA_high']:+.3f}]" for _, r in diffs.iterrows()],
             "exponent B": [f"{r['dB']:+.2f} [{r['dB_low']:+.2f}, {r['dB_high']:+.2f}]" for _, r in diffs.iterrows()],
             "log10 C_mid": [f"{r['dlog10_cmid']:+.2f} [{r['dlog10_cmid_low']:+.2f}, {r['dlog10_cmid_high']:+.2f}]"

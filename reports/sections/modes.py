@@ -10,16 +10,15 @@ def _show(ctx, page) -> None:
         page.note("No answer-mode metrics were logged.")
     else:
         page.table(modes, "modes", fmt="best")
-    label = ctx.baseline_label()
-    if not ctx.samples or label not in ctx.samples:
-        page.note("No disagreement on the Shared set: no baseline run with samples.")
-        return
+    label = ctx.baseline_spec()
     shared = _tables.shared_d(ctx)
     if shared.empty:
-        page.note("The Shared set is empty: no prompt has two or more correct samples in every run.")
+        page.note("No disagreement on the Shared set: no baseline run with samples, or no prompt with two or more "
+                  "correct samples in every run compared.")
         return
     page.markdown(f"Disagreement D on the Shared set ({int(shared['n_shared'].iloc[0])} prompts), Delta-D against "
-                  f"`{label}` with a paired prompt-bootstrap 95% CI (ExPPO's Table 2B):")
+                  f"`{label}` (column `against`: the run each block is compared with) with a paired prompt-bootstrap "
+                  "95% CI (ExPPO's Table 2B):")
     page.table(shared, "shared_set_disagreement", fmt=".4f")
 
 

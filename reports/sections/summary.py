@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .. import data, load
+from .. import data, load, pairing
 from ..seed_groups import eval_seed_note
 from . import register_section
 
@@ -41,21 +41,27 @@ def summary_table(ctx) -> tuple[pd.DataFrame, list[str]]:
         table[c] = [mean[c].get(lab) if lab in mean.index else None for lab in table.index]
     notes: list[str] = []
     samples = ctx.samples
-    protocols, bases = data.protocols(shown), data.base_by_protocol(ctx.runs)
     comparisons = []
-    label = ctx.baseline_label()
-    base = load.base_label(ctx.runs)
-    if label is not None and label in samples:
-        comparisons.append((f"vs {label}", label))
-    if base is not None and base in samples and base != label:
+    spec, base = ctx.baseline_spec(), load.base_label(ctx.runs)
+    if spec is not None and spec != base:
+        comparisons.append((f"vs {spec}", spec))
+    if base is not None:
         comparisons.append(("vs base model", base))
-    for title, ref in comparisons:
-        diffs = data.baseline_differences(samples, ref, protocols=protocols, bases=bases)
+    for title, ref in comparisons:  # one rule for who is compared with whom (reports/pairing.py)
+        pairs, refused = pairing.pair_runs(shown, ref)
+        diffs = pairing.differences(samples, pairs)
         table[f"{title} (95% CI)"] = [_ci(diffs.loc[lab]) if lab in diffs.index else None for lab in table.index]
         table[f"resolved {title}"] = [_resolved(diffs.loc[lab]) if lab in diffs.index else None for lab in table.index]
-        for run, b in diffs.attrs.get("refused", {}).items():
-            notes.append(f"{run} is not compared with {b}: evaluated under another protocol "
-                         f"({data.protocol_difference(ctx.runs, run, b)}).")
+        if len(diffs) > 1:
+            table[f"resolved {title} (Holm)"] = [
+                ("yes" if diffs.loc[lab, "resolved_holm"] else "no") if lab in diffs.index else None for lab in table.index]
+            notes.append(pairing.holm_note(diffs, f"resolved {title} (Holm)"))
+        if pairing.levels_of(pairs) != [""]:
+            levels = pairing.levels_of(pairs)
+            if len(levels) > 1:
+                notes.append(f"{title}: each run against {ref} at its own level ({'; '.join(levels)}).")
+        for run, why in refused.items():
+            notes.append(f"{run} is not compared {title.replace('vs', 'with')}: {why}.")
     seeds = eval_seed_note(shown)
     if seeds:
         notes.append(seeds)
@@ -87,7 +93,7 @@ def _show(ctx, page) -> None:
     page.markdown(
         f"**Compared**: {len(done)} trained point(s) ({', '.join(algos) or 'none'}) and "
         f"{int(((runs['kind'] == 'base') & (runs['status'] == 'FINISHED')).sum())} base-model evaluation(s) "
-        f"(*Initialization*) of experiment `{ctx.experiment}` at `{ctx.tracking_uri}`; baseline `{ctx.baseline_label() or 'none'}`"
+        f"(*Initialization*) of experiment `{ctx.experiment}` at `{ctx.tracking_uri}`; baseline `{ctx.baseline_spec() or 'none'}`"
         + (f"; {len(reused)} point(s) reuse an identical earlier run's numbers (run table: *reuses*)" if len(reused) else "")
         + (f"; {failed} failed" if failed else "") + (f", {killed} stopped" if killed else "") + ".")
     for line in _protocol_lines(ctx) if len(ctx.shown) else []:
@@ -98,7 +104,7 @@ def _show(ctx, page) -> None:
             ": see the run table for the failures." if failed else "."))
     else:
         page.table(table, "summary", html_id=TABLE_ID, fmt=".4f")
-        cmp_cols = [c for c in table.columns if c.startswith("resolved ")]
+        cmp_cols = [c for c in table.columns if c.startswith("resolved ") and not c.endswith("(Holm)")]
         n_cmp = int(table[cmp_cols].notna().sum().sum()) if cmp_cols else 0
         n_res = int(table[cmp_cols].isin(["yes, above", "yes, below"]).sum().sum()) if cmp_cols else 0
         if n_cmp:

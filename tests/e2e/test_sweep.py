@@ -452,7 +452,9 @@ def test_a_rerun_is_a_new_parent_whose_children_are_the_duplicate_records(sweep_
     assert "No run of this experiment finished" not in html and "for the failures" not in html
     assert (sweep_dir / "reports_out" / "rlvr" / "latest").resolve() == again.resolve()
     status = pd.read_csv(again / "paper" / "runs.csv", index_col=0)["status"]
-    assert sum(s.startswith("reuses ") for s in status) == 4  # each point names the run whose numbers it shows
+    # each point names the run whose numbers it shows, and a run is one row (issue 70): the four points show three
+    # runs, as gspo's two deltas are one run (delta is QUATRO's alone)
+    assert sum(s.startswith("reuses ") for s in status) == 3 and len(status) == 4  # and the base model's row
 
 
 PROBE = """<script>
@@ -657,8 +659,15 @@ def test_a_report_baseline_that_names_no_run_of_the_sweep_stops_it_before_traini
     capsys.readouterr()
     # a preset's baseline in a sweep narrowed to other algorithms (exppo_decoding_seeds_cpu's twin runs exppo alone
     # under the preset's report.baseline=grpo): a warning, and the report compares against the base model
-    assert check_command_line([*sweep, "report.baseline=dapo"], sweep_checks=(check_report_baseline,)) == 4
-    assert "WARNING: report.baseline='dapo': this sweep runs no dapo" in capsys.readouterr().err
+    narrowed = ["-m", "experiment=exppo_decoding_seeds_cpu", "algo=exppo", "model=tiny-random"]
+    assert check_command_line(narrowed, sweep_checks=(check_report_baseline,)) == 3  # the preset's three decoding seeds
+    assert "WARNING: report.baseline='grpo': this sweep runs no grpo" in capsys.readouterr().err
+    # the same typed on the command line (issue 70): refused, one line, exit 2
+    with pytest.raises(SystemExit) as exit_:
+        check_command_line([*sweep, "report.baseline=dapo"], sweep_checks=(check_report_baseline,))
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert exit_.value.code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("error: report.baseline='dapo': this sweep runs no dapo (its names: Initialization, quatro")
     with pytest.raises(SystemExit) as exit_:
         check_command_line([*sweep, "report.baseline=gpro"], sweep_checks=(check_report_baseline,))
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
@@ -721,7 +730,8 @@ def test_a_sweep_extended_by_a_point_reports_the_reused_points_beside_the_new_on
     first, extended = (_report_folder(sweep_dir, _tags(p)["rlvr.sweep_id"]) for p in (parents[0], parents[-1]))
     old = pd.read_csv(first / "paper" / "passk_arithmetic.csv", index_col=0)
     new = pd.read_csv(extended / "paper" / "passk_arithmetic.csv", index_col=0)
-    assert len(new) == len(old) + 2 and {"grpo delta=0.01", "grpo delta=0.1"} <= set(new.index), list(new.index)
+    # GRPO's two deltas are one run (delta is QUATRO's alone): one row (issue 70), named by the algorithm
+    assert len(new) == len(old) + 1 and "grpo" in new.index, list(new.index)
     pd.testing.assert_frame_equal(new.loc[old.index], old)  # the reused points' numbers, as the first report has them
     monkeypatch.chdir(sweep_dir)
     build("rlvr", uri, sweeps=[_tags(parents[0])["rlvr.sweep_id"]], log_to_mlflow=False)  # an older sweep's report

@@ -101,6 +101,42 @@ def test_validation_that_cannot_serve_its_purpose_is_warned():
                                                                 "train.steps=4"))), "4 points after step 0: a curve"
 
 
+def test_settings_that_cannot_take_effect_are_warned_per_point_and_refused_for_a_whole_sweep(capsys):
+    """Issue 70: a correction threshold its correction does not read (the cap of ``none``; the lower bound of the
+    one-sided ``token_tis``, ``sequence_mis``: training/corrections.py's formulas) is a warning on that point when
+    another point of the sweep reads it (a factorial sweep over corrections), and refused, exit 2, when no point
+    does; ``eval=smoke`` (8-token answers) with a model other than the tiny test model is a warning."""
+    from orchestrator.checks.preflight import check_command_line
+    from orchestrator.checks.validate import unused_settings
+
+    cap = validate_config(_cfg("train.rollout.correction=none", "train.rollout.correction_cap=3"))
+    assert any(w.startswith("train.rollout.correction_cap=3 has no effect under train.rollout.correction=none")
+               for w in cap), cap
+    stale = "train.rollout.staleness=1"  # a correction other than none corrects something: the staleness here
+    lower = validate_config(_cfg("train.rollout.correction=token_tis", "train.rollout.correction_lower=0.5", stale))
+    assert any(w.startswith("train.rollout.correction_lower=0.5 has no effect under train.rollout.correction=token_tis")
+               for w in lower), lower
+    # read: no warning (icepop reads both bounds; token_tis reads the cap; defaults say nothing)
+    for ok in (["train.rollout.correction=icepop", "train.rollout.correction_cap=3", "train.rollout.correction_lower=0.5", stale],
+               ["train.rollout.correction=token_tis", "train.rollout.correction_cap=3", stale], []):
+        assert not any("has no effect" in w for w in validate_config(_cfg(*ok))), ok
+    # over a sweep: refused when no point reads it, passed (the per-point warning above) when one does
+    both = [cfg for _, cfg in sweep_points(["train.rollout.correction=none,token_tis", "train.rollout.correction_cap=3", stale])]
+    assert unused_settings(both) == []
+    with pytest.raises(ConfigError, match=r"^train.rollout.correction_lower=0.5: no point of this sweep reads it "
+                                          r"\(train.rollout.correction=none,token_tis\)"):
+        unused_settings([cfg for _, cfg in sweep_points(["train.rollout.correction=none,token_tis",
+                                                         "train.rollout.correction_lower=0.5", stale])])
+    with pytest.raises(SystemExit) as exit_:
+        check_command_line(["-m", "model=tiny-random", "eval=smoke", "train.rollout.correction_cap=4"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().startswith("error: train.rollout.correction_cap=4: no point of this sweep")
+    smoke = validate_config(_cfg("eval=smoke"))
+    assert any(w.startswith("eval=smoke cuts answers at 8 tokens for the tiny test model; with model=smollm2-135m-instruct")
+               for w in smoke), smoke
+    assert not any(w.startswith("eval=smoke") for w in validate_config(_cfg("eval=smoke", "model=tiny-random")))
+
+
 ALGOS = ["grpo", "dr_grpo", "dapo", "gspo", "cispo", "gpg", "gmpo", "quatro", "tr_grpo", "tr_grpo_literal", "tr_grpo_equal", "tr_grpo_random", "tr_grpo_reverse", "exppo",
          "grpo_h", "grpo_ur", "f_grpo"]
 

@@ -81,25 +81,77 @@ def _samples(correct):
     return pd.DataFrame(rows)
 
 
+def _frame(rows):
+    """A labelled runs frame: (label, kind, algo, params, protocol id or None)."""
+    from core import tags
+
+    return pd.DataFrame([{"label": lab, "kind": kind, "algo": algo, "status": "FINISHED", "params": params,
+                          "tags": {tags.EVAL_PROTOCOL_ID: proto} if proto else {}}
+                         for lab, kind, algo, params, proto in rows])
+
+
 def test_the_report_pairs_runs_only_inside_one_protocol():
     """Two sweeps' runs, one evaluated with hf (with its base), one with vllm (with its own base): against the base
-    model each run takes the base of its protocol; against a trained run of the other protocol a run is refused."""
-    from reports import data as R
+    model each run takes the base of its protocol; against a trained run of the other protocol a run is refused;
+    runs logged before protocols were recorded pair only with each other (issue 70)."""
+    from reports import pairing
 
     base_hf = _samples([[0, 0], [1, 0], [0, 0], [1, 1]])
     base_vl = _samples([[0, 0], [0, 0], [0, 0], [0, 0]])
     run_hf = _samples([[1, 0], [1, 1], [0, 0], [1, 1]])
     run_vl = _samples([[1, 1], [0, 0], [0, 0], [1, 0]])
     samples = {"Initialization": base_hf, "Initialization #2": base_vl, "grpo": run_hf, "grpo #2": run_vl}
-    protocols = {"Initialization": "H", "grpo": "H", "Initialization #2": "V", "grpo #2": "V"}
-    bases = {"H": "Initialization", "V": "Initialization #2"}
-    d = R.baseline_differences(samples, "Initialization", n_boot=200, protocols=protocols, bases=bases)
+    runs = _frame([("Initialization", "base", "base model", {}, "H"), ("Initialization #2", "base", "base model", {}, "V"),
+                   ("grpo", "trained", "grpo", {}, "H"), ("grpo #2", "trained", "grpo", {}, "V")])
+    pairs, refused = pairing.pair_runs(runs, "Initialization")
+    d = pairing.differences(samples, pairs, n_boot=200)
     assert d.loc["grpo", "against"] == "Initialization" and d.loc["grpo #2", "against"] == "Initialization #2"
     assert d.loc["grpo", "difference"] == pytest.approx((0.5 + 1 + 0 + 1) / 4 - (0 + 0.5 + 0 + 1) / 4)
     assert d.loc["grpo #2", "difference"] == pytest.approx((1 + 0 + 0 + 0.5) / 4 - 0)  # its own base, by hand
-    assert d.attrs["refused"] == {"Initialization #2": "Initialization"}  # one base against the other: refused
-    d = R.baseline_differences(samples, "grpo", n_boot=200, protocols=protocols, bases=bases)
-    assert "grpo #2" not in d.index and d.attrs["refused"] == {"grpo #2": "grpo", "Initialization #2": "grpo"}
-    assert list(d.index) == ["Initialization"]
-    # without protocols (runs logged before they were recorded) every pair is formed, as before
-    assert len(R.baseline_differences(samples, "grpo", n_boot=200)) == 3
+    assert refused == {} and set(d.index) == {"grpo", "grpo #2"}  # a base is never compared with a base
+    runs.loc[runs["label"] == "grpo #2", "algo"] = "gspo"
+    pairs, refused = pairing.pair_runs(runs, "grpo")
+    assert pairs == [] and list(refused) == ["grpo #2"] and refused["grpo #2"].startswith("evaluated under another protocol")
+    # a run without a protocol tag (logged before they were recorded) pairs only with another without one
+    old = _frame([("grpo", "trained", "grpo", {}, None), ("gspo", "trained", "gspo", {}, "H"),
+                  ("dapo", "trained", "dapo", {}, None)])
+    pairs, refused = pairing.pair_runs(old, "grpo")
+    assert pairs == [pairing.Pair("dapo", "grpo")] and "before evaluation protocols were recorded" in refused["gspo"]
+
+
+def test_an_algorithm_baseline_is_matched_within_each_level_of_the_other_factors():
+    """Issue 70's sweep, ``algo=quatro,grpo train.rollout.correction=none,token_tis``: QUATRO is compared with GRPO at
+    correction=none and again at token_tis, never across; a key GRPO ignores (``delta``, one GRPO run) does not
+    split; Holm's correction counts the two comparisons (with p-values 0.5 and 0.01, by hand: 2 x 0.01 and
+    max(0.5, 0.02))."""
+    from evaluation.study import with_holm
+    from reports import pairing
+
+    def p(algo, corr, delta="0.1"):
+        return {"algo.name": algo, "train.rollout.correction": corr, "delta": delta}
+
+    runs = _frame([("quatro correction=none", "trained", "quatro", p("quatro", "none"), "H"),
+                   ("quatro correction=token_tis", "trained", "quatro", p("quatro", "token_tis"), "H"),
+                   ("grpo correction=none", "trained", "grpo", p("grpo", "none"), "H"),
+                   ("grpo correction=token_tis", "trained", "grpo", p("grpo", "token_tis"), "H"),
+                   ("Initialization", "base", "base model", {}, "H")])
+    pairs, refused = pairing.pair_runs(runs, "grpo")
+    assert pairs == [pairing.Pair("quatro correction=none", "grpo correction=none", "correction=none"),
+                     pairing.Pair("quatro correction=token_tis", "grpo correction=token_tis", "correction=token_tis")]
+    assert refused == {}
+    # delta swept too: GRPO's points are one run (delta does not split it); QUATRO's two deltas each meet it
+    runs2 = _frame([("quatro delta=0.01", "trained", "quatro", p("quatro", "none", "0.01"), "H"),
+                    ("quatro delta=0.1", "trained", "quatro", p("quatro", "none", "0.1"), "H"),
+                    ("grpo", "trained", "grpo", p("grpo", "none", "0.01"), "H")])
+    assert [(q.run, q.against, q.level) for q in pairing.pair_runs(runs2, "grpo")[0]] == [
+        ("quatro delta=0.01", "grpo", ""), ("quatro delta=0.1", "grpo", "")]
+    # a level the baseline was not run at is named, not compared with another level
+    runs3 = _frame([("quatro correction=icepop", "trained", "quatro", p("quatro", "icepop"), "H"),
+                    ("grpo correction=none", "trained", "grpo", p("grpo", "none"), "H"),
+                    ("grpo correction=token_tis", "trained", "grpo", p("grpo", "token_tis"), "H")])
+    assert pairing.pair_runs(runs3, "grpo") == ([], {"quatro correction=icepop": "no grpo run at correction=icepop"})
+    table = with_holm(pd.DataFrame({"p_value": [0.5, 0.01]}, index=["a", "b"]))
+    assert list(table["p_holm"]) == pytest.approx([0.5, 0.02]) and list(table["resolved_holm"]) == [False, True]
+    samples = {lab: _samples([[1, 1], [1, 0], [0, 0], [1, 1]]) for lab in runs["label"]}
+    d = pairing.differences(samples, pairs, n_boot=200)
+    assert list(d["family"]) == [2, 2] and list(d["difference"]) == [0.0, 0.0]

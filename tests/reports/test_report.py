@@ -55,7 +55,9 @@ def test_baseline_differences_pair_prompts(metric):
 
     base = samples([[0, 0], [1, 0], [1, 1]])
     better = samples([[1, 0], [1, 1], [1, 1]])
-    d = R.baseline_differences({"base": base, "better": better}, "base", metric, n_boot=500)
+    from reports.pairing import Pair, differences
+
+    d = differences({"base": base, "better": better}, [Pair("better", "base")], metric, n_boot=500)
     expect = {"accuracy": (0.5 + 0.5 + 0) / 3, "pass@2": (1 + 0 + 0) / 3}[metric]
     assert d.loc["better", "difference"] == pytest.approx(expect)
     assert d.loc["better", "ci_low"] <= expect <= d.loc["better", "ci_high"]
@@ -448,3 +450,21 @@ def test_the_section_registry_orders_the_body_checks_its_entries_and_contains_a_
     broken_builtin.__module__ = "reports.sections.cost"   # as if defined in the suite's own folder
     with pytest.raises(RuntimeError, match="a bug in a built-in section"):
         S.show_section(S.ReportSection("toy_builtin", "Built in", show=broken_builtin, order=1), ctx, Page())
+
+
+def test_rows_are_named_by_the_factors_that_vary_beside_them():
+    """Issue 70: a point that ran at one level of a factor crossed with the algorithms is named by it (``gspo
+    correction=token_tis`` beside QUATRO at two corrections); a top-level knob an algorithm ignores (GRPO's
+    ``delta``) does not label it; the base model is ``Initialization``."""
+    import pandas as pd
+
+    def run(algo, corr, delta="0.1"):
+        return {"algo": algo, "kind": "trained", "params": {"algo.name": algo, "train.rollout.correction": corr,
+                                                           "delta": delta}}
+
+    runs = pd.DataFrame([run("quatro", "none", "0.01"), run("quatro", "token_tis", "0.01"), run("quatro", "none"),
+                         run("gspo", "token_tis"), run("grpo", "none"),
+                         {"algo": "base model", "kind": "base", "params": {}}])
+    assert list(R.short_labels(runs)["label"]) == [
+        "quatro delta=0.01 correction=none", "quatro delta=0.01 correction=token_tis", "quatro delta=0.1 correction=none",
+        "gspo correction=token_tis", "grpo correction=none", "Initialization"]
