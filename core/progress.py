@@ -24,8 +24,15 @@ def _clock(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
+#: seconds without a progress line after which a running :class:`LineProgress` says the unit is still under way
+QUIET_S = 30.0
+
+
 class LineProgress:
-    """One log line per :meth:`update` when not :func:`interactive` (else silent: the bar shows it).
+    """One log line per :meth:`update` when not :func:`interactive` (else silent: the bar shows it), and, while a
+    unit takes longer than :data:`QUIET_S`, a line every :data:`QUIET_S` saying it is still under way (a first step
+    or an evaluation chunk of minutes is never a silent stretch in a log file). Use it as a context manager, or call
+    :meth:`close`, so that the reminder stops with the work.
 
     Args:
         desc: what is running (``train quatro``); total: units in all; start: units already done (a resume).
@@ -34,13 +41,46 @@ class LineProgress:
     def __init__(self, desc: str, total: int, start: int = 0, unit: str = "step"):
         self.desc, self.total, self.start, self.unit = desc, int(total), int(start), unit
         self.enabled = not interactive()
-        self.t0 = time.perf_counter()
+        self.t0 = self.last = time.perf_counter()
+        self.done = self.start
+        self._stop = None
+        if self.enabled and self.done < self.total:
+            import threading
+            import weakref
+
+            self._stop = threading.Event()
+            # the thread holds the progress weakly: one its owner dropped (an exception past it) stops reminding
+            threading.Thread(target=_remind, args=(weakref.ref(self), self._stop), name="rlvr-progress",
+                             daemon=True).start()
+
+    def __enter__(self) -> "LineProgress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the still-under-way reminders (idempotent)."""
+        if self._stop is not None:
+            self._stop.set()
+
+    def remind(self, now: float) -> str | None:
+        """The still-under-way line when :data:`QUIET_S` passed since the last line (logged), else None."""
+        if now - self.last < QUIET_S or self.done >= self.total:
+            return None
+        self.last = now
+        line = f"{self.desc}: {self.unit} {self.done + 1}/{self.total} still under way, elapsed {_clock(now - self.t0)}"
+        log.info(line)
+        return line
 
     def update(self, done: int, **fields) -> str | None:
         """Log ``desc: unit done/total, k v ..., rate (s/unit, or units/s when faster than one a second), elapsed,
         ETA``; returns the line (None when disabled)."""
         if not self.enabled:
             return None
+        self.done = done
+        if done >= self.total:
+            self.close()
         elapsed = time.perf_counter() - self.t0
         rate = elapsed / max(done - self.start, 1)
         parts = [f"{self.desc}: {self.unit} {done}/{self.total}"]
@@ -49,7 +89,17 @@ class LineProgress:
         parts += [speed, f"elapsed {_clock(elapsed)}", f"ETA {_clock(rate * (self.total - done))}"]
         line = ", ".join(parts)
         log.info(line)
+        self.last = self.t0 + elapsed
         return line
+
+
+def _remind(ref, stop) -> None:
+    while not stop.wait(min(QUIET_S, 1.0)):
+        progress = ref()
+        if progress is None:
+            return
+        progress.remind(time.perf_counter())
+        del progress
 
 
 def track(items, desc: str, total: int | None = None, unit: str = "item"):
@@ -63,7 +113,7 @@ def track(items, desc: str, total: int | None = None, unit: str = "item"):
 
         yield from tqdm(items, desc=desc, total=total, unit=unit)
         return
-    lines = LineProgress(desc, total, unit=unit)
-    for i, x in enumerate(items, 1):
-        yield x
-        lines.update(i)
+    with LineProgress(desc, total, unit=unit) as lines:
+        for i, x in enumerate(items, 1):
+            yield x
+            lines.update(i)

@@ -248,6 +248,7 @@ def sample_benchmarks(sampler, rows_by_bench: dict, draw: Draw, samples_path: Pa
                 drawn += len(records)
                 lines.update(done_prompts, correct=right / max(drawn, 1))  # so far, not the last chunk's
     finally:
+        lines.close()
         close_tools(tools)
     if not frames:
         return pd.DataFrame(columns=SAMPLE_COLUMNS)

@@ -44,10 +44,9 @@ def _show(ctx, page) -> None:
     for name in ("points", "fits", "run_fits", "differences"):
         tables[name].to_csv(out / f"{name}.csv")
     seeds = eval_seed_note(runs[runs["label"].isin(list(frames))])
-    if seeds:
-        page.note(seeds)
-    for method, why in refused.items():
-        page.note(f"{method}'s curve is not compared with {ctx.baseline}: {why}.")
+    for line in ([seeds] if seeds else []) + [f"{m}'s curve is not compared with {ctx.baseline}: {why}."
+                                              for m, why in refused.items()]:
+        page.note(line)
     _figure(ctx, page, tables, methods)
     fits = tables["fits"]
     shown = pd.DataFrame({

@@ -80,6 +80,7 @@ def test_progress_lines_give_the_rate_and_the_time_left(monkeypatch):
     monkeypatch.setattr(progress.time, "perf_counter", lambda: next(clock))
     monkeypatch.setattr(progress, "interactive", lambda: False)
     p = progress.LineProgress("train grpo", 4)
+    p.close()  # no still-under-way reminders reading the clock beside this test (tested below)
     assert p.update(1, reward=0.5) == "train grpo: step 1/4, reward 0.5, 30.0 s/step, elapsed 0:30, ETA 1:30"
     assert p.update(2) == "train grpo: step 2/4, 30.0 s/step, elapsed 1:00, ETA 1:00"
     clock = iter([0.0, 0.5, 0.5, 0.5])
@@ -89,3 +90,28 @@ def test_progress_lines_give_the_rate_and_the_time_left(monkeypatch):
     assert list(progress.track(["a", "b"], "memory plans", unit="preset")) == ["a", "b"]
     assert lines == ["memory plans: preset 1/2, 2.0 presets/s, elapsed 0:00, ETA 0:00",
                      "memory plans: preset 2/2, 4.0 presets/s, elapsed 0:00, ETA 0:00"]
+
+
+def test_a_long_unit_is_said_to_be_under_way_until_the_progress_closes(monkeypatch):
+    """Issue 70: no silent stretch longer than ``QUIET_S`` in a log file while a unit (a first step, an evaluation
+    chunk) runs; the reminders stop when the progress is closed, completes, or its owner drops it."""
+    import gc
+    import time
+
+    monkeypatch.setattr(progress, "QUIET_S", 0.2)
+    monkeypatch.setattr(progress, "interactive", lambda: False)
+    lines = []
+    monkeypatch.setattr(progress.log, "info", lines.append)
+    with progress.LineProgress("eval sampling (hf)", 3, unit="prompt") as p:
+        time.sleep(2.5)  # the reminder thread looks every min(QUIET_S, 1 s)
+        p.update(1)
+    said = len(lines)
+    assert lines[0].startswith("eval sampling (hf): prompt 1/3 still under way, elapsed 0:0")
+    assert said >= 3 and lines[-1].startswith("eval sampling (hf): prompt 1/3, ")
+    time.sleep(1.5)
+    assert len(lines) == said  # closed: nothing more
+    dropped = progress.LineProgress("train grpo", 2)
+    del dropped
+    gc.collect()
+    time.sleep(1.5)
+    assert len(lines) == said  # dropped by its owner: nothing more

@@ -119,7 +119,7 @@ def train_loop(run: LocalRun, log_metrics, logged_through: int) -> Path:
                                f"(train.max_nonfinite_steps={s.max_nonfinite_steps}): every update of those steps was "
                                "skipped; the run stops with its weights and last saved state finite")
         validate_policy(run, step + 1)  # the policy after step + 1 steps, when due (a stop in keep: on resume)
-
+    lines.close()
     finish(run, sampled_s)
     return save_atomically(final_checkpoint_dir(run.run_dir), partial(save_hf, run))
 
