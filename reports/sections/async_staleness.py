@@ -94,8 +94,9 @@ def _figure(ctx, table: pd.DataFrame):
 
 register_section(
     "async_staleness", "Asynchronous staleness: final reward, pass@1, clip fraction and trust-region KL against k "
-    "(mean and 95% CI over seeds)", needs=K_KEY, build=_table, figure=_figure,
+    "(mean and 95% CI over seeds)", needs=K_KEY, build=_table, figure=_figure, order=55,
     heading="Staleness k (asynchronous rollouts): the QUATRO paper's staleness reading, true off-policy",
-    doc="Runs that vary `train.rollout.staleness` (experiment=quatro_async_staleness and its CPU twin): per "
+    doc="Runs that vary `train.rollout.staleness` (any sweep that does: experiment=quatro_async_staleness and its CPU "
+        "twin name it among their paper tables; a sweep without a preset shows it here): per "
         "algorithm and correction, final reward and pass@1 against k with 95% t-intervals over training seeds, "
         "and the clip fraction and trust-region KL (`ppo_kl`) against k, beside QUATRO's inner-epoch staleness.")
