@@ -28,10 +28,15 @@ SOCKET_ENV = "RLVR_TEST_PREWARMED"
 # what the server imports once: sweep.py's own imports (which quiet the libraries first) and what its points load
 WARM = ("sweep", "transformers:AutoTokenizer,AutoModelForCausalLM", "training.engines.local", "evaluation.pipeline",
         "orchestrator.point.run_evaluation", "reports.build", "mlflow.store.tracking.sqlalchemy_store", "peft")
-# environment variables read when a module is imported (by the suite or a library): a command whose environment
-# changes one of these is run by a fresh interpreter
-IMPORT_TIME = ("HF_", "HUGGINGFACE", "TRANSFORMERS_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "KMP_", "VLLM_", "CUDA",
+# environment variables read when a module is imported (by the suite or a library the server imports): a command
+# whose environment changes one of these is run by a fresh interpreter. vLLM's (``VLLM_*``, which an in-process vLLM
+# engine of a test sets, core/vllm_engine.py) count only if the server imported vLLM, which it does not
+IMPORT_TIME = ("HF_", "HUGGINGFACE", "TRANSFORMERS_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "KMP_", "CUDA",
                "TOKENIZERS_", "PYTHON", "LD_", "RLVR_BASE_STALE_S", "RLVR_LEASE_SETTLE_S", "RLVR_VERBOSE")
+# set by core.console.quiet_libraries, which sweep.py and the suite's commands call first, in the child too: the same
+# values whether the caller's process had called it or not
+QUIETING = ("VLLM_CONFIGURE_LOGGING", "MLFLOW_CONFIGURE_LOGGING", "HF_HUB_DISABLE_PROGRESS_BARS",
+            "TRANSFORMERS_NO_ADVISORY_WARNINGS")
 _server = None
 _socket = None  # this process's server's socket (:func:`reserve`)
 
@@ -119,8 +124,10 @@ def _client(argv: list[str]) -> None:
 # ---- the server: one per pytest worker ----
 
 def _import_time_change(before: dict, env: dict) -> str | None:
-    for key in set(before) | set(env):
-        if key.startswith(IMPORT_TIME) and before.get(key) != env.get(key):
+    """The first variable read at import that ``env`` sets otherwise than the server's imports saw, else None."""
+    prefixes = IMPORT_TIME + (("VLLM_",) if "vllm" in sys.modules else ())
+    for key in sorted(set(before) | set(env)):
+        if key.startswith(prefixes) and key not in QUIETING and before.get(key) != env.get(key):
             return key
     return None
 
@@ -137,7 +144,11 @@ def _run_child(request: dict, fds: list[int], listener: socket.socket, before: d
         os.close(fd)
     os.chdir(request["cwd"])
     argv, env = request["argv"], request["env"]
-    if before is None or _import_time_change(before, env) or "--verbose" in argv:
+    why = "threads in the server" if before is None else _import_time_change(before, env) or (
+        "--verbose" if "--verbose" in argv else None)
+    if why:  # said in a file beside the socket, not on the command's output, which tests read
+        with open(os.path.join(os.path.dirname(env.get(SOCKET_ENV) or "/tmp/x"), "fresh.log"), "a") as f:
+            f.write(f"{why}: {' '.join(argv)[:200]}\n")
         os.execve(sys.executable, [sys.executable, *argv], env)
     os.environ.clear()
     os.environ.update(env)
