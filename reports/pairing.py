@@ -68,7 +68,8 @@ def pair_runs(runs: pd.DataFrame, baseline: str | None) -> tuple[list[Pair], dic
         if same:
             pairs.append(Pair(lab, same[0], level))
         elif at:
-            refused[lab] = (f"evaluated under another protocol than {at[0]} "
+            than = "" if at[0] == baseline else f" than {at[0]}"
+            refused[lab] = (f"evaluated under another protocol{than} "
                             f"({data.protocol_difference(runs, lab, at[0])})" if protos.get(lab) and protos.get(at[0])
                             else f"{'it' if protos.get(at[0]) else at[0]} was evaluated before evaluation protocols "
                                  f"were recorded, so it pairs only with runs of that time")

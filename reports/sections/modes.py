@@ -13,8 +13,8 @@ def _show(ctx, page) -> None:
     label = ctx.baseline_spec()
     shared = _tables.shared_d(ctx)
     if shared.empty:
-        page.note("No disagreement on the Shared set: no baseline run with samples, or no prompt with two or more "
-                  "correct samples in every run compared.")
+        page.note("The Shared set is empty: no baseline run with samples, or no prompt has two or more correct "
+                  "samples in every run compared.")
         return
     page.markdown(f"Disagreement D on the Shared set ({int(shared['n_shared'].iloc[0])} prompts), Delta-D against "
                   f"`{label}` (column `against`: the run each block is compared with) with a paired prompt-bootstrap "

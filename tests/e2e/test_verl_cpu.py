@@ -19,6 +19,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -29,7 +30,6 @@ pytest.importorskip("verl.trainer.ppo.core_algos", reason="verl is not installed
 pytest.importorskip("vllm", reason="vLLM's CPU build is not installed (scripts/install.sh installs it)")
 
 from tests.e2e.test_sweep import REPO  # noqa: E402
-from tests.prewarmed import python
 
 ALGOS = ["exppo", "dapo"]  # two of the preset's four (given on the command line, this replaces the preset's sweep)
 STEPS = 3  # the first point is stopped after its first checkpoint: at least one step is left for the resumed run
@@ -42,9 +42,9 @@ COMMAND = ["-m", "experiment=verl_smoke", f"algo={','.join(ALGOS)}", f"train.ste
            "data.validation_prompts=4", "eval.validation.n=2", "eval.validation.k=2"]
 
 
-def _sweep_proc(cwd):
+def _sweep_proc(cwd):  # a fresh interpreter: through the fork server (tests/prewarmed.py) the stop below went unheeded
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    return subprocess.Popen([*python(), str(REPO / "sweep.py"), *COMMAND], cwd=cwd, env=env, text=True,
+    return subprocess.Popen([sys.executable, str(REPO / "sweep.py"), *COMMAND], cwd=cwd, env=env, text=True,
                             stdout=open(cwd / "sweep.out", "a"), stderr=subprocess.STDOUT)
 
 

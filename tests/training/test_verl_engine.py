@@ -26,7 +26,6 @@ from verl.workers.config import ActorConfig, PolicyLossConfig  # noqa: E402
 from verl.workers.utils import losses as verl_losses  # noqa: E402
 
 from orchestrator.checks.preflight import sweep_points  # noqa: E402
-from tests.prewarmed import python
 from training.algorithms import BoundLoss, get_advantage_fn  # noqa: E402
 from training.batch import RolloutBatch  # noqa: E402
 from training.engines import verl as V  # noqa: E402
@@ -207,7 +206,7 @@ def test_estimators_reading_old_logprobs_pass_verl_preflight(algo):
 ])
 @pytest.mark.slow
 def test_settings_verl_cannot_honour_fail_preflight_naming_the_value(tmp_path, overrides, needle):
-    res = subprocess.run([*python(), str(REPO / "sweep.py"), "model=tiny-random", "engine=verl", *overrides],
+    res = subprocess.run([sys.executable, str(REPO / "sweep.py"), "model=tiny-random", "engine=verl", *overrides],
                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert res.returncode == 2, res.stderr[-2000:]
     assert needle in res.stderr
